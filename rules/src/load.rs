@@ -1,0 +1,1195 @@
+//! Loading a project from disk.
+//!
+//! Stages: **locate** the root (walk up to `charly.yml`, or `-C DIR`) →
+//! **read** each file once into the [`SourceMap`] → **parse** it from its own
+//! text (so every value keeps file:line:col) → **classify** each document
+//! (root-form settings vs kind-form entities) → **register** names across all
+//! files (first registration wins, duplicates warn) → follow **imports**
+//! (flat files merge; `alias: ref` mounts a child project offline) →
+//! **discover** manifests → fill the **vocabulary** (project entries, then the
+//! project's `build.yml`, then the root's, then the embedded default).
+//!
+//! Problems are collected as diagnostics; only a missing root `charly.yml` is
+//! fatal. Remote references (`@github.com/org/repo[/sub]:tag`) never touch the
+//! network: they resolve to the working tree when the repo is the project's
+//! own identity, to an explicit mapping, to an enclosing checkout whose
+//! `repo:` matches, or to `image/<alias>`; otherwise the import is recorded as
+//! unavailable and only the boxes that need it fail.
+
+use crate::diag::{Diagnostic, Diagnostics, nearest};
+use crate::model::project::{KIND_KEYS, LEGACY_KEYS, ROOT_KEYS};
+use crate::model::{BoxDef, Candy, Defaults, DiscoverItem, ImportItem, RootDoc, Vocab};
+use crate::source::{FileId, SourceMap, Span};
+use crate::yaml::{self, Node, Spanned};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Schema version this charly understands (the original's CalVer).
+pub const SCHEMA_VERSION: &str = "2026.160.1301";
+/// The embedded default vocabulary.
+pub const DEFAULT_VOCAB: &str = include_str!("../vocab/default-build.yml");
+/// Most levels of flat imports followed.
+pub const MAX_IMPORT_DEPTH: usize = 8;
+
+/// Index of a namespace in [`Project::namespaces`]; 0 is the root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct NsId(pub usize);
+
+/// Options that change how a project loads.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// `--import NS=DIR`: where an import alias (or a repo identity) lives.
+    pub imports: BTreeMap<String, PathBuf>,
+}
+
+/// A fatal loading error (everything else is a diagnostic).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// No `charly.yml` where one is needed.
+    #[error("no charly.yml found in {0} or any parent directory")]
+    NotFound(PathBuf),
+    /// The given directory has no `charly.yml`.
+    #[error("{0} has no charly.yml")]
+    NoProjectFile(PathBuf),
+    /// The root `charly.yml` could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// An import alias and what it resolved to.
+#[derive(Clone, Debug)]
+pub enum ImportBinding {
+    /// Loaded (or bound to an in-progress ancestor, e.g. the root itself).
+    Bound(NsId),
+    /// Not available offline; boxes that need it report this.
+    Unavailable {
+        /// The reference as written.
+        reference: String,
+        /// Where the import is declared.
+        span: Span,
+        /// Why it could not be resolved.
+        reason: String,
+    },
+}
+
+/// One project (the root, or an imported child project).
+#[derive(Clone, Debug, Default)]
+pub struct Namespace {
+    /// Qualified prefix: `""` for the root, `cachyos` for an import.
+    pub path: String,
+    /// Directory on disk.
+    pub dir: PathBuf,
+    /// Repo identity (`github.com/owner/repo`), when known.
+    pub identity: Option<String>,
+    /// Schema version declared.
+    pub version: Option<Spanned<String>>,
+    /// Defaults (first root-form document wins).
+    pub defaults: Defaults,
+    /// Import aliases.
+    pub imports: BTreeMap<String, ImportBinding>,
+    /// Boxes by short name.
+    pub boxes: BTreeMap<String, BoxEntry>,
+    /// The effective vocabulary.
+    pub vocab: Vocab,
+    /// Where each vocabulary entry came from (`builder/npm` → file).
+    pub vocab_origin: BTreeMap<String, FileId>,
+    /// Check beds and other root sections kept as-is.
+    pub kept: BTreeMap<String, yaml::Yaml>,
+}
+
+impl Namespace {
+    /// Qualifies a short box name (`x` or `ns.x`).
+    pub fn qualify(&self, short: &str) -> String {
+        if self.path.is_empty() {
+            short.to_string()
+        } else {
+            format!("{}.{short}", self.path)
+        }
+    }
+}
+
+/// A registered box.
+#[derive(Clone, Debug)]
+pub struct BoxEntry {
+    /// Short name.
+    pub name: String,
+    /// Its namespace.
+    pub ns: NsId,
+    /// The file it is defined in.
+    pub file: FileId,
+    /// Span of its definition (the `box:` key or the map entry key).
+    pub span: Span,
+    /// The definition.
+    pub def: BoxDef,
+}
+
+/// A registered candy.
+#[derive(Clone, Debug)]
+pub struct CandyEntry {
+    /// Key in [`Project::candies`] (short name, or `repo/sub` for foreign repos).
+    pub key: String,
+    /// Short name (directory basename).
+    pub name: String,
+    /// Directory on disk.
+    pub dir: PathBuf,
+    /// Directory relative to the project root (unix), when inside it.
+    pub rel_dir: Option<String>,
+    /// The namespace that registered it.
+    pub ns: NsId,
+    /// Its manifest.
+    pub file: FileId,
+    /// Span of the `candy:` key.
+    pub span: Span,
+    /// The definition.
+    pub def: Candy,
+    /// Every file under the directory (candy-relative, sorted), nested
+    /// candies excluded.
+    pub files: BTreeSet<String>,
+}
+
+impl CandyEntry {
+    /// Whether a candy-relative file exists.
+    pub fn has_file(&self, rel: &str) -> bool {
+        self.files.contains(rel.trim_start_matches("./"))
+    }
+}
+
+/// A loaded project.
+#[derive(Clone, Debug, Default)]
+pub struct Project {
+    /// Root directory.
+    pub root: PathBuf,
+    /// Every file read.
+    pub sources: SourceMap,
+    /// Namespaces; `[0]` is the root.
+    pub namespaces: Vec<Namespace>,
+    /// All candies (candies are not namespaced).
+    pub candies: BTreeMap<String, CandyEntry>,
+    /// Repo identity → its working tree, for every repo reachable offline.
+    pub repos: BTreeMap<String, PathBuf>,
+    /// Problems found while loading.
+    pub diags: Diagnostics,
+}
+
+impl Project {
+    /// The root namespace.
+    pub fn root_ns(&self) -> &Namespace {
+        &self.namespaces[0]
+    }
+
+    /// A namespace by id.
+    pub fn ns(&self, id: NsId) -> &Namespace {
+        &self.namespaces[id.0]
+    }
+
+    /// Maps a candy reference (short name or `@host/org/repo/candy/x:tag`)
+    /// to a key in [`Project::candies`]. Candies are not namespaced: a remote
+    /// reference names the candy of that repo's working tree by its short name.
+    pub fn candy_key(&self, reference: &str) -> Result<String, String> {
+        let Some(r) = reference.strip_prefix('@') else {
+            return Ok(reference.to_string());
+        };
+        let parsed = RemoteRef::parse(r)?;
+        if !self.repos.contains_key(&parsed.repo) {
+            return Err(format!(
+                "remote candy `{reference}`: repository {} is not available offline (map it with --import {}=DIR)",
+                parsed.repo, parsed.repo
+            ));
+        }
+        Ok(parsed
+            .sub
+            .rsplit('/')
+            .next()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&parsed.repo)
+            .to_string())
+    }
+}
+
+/// A parsed `host/org/repo[/sub][:tag]` reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteRef {
+    /// `host/org/repo`.
+    pub repo: String,
+    /// Path inside the repo (may be empty).
+    pub sub: String,
+    /// Tag after the last `:` (may be empty).
+    pub tag: String,
+}
+
+impl RemoteRef {
+    /// Parses a reference without its leading `@`.
+    pub fn parse(r: &str) -> Result<Self, String> {
+        let (path, tag) = match r.rsplit_once(':') {
+            Some((p, t)) if !t.contains('/') => (p, t),
+            _ => (r, ""),
+        };
+        let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        if parts.len() < 3 {
+            return Err(format!(
+                "remote reference `@{r}` needs host/org/repo (e.g. @github.com/org/repo/candy/x:v1)"
+            ));
+        }
+        Ok(RemoteRef {
+            repo: parts[..3].join("/"),
+            sub: parts[3..].join("/"),
+            tag: tag.to_string(),
+        })
+    }
+}
+
+/// Normalizes a repo identity: `owner/repo` gets `github.com/`, schemes and
+/// `.git` are dropped.
+pub fn normalize_identity(s: &str) -> String {
+    let s = s.trim().trim_start_matches('@');
+    let s = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .unwrap_or(s);
+    let s = s.trim_end_matches('/').trim_end_matches(".git");
+    if s.split('/').count() == 2 {
+        format!("github.com/{s}")
+    } else {
+        s.to_string()
+    }
+}
+
+/// Finds the project root: `dir` itself when it has `charly.yml`, else the
+/// nearest parent that has one.
+pub fn locate(start: &Path) -> Result<PathBuf, LoadError> {
+    let mut cur = Some(start);
+    while let Some(d) = cur {
+        if d.join("charly.yml").is_file() {
+            return Ok(d.to_path_buf());
+        }
+        cur = d.parent();
+    }
+    Err(LoadError::NotFound(start.to_path_buf()))
+}
+
+/// Loads the project rooted at `root` (which must contain `charly.yml`).
+pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
+    let root = std::fs::canonicalize(root).map_err(|source| LoadError::Read {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let file = root.join("charly.yml");
+    if !file.is_file() {
+        return Err(LoadError::NoProjectFile(root));
+    }
+    let mut l = Loader {
+        p: Project {
+            root: root.clone(),
+            ..Project::default()
+        },
+        opts,
+        in_progress: Vec::new(),
+        loaded_dirs: BTreeMap::new(),
+    };
+    l.load_namespace(&root, String::new(), None, None);
+    l.load_remote_candies();
+    l.fill_vocab();
+    l.check_schema_version();
+    Ok(l.p)
+}
+
+struct Loader<'o> {
+    p: Project,
+    opts: &'o LoadOptions,
+    /// Namespaces still loading, with their identities (cycle breaking).
+    in_progress: Vec<(NsId, Option<String>)>,
+    /// Canonical dir → namespace (memoization).
+    loaded_dirs: BTreeMap<PathBuf, NsId>,
+}
+
+/// One document, classified.
+enum Doc {
+    Root(Box<RootDoc>),
+    Kind { kind: String, key: Node, value: Node },
+}
+
+impl Loader<'_> {
+    fn diag(&mut self, d: Diagnostic) {
+        self.p.diags.push(d);
+    }
+
+    fn rel_of(&self, path: &Path) -> String {
+        match path.strip_prefix(&self.p.root) {
+            Ok(r) => unix(r),
+            Err(_) => path.display().to_string(),
+        }
+    }
+
+    /// Reads and parses a file. `None` when it cannot be used (diagnosed).
+    fn read_docs(&mut self, path: &Path, at: Option<Span>) -> Option<(FileId, Vec<Node>)> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                self.diag(Diagnostic::error(
+                    at,
+                    format!("cannot read {}: {e}", self.rel_of(path)),
+                ));
+                return None;
+            }
+        };
+        let rel = self.rel_of(path);
+        let text: Arc<str> = match yaml::check_text(&bytes) {
+            Ok(t) => Arc::from(t),
+            Err(msg) => {
+                let id = self.p.sources.add(path.to_path_buf(), rel.clone(), Arc::from(""));
+                self.diag(Diagnostic::error(
+                    Span {
+                        file: id,
+                        line: 1,
+                        col: 1,
+                        ..Span::default()
+                    },
+                    format!("{rel}: {msg}"),
+                ));
+                return None;
+            }
+        };
+        let id = self.p.sources.add(path.to_path_buf(), rel, text.clone());
+        match yaml::parse_stream(id, &text) {
+            Ok(docs) => Some((id, docs)),
+            Err(d) => {
+                self.diag(d);
+                None
+            }
+        }
+    }
+
+    fn classify(&mut self, doc: Node, file: FileId, discovered: bool) -> Option<Doc> {
+        let whole = Span {
+            file,
+            line: 1,
+            col: 1,
+            ..doc.span
+        };
+        let Some(entries) = doc.as_map() else {
+            if doc.is_null() {
+                return None;
+            }
+            self.diag(Diagnostic::error(
+                doc.span,
+                format!("a charly document is a mapping, found {}", doc.kind_name()),
+            ));
+            return None;
+        };
+        if entries.is_empty() {
+            return None;
+        }
+        for (k, _) in entries {
+            let key = k.as_str().unwrap_or("");
+            if let Some((_, new)) = LEGACY_KEYS.iter().find(|(old, _)| *old == key) {
+                self.diag(
+                    Diagnostic::error(k.span, format!("`{key}:` is a legacy key this charly does not read"))
+                        .with_hint(format!("use `{new}:` (see FORMAT.md; the original's `charly migrate` converts old files)")),
+                );
+                return None;
+            }
+            if matches!(key, "include" | "benchmark") {
+                self.diag(Diagnostic::error(
+                    k.span,
+                    format!("`{key}:` is not supported in charly documents"),
+                ));
+                return None;
+            }
+        }
+        let has_name = |v: &Node| v.get("name").is_some();
+        let mut kind_form = Vec::new();
+        let mut root_form = false;
+        for (k, v) in entries {
+            let key = k.as_str().unwrap_or("");
+            let is_kind = KIND_KEYS.contains(&key);
+            let is_root = ROOT_KEYS.contains(&key);
+            if is_kind && (has_name(v) || (discovered && entries.len() == 1 && matches!(key, "candy" | "box"))) {
+                kind_form.push((k.clone(), v.clone()));
+            } else if is_kind || is_root {
+                root_form = true;
+            }
+        }
+        if !kind_form.is_empty() && root_form {
+            self.diag(
+                Diagnostic::error(whole, "ambiguous document: it mixes entity definitions (`box: {name: …}`) with project settings")
+                    .with_hint("put each entity in its own document or file"),
+            );
+            return None;
+        }
+        if kind_form.len() > 1 {
+            self.diag(Diagnostic::error(
+                kind_form[1].0.span,
+                "a document defines one entity; split this into separate documents (`---`)",
+            ));
+            return None;
+        }
+        if let Some((key, value)) = kind_form.pop() {
+            for (k, _) in entries {
+                let name = k.as_str().unwrap_or("");
+                if name != key.as_str().unwrap_or("") {
+                    self.unknown_top_key(k, name);
+                }
+            }
+            let kind = key.as_str().unwrap_or("").to_string();
+            return Some(Doc::Kind { kind, key, value });
+        }
+        for (k, _) in entries {
+            let name = k.as_str().unwrap_or("");
+            if !KIND_KEYS.contains(&name) && !ROOT_KEYS.contains(&name) {
+                self.unknown_top_key(k, name);
+            }
+        }
+        let mut w = Vec::new();
+        let r = yaml::from_node::<RootDoc>(&doc, &mut w);
+        self.p.diags.extend(w);
+        match r {
+            Ok(r) => Some(Doc::Root(Box::new(r))),
+            Err(d) => {
+                self.diag(d);
+                None
+            }
+        }
+    }
+
+    fn unknown_top_key(&mut self, k: &Node, name: &str) {
+        let known = ROOT_KEYS.iter().chain(KIND_KEYS.iter()).copied();
+        let mut d = Diagnostic::warning(k.span, format!("unknown top-level key `{name}`; it is ignored"));
+        if let Some(n) = nearest(name, known) {
+            d = d.with_hint(format!("did you mean `{n}`?"));
+        }
+        self.diag(d);
+    }
+
+    fn new_ns(&mut self, dir: &Path, path: String, identity: Option<String>) -> NsId {
+        let id = NsId(self.p.namespaces.len());
+        self.p.namespaces.push(Namespace {
+            path,
+            dir: dir.to_path_buf(),
+            identity: identity.clone(),
+            ..Namespace::default()
+        });
+        if let Some(i) = identity {
+            self.p.repos.entry(i).or_insert_with(|| dir.to_path_buf());
+        }
+        id
+    }
+
+    /// Loads a project directory as a namespace.
+    fn load_namespace(
+        &mut self,
+        dir: &Path,
+        path: String,
+        identity: Option<String>,
+        at: Option<Span>,
+    ) -> Option<NsId> {
+        let file = dir.join("charly.yml");
+        let (fid, docs) = self.read_docs(&file, at)?;
+        let ns = self.new_ns(dir, path, identity);
+        self.loaded_dirs.insert(dir.to_path_buf(), ns);
+        // The root's identity comes from its own `repo:` (read before imports,
+        // so a transitive back-reference binds to this tree).
+        let roots: Vec<RootDoc> = self.classify_all(docs, fid, dir, ns, false);
+        if let Some(repo) = roots.iter().find_map(|r| r.repo.clone()) {
+            let ident = normalize_identity(&repo.value);
+            if self.p.namespaces[ns.0].identity.is_none() {
+                self.p.namespaces[ns.0].identity = Some(ident.clone());
+            }
+            self.p.repos.entry(ident).or_insert_with(|| dir.to_path_buf());
+        }
+        let ident = self.p.namespaces[ns.0].identity.clone();
+        self.in_progress.push((ns, ident));
+        let mut discover: Option<Vec<(DiscoverItem, PathBuf)>> = None;
+        let mut visited = BTreeSet::new();
+        visited.insert(file.clone());
+        for r in roots {
+            self.apply_root_doc(ns, r, dir, &mut discover, &mut visited, 0);
+        }
+        let discover = discover.unwrap_or_else(|| {
+            ["box", "candy"]
+                .into_iter()
+                .map(|p| {
+                    (
+                        DiscoverItem {
+                            path: Spanned::new(Span::default(), p.to_string()),
+                            recursive: true,
+                            manifest: "charly.yml".into(),
+                        },
+                        dir.to_path_buf(),
+                    )
+                })
+                .collect()
+        });
+        for (item, base) in discover {
+            self.discover(ns, &item, &base);
+        }
+        self.in_progress.pop();
+        Some(ns)
+    }
+
+    fn classify_all(&mut self, docs: Vec<Node>, fid: FileId, dir: &Path, ns: NsId, discovered: bool) -> Vec<RootDoc> {
+        let mut roots = Vec::new();
+        for doc in docs {
+            match self.classify(doc, fid, discovered) {
+                Some(Doc::Root(r)) => roots.push(*r),
+                Some(Doc::Kind { kind, key, value }) => {
+                    self.register_kind(ns, fid, dir, &kind, &key, &value, discovered);
+                }
+                None => {}
+            }
+        }
+        roots
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register_kind(&mut self, ns: NsId, fid: FileId, dir: &Path, kind: &str, key: &Node, value: &Node, discovered: bool) {
+        let basename = dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match kind {
+            "candy" => {
+                let mut w = Vec::new();
+                let r = yaml::from_node::<Candy>(value, &mut w);
+                self.p.diags.extend(w);
+                let Ok(def) = r.map_err(|d| self.diag(d)) else { return };
+                // A discovered candy is named by its directory.
+                let name = if discovered {
+                    if let Some(n) = &def.name
+                        && n.value != basename
+                    {
+                        self.diag(
+                            Diagnostic::warning(n.span, format!("candy name `{}` differs from its directory `{basename}`; the directory name is used", n.value)),
+                        );
+                    }
+                    basename
+                } else {
+                    def.name.as_ref().map(|n| n.value.clone()).unwrap_or(basename)
+                };
+                self.add_candy(ns, fid, dir, name, key.span, def);
+            }
+            "box" => {
+                let mut w = Vec::new();
+                let r = yaml::from_node::<BoxDef>(value, &mut w);
+                self.p.diags.extend(w);
+                let Ok(def) = r.map_err(|d| self.diag(d)) else { return };
+                let name = def
+                    .name
+                    .as_ref()
+                    .map(|n| n.value.clone())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(basename);
+                self.add_box(ns, fid, name, key.span, def);
+            }
+            other => {
+                // Other kinds (vm, pod, deploy, …) are kept, not built.
+                let name = value.get("name").and_then(Node::as_str).unwrap_or("").to_string();
+                self.p.namespaces[ns.0]
+                    .kept
+                    .entry(format!("{other}/{name}"))
+                    .or_insert_with(|| yaml::Yaml(value.clone()));
+            }
+        }
+    }
+
+    fn add_box(&mut self, ns: NsId, file: FileId, name: String, span: Span, def: BoxDef) {
+        if name.is_empty() {
+            self.diag(Diagnostic::error(span, "a box needs a name"));
+            return;
+        }
+        let nsr = &self.p.namespaces[ns.0];
+        if let Some(prev) = nsr.boxes.get(&name) {
+            let prev_loc = format!("{}:{}", self.p.sources.rel(prev.file), prev.span.line);
+            self.diag(Diagnostic::warning(
+                span,
+                format!("box `{name}` is already defined at {prev_loc}; this definition is ignored"),
+            ));
+            return;
+        }
+        self.p.namespaces[ns.0].boxes.insert(
+            name.clone(),
+            BoxEntry {
+                name,
+                ns,
+                file,
+                span,
+                def,
+            },
+        );
+    }
+
+    fn add_candy(&mut self, ns: NsId, file: FileId, dir: &Path, name: String, span: Span, def: Candy) -> String {
+        let key = name.clone();
+        if let Some(prev) = self.p.candies.get(&key) {
+            if prev.dir != dir {
+                let prev_loc = format!("{}:{}", self.p.sources.rel(prev.file), prev.span.line);
+                self.diag(Diagnostic::warning(
+                    span,
+                    format!("candy `{name}` is already defined at {prev_loc}; this definition is ignored"),
+                ));
+            }
+            return key;
+        }
+        let files = list_files(dir);
+        let rel_dir = dir.strip_prefix(&self.p.root).ok().map(unix);
+        self.p.candies.insert(
+            key.clone(),
+            CandyEntry {
+                key: key.clone(),
+                name,
+                dir: dir.to_path_buf(),
+                rel_dir,
+                ns,
+                file,
+                span,
+                def,
+                files,
+            },
+        );
+        key
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_root_doc(
+        &mut self,
+        ns: NsId,
+        r: RootDoc,
+        file_dir: &Path,
+        discover: &mut Option<Vec<(DiscoverItem, PathBuf)>>,
+        visited: &mut BTreeSet<PathBuf>,
+        depth: usize,
+    ) {
+        {
+            let n = &mut self.p.namespaces[ns.0];
+            if n.version.is_none() {
+                n.version = r.version.clone();
+            }
+            if let Some(d) = r.defaults.clone()
+                && n.defaults.build.is_none()
+                && n.defaults.base.is_none()
+                && n.defaults.builder.is_empty()
+                && n.defaults.registry.is_none()
+            {
+                n.defaults = d;
+            }
+            for (k, v) in [("eval", &r.eval), ("vm", &r.vm), ("pod", &r.pod), ("local", &r.local), ("deploy", &r.deploy), ("bundle", &r.bundle), ("k8s", &r.k8s)] {
+                if let Some(v) = v {
+                    n.kept.entry(k.to_string()).or_insert_with(|| v.clone());
+                }
+            }
+        }
+        if let Some(items) = &r.discover {
+            let list = discover.get_or_insert_with(Vec::new);
+            for it in items {
+                list.push((it.clone(), file_dir.to_path_buf()));
+            }
+        }
+        // Vocabulary entries: first definition wins.
+        for (k, v) in r.builder.0 {
+            let key = format!("builder/{}", k.value);
+            let n = &mut self.p.namespaces[ns.0];
+            if !n.vocab.builder.contains_key(&k.value) {
+                n.vocab_origin.insert(key, k.span.file);
+                n.vocab.builder.insert(k.value, v);
+            }
+        }
+        for (k, v) in r.distro.0 {
+            let key = format!("distro/{}", k.value);
+            let n = &mut self.p.namespaces[ns.0];
+            if !n.vocab.distro.contains_key(&k.value) {
+                n.vocab_origin.insert(key, k.span.file);
+                n.vocab.distro.insert(k.value, v);
+            }
+        }
+        for (k, v) in r.init.0 {
+            let key = format!("init/{}", k.value);
+            let n = &mut self.p.namespaces[ns.0];
+            if !n.vocab.init.contains_key(&k.value) {
+                n.vocab_origin.insert(key, k.span.file);
+                n.vocab.init.insert(k.value, v);
+            }
+        }
+        for (k, v) in r.boxes.0 {
+            self.add_box(ns, k.span.file, k.value, k.span, v);
+        }
+        for (k, v) in r.candy.0 {
+            let span = k.span;
+            let dir = file_dir.to_path_buf();
+            self.add_candy(ns, span.file, &dir, k.value, span, v);
+        }
+        for item in r.import {
+            match item {
+                ImportItem::Flat(f) => self.flat_import(ns, &f, file_dir, discover, visited, depth + 1),
+                ImportItem::Namespaced { alias, reference } => self.namespaced_import(ns, &alias, &reference),
+            }
+        }
+    }
+
+    fn flat_import(
+        &mut self,
+        ns: NsId,
+        f: &Spanned<String>,
+        file_dir: &Path,
+        discover: &mut Option<Vec<(DiscoverItem, PathBuf)>>,
+        visited: &mut BTreeSet<PathBuf>,
+        depth: usize,
+    ) {
+        if depth > MAX_IMPORT_DEPTH {
+            self.diag(Diagnostic::error(
+                f.span,
+                format!("imports nest deeper than {MAX_IMPORT_DEPTH} levels"),
+            ));
+            return;
+        }
+        let path = if let Some(r) = f.value.strip_prefix('@') {
+            match RemoteRef::parse(r).and_then(|rr| {
+                self.repo_dir(&rr.repo)
+                    .map(|d| d.join(&rr.sub))
+                    .ok_or_else(|| format!("repository {} is not available offline (map it with --import {}=DIR)", rr.repo, rr.repo))
+            }) {
+                Ok(p) => p,
+                Err(msg) => {
+                    self.diag(Diagnostic::error(f.span, format!("import `{}`: {msg}", f.value)));
+                    return;
+                }
+            }
+        } else {
+            file_dir.join(&f.value)
+        };
+        let path = if path.is_dir() { path.join("charly.yml") } else { path };
+        let canon = std::fs::canonicalize(&path).unwrap_or(path.clone());
+        if !visited.insert(canon.clone()) {
+            self.diag(Diagnostic::error(
+                f.span,
+                format!("include cycle: `{}` is already being imported", f.value),
+            ));
+            return;
+        }
+        let Some((fid, docs)) = self.read_docs(&canon, Some(f.span)) else { return };
+        let dir = canon.parent().unwrap_or(file_dir).to_path_buf();
+        let roots = self.classify_all(docs, fid, &dir, ns, false);
+        for r in roots {
+            self.apply_root_doc(ns, r, &dir, discover, visited, depth);
+        }
+    }
+
+    /// Where a repo identity's working tree is, offline.
+    fn repo_dir(&self, identity: &str) -> Option<PathBuf> {
+        let identity = normalize_identity(identity);
+        if let Some(d) = self.opts.imports.get(&identity) {
+            return Some(d.clone());
+        }
+        for n in &self.p.namespaces {
+            if n.identity.as_deref() == Some(identity.as_str()) {
+                return Some(n.dir.clone());
+            }
+        }
+        // An enclosing checkout (a superproject) whose `repo:` matches.
+        let mut cur = self.p.root.parent();
+        while let Some(d) = cur {
+            let f = d.join("charly.yml");
+            if f.is_file()
+                && let Ok(text) = std::fs::read_to_string(&f)
+                && let Some(line) = text.lines().find(|l| l.starts_with("repo:"))
+                && normalize_identity(line.trim_start_matches("repo:").trim().trim_matches(['"', '\''])) == identity
+            {
+                return Some(d.to_path_buf());
+            }
+            cur = d.parent();
+        }
+        None
+    }
+
+    fn namespaced_import(&mut self, ns: NsId, alias: &Spanned<String>, reference: &Spanned<String>) {
+        let a = alias.value.as_str();
+        let valid = !a.is_empty()
+            && a.split('-').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+        if !valid {
+            self.diag(Diagnostic::error(
+                alias.span,
+                format!("import alias `{a}` must be lowercase words joined by `-` (e.g. `my-lib`)"),
+            ));
+            return;
+        }
+        if let Some(prev) = self.p.namespaces[ns.0].imports.get(a) {
+            let same = matches!(prev, ImportBinding::Unavailable { reference: r, .. } if *r == reference.value);
+            if !same && !matches!(prev, ImportBinding::Bound(_)) {
+                self.diag(Diagnostic::error(alias.span, format!("import alias `{a}` is bound twice")));
+            }
+            return;
+        }
+        let parent_path = self.p.namespaces[ns.0].path.clone();
+        let child_path = if parent_path.is_empty() { a.to_string() } else { format!("{parent_path}.{a}") };
+        let ns_dir = self.p.namespaces[ns.0].dir.clone();
+        // Identity first: a back-reference to a namespace still loading binds to it.
+        let (identity, local_dir) = if let Some(r) = reference.value.strip_prefix('@') {
+            match RemoteRef::parse(r) {
+                Ok(rr) => (Some(rr.repo.clone()), None::<PathBuf>.or_else(|| self.repo_dir(&rr.repo).map(|d| d.join(&rr.sub)))),
+                Err(msg) => {
+                    self.diag(Diagnostic::error(reference.span, msg));
+                    return;
+                }
+            }
+        } else {
+            (None, Some(ns_dir.join(&reference.value)))
+        };
+        if let Some(ident) = &identity
+            && let Some((bound, _)) = self.in_progress.iter().find(|(_, i)| i.as_deref() == Some(ident.as_str()))
+        {
+            let bound = *bound;
+            self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(bound));
+            return;
+        }
+        let explicit = self
+            .opts
+            .imports
+            .get(&child_path)
+            .or_else(|| self.opts.imports.get(a))
+            .cloned();
+        let candidates: Vec<PathBuf> = explicit
+            .into_iter()
+            .chain(local_dir)
+            .chain([self.p.root.join("image").join(a), ns_dir.join("image").join(a)])
+            .collect();
+        let found = candidates.iter().find(|d| d.join("charly.yml").is_file()).cloned();
+        let Some(dir) = found else {
+            let looked: Vec<String> = candidates.iter().map(|d| self.rel_of(d)).collect();
+            self.p.namespaces[ns.0].imports.insert(
+                a.to_string(),
+                ImportBinding::Unavailable {
+                    reference: reference.value.clone(),
+                    span: reference.span,
+                    reason: format!(
+                        "import `{a}` ({}) is not available offline: no charly.yml in {}; pass --import {a}=DIR",
+                        reference.value,
+                        looked.join(", ")
+                    ),
+                },
+            );
+            return;
+        };
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        if let Some(&id) = self.loaded_dirs.get(&dir) {
+            self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(id));
+            return;
+        }
+        match self.load_namespace(&dir, child_path, identity, Some(reference.span)) {
+            Some(id) => {
+                self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(id));
+            }
+            None => {
+                self.p.namespaces[ns.0].imports.insert(
+                    a.to_string(),
+                    ImportBinding::Unavailable {
+                        reference: reference.value.clone(),
+                        span: reference.span,
+                        reason: format!("import `{a}` failed to load (see the errors above)"),
+                    },
+                );
+            }
+        }
+    }
+
+    fn discover(&mut self, ns: NsId, item: &DiscoverItem, base: &Path) {
+        let dir = base.join(&item.path.value);
+        if !dir.is_dir() {
+            return;
+        }
+        let mut manifests = Vec::new();
+        if item.recursive {
+            for e in walkdir::WalkDir::new(&dir)
+                .sort_by_file_name()
+                .into_iter()
+                .filter_entry(|e| e.file_name() != ".git" && e.file_name() != ".build")
+                .flatten()
+            {
+                if e.file_type().is_file() && e.file_name() == item.manifest.as_str() {
+                    manifests.push(e.into_path());
+                }
+            }
+        } else {
+            let mut subdirs: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect();
+            subdirs.sort();
+            for d in subdirs {
+                let f = d.join(&item.manifest);
+                if f.is_file() {
+                    manifests.push(f);
+                }
+            }
+        }
+        for m in manifests {
+            let Some((fid, docs)) = self.read_docs(&m, None) else { continue };
+            let mdir = m.parent().unwrap_or(&dir).to_path_buf();
+            let roots = self.classify_all(docs, fid, &mdir, ns, true);
+            for r in roots {
+                let mut disc = None;
+                let mut visited = BTreeSet::new();
+                self.apply_root_doc(ns, r, &mdir, &mut disc, &mut visited, 0);
+            }
+        }
+    }
+
+    /// Loads candies named by remote refs (`@github.com/…/candy/x:tag`) from
+    /// their offline working trees, transitively; a plain name inside such a
+    /// candy means a sibling in the same repo.
+    fn load_remote_candies(&mut self) {
+        loop {
+            let mut wanted: BTreeMap<String, (PathBuf, Span)> = BTreeMap::new();
+            for (r, span, from) in self.all_candy_refs() {
+                let dir = if let Some(rest) = r.strip_prefix('@') {
+                    let Ok(rr) = RemoteRef::parse(rest) else { continue };
+                    let Some(repo_dir) = self.repo_dir(&rr.repo) else { continue };
+                    self.p.repos.entry(rr.repo.clone()).or_insert_with(|| repo_dir.clone());
+                    repo_dir.join(&rr.sub)
+                } else {
+                    // A sibling of a candy that lives outside the project tree.
+                    let Some(from_dir) = from.as_ref().and_then(|k| self.p.candies.get(k)).map(|c| c.dir.clone()) else {
+                        continue;
+                    };
+                    if from_dir.starts_with(&self.p.root) {
+                        continue;
+                    }
+                    let Some(parent) = from_dir.parent() else { continue };
+                    parent.join(&r)
+                };
+                let Ok(key) = self.p.candy_key(&r) else { continue };
+                if self.p.candies.contains_key(&key) {
+                    continue;
+                }
+                wanted.entry(key).or_insert((dir, span));
+            }
+            let mut progressed = false;
+            for (key, (dir, span)) in wanted {
+                let file = dir.join("charly.yml");
+                if !file.is_file() {
+                    continue;
+                }
+                let Some((fid, docs)) = self.read_docs(&file, Some(span)) else { continue };
+                for doc in docs {
+                    if let Some(Doc::Kind { kind, key: k, value }) = self.classify(doc, fid, true)
+                        && kind == "candy"
+                    {
+                        let mut w = Vec::new();
+                        let r = yaml::from_node::<Candy>(&value, &mut w);
+                        self.p.diags.extend(w);
+                        if let Ok(def) = r.map_err(|d| self.diag(d)) {
+                            self.add_candy(NsId(0), fid, &dir, key.clone(), k.span, def);
+                            progressed = true;
+                        }
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// Every candy reference in boxes and candies: (ref, span, referring candy key).
+    fn all_candy_refs(&self) -> Vec<(String, Span, Option<String>)> {
+        let mut out = Vec::new();
+        for n in &self.p.namespaces {
+            for b in n.boxes.values() {
+                for c in &b.def.candy {
+                    out.push((c.value.clone(), c.span, None));
+                }
+            }
+        }
+        for c in self.p.candies.values() {
+            for r in c.def.require.iter().chain(c.def.candy.iter()) {
+                out.push((r.value.clone(), r.span, Some(c.key.clone())));
+            }
+        }
+        out
+    }
+
+    /// Fills each namespace's vocabulary: its own entries, then its
+    /// `build.yml` (`charly/build.yml` or `build.yml`), then the root's, then
+    /// the embedded default. Whole entries, no deep merge.
+    fn fill_vocab(&mut self) {
+        let default = self.parse_vocab_text("<embedded>/default-build.yml", DEFAULT_VOCAB);
+        for i in 0..self.p.namespaces.len() {
+            let dir = self.p.namespaces[i].dir.clone();
+            for cand in ["charly/build.yml", "build.yml"] {
+                let f = dir.join(cand);
+                if f.is_file() && self.p.sources.path_is_loaded(&f).is_none() {
+                    if let Some((fid, docs)) = self.read_docs(&f, None) {
+                        for doc in docs {
+                            if let Some(Doc::Root(r)) = self.classify(doc, fid, false) {
+                                merge_vocab(&mut self.p.namespaces[i], *r, fid);
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        let root_vocab = self.p.namespaces[0].vocab.clone();
+        let root_origin = self.p.namespaces[0].vocab_origin.clone();
+        for i in 0..self.p.namespaces.len() {
+            let n = &mut self.p.namespaces[i];
+            if i != 0 {
+                fill_missing(n, &root_vocab, &root_origin);
+            }
+            if let Some((vocab, origin)) = &default {
+                fill_missing(n, vocab, origin);
+            }
+        }
+    }
+
+    fn parse_vocab_text(&mut self, name: &str, text: &str) -> Option<(Vocab, BTreeMap<String, FileId>)> {
+        let id = self.p.sources.add(PathBuf::from(name), name.to_string(), Arc::from(text));
+        let docs = match yaml::parse_stream(id, text) {
+            Ok(d) => d,
+            Err(d) => {
+                self.diag(d);
+                return None;
+            }
+        };
+        let mut ns = Namespace::default();
+        for doc in docs {
+            let mut w = Vec::new();
+            match yaml::from_node::<RootDoc>(&doc, &mut w) {
+                Ok(r) => merge_vocab(&mut ns, r, id),
+                Err(d) => self.diag(d),
+            }
+            self.p.diags.extend(w);
+        }
+        Some((ns.vocab, ns.vocab_origin))
+    }
+
+    fn check_schema_version(&mut self) {
+        let Some(v) = self.p.namespaces.first().and_then(|n| n.version.clone()) else {
+            let root_file = self.p.sources.find_rel("charly.yml");
+            self.diag(
+                Diagnostic::warning(
+                    root_file.map(|f| Span { file: f, line: 1, col: 1, ..Span::default() }),
+                    "charly.yml declares no schema `version:`",
+                )
+                .with_hint(format!("add `version: {SCHEMA_VERSION}`")),
+            );
+            return;
+        };
+        match compare_calver(&v.value, SCHEMA_VERSION) {
+            Some(std::cmp::Ordering::Greater) => self.diag(
+                Diagnostic::error(v.span, format!("schema version {} is newer than this charly supports ({SCHEMA_VERSION})", v.value))
+                    .with_hint("upgrade charly"),
+            ),
+            Some(_) => {}
+            None => self.diag(Diagnostic::error(
+                v.span,
+                format!("schema version `{}` is not a CalVer like {SCHEMA_VERSION}", v.value),
+            )),
+        }
+    }
+}
+
+impl SourceMap {
+    /// Whether a file at this absolute path was already read.
+    pub fn path_is_loaded(&self, path: &Path) -> Option<FileId> {
+        (0..self.len() as u32)
+            .map(FileId)
+            .find(|id| self.path(*id) == Some(path))
+    }
+}
+
+fn merge_vocab(n: &mut Namespace, r: RootDoc, fid: FileId) {
+    for (k, v) in r.builder.0 {
+        if !n.vocab.builder.contains_key(&k.value) {
+            n.vocab_origin.insert(format!("builder/{}", k.value), fid);
+            n.vocab.builder.insert(k.value, v);
+        }
+    }
+    for (k, v) in r.distro.0 {
+        if !n.vocab.distro.contains_key(&k.value) {
+            n.vocab_origin.insert(format!("distro/{}", k.value), fid);
+            n.vocab.distro.insert(k.value, v);
+        }
+    }
+    for (k, v) in r.init.0 {
+        if !n.vocab.init.contains_key(&k.value) {
+            n.vocab_origin.insert(format!("init/{}", k.value), fid);
+            n.vocab.init.insert(k.value, v);
+        }
+    }
+}
+
+fn fill_missing(n: &mut Namespace, v: &Vocab, origin: &BTreeMap<String, FileId>) {
+    for (k, b) in &v.builder {
+        if !n.vocab.builder.contains_key(k) {
+            n.vocab.builder.insert(k.clone(), b.clone());
+            if let Some(f) = origin.get(&format!("builder/{k}")) {
+                n.vocab_origin.insert(format!("builder/{k}"), *f);
+            }
+        }
+    }
+    for (k, d) in &v.distro {
+        if !n.vocab.distro.contains_key(k) {
+            n.vocab.distro.insert(k.clone(), d.clone());
+            if let Some(f) = origin.get(&format!("distro/{k}")) {
+                n.vocab_origin.insert(format!("distro/{k}"), *f);
+            }
+        }
+    }
+    for (k, i) in &v.init {
+        if !n.vocab.init.contains_key(k) {
+            n.vocab.init.insert(k.clone(), i.clone());
+            if let Some(f) = origin.get(&format!("init/{k}")) {
+                n.vocab_origin.insert(format!("init/{k}"), *f);
+            }
+        }
+    }
+}
+
+/// Compares dotted numeric versions (`2026.160.1301`); `None` when not numeric.
+pub fn compare_calver(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let pa: Option<Vec<u64>> = a.split('.').map(|x| x.parse().ok()).collect();
+    let pb: Option<Vec<u64>> = b.split('.').map(|x| x.parse().ok()).collect();
+    Some(pa?.cmp(&pb?))
+}
+
+/// Lists the files under a candy directory (relative, sorted), skipping
+/// `.git` and nested candies (directories with their own `charly.yml`).
+fn list_files(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let walker = walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            if e.depth() == 0 {
+                return true;
+            }
+            if e.file_name() == ".git" {
+                return false;
+            }
+            !(e.file_type().is_dir() && e.path().join("charly.yml").is_file())
+        });
+    for e in walker.flatten() {
+        if e.depth() == 0 || e.file_type().is_dir() {
+            continue;
+        }
+        if let Ok(r) = e.path().strip_prefix(dir) {
+            out.insert(unix(r));
+        }
+    }
+    out
+}
+
+/// A path with `/` separators.
+pub fn unix(p: &Path) -> String {
+    p.components()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}

@@ -1,0 +1,376 @@
+//! The candy schema (`candy/<name>/charly.yml`, root key `candy:`).
+//!
+//! Field names and shapes follow the real format (see FORMAT.md §2, §5–§7).
+//! Everything the engine acts on is typed; fields it only carries along
+//! (eval, env_accept, route, security, …) are kept as [`Yaml`] so they can
+//! become labels and are never rejected.
+
+use crate::yaml::{OneOrMany, OrderedMap, Spanned, Yaml};
+use serde::Deserialize;
+
+/// One candy's definition.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "candy", default)]
+pub struct Candy {
+    /// CalVer or semver of the candy.
+    pub version: Option<Spanned<String>>,
+    /// Declared name (the directory name is authoritative).
+    pub name: Option<Spanned<String>>,
+    /// Free text.
+    pub description: Option<Yaml>,
+    /// Dependencies, installed earlier.
+    pub require: Vec<Spanned<String>>,
+    /// Composition: candies expanded in place of this one.
+    pub candy: Vec<Spanned<String>>,
+    /// Packages installed on every distro.
+    pub package: Vec<PackageItem>,
+    /// Per-distro sections keyed by cascade keys (`ubuntu:24.04`, `debian,ubuntu`, `rpm`).
+    pub distro: OrderedMap<DistroSection>,
+    /// Environment for the box.
+    pub env: OrderedMap<Spanned<String>>,
+    /// Entries prepended to PATH.
+    pub path_append: Vec<Spanned<String>>,
+    /// Build-time variables (`ENV` before the candy's steps).
+    pub var: OrderedMap<Spanned<String>>,
+    /// Ordered install tasks.
+    pub task: Vec<Task>,
+    /// Services (packaged units or exec entries).
+    pub service: Vec<Service>,
+    /// Shell snippets.
+    pub shell: Option<Shell>,
+    /// Local packages: format → source directory.
+    pub localpkg: Option<Spanned<LocalPkgMap>>,
+    /// Ask for a reboot after deploying.
+    pub reboot: bool,
+    /// Exposed ports (`8080`, `tcp:2222`, `udp:53`).
+    pub port: Vec<Spanned<String>>,
+    /// Named volumes.
+    pub volume: Vec<Volume>,
+    /// Build and deploy checks.
+    pub eval: Option<Yaml>,
+    /// Kept, not interpreted by the build engine.
+    pub env_accept: Option<Yaml>,
+    /// Kept.
+    pub env_require: Option<Yaml>,
+    /// Kept.
+    pub env_provide: Option<Yaml>,
+    /// Kept.
+    pub secret: Option<Yaml>,
+    /// Kept.
+    pub secret_accept: Option<Yaml>,
+    /// Kept.
+    pub secret_require: Option<Yaml>,
+    /// Kept.
+    pub mcp_provide: Option<Yaml>,
+    /// Kept.
+    pub mcp_accept: Option<Yaml>,
+    /// Kept.
+    pub mcp_require: Option<Yaml>,
+    /// Kept.
+    pub route: Option<Yaml>,
+    /// Kept.
+    pub alias: Option<Yaml>,
+    /// Kept.
+    pub security: Option<Yaml>,
+    /// Kept.
+    pub libvirt: Option<Yaml>,
+    /// Android packages; kept.
+    pub apk: Option<Yaml>,
+    /// Data staged into volumes.
+    pub data: Option<Yaml>,
+    /// Kept.
+    pub artifact: Option<Yaml>,
+    /// Kept.
+    pub port_relay: Option<Yaml>,
+    /// Lifecycle hooks; kept.
+    pub hook: Option<Yaml>,
+    /// Kept.
+    pub capability: Option<Yaml>,
+    /// Kept.
+    pub status: Option<Yaml>,
+    /// Kept.
+    pub info: Option<Yaml>,
+    /// Kept.
+    pub skill: Option<Yaml>,
+}
+
+/// A package: a name, or `{name, description}`.
+#[derive(Debug, Clone)]
+pub struct PackageItem {
+    /// Package name.
+    pub name: Spanned<String>,
+}
+
+impl<'de> Deserialize<'de> for PackageItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename = "package")]
+        struct Full {
+            name: Spanned<String>,
+            #[allow(dead_code)]
+            description: Option<Yaml>,
+        }
+        let y = Spanned::<Yaml>::deserialize(d)?;
+        let span = y.span;
+        match y.value.0.as_str() {
+            Some(s) => Ok(PackageItem {
+                name: Spanned::new(span, s.to_string()),
+            }),
+            None => {
+                let full: Full = crate::yaml::de::nested(&y.value.0)?;
+                Ok(PackageItem { name: full.name })
+            }
+        }
+    }
+}
+
+/// A distro section of a candy.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "distro section", default)]
+pub struct DistroSection {
+    /// Packages for this key.
+    pub package: Vec<PackageItem>,
+    /// Repositories (maps of strings: name, url, key, …).
+    pub repo: Vec<Spanned<OrderedMap<String>>>,
+    /// COPR projects (rpm).
+    pub copr: Vec<String>,
+    /// Excluded packages.
+    pub exclude: Vec<String>,
+    /// Extra installer options.
+    pub option: Vec<String>,
+    /// Modules to enable (rpm).
+    pub module: Vec<String>,
+    /// Signing keys (pac).
+    pub keys: Vec<String>,
+    /// AUR packages (pac family).
+    pub aur: Option<AurSection>,
+}
+
+/// An `aur:` block.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "aur section", default)]
+pub struct AurSection {
+    /// AUR package names.
+    pub package: Vec<PackageItem>,
+    /// Extra yay options.
+    pub option: Vec<String>,
+    /// Packages replaced.
+    pub replace: Vec<String>,
+}
+
+/// One task: exactly one verb plus modifiers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "task", default)]
+pub struct Task {
+    /// Shell body.
+    pub cmd: Option<Spanned<String>>,
+    /// Directory to create.
+    pub mkdir: Option<Spanned<String>>,
+    /// Candy-relative file to copy.
+    pub copy: Option<Spanned<String>>,
+    /// Destination to write `content` to.
+    pub write: Option<Spanned<String>>,
+    /// Symlink path (points at `target`).
+    pub link: Option<Spanned<String>>,
+    /// URL to download.
+    pub download: Option<Spanned<String>>,
+    /// File to set capabilities on.
+    pub setcap: Option<Spanned<String>>,
+    /// Builder trigger (`all`).
+    pub build: Option<Spanned<String>>,
+    /// Who runs it.
+    pub user: Option<Spanned<String>>,
+    /// File mode like `0755`.
+    pub mode: Option<Spanned<String>>,
+    /// Destination for copy/download.
+    pub to: Option<Spanned<String>>,
+    /// Link target.
+    pub target: Option<Spanned<String>>,
+    /// Content for write.
+    pub content: Option<Spanned<String>>,
+    /// Archive kind for download (`tar.gz`, `zip`, `sh`, `none`, …).
+    pub extract: Option<Spanned<String>>,
+    /// Members to extract.
+    pub include: Vec<String>,
+    /// `--strip-components`.
+    pub strip_components: Option<Spanned<u32>>,
+    /// Task environment.
+    pub env: OrderedMap<Spanned<String>>,
+    /// Capabilities for setcap (none = remove).
+    pub caps: Option<Spanned<String>>,
+    /// Cache directories mounted for cmd/download.
+    pub cache: OneOrMany<Spanned<String>>,
+    /// Paths a download leaves behind (for reversal).
+    pub uninstall: Vec<String>,
+    /// A comment emitted before the step.
+    pub comment: Option<String>,
+}
+
+/// The verbs a task may use, in the order they are checked.
+pub const TASK_VERBS: [&str; 8] = ["cmd", "mkdir", "copy", "write", "link", "download", "setcap", "build"];
+
+impl Task {
+    /// The verbs this task sets, with their values.
+    pub fn verbs(&self) -> Vec<(&'static str, &Spanned<String>)> {
+        let all = [
+            ("cmd", &self.cmd),
+            ("mkdir", &self.mkdir),
+            ("copy", &self.copy),
+            ("write", &self.write),
+            ("link", &self.link),
+            ("download", &self.download),
+            ("setcap", &self.setcap),
+            ("build", &self.build),
+        ];
+        all.into_iter()
+            .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+            .collect()
+    }
+}
+
+/// A service entry: a packaged unit (`use_packaged`) or a command (`exec`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "service", default)]
+pub struct Service {
+    /// Service name.
+    pub name: Spanned<String>,
+    /// Packaged unit to enable.
+    pub use_packaged: Option<Spanned<String>>,
+    /// Command to run.
+    pub exec: Option<Spanned<String>>,
+    /// Environment.
+    pub env: OrderedMap<String>,
+    /// `always`, `on-failure`, `no`, `unless-stopped`.
+    pub restart: Option<String>,
+    /// Working directory.
+    pub working_directory: Option<String>,
+    /// User to run as.
+    pub user: Option<String>,
+    /// Ordering.
+    pub after: OneOrMany<String>,
+    /// Ordering.
+    pub before: OneOrMany<String>,
+    /// Install targets.
+    pub wanted_by: OneOrMany<String>,
+    /// Where stdout goes.
+    pub stdout: Option<String>,
+    /// Stop timeout.
+    pub stop_timeout: Option<String>,
+    /// `system` or `user`.
+    pub scope: Option<Spanned<String>>,
+    /// Enable at boot.
+    pub enable: Option<bool>,
+    /// Overrides for packaged units.
+    pub overrides: Option<Yaml>,
+    /// `program` or `eventlistener` (supervisord).
+    pub kind: Option<String>,
+    /// Events for an event listener.
+    pub event: Option<OneOrMany<String>>,
+    /// Start automatically.
+    pub auto_start: Option<bool>,
+    /// Start retries.
+    pub start_retry: Option<String>,
+    /// Seconds to count as started.
+    pub start_sec: Option<String>,
+    /// Stop signal.
+    pub stop_signal: Option<String>,
+    /// Expected exit codes.
+    pub exit_code: Option<String>,
+    /// Start priority.
+    pub priority: Option<String>,
+}
+
+/// `shell:` snippets.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "shell", default)]
+pub struct Shell {
+    /// Generic init body (`${SHELL_NAME}` is replaced per shell).
+    pub init: Option<Spanned<String>>,
+    /// Generic PATH entries.
+    pub path_append: Vec<String>,
+    /// Destination override.
+    pub path: Option<String>,
+    /// Ordering priority.
+    pub priority: Option<String>,
+    /// bash override.
+    pub bash: Option<ShellOverride>,
+    /// zsh override.
+    pub zsh: Option<ShellOverride>,
+    /// fish override.
+    pub fish: Option<ShellOverride>,
+    /// sh override.
+    pub sh: Option<ShellOverride>,
+}
+
+/// A per-shell override.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "shell override", default)]
+pub struct ShellOverride {
+    /// Init body.
+    pub init: Option<Spanned<String>>,
+    /// PATH entries.
+    pub path_append: Vec<String>,
+    /// Destination override.
+    pub path: Option<String>,
+}
+
+/// A volume: `{name, path}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename = "volume", default)]
+pub struct Volume {
+    /// Name (`^[a-z0-9]+(-[a-z0-9]+)*$`).
+    pub name: Spanned<String>,
+    /// Path inside the box.
+    pub path: String,
+}
+
+/// `localpkg:` — a map from format to source directory (a scalar is rejected).
+#[derive(Debug, Clone, Default)]
+pub struct LocalPkgMap(pub OrderedMap<Spanned<String>>);
+
+impl<'de> Deserialize<'de> for LocalPkgMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let y = Yaml::deserialize(d)?;
+        if y.0.as_map().is_none() && !y.0.is_null() {
+            return Err(serde::de::Error::custom(
+                "localpkg must be a mapping from format to source directory (e.g. `deb: pkg/debian`)",
+            ));
+        }
+        crate::yaml::de::nested(&y.0).map(LocalPkgMap)
+    }
+}
+
+impl Candy {
+    /// Whether the candy installs anything itself (packages, tasks, services, …).
+    ///
+    /// `has_builder_files` says whether its directory triggers a builder.
+    pub fn has_install_content(&self, has_builder_files: bool) -> bool {
+        !self.package.is_empty()
+            || self.distro.iter().any(|(_, s)| {
+                !s.package.is_empty() || s.aur.as_ref().is_some_and(|a| !a.package.is_empty())
+            })
+            || !self.task.is_empty()
+            || !self.service.is_empty()
+            || self.shell.is_some()
+            || self.localpkg.is_some()
+            || self.reboot
+            || has_builder_files
+    }
+
+    /// Whether a composer counts as content-bearing (installed after its parts).
+    pub fn has_content(&self, has_builder_files: bool) -> bool {
+        self.has_install_content(has_builder_files)
+            || !self.env.is_empty()
+            || !self.path_append.is_empty()
+            || !self.port.is_empty()
+            || !self.var.is_empty()
+            || !self.volume.is_empty()
+    }
+
+    /// Whether any section carries AUR packages.
+    pub fn has_aur_packages(&self) -> bool {
+        self.distro
+            .iter()
+            .any(|(_, s)| s.aur.as_ref().is_some_and(|a| !a.package.is_empty()))
+    }
+}
