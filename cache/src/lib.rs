@@ -1,0 +1,1 @@
+//! charly-cache: the content-addressed store (see DESIGN.md §4).
