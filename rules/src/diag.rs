@@ -107,14 +107,14 @@ impl Diagnostic {
         {
             let len = (span.len as usize).max(1);
             let offset = (span.offset as usize).min(file.text.len());
-            let len = len.min(file.text.len().saturating_sub(offset)).max(0);
+            let len = len.min(file.text.len().saturating_sub(offset));
             labels.push(miette::LabeledSpan::new(
                 Some(self.label_text()),
                 offset,
                 len,
             ));
             source = Some(miette::NamedSource::new(
-                format!("{}:{}:{}", file.rel, span.line, span.col),
+                file.rel.clone(),
                 file.text.to_string(),
             ));
         }
@@ -252,7 +252,11 @@ pub fn nearest<'a>(word: &str, known: impl IntoIterator<Item = &'a str>) -> Opti
 }
 
 /// Up to `n` known names closest to `word`, best first.
-pub fn nearest_n<'a>(word: &str, known: impl IntoIterator<Item = &'a str>, n: usize) -> Vec<&'a str> {
+pub fn nearest_n<'a>(
+    word: &str,
+    known: impl IntoIterator<Item = &'a str>,
+    n: usize,
+) -> Vec<&'a str> {
     let mut scored: Vec<(f64, &str)> = known
         .into_iter()
         .map(|k| (strsim::jaro_winkler(word, k), k))

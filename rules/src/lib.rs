@@ -5,10 +5,13 @@
 //! at file:line:col), the distro cascade, the InstallPlan IR and its compiler,
 //! and the text emitters (Containerfile, quadlet, kustomize).
 
+pub mod cascade;
 pub mod diag;
 pub mod load;
 pub mod model;
+pub mod resolve;
 pub mod source;
+pub mod validate;
 pub mod yaml;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};

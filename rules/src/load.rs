@@ -311,7 +311,11 @@ struct Loader<'o> {
 /// One document, classified.
 enum Doc {
     Root(Box<RootDoc>),
-    Kind { kind: String, key: Node, value: Node },
+    Kind {
+        kind: String,
+        key: Node,
+        value: Node,
+    },
 }
 
 impl Loader<'_> {
@@ -320,10 +324,7 @@ impl Loader<'_> {
     }
 
     fn rel_of(&self, path: &Path) -> String {
-        match path.strip_prefix(&self.p.root) {
-            Ok(r) => unix(r),
-            Err(_) => path.display().to_string(),
-        }
+        relative(path, &self.p.root)
     }
 
     /// Reads and parses a file. `None` when it cannot be used (diagnosed).
@@ -342,7 +343,10 @@ impl Loader<'_> {
         let text: Arc<str> = match yaml::check_text(&bytes) {
             Ok(t) => Arc::from(t),
             Err(msg) => {
-                let id = self.p.sources.add(path.to_path_buf(), rel.clone(), Arc::from(""));
+                let id = self
+                    .p
+                    .sources
+                    .add(path.to_path_buf(), rel.clone(), Arc::from(""));
                 self.diag(Diagnostic::error(
                     Span {
                         file: id,
@@ -355,9 +359,25 @@ impl Loader<'_> {
                 return None;
             }
         };
-        let id = self.p.sources.add(path.to_path_buf(), rel, text.clone());
+        let id = self
+            .p
+            .sources
+            .add(path.to_path_buf(), rel.clone(), text.clone());
         match yaml::parse_stream(id, &text) {
-            Ok(docs) => Some((id, docs)),
+            Ok(docs) => {
+                if docs.iter().all(Node::is_null) {
+                    self.diag(Diagnostic::warning(
+                        Span {
+                            file: id,
+                            line: 1,
+                            col: 1,
+                            ..Span::default()
+                        },
+                        format!("{rel} is empty; it defines nothing"),
+                    ));
+                }
+                Some((id, docs))
+            }
             Err(d) => {
                 self.diag(d);
                 None
@@ -409,7 +429,10 @@ impl Loader<'_> {
             let key = k.as_str().unwrap_or("");
             let is_kind = KIND_KEYS.contains(&key);
             let is_root = ROOT_KEYS.contains(&key);
-            if is_kind && (has_name(v) || (discovered && entries.len() == 1 && matches!(key, "candy" | "box"))) {
+            if is_kind
+                && (has_name(v)
+                    || (discovered && entries.len() == 1 && matches!(key, "candy" | "box")))
+            {
                 kind_form.push((k.clone(), v.clone()));
             } else if is_kind || is_root {
                 root_form = true;
@@ -459,7 +482,10 @@ impl Loader<'_> {
 
     fn unknown_top_key(&mut self, k: &Node, name: &str) {
         let known = ROOT_KEYS.iter().chain(KIND_KEYS.iter()).copied();
-        let mut d = Diagnostic::warning(k.span, format!("unknown top-level key `{name}`; it is ignored"));
+        let mut d = Diagnostic::warning(
+            k.span,
+            format!("unknown top-level key `{name}`; it is ignored"),
+        );
         if let Some(n) = nearest(name, known) {
             d = d.with_hint(format!("did you mean `{n}`?"));
         }
@@ -500,7 +526,10 @@ impl Loader<'_> {
             if self.p.namespaces[ns.0].identity.is_none() {
                 self.p.namespaces[ns.0].identity = Some(ident.clone());
             }
-            self.p.repos.entry(ident).or_insert_with(|| dir.to_path_buf());
+            self.p
+                .repos
+                .entry(ident)
+                .or_insert_with(|| dir.to_path_buf());
         }
         let ident = self.p.namespaces[ns.0].identity.clone();
         self.in_progress.push((ns, ident));
@@ -532,7 +561,14 @@ impl Loader<'_> {
         Some(ns)
     }
 
-    fn classify_all(&mut self, docs: Vec<Node>, fid: FileId, dir: &Path, ns: NsId, discovered: bool) -> Vec<RootDoc> {
+    fn classify_all(
+        &mut self,
+        docs: Vec<Node>,
+        fid: FileId,
+        dir: &Path,
+        ns: NsId,
+        discovered: bool,
+    ) -> Vec<RootDoc> {
         let mut roots = Vec::new();
         for doc in docs {
             match self.classify(doc, fid, discovered) {
@@ -547,7 +583,16 @@ impl Loader<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn register_kind(&mut self, ns: NsId, fid: FileId, dir: &Path, kind: &str, key: &Node, value: &Node, discovered: bool) {
+    fn register_kind(
+        &mut self,
+        ns: NsId,
+        fid: FileId,
+        dir: &Path,
+        kind: &str,
+        key: &Node,
+        value: &Node,
+        discovered: bool,
+    ) {
         let basename = dir
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -557,7 +602,9 @@ impl Loader<'_> {
                 let mut w = Vec::new();
                 let r = yaml::from_node::<Candy>(value, &mut w);
                 self.p.diags.extend(w);
-                let Ok(def) = r.map_err(|d| self.diag(d)) else { return };
+                let Ok(def) = r.map_err(|d| self.diag(d)) else {
+                    return;
+                };
                 // A discovered candy is named by its directory.
                 let name = if discovered {
                     if let Some(n) = &def.name
@@ -569,7 +616,10 @@ impl Loader<'_> {
                     }
                     basename
                 } else {
-                    def.name.as_ref().map(|n| n.value.clone()).unwrap_or(basename)
+                    def.name
+                        .as_ref()
+                        .map(|n| n.value.clone())
+                        .unwrap_or(basename)
                 };
                 self.add_candy(ns, fid, dir, name, key.span, def);
             }
@@ -577,7 +627,9 @@ impl Loader<'_> {
                 let mut w = Vec::new();
                 let r = yaml::from_node::<BoxDef>(value, &mut w);
                 self.p.diags.extend(w);
-                let Ok(def) = r.map_err(|d| self.diag(d)) else { return };
+                let Ok(def) = r.map_err(|d| self.diag(d)) else {
+                    return;
+                };
                 let name = def
                     .name
                     .as_ref()
@@ -588,7 +640,11 @@ impl Loader<'_> {
             }
             other => {
                 // Other kinds (vm, pod, deploy, …) are kept, not built.
-                let name = value.get("name").and_then(Node::as_str).unwrap_or("").to_string();
+                let name = value
+                    .get("name")
+                    .and_then(Node::as_str)
+                    .unwrap_or("")
+                    .to_string();
                 self.p.namespaces[ns.0]
                     .kept
                     .entry(format!("{other}/{name}"))
@@ -607,7 +663,9 @@ impl Loader<'_> {
             let prev_loc = format!("{}:{}", self.p.sources.rel(prev.file), prev.span.line);
             self.diag(Diagnostic::warning(
                 span,
-                format!("box `{name}` is already defined at {prev_loc}; this definition is ignored"),
+                format!(
+                    "box `{name}` is already defined at {prev_loc}; this definition is ignored"
+                ),
             ));
             return;
         }
@@ -623,7 +681,15 @@ impl Loader<'_> {
         );
     }
 
-    fn add_candy(&mut self, ns: NsId, file: FileId, dir: &Path, name: String, span: Span, def: Candy) -> String {
+    fn add_candy(
+        &mut self,
+        ns: NsId,
+        file: FileId,
+        dir: &Path,
+        name: String,
+        span: Span,
+        def: Candy,
+    ) -> String {
         let key = name.clone();
         if let Some(prev) = self.p.candies.get(&key) {
             if prev.dir != dir {
@@ -677,7 +743,15 @@ impl Loader<'_> {
             {
                 n.defaults = d;
             }
-            for (k, v) in [("eval", &r.eval), ("vm", &r.vm), ("pod", &r.pod), ("local", &r.local), ("deploy", &r.deploy), ("bundle", &r.bundle), ("k8s", &r.k8s)] {
+            for (k, v) in [
+                ("eval", &r.eval),
+                ("vm", &r.vm),
+                ("pod", &r.pod),
+                ("local", &r.local),
+                ("deploy", &r.deploy),
+                ("bundle", &r.bundle),
+                ("k8s", &r.k8s),
+            ] {
                 if let Some(v) = v {
                     n.kept.entry(k.to_string()).or_insert_with(|| v.clone());
                 }
@@ -724,8 +798,12 @@ impl Loader<'_> {
         }
         for item in r.import {
             match item {
-                ImportItem::Flat(f) => self.flat_import(ns, &f, file_dir, discover, visited, depth + 1),
-                ImportItem::Namespaced { alias, reference } => self.namespaced_import(ns, &alias, &reference),
+                ImportItem::Flat(f) => {
+                    self.flat_import(ns, &f, file_dir, discover, visited, depth + 1)
+                }
+                ImportItem::Namespaced { alias, reference } => {
+                    self.namespaced_import(ns, &alias, &reference)
+                }
             }
         }
     }
@@ -750,18 +828,30 @@ impl Loader<'_> {
             match RemoteRef::parse(r).and_then(|rr| {
                 self.repo_dir(&rr.repo)
                     .map(|d| d.join(&rr.sub))
-                    .ok_or_else(|| format!("repository {} is not available offline (map it with --import {}=DIR)", rr.repo, rr.repo))
+                    .ok_or_else(|| {
+                        format!(
+                            "repository {} is not available offline (map it with --import {}=DIR)",
+                            rr.repo, rr.repo
+                        )
+                    })
             }) {
                 Ok(p) => p,
                 Err(msg) => {
-                    self.diag(Diagnostic::error(f.span, format!("import `{}`: {msg}", f.value)));
+                    self.diag(Diagnostic::error(
+                        f.span,
+                        format!("import `{}`: {msg}", f.value),
+                    ));
                     return;
                 }
             }
         } else {
             file_dir.join(&f.value)
         };
-        let path = if path.is_dir() { path.join("charly.yml") } else { path };
+        let path = if path.is_dir() {
+            path.join("charly.yml")
+        } else {
+            path
+        };
         let canon = std::fs::canonicalize(&path).unwrap_or(path.clone());
         if !visited.insert(canon.clone()) {
             self.diag(Diagnostic::error(
@@ -770,7 +860,9 @@ impl Loader<'_> {
             ));
             return;
         }
-        let Some((fid, docs)) = self.read_docs(&canon, Some(f.span)) else { return };
+        let Some((fid, docs)) = self.read_docs(&canon, Some(f.span)) else {
+            return;
+        };
         let dir = canon.parent().unwrap_or(file_dir).to_path_buf();
         let roots = self.classify_all(docs, fid, &dir, ns, false);
         for r in roots {
@@ -796,7 +888,11 @@ impl Loader<'_> {
             if f.is_file()
                 && let Ok(text) = std::fs::read_to_string(&f)
                 && let Some(line) = text.lines().find(|l| l.starts_with("repo:"))
-                && normalize_identity(line.trim_start_matches("repo:").trim().trim_matches(['"', '\''])) == identity
+                && normalize_identity(
+                    line.trim_start_matches("repo:")
+                        .trim()
+                        .trim_matches(['"', '\'']),
+                ) == identity
             {
                 return Some(d.to_path_buf());
             }
@@ -805,10 +901,19 @@ impl Loader<'_> {
         None
     }
 
-    fn namespaced_import(&mut self, ns: NsId, alias: &Spanned<String>, reference: &Spanned<String>) {
+    fn namespaced_import(
+        &mut self,
+        ns: NsId,
+        alias: &Spanned<String>,
+        reference: &Spanned<String>,
+    ) {
         let a = alias.value.as_str();
         let valid = !a.is_empty()
-            && a.split('-').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+            && a.split('-').all(|p| {
+                !p.is_empty()
+                    && p.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            });
         if !valid {
             self.diag(Diagnostic::error(
                 alias.span,
@@ -819,17 +924,27 @@ impl Loader<'_> {
         if let Some(prev) = self.p.namespaces[ns.0].imports.get(a) {
             let same = matches!(prev, ImportBinding::Unavailable { reference: r, .. } if *r == reference.value);
             if !same && !matches!(prev, ImportBinding::Bound(_)) {
-                self.diag(Diagnostic::error(alias.span, format!("import alias `{a}` is bound twice")));
+                self.diag(Diagnostic::error(
+                    alias.span,
+                    format!("import alias `{a}` is bound twice"),
+                ));
             }
             return;
         }
         let parent_path = self.p.namespaces[ns.0].path.clone();
-        let child_path = if parent_path.is_empty() { a.to_string() } else { format!("{parent_path}.{a}") };
+        let child_path = if parent_path.is_empty() {
+            a.to_string()
+        } else {
+            format!("{parent_path}.{a}")
+        };
         let ns_dir = self.p.namespaces[ns.0].dir.clone();
         // Identity first: a back-reference to a namespace still loading binds to it.
         let (identity, local_dir) = if let Some(r) = reference.value.strip_prefix('@') {
             match RemoteRef::parse(r) {
-                Ok(rr) => (Some(rr.repo.clone()), None::<PathBuf>.or_else(|| self.repo_dir(&rr.repo).map(|d| d.join(&rr.sub)))),
+                Ok(rr) => (
+                    Some(rr.repo.clone()),
+                    None::<PathBuf>.or_else(|| self.repo_dir(&rr.repo).map(|d| d.join(&rr.sub))),
+                ),
                 Err(msg) => {
                     self.diag(Diagnostic::error(reference.span, msg));
                     return;
@@ -839,10 +954,15 @@ impl Loader<'_> {
             (None, Some(ns_dir.join(&reference.value)))
         };
         if let Some(ident) = &identity
-            && let Some((bound, _)) = self.in_progress.iter().find(|(_, i)| i.as_deref() == Some(ident.as_str()))
+            && let Some((bound, _)) = self
+                .in_progress
+                .iter()
+                .find(|(_, i)| i.as_deref() == Some(ident.as_str()))
         {
             let bound = *bound;
-            self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(bound));
+            self.p.namespaces[ns.0]
+                .imports
+                .insert(a.to_string(), ImportBinding::Bound(bound));
             return;
         }
         let explicit = self
@@ -854,9 +974,17 @@ impl Loader<'_> {
         let candidates: Vec<PathBuf> = explicit
             .into_iter()
             .chain(local_dir)
-            .chain([self.p.root.join("image").join(a), ns_dir.join("image").join(a)])
+            .chain([
+                self.p.root.join("image").join(a),
+                ns_dir.join("image").join(a),
+            ])
             .collect();
-        let found = candidates.iter().find(|d| d.join("charly.yml").is_file()).cloned();
+        let mut candidates = candidates;
+        candidates.dedup();
+        let found = candidates
+            .iter()
+            .find(|d| d.join("charly.yml").is_file())
+            .cloned();
         let Some(dir) = found else {
             let looked: Vec<String> = candidates.iter().map(|d| self.rel_of(d)).collect();
             self.p.namespaces[ns.0].imports.insert(
@@ -875,12 +1003,16 @@ impl Loader<'_> {
         };
         let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
         if let Some(&id) = self.loaded_dirs.get(&dir) {
-            self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(id));
+            self.p.namespaces[ns.0]
+                .imports
+                .insert(a.to_string(), ImportBinding::Bound(id));
             return;
         }
         match self.load_namespace(&dir, child_path, identity, Some(reference.span)) {
             Some(id) => {
-                self.p.namespaces[ns.0].imports.insert(a.to_string(), ImportBinding::Bound(id));
+                self.p.namespaces[ns.0]
+                    .imports
+                    .insert(a.to_string(), ImportBinding::Bound(id));
             }
             None => {
                 self.p.namespaces[ns.0].imports.insert(
@@ -929,7 +1061,9 @@ impl Loader<'_> {
             }
         }
         for m in manifests {
-            let Some((fid, docs)) = self.read_docs(&m, None) else { continue };
+            let Some((fid, docs)) = self.read_docs(&m, None) else {
+                continue;
+            };
             let mdir = m.parent().unwrap_or(&dir).to_path_buf();
             let roots = self.classify_all(docs, fid, &mdir, ns, true);
             for r in roots {
@@ -948,22 +1082,37 @@ impl Loader<'_> {
             let mut wanted: BTreeMap<String, (PathBuf, Span)> = BTreeMap::new();
             for (r, span, from) in self.all_candy_refs() {
                 let dir = if let Some(rest) = r.strip_prefix('@') {
-                    let Ok(rr) = RemoteRef::parse(rest) else { continue };
-                    let Some(repo_dir) = self.repo_dir(&rr.repo) else { continue };
-                    self.p.repos.entry(rr.repo.clone()).or_insert_with(|| repo_dir.clone());
+                    let Ok(rr) = RemoteRef::parse(rest) else {
+                        continue;
+                    };
+                    let Some(repo_dir) = self.repo_dir(&rr.repo) else {
+                        continue;
+                    };
+                    self.p
+                        .repos
+                        .entry(rr.repo.clone())
+                        .or_insert_with(|| repo_dir.clone());
                     repo_dir.join(&rr.sub)
                 } else {
                     // A sibling of a candy that lives outside the project tree.
-                    let Some(from_dir) = from.as_ref().and_then(|k| self.p.candies.get(k)).map(|c| c.dir.clone()) else {
+                    let Some(from_dir) = from
+                        .as_ref()
+                        .and_then(|k| self.p.candies.get(k))
+                        .map(|c| c.dir.clone())
+                    else {
                         continue;
                     };
                     if from_dir.starts_with(&self.p.root) {
                         continue;
                     }
-                    let Some(parent) = from_dir.parent() else { continue };
+                    let Some(parent) = from_dir.parent() else {
+                        continue;
+                    };
                     parent.join(&r)
                 };
-                let Ok(key) = self.p.candy_key(&r) else { continue };
+                let Ok(key) = self.p.candy_key(&r) else {
+                    continue;
+                };
                 if self.p.candies.contains_key(&key) {
                     continue;
                 }
@@ -975,9 +1124,15 @@ impl Loader<'_> {
                 if !file.is_file() {
                     continue;
                 }
-                let Some((fid, docs)) = self.read_docs(&file, Some(span)) else { continue };
+                let Some((fid, docs)) = self.read_docs(&file, Some(span)) else {
+                    continue;
+                };
                 for doc in docs {
-                    if let Some(Doc::Kind { kind, key: k, value }) = self.classify(doc, fid, true)
+                    if let Some(Doc::Kind {
+                        kind,
+                        key: k,
+                        value,
+                    }) = self.classify(doc, fid, true)
                         && kind == "candy"
                     {
                         let mut w = Vec::new();
@@ -1048,8 +1203,15 @@ impl Loader<'_> {
         }
     }
 
-    fn parse_vocab_text(&mut self, name: &str, text: &str) -> Option<(Vocab, BTreeMap<String, FileId>)> {
-        let id = self.p.sources.add(PathBuf::from(name), name.to_string(), Arc::from(text));
+    fn parse_vocab_text(
+        &mut self,
+        name: &str,
+        text: &str,
+    ) -> Option<(Vocab, BTreeMap<String, FileId>)> {
+        let id = self
+            .p
+            .sources
+            .add(PathBuf::from(name), name.to_string(), Arc::from(text));
         let docs = match yaml::parse_stream(id, text) {
             Ok(d) => d,
             Err(d) => {
@@ -1074,7 +1236,12 @@ impl Loader<'_> {
             let root_file = self.p.sources.find_rel("charly.yml");
             self.diag(
                 Diagnostic::warning(
-                    root_file.map(|f| Span { file: f, line: 1, col: 1, ..Span::default() }),
+                    root_file.map(|f| Span {
+                        file: f,
+                        line: 1,
+                        col: 1,
+                        ..Span::default()
+                    }),
                     "charly.yml declares no schema `version:`",
                 )
                 .with_hint(format!("add `version: {SCHEMA_VERSION}`")),
@@ -1083,13 +1250,22 @@ impl Loader<'_> {
         };
         match compare_calver(&v.value, SCHEMA_VERSION) {
             Some(std::cmp::Ordering::Greater) => self.diag(
-                Diagnostic::error(v.span, format!("schema version {} is newer than this charly supports ({SCHEMA_VERSION})", v.value))
-                    .with_hint("upgrade charly"),
+                Diagnostic::error(
+                    v.span,
+                    format!(
+                        "schema version {} is newer than this charly supports ({SCHEMA_VERSION})",
+                        v.value
+                    ),
+                )
+                .with_hint("upgrade charly"),
             ),
             Some(_) => {}
             None => self.diag(Diagnostic::error(
                 v.span,
-                format!("schema version `{}` is not a CalVer like {SCHEMA_VERSION}", v.value),
+                format!(
+                    "schema version `{}` is not a CalVer like {SCHEMA_VERSION}",
+                    v.value
+                ),
             )),
         }
     }
@@ -1184,6 +1360,25 @@ fn list_files(dir: &Path) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// `path` relative to `base` with `/` separators, using `..` when it is
+/// outside (both are absolute); reports never show absolute paths.
+pub fn relative(path: &Path, base: &Path) -> String {
+    let p: Vec<_> = path.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut parts: Vec<String> = std::iter::repeat_n("..".to_string(), b.len() - common).collect();
+    parts.extend(
+        p[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
 }
 
 /// A path with `/` separators.

@@ -207,7 +207,9 @@ pub struct Task {
 }
 
 /// The verbs a task may use, in the order they are checked.
-pub const TASK_VERBS: [&str; 8] = ["cmd", "mkdir", "copy", "write", "link", "download", "setcap", "build"];
+pub const TASK_VERBS: [&str; 8] = [
+    "cmd", "mkdir", "copy", "write", "link", "download", "setcap", "build",
+];
 
 impl Task {
     /// The verbs this task sets, with their values.

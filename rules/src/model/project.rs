@@ -9,12 +9,14 @@ use crate::yaml::{OrderedMap, Spanned, Yaml};
 use serde::Deserialize;
 
 /// Keys that only root-form documents have.
-pub const ROOT_KEYS: [&str; 7] = ["version", "repo", "import", "discover", "defaults", "provides", "eval"];
+pub const ROOT_KEYS: [&str; 7] = [
+    "version", "repo", "import", "discover", "defaults", "provides", "eval",
+];
 
 /// Keys naming entity kinds.
 pub const KIND_KEYS: [&str; 19] = [
-    "candy", "box", "deploy", "builder", "distro", "init", "pod", "vm", "k8s", "local", "android", "ai",
-    "recipe", "score", "group", "target", "module", "resource", "bundle",
+    "candy", "box", "deploy", "builder", "distro", "init", "pod", "vm", "k8s", "local", "android",
+    "ai", "recipe", "score", "group", "target", "module", "resource", "bundle",
 ];
 
 /// Legacy keys the loader refuses with a migration hint.
@@ -116,7 +118,9 @@ impl<'de> Deserialize<'de> for ImportItem {
                     alias: Spanned::new(k.span, a.to_string()),
                     reference: Spanned::new(v.span, r.to_string()),
                 }),
-                _ => Err(D::Error::custom("an import `alias: ref` needs text on both sides")),
+                _ => Err(D::Error::custom(
+                    "an import `alias: ref` needs text on both sides",
+                )),
             },
             _ => Err(D::Error::custom(
                 "an import is a file path or a single `alias: ref` mapping",

@@ -368,7 +368,10 @@ impl<'a> NodeDe<'a> {
         let (s, _) = self.scalar().ok_or_else(|| self.expected(what))?;
         let t = s.trim();
         let n = parse_int(t)
-            .or_else(|| t.strip_prefix("0o").and_then(|o| i64::from_str_radix(o, 8).ok()))
+            .or_else(|| {
+                t.strip_prefix("0o")
+                    .and_then(|o| i64::from_str_radix(o, 8).ok())
+            })
             .ok_or_else(|| self.expected(what))?;
         T::try_from(n).map_err(|_| self.err(format!("{n} is out of range for {what}")))
     }
@@ -435,12 +438,12 @@ impl<'de> de::Deserializer<'de> for NodeDe<'_> {
             Some(("true" | "True" | "TRUE", _)) => true,
             Some(("false" | "False" | "FALSE", _)) => false,
             _ => {
-                return Err(self
-                    .expected("true or false")
-                    .at(self.node.span));
+                return Err(self.expected("true or false").at(self.node.span));
             }
         };
-        visitor.visit_bool(b).map_err(|e: DeError| e.at(self.node.span))
+        visitor
+            .visit_bool(b)
+            .map_err(|e: DeError| e.at(self.node.span))
     }
 
     de_int! {
@@ -456,12 +459,16 @@ impl<'de> de::Deserializer<'de> for NodeDe<'_> {
 
     fn deserialize_f32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         let f = self.float()?;
-        visitor.visit_f32(f as f32).map_err(|e: DeError| e.at(self.node.span))
+        visitor
+            .visit_f32(f as f32)
+            .map_err(|e: DeError| e.at(self.node.span))
     }
 
     fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         let f = self.float()?;
-        visitor.visit_f64(f).map_err(|e: DeError| e.at(self.node.span))
+        visitor
+            .visit_f64(f)
+            .map_err(|e: DeError| e.at(self.node.span))
     }
 
     fn deserialize_char<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
@@ -499,7 +506,9 @@ impl<'de> de::Deserializer<'de> for NodeDe<'_> {
     }
 
     fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        visitor.visit_unit().map_err(|e: DeError| e.at(self.node.span))
+        visitor
+            .visit_unit()
+            .map_err(|e: DeError| e.at(self.node.span))
     }
 
     fn deserialize_unit_struct<V: Visitor<'de>>(
@@ -535,7 +544,11 @@ impl<'de> de::Deserializer<'de> for NodeDe<'_> {
         .map_err(|e: DeError| e.at(self.node.span))
     }
 
-    fn deserialize_tuple<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_tuple<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         self.deserialize_seq(visitor)
     }
 
@@ -653,7 +666,10 @@ struct SeqAcc<'a> {
 
 impl<'de> de::SeqAccess<'de> for SeqAcc<'_> {
     type Error = DeError;
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, DeError> {
         match self.items.next() {
             Some(n) => seed
                 .deserialize(self.de.child(n))
@@ -677,7 +693,10 @@ struct MapAcc<'a> {
 
 impl<'de> de::MapAccess<'de> for MapAcc<'_> {
     type Error = DeError;
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         for (k, v) in self.entries.by_ref() {
             if let Some(fields) = self.fields {
                 let name = k.as_str().unwrap_or("");
@@ -714,7 +733,8 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
             .value
             .take()
             .ok_or_else(|| de::Error::custom("value requested before key"))?;
-        seed.deserialize(self.de.child(v)).map_err(|e: DeError| e.at(v.span))
+        seed.deserialize(self.de.child(v))
+            .map_err(|e: DeError| e.at(v.span))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -729,7 +749,10 @@ struct SpannedAcc<'a> {
 
 impl<'de> de::MapAccess<'de> for SpannedAcc<'_> {
     type Error = DeError;
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         let key = match self.state {
             0 => SPANNED_SPAN,
             1 => SPANNED_VALUE,
@@ -775,7 +798,10 @@ struct EnumAcc<'a> {
 impl<'de, 'a> de::EnumAccess<'de> for EnumAcc<'a> {
     type Error = DeError;
     type Variant = NodeDe<'a>;
-    fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, NodeDe<'a>), DeError> {
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, NodeDe<'a>), DeError> {
         let v = seed.deserialize(self.de.child(self.key))?;
         Ok((v, self.de.child(self.value)))
     }
@@ -854,7 +880,11 @@ mod tests {
     fn type_errors_point_at_the_value() {
         let (t, _) = load::<Task>("cmd: x\nn: lots\n");
         let e = t.expect_err("bad int");
-        assert!(e.message.contains("expected a non-negative integer"), "{}", e.message);
+        assert!(
+            e.message.contains("expected a non-negative integer"),
+            "{}",
+            e.message
+        );
         assert_eq!(e.span.map(|s| (s.line, s.col)), Some((2, 4)));
 
         let (t, _) = load::<Task>("flag: yes\n");
@@ -876,7 +906,10 @@ mod tests {
         let (w, _) = load::<W>("eval:\n  - id: x\n    file: /a\n");
         let w = w.expect("ok");
         assert_eq!(w.eval.0.span.line, 2);
-        assert_eq!(w.eval.to_json(), serde_json::json!([{"id": "x", "file": "/a"}]));
+        assert_eq!(
+            w.eval.to_json(),
+            serde_json::json!([{"id": "x", "file": "/a"}])
+        );
     }
 
     #[test]
@@ -889,7 +922,9 @@ mod tests {
 
     #[test]
     fn one_or_many_accepts_both() {
-        let (a, _) = load::<std::collections::BTreeMap<String, OneOrMany<String>>>("a: rpm\nb: [deb, pac]\n");
+        let (a, _) = load::<std::collections::BTreeMap<String, OneOrMany<String>>>(
+            "a: rpm\nb: [deb, pac]\n",
+        );
         let a = a.expect("ok");
         assert_eq!(a["a"].0, vec!["rpm"]);
         assert_eq!(a["b"].0, vec!["deb", "pac"]);

@@ -111,7 +111,9 @@ impl Node {
         match &self.value {
             Value::Scalar(s, Style::Plain) => plain_scalar_json(s),
             Value::Scalar(s, _) => serde_json::Value::String(s.clone()),
-            Value::Seq(items) => serde_json::Value::Array(items.iter().map(Node::to_json).collect()),
+            Value::Seq(items) => {
+                serde_json::Value::Array(items.iter().map(Node::to_json).collect())
+            }
             Value::Map(entries) => {
                 let mut m = serde_json::Map::new();
                 for (k, v) in entries {
@@ -193,15 +195,16 @@ pub fn parse_stream(file: FileId, text: &str) -> Result<Vec<Node>, Diagnostic> {
     };
     let mut parser = Parser::new_from_str(text);
     let mut docs = Vec::new();
-    loop {
-        let Some(ev) = parser.next_event() else { break };
+    while let Some(ev) = parser.next_event() {
         let (ev, span) = ev.map_err(|e| b.scan_error(&e))?;
         match ev {
             Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
             Event::StreamEnd => break,
             Event::DocumentStart(_) => {
                 b.anchors.clear();
-                let Some(next) = parser.next_event() else { break };
+                let Some(next) = parser.next_event() else {
+                    break;
+                };
                 let (ev, span) = next.map_err(|e| b.scan_error(&e))?;
                 if matches!(ev, Event::DocumentEnd) {
                     continue;
@@ -435,7 +438,10 @@ mod tests {
         assert_eq!(mode.as_str(), Some("0755"));
         assert_eq!((mode.span.line, mode.span.col), (2, 9));
         assert_eq!(a.get("b").and_then(Node::as_str), Some("NO"));
-        assert_eq!(a.get("c").map(|n| &n.value), Some(&Value::Scalar("x".into(), Style::Quoted)));
+        assert_eq!(
+            a.get("c").map(|n| &n.value),
+            Some(&Value::Scalar("x".into(), Style::Quoted))
+        );
     }
 
     #[test]
@@ -497,7 +503,10 @@ mod tests {
         assert_eq!(plain_scalar_json("8080"), serde_json::json!(8080));
         assert_eq!(plain_scalar_json("true"), serde_json::json!(true));
         assert_eq!(plain_scalar_json("1.5"), serde_json::json!(1.5));
-        assert_eq!(plain_scalar_json("2026.144.1443"), serde_json::json!("2026.144.1443"));
+        assert_eq!(
+            plain_scalar_json("2026.144.1443"),
+            serde_json::json!("2026.144.1443")
+        );
         assert_eq!(plain_scalar_json("~"), serde_json::Value::Null);
     }
 

@@ -1,0 +1,95 @@
+//! `charly`: the command line.
+//!
+//! Thin by design: it parses arguments (clap), calls into `charly-engine` /
+//! `charly-rules`, and prints. stdout carries data only (lists, JSON,
+//! Containerfiles); everything meant for people goes to stderr. Exit codes:
+//! 0 success, 1 a user or configuration error, 2 a usage error, 101 an
+//! internal error (a bug).
+
+mod box_cmd;
+mod candy_cmd;
+mod output;
+mod project;
+mod validate_cmd;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// charly builds container boxes from YAML candies, with a content-addressed
+/// build graph: only what changed is rebuilt, and it can say why.
+#[derive(Parser, Debug)]
+#[command(name = "charly", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Project directory (default: the nearest directory upwards with a charly.yml).
+    #[arg(
+        short = 'C',
+        long = "dir",
+        global = true,
+        env = "CHARLY_PROJECT_DIR",
+        value_name = "DIR"
+    )]
+    pub dir: Option<PathBuf>,
+
+    /// Where an import lives offline: `--import cachyos=image/cachyos`, or a repo
+    /// identity: `--import github.com/org/repo=../repo`. Repeatable.
+    #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
+    pub imports: Vec<(String, PathBuf)>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check the whole project: every file, candy, box and template. Exit 1 on errors.
+    Validate(validate_cmd::Args),
+    /// Boxes: list, plan, generate, build.
+    #[command(subcommand, name = "box")]
+    Box(box_cmd::BoxCommand),
+    /// Candies: list.
+    #[command(subcommand)]
+    Candy(candy_cmd::CandyCommand),
+}
+
+fn parse_import(s: &str) -> Result<(String, PathBuf), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NS=DIR, got `{s}`"))?;
+    if k.is_empty() || v.is_empty() {
+        return Err(format!("expected NS=DIR, got `{s}`"));
+    }
+    Ok((k.to_string(), PathBuf::from(v)))
+}
+
+/// An error that has already been reported to the user; exit with code 1.
+#[derive(Debug)]
+pub struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("errors were reported")
+    }
+}
+
+impl std::error::Error for Reported {}
+
+fn main() -> ExitCode {
+    output::install_hooks();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Validate(a) => validate_cmd::run(&cli, a),
+        Command::Box(c) => box_cmd::run(&cli, c),
+        Command::Candy(c) => candy_cmd::run(&cli, c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) if e.is::<Reported>() => ExitCode::from(1),
+        Err(e) => {
+            output::error(&format!("{e:#}"));
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Opening the project named by `-C` (or found upwards from the cwd).
+
+use crate::Cli;
+use anyhow::Context;
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::resolve::{self, Resolution};
+
+/// A loaded and resolved project.
+pub struct Opened {
+    /// The project.
+    pub project: Project,
+    /// Its resolution.
+    pub resolution: Resolution,
+}
+
+/// Loads and resolves the project.
+pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
+    let root = match &cli.dir {
+        Some(d) => {
+            if !d.join("charly.yml").is_file() {
+                anyhow::bail!(
+                    "{} has no charly.yml (give -C the directory that holds your project's charly.yml)",
+                    d.display()
+                );
+            }
+            d.clone()
+        }
+        None => {
+            let cwd = std::env::current_dir().context("cannot read the current directory")?;
+            load::locate(&cwd).with_context(|| {
+                "not inside a charly project; run from a directory with a charly.yml or pass -C DIR"
+            })?
+        }
+    };
+    let opts = LoadOptions {
+        imports: cli.imports.iter().cloned().collect(),
+    };
+    let project = load::load(&root, &opts)?;
+    let resolution = resolve::resolve(&project);
+    Ok(Opened {
+        project,
+        resolution,
+    })
+}

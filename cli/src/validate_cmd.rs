@@ -1,0 +1,56 @@
+//! `charly validate`.
+
+use crate::{Cli, output, project};
+use charly_rules::Diagnostics;
+use std::process::ExitCode;
+
+/// Arguments of `charly validate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print `{errors: [...], warnings: [...]}` on stdout instead of reports on stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Collects every diagnostic of the project: loading, candies, boxes.
+pub fn collect(o: &project::Opened) -> Diagnostics {
+    let mut all = Diagnostics::new();
+    all.extend(o.project.diags.iter().cloned());
+    all.extend(charly_rules::validate::validate_candies(&o.project));
+    all.extend(o.resolution.diags.iter().cloned());
+    for r in o.resolution.boxes.values() {
+        if let Err(errs) = r {
+            all.extend(errs.iter().cloned());
+        }
+    }
+    all.sort();
+    all
+}
+
+/// Runs the command.
+pub fn run(cli: &Cli, a: &Args) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let all = collect(&o);
+    let sources = &o.project.sources;
+    if a.json {
+        let errors: Vec<_> = all.errors().map(|d| d.to_json(sources)).collect();
+        let warnings: Vec<_> = all.warnings().map(|d| d.to_json(sources)).collect();
+        output::json(&serde_json::json!({ "errors": errors, "warnings": warnings }))?;
+    } else {
+        output::diagnostics(all.iter(), sources);
+        let (e, w) = (all.errors().count(), all.warnings().count());
+        let boxes = o.resolution.boxes.len();
+        let ok = o.resolution.boxes.values().filter(|r| r.is_ok()).count();
+        output::note(&format!(
+            "{} candies, {boxes} boxes ({ok} resolve): {e} error{}, {w} warning{}",
+            o.project.candies.len(),
+            if e == 1 { "" } else { "s" },
+            if w == 1 { "" } else { "s" },
+        ));
+    }
+    Ok(if all.has_errors() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

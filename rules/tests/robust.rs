@@ -1,0 +1,263 @@
+//! Bad input never panics and always gets a clear, located diagnostic.
+
+use charly_rules::diag::Diagnostic;
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::resolve;
+use std::path::Path;
+
+/// A small project: one fedora box with the given candies.
+fn project(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let t = tempfile::tempdir().expect("tmp");
+    let base: &[(&str, &[u8])] = &[(
+        "charly.yml",
+        b"version: 2026.160.1301\ndiscover: [box, candy]\ndefaults:\n  build: [rpm]\n",
+    )];
+    for (path, body) in base.iter().chain(files) {
+        let p = t.path().join(path);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, body).expect("write");
+    }
+    t
+}
+
+fn all_diags(dir: &Path) -> (Project, Vec<Diagnostic>) {
+    let p = load::load(dir, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let mut d: Vec<Diagnostic> = p.diags.iter().cloned().collect();
+    d.extend(charly_rules::validate::validate_candies(&p));
+    d.extend(r.diags.iter().cloned());
+    for b in r.boxes.values() {
+        if let Err(e) = b {
+            d.extend(e.iter().cloned());
+        }
+    }
+    (p, d)
+}
+
+fn find<'a>(p: &Project, d: &'a [Diagnostic], needle: &str) -> (&'a Diagnostic, String) {
+    let hit = d
+        .iter()
+        .find(|x| x.message.contains(needle))
+        .unwrap_or_else(|| {
+            panic!(
+                "no diagnostic containing {needle:?} in {:#?}",
+                d.iter()
+                    .map(|x| x.one_line(p.sources_ref()))
+                    .collect::<Vec<_>>()
+            )
+        });
+    (hit, hit.one_line(p.sources_ref()))
+}
+
+trait Src {
+    fn sources_ref(&self) -> &charly_rules::SourceMap;
+}
+impl Src for Project {
+    fn sources_ref(&self) -> &charly_rules::SourceMap {
+        &self.sources
+    }
+}
+
+const BOX: &[u8] = b"box:\n  name: b\n  version: 1.0.0\n  base: quay.io/fedora/fedora:43\n  distro: [fedora]\n  candy: [a]\n";
+
+#[test]
+fn malformed_yaml_keeps_the_parser_position() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        (
+            "candy/a/charly.yml",
+            b"candy:\n  version: 1.0.0\n  package: [x\n  task: y\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (hit, line) = find(&p, &d, "YAML syntax error");
+    assert!(hit.is_error());
+    assert!(line.starts_with("candy/a/charly.yml:"), "{line}");
+    // The box then reports its missing candy instead of crashing.
+    let (_, line) = find(&p, &d, "unknown candy `a`");
+    assert!(line.starts_with("box/b/charly.yml:6:11:"), "{line}");
+}
+
+#[test]
+fn wrong_types_are_located() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        (
+            "candy/a/charly.yml",
+            b"candy:\n  version: 1.0.0\n  reboot: maybe\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (_, line) = find(&p, &d, "expected true or false");
+    assert!(line.starts_with("candy/a/charly.yml:3:11:"), "{line}");
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        (
+            "candy/a/charly.yml",
+            b"candy:\n  version: 1.0.0\n  package: {x: y}\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (_, line) = find(&p, &d, "expected a list");
+    assert!(line.starts_with("candy/a/charly.yml:3:12:"), "{line}");
+}
+
+#[test]
+fn require_cycle_names_the_whole_cycle() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        (
+            "candy/a/charly.yml",
+            b"candy:\n  version: 1.0.0\n  require: [b]\n  package: [x]\n",
+        ),
+        (
+            "candy/b/charly.yml",
+            b"candy:\n  version: 1.0.0\n  require: [c]\n  package: [x]\n",
+        ),
+        (
+            "candy/c/charly.yml",
+            b"candy:\n  version: 1.0.0\n  require: [a]\n  package: [x]\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (_, line) = find(&p, &d, "candy dependency cycle");
+    assert!(line.contains("a → b → c → a"), "{line}");
+}
+
+#[test]
+fn unknown_fields_and_distro_keys_warn_with_the_nearest_name() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        ("candy/a/charly.yml", b"candy:\n  version: 1.0.0\n  pakage: [x]\n  distro:\n    fedroa:\n      package: [y]\n"),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (w, line) = find(&p, &d, "unknown field `pakage`");
+    assert!(!w.is_error());
+    assert!(line.starts_with("candy/a/charly.yml:3:3:"), "{line}");
+    assert_eq!(w.hint.as_deref(), Some("did you mean `package`?"));
+    let (w, _) = find(&p, &d, "distro key `fedroa`");
+    assert_eq!(w.hint.as_deref(), Some("did you mean `fedora`?"));
+}
+
+#[test]
+fn unknown_candy_in_a_box_suggests_close_names() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        (
+            "candy/ab/charly.yml",
+            b"candy:\n  version: 1.0.0\n  package: [x]\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (e, line) = find(&p, &d, "unknown candy `a`");
+    assert!(line.starts_with("box/b/charly.yml:6:11:"), "{line}");
+    assert_eq!(e.hint.as_deref(), Some("did you mean `ab`?"));
+}
+
+#[test]
+fn missing_copy_source_names_the_task() {
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        ("candy/a/charly.yml", b"candy:\n  version: 1.0.0\n  task:\n    - copy: tool.sh\n      to: /usr/local/bin/tool\n"),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (_, line) = find(&p, &d, "file `tool.sh` does not exist");
+    assert!(
+        line.starts_with("candy/a/charly.yml:4:13: task #1 (copy: tool.sh)"),
+        "{line}"
+    );
+}
+
+#[test]
+fn missing_vocabulary_entry() {
+    let t = project(&[
+        ("box/b/charly.yml", b"box:\n  name: b\n  version: 1.0.0\n  distro: [fedora]\n  build: [rpmx]\n  candy: [a]\n"),
+        ("candy/a/charly.yml", b"candy:\n  version: 1.0.0\n  package: [x]\n"),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (e, line) = find(&p, &d, "unknown build format `rpmx`");
+    assert!(line.starts_with("box/b/charly.yml:5:10:"), "{line}");
+    assert_eq!(e.hint.as_deref(), Some("did you mean `rpm`?"));
+    let t = project(&[
+        (
+            "box/b/charly.yml",
+            b"box:\n  name: b\n  version: 1.0.0\n  distro: [plan9]\n  candy: [a]\n",
+        ),
+        (
+            "candy/a/charly.yml",
+            b"candy:\n  version: 1.0.0\n  package: [x]\n",
+        ),
+    ]);
+    let (p, d) = all_diags(t.path());
+    find(&p, &d, "no distro definition matches");
+}
+
+#[test]
+fn empty_binary_and_huge_files() {
+    let huge = vec![b'#'; 10 * 1024 * 1024];
+    let t = project(&[
+        ("box/b/charly.yml", BOX),
+        ("candy/a/charly.yml", b""),
+        ("candy/bin/charly.yml", b"\x7fELF\x02\x01\x01\x00\x00\x00"),
+        ("candy/huge/charly.yml", &huge),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (w, _) = find(&p, &d, "is empty");
+    assert!(!w.is_error());
+    let (e, _) = find(&p, &d, "binary");
+    assert!(e.is_error());
+    let (e, line) = find(&p, &d, "10.5 MB");
+    assert!(
+        e.is_error() && line.contains("candy/huge/charly.yml"),
+        "{line}"
+    );
+}
+
+#[test]
+fn wrong_root_shapes() {
+    let t = project(&[("box/b/charly.yml", b"- just\n- a list\n")]);
+    let (p, d) = all_diags(t.path());
+    find(&p, &d, "a charly document is a mapping");
+    let t = project(&[("box/b/charly.yml", b"images:\n  x: {}\n")]);
+    let (p, d) = all_diags(t.path());
+    let (e, _) = find(&p, &d, "legacy key");
+    assert_eq!(
+        e.hint.as_deref().map(|h| h.starts_with("use `box:`")),
+        Some(true)
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+    /// Any text: parsing and typing a candy either works or gives a diagnostic.
+    #[test]
+    fn candy_parser_never_panics(text in "\\PC{0,400}") {
+        if let Ok(docs) = charly_rules::yaml::parse_stream(charly_rules::FileId(0), &text) {
+            for doc in docs {
+                let mut w = Vec::new();
+                let _ = charly_rules::yaml::from_node::<charly_rules::model::Candy>(&doc, &mut w);
+                let _ = charly_rules::yaml::from_node::<charly_rules::model::RootDoc>(&doc, &mut w);
+            }
+        }
+    }
+
+    /// Structured-ish YAML built from candy vocabulary.
+    #[test]
+    fn candy_like_yaml_never_panics(
+        keys in proptest::collection::vec(proptest::sample::select(vec!["version", "package", "task", "distro", "require", "env", "service", "shell", "reboot", "port", "localpkg", "var", "cmd", "user", "mode", "fedora", "aur", "repo"]), 1..12),
+        vals in proptest::collection::vec(proptest::sample::select(vec!["x", "[a, b]", "{a: 1}", "~", "0755", "true", "- y", "\"q\"", "{cmd: x, user: root}", "[{name: n}]"]), 1..12),
+    ) {
+        let mut text = String::from("candy:\n");
+        for (k, v) in keys.iter().zip(vals.iter().cycle()) {
+            text.push_str(&format!("  {k}: {v}\n"));
+        }
+        if let Ok(docs) = charly_rules::yaml::parse_stream(charly_rules::FileId(0), &text) {
+            for doc in docs {
+                if let Some(body) = doc.get("candy") {
+                    let mut w = Vec::new();
+                    let _ = charly_rules::yaml::from_node::<charly_rules::model::Candy>(body, &mut w);
+                }
+            }
+        }
+    }
+}
