@@ -1,6 +1,7 @@
 //! `charly box …`.
 
 use crate::{Cli, output, project};
+use charly_rules::plan::{HostContext, InstallStep, Target};
 use charly_rules::resolve::BaseRef;
 use serde::Serialize;
 use std::io::Write;
@@ -15,6 +16,99 @@ pub enum BoxCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show the InstallPlan of a box for a target: per candy, its steps with
+    /// kind, scope, venue and gate. `--json` prints the full IR (stable).
+    Plan {
+        /// The box.
+        #[arg(value_name = "BOX")]
+        name: String,
+        /// Where the plan would be applied.
+        #[arg(long, value_enum, default_value = "oci")]
+        target: TargetArg,
+        /// Print `{box, target, deploy_id, plans: [{candy, steps}]}` as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Render boxes to build directories (`.build/<box>/Containerfile` plus
+    /// staged files); prints the written paths. Fails naming every box that
+    /// could not be generated, after generating the others.
+    Generate(GenerateArgs),
+}
+
+/// Arguments of `box generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// Boxes to generate (default with `--all`: every enabled box that resolves).
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Generate every enabled box.
+    #[arg(long)]
+    pub all: bool,
+    /// Write a self-contained build context to DIR (its `.build/<box>/` plus
+    /// the candy directories the Containerfiles copy from) instead of the project.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
+    /// Build local packages from local source and COPY them in (hard error
+    /// when a candy's source directory is missing).
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    /// Print the Containerfile of the one named box on stdout; write nothing.
+    #[arg(long)]
+    pub stdout: bool,
+}
+
+/// `--target` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetArg {
+    /// An OCI image build.
+    Oci,
+    /// This host.
+    Local,
+    /// A VM over SSH.
+    Vm,
+    /// A pod (quadlet).
+    Pod,
+    /// Kubernetes (kustomize).
+    K8s,
+}
+
+impl From<TargetArg> for Target {
+    fn from(t: TargetArg) -> Target {
+        match t {
+            TargetArg::Oci => Target::Oci,
+            TargetArg::Local => Target::Local,
+            TargetArg::Vm => Target::Vm,
+            TargetArg::Pod => Target::Pod,
+            TargetArg::K8s => Target::K8s,
+        }
+    }
+}
+
+/// The JSON document of `box plan --json` (a documented, stable interface).
+#[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+pub struct PlanDoc {
+    /// Box name.
+    #[serde(rename = "box")]
+    pub box_name: String,
+    /// Target.
+    pub target: Target,
+    /// Deploy id of the merged plan.
+    pub deploy_id: String,
+    /// Box version.
+    pub version: String,
+    /// The box user's home (home-bearing fields are resolved for container targets).
+    pub home: String,
+    /// Per-candy plans in install order.
+    pub plans: Vec<CandyPlan>,
+}
+
+/// One candy's plan in [`PlanDoc`].
+#[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+pub struct CandyPlan {
+    /// Candy name.
+    pub candy: String,
+    /// Its steps.
+    pub steps: Vec<InstallStep>,
 }
 
 /// One row of `box list --json`.
@@ -50,6 +144,8 @@ pub struct BoxRow {
 pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
     match c {
         BoxCommand::List { json } => list(cli, *json),
+        BoxCommand::Plan { name, target, json } => plan(cli, name, (*target).into(), *json),
+        BoxCommand::Generate(a) => crate::generate_cmd::run(cli, a),
     }
 }
 
@@ -146,4 +242,126 @@ fn find_def<'a>(
             .find(|b| n.qualify(&b.name) == qualified)
             .map(|b| &b.def)
     })
+}
+
+/// Finds a resolved box or explains why it is unavailable.
+pub fn resolved<'a>(
+    o: &'a project::Opened,
+    name: &str,
+) -> anyhow::Result<&'a charly_rules::resolve::ResolvedBox> {
+    match o.resolution.boxes.get(name) {
+        Some(Ok(b)) => Ok(b),
+        Some(Err(errs)) => {
+            output::diagnostics(errs.iter(), &o.project.sources);
+            Err(crate::Reported.into())
+        }
+        None => {
+            let names = o.resolution.boxes.keys().map(String::as_str);
+            let close = charly_rules::diag::nearest_n(name, names, 3);
+            if close.is_empty() {
+                anyhow::bail!("no box named `{name}` (see `charly box list`)")
+            }
+            anyhow::bail!("no box named `{name}`; did you mean {}?", close.join(", "))
+        }
+    }
+}
+
+fn plan(cli: &Cli, name: &str, target: Target, json: bool) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let b = resolved(&o, name)?;
+    let ctx = HostContext {
+        target,
+        ..HostContext::default()
+    };
+    let mut plans = charly_rules::plan::build_box_plans(&o.project, b, &ctx)?;
+    if target.is_container() {
+        for p in &mut plans {
+            p.resolve_home(&b.user.home);
+        }
+    }
+    let merged = charly_rules::plan::merge_plans(&plans, &b.name, &[]);
+    let doc = PlanDoc {
+        box_name: b.name.clone(),
+        target,
+        deploy_id: merged.deploy_id.clone(),
+        version: b.version.clone(),
+        home: b.user.home.clone(),
+        plans: plans
+            .into_iter()
+            .map(|p| CandyPlan {
+                candy: p.candy.unwrap_or_default(),
+                steps: p.steps,
+            })
+            .collect(),
+    };
+    if json {
+        output::json(&doc)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "box {} {} for {} (deploy id {})",
+        doc.box_name,
+        doc.version,
+        target.as_str(),
+        doc.deploy_id
+    )?;
+    for p in &doc.plans {
+        writeln!(out, "  candy {}", p.candy)?;
+        for s in &p.steps {
+            let gate = match s.gate {
+                charly_rules::plan::Gate::None => String::new(),
+                g => format!("  [needs --{}]", label(&g)),
+            };
+            writeln!(
+                out,
+                "    {:<17} {:<12} {:<17} {}{gate}",
+                s.kind.as_str(),
+                label(&s.scope),
+                label(&s.venue),
+                summary(s),
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The serde name of a unit enum value.
+fn label<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// One short line describing a step.
+fn summary(s: &InstallStep) -> String {
+    use charly_rules::plan::StepData as D;
+    let short = |t: &str| -> String {
+        let first = t.lines().next().unwrap_or("");
+        if first.chars().count() > 60 {
+            format!("{}…", first.chars().take(60).collect::<String>())
+        } else {
+            first.to_string()
+        }
+    };
+    match &s.data {
+        D::SystemPackages(p) if p.packages.is_empty() => {
+            format!("{} repos: {}", p.format, p.repos.len() + p.copr.len())
+        }
+        D::SystemPackages(p) => format!("{}: {}", p.format, p.packages.join(" ")),
+        D::Builder(b) => format!("{} in {}", b.builder, b.image.as_deref().unwrap_or("?")),
+        D::Op(o) => format!("{}: {}", o.verb, short(&o.value)),
+        D::File(f) => format!("{} {} ({})", f.verb, f.path, f.mode),
+        D::ServicePackaged(p) => p.unit.clone(),
+        D::ServiceCustom(c) => format!("{} ({})", c.unit, c.init),
+        D::ShellHook(h) => format!("{} env, {} path", h.env.len(), h.path.len()),
+        D::ShellSnippet(sn) => format!("{} -> {}", sn.shell, sn.destination),
+        D::RepoChange(r) => format!("{} repos", r.repos.len()),
+        D::LocalPkgInstall(l) => format!("{} from {}", l.format, l.source),
+        D::ApkInstall(_) => "android packages".into(),
+        D::Reboot(_) => "reboot".into(),
+        D::External(_) => String::new(),
+    }
 }

@@ -8,6 +8,7 @@
 
 mod box_cmd;
 mod candy_cmd;
+mod generate_cmd;
 mod output;
 mod project;
 mod validate_cmd;

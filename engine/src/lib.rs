@@ -4,3 +4,5 @@
 //! content-keyed nodes and runs it against the store (`charly-cache`).
 
 pub use charly_rules as rules;
+
+pub mod generate;

@@ -7,12 +7,26 @@
 
 pub mod cascade;
 pub mod diag;
+pub mod emit;
 pub mod load;
 pub mod model;
+pub mod plan;
 pub mod resolve;
 pub mod source;
+pub mod template;
 pub mod validate;
 pub mod yaml;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use source::{FileId, SourceMap, Span};
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}

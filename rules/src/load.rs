@@ -151,6 +151,9 @@ pub struct CandyEntry {
     /// Every file under the directory (candy-relative, sorted), nested
     /// candies excluded.
     pub files: BTreeSet<String>,
+    /// Contents of small top-level manifests (`*.json`, `*.toml` up to
+    /// 64 KiB): builders read package names from them.
+    pub small_files: BTreeMap<String, String>,
 }
 
 impl CandyEntry {
@@ -702,6 +705,7 @@ impl Loader<'_> {
             return key;
         }
         let files = list_files(dir);
+        let small_files = read_small_manifests(dir, &files);
         let rel_dir = dir.strip_prefix(&self.p.root).ok().map(unix);
         self.p.candies.insert(
             key.clone(),
@@ -715,6 +719,7 @@ impl Loader<'_> {
                 span,
                 def,
                 files,
+                small_files,
             },
         );
         key
@@ -1333,6 +1338,22 @@ pub fn compare_calver(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let pa: Option<Vec<u64>> = a.split('.').map(|x| x.parse().ok()).collect();
     let pb: Option<Vec<u64>> = b.split('.').map(|x| x.parse().ok()).collect();
     Some(pa?.cmp(&pb?))
+}
+
+/// Reads top-level `*.json` / `*.toml` files of at most 64 KiB.
+fn read_small_manifests(dir: &Path, files: &BTreeSet<String>) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .filter(|f| !f.contains('/') && (f.ends_with(".json") || f.ends_with(".toml")))
+        .filter_map(|f| {
+            let p = dir.join(f);
+            let meta = std::fs::metadata(&p).ok()?;
+            if meta.len() > 64 * 1024 {
+                return None;
+            }
+            Some((f.clone(), std::fs::read_to_string(p).ok()?))
+        })
+        .collect()
 }
 
 /// Lists the files under a candy directory (relative, sorted), skipping

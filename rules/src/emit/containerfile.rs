@@ -1,0 +1,1217 @@
+//! The OCI target: a box rendered as a build directory `.build/<box>/`
+//! holding a `Containerfile` and every staged context file it references.
+//!
+//! The emitter reads the box's InstallPlans (target `oci`, home resolved) and
+//! the vocabulary's templates. Structure, in order: header; `ARG BASE_IMAGE`;
+//! one scratch stage per candy carrying its directory; builder stages; init
+//! stages; `FROM ${BASE_IMAGE}`; bootstrap (user creation for an external
+//! base, `USER root` for a parent box); `ENV`/`PATH`; `EXPOSE`; builder
+//! artifacts; data; then per candy (`# candy: <name>`): vars, packages,
+//! AUR, local package, tasks with `USER` switching, inline builders, shell
+//! snippets; init assembly; the runtime `USER`; and all `LABEL`s last, so a
+//! label edit never invalidates an earlier layer.
+//!
+//! **No heredocs.** Podman/buildah before 1.33 (Debian 12 ships 1.28) cannot
+//! parse `RUN <<EOF`. Command bodies, written files and shell snippets are
+//! staged under `.build/<box>/_inline/<candy>/<sha256>` instead: command
+//! scripts are bind-mounted into their RUN, files are COPYed. The
+//! content-addressed name puts the content into the instruction text, so
+//! builder layer caches invalidate exactly when the content changes, and no
+//! content can collide with a heredoc marker.
+//!
+//! Output is deterministic: no timestamps, no absolute paths, sorted maps.
+
+use crate::cascade;
+use crate::load::{CandyEntry, Project, relative};
+use crate::model::vocab::CacheMount;
+use crate::model::{Distro, Format, Vocab};
+use crate::plan::{FileStep, InstallPlan, InstallStep, OpStep, StepData};
+use crate::resolve::{BaseRef, ResolvedBox, effective_distro};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// A file the Containerfile needs in the build context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// Generated content.
+    Bytes(Vec<u8>),
+    /// A copy of a file outside the context (absolute source path).
+    CopyOf(PathBuf),
+}
+
+/// A rendered build directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuildDir {
+    /// The box.
+    pub box_name: String,
+    /// `.build/<box>` (project-relative).
+    pub dir: String,
+    /// The Containerfile text.
+    pub containerfile: String,
+    /// Context files by project-relative path (all under `.build/`).
+    pub files: BTreeMap<String, Staged>,
+    /// Candy stages that point outside the project (`.build/_layers/<n>` → source dir).
+    pub layers: BTreeMap<String, PathBuf>,
+}
+
+/// Options for the emitter.
+#[derive(Clone, Debug, Default)]
+pub struct EmitOptions {
+    /// Build local packages from local source and COPY them in.
+    pub dev_local_pkg: bool,
+    /// Image reference of each box by qualified name (parents and builder
+    /// boxes); missing ones default to `localhost/<name>:<version>`.
+    pub image_refs: BTreeMap<String, String>,
+    /// Builder stages already built: stage name → context path of a tar of
+    /// its artifact (the stage is then not rendered; the tar is ADDed).
+    pub artifacts: BTreeMap<String, String>,
+    /// Extra labels (e.g. the node key), sorted.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A rendering problem (template failures, missing local sources).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("box `{box_name}`: {message}")]
+pub struct EmitError {
+    /// The box.
+    pub box_name: String,
+    /// What failed.
+    pub message: String,
+}
+
+/// The default image reference of a box.
+pub fn default_image_ref(name: &str, version: &str) -> String {
+    format!("localhost/{name}:{}", if version.is_empty() { "latest" } else { version })
+}
+
+/// `.build/<box>` for a qualified box name.
+pub fn build_dir_of(name: &str) -> String {
+    format!(".build/{name}")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    crate::hex(&Sha256::digest(bytes))
+}
+
+/// The user directive of a task user and its `--chown` value.
+pub fn user_directive(raw: &str, uid: u32, gid: u32, name: &str) -> (String, Option<String>) {
+    let raw = raw
+        .replace("${UID}", &uid.to_string())
+        .replace("${GID}", &gid.to_string());
+    match raw.as_str() {
+        "" | "root" | "0" | "0:0" => ("0".into(), None),
+        "${USER}" => (uid.to_string(), Some(format!("{uid}:{gid}"))),
+        r if r == name => (uid.to_string(), Some(format!("{uid}:{gid}"))),
+        r if r.contains(':') => (r.to_string(), Some(r.to_string())),
+        r if r.bytes().all(|b| b.is_ascii_digit()) => (r.to_string(), Some(format!("{r}:{r}"))),
+        r => (r.to_string(), Some(format!("{r}:{r}"))),
+    }
+}
+
+/// `cacheMounts` semantics for a list (shared, `sharing=locked` default).
+fn cache_mounts(list: &[CacheMount]) -> Vec<String> {
+    list.iter()
+        .map(|m| {
+            format!(
+                "--mount=type=cache,id=charly-{},dst={},sharing={}",
+                safe_id(&m.dst),
+                m.dst,
+                m.sharing.as_deref().unwrap_or("locked")
+            )
+        })
+        .collect()
+}
+
+fn owned_mount(dst: &str, uid: u32, gid: u32) -> String {
+    format!("--mount=type=cache,id=charly-{}-uid{uid},dst={dst},uid={uid},gid={gid}", safe_id(dst))
+}
+
+fn safe_id(dst: &str) -> String {
+    dst.trim_start_matches('/').replace('/', "-")
+}
+
+/// Go `%q`-style quoting for ENV/LABEL values: `\` and `"` escaped.
+fn dq(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Single-quote for a shell.
+fn sq(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Expands `~/`, `~`, `${HOME}`, `$HOME` to the box home.
+fn expand_home(s: &str, home: &str) -> String {
+    let s = if s == "~" {
+        home.to_string()
+    } else if let Some(r) = s.strip_prefix("~/") {
+        format!("{home}/{r}")
+    } else {
+        s.to_string()
+    };
+    s.replace("${HOME}", home).replace("$HOME", home)
+}
+
+/// Renders a box. `plans` are the box's per-candy plans for target `oci`
+/// with the home resolved.
+pub fn render_box(p: &Project, b: &ResolvedBox, plans: &[InstallPlan], opts: &EmitOptions) -> Result<BuildDir, EmitError> {
+    let vocab = &p.ns(b.ns).vocab;
+    let distro = b.distro_def.as_deref().and_then(|d| effective_distro(vocab, d));
+    let mut e = Emitter {
+        p,
+        b,
+        vocab,
+        distro,
+        opts,
+        out: String::new(),
+        dir: build_dir_of(&b.name),
+        files: BTreeMap::new(),
+        layers: BTreeMap::new(),
+    };
+    e.render(plans)?;
+    Ok(BuildDir {
+        box_name: b.name.clone(),
+        dir: e.dir,
+        containerfile: e.out,
+        files: e.files,
+        layers: e.layers,
+    })
+}
+
+struct Emitter<'a> {
+    p: &'a Project,
+    b: &'a ResolvedBox,
+    vocab: &'a Vocab,
+    distro: Option<Distro>,
+    opts: &'a EmitOptions,
+    out: String,
+    dir: String,
+    files: BTreeMap<String, Staged>,
+    layers: BTreeMap<String, PathBuf>,
+}
+
+impl Emitter<'_> {
+    fn err(&self, message: impl Into<String>) -> EmitError {
+        EmitError {
+            box_name: self.b.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn line(&mut self, s: &str) {
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    fn blank(&mut self) {
+        if !self.out.ends_with("\n\n") {
+            self.out.push('\n');
+        }
+    }
+
+    fn tmpl(&self, name: &str, text: &str, data: &serde_json::Value) -> Result<String, EmitError> {
+        crate::template::render(name, text, data).map_err(|e| self.err(e.to_string()))
+    }
+
+    fn image_ref(&self, name: &str) -> String {
+        if let Some(r) = self.opts.image_refs.get(name) {
+            return r.clone();
+        }
+        let version = self
+            .p
+            .namespaces
+            .iter()
+            .flat_map(|n| n.boxes.values().map(move |b| (n.qualify(&b.name), b)))
+            .find(|(q, _)| q == name)
+            .and_then(|(_, b)| b.def.version.as_ref().map(|v| v.value.clone()))
+            .unwrap_or_default();
+        default_image_ref(name, &version)
+    }
+
+    fn candy(&self, key: &str) -> &CandyEntry {
+        &self.p.candies[key]
+    }
+
+    /// The context path of a candy directory (staged under `.build/_layers`
+    /// when it is outside the project).
+    fn candy_src(&mut self, key: &str) -> String {
+        let c = &self.p.candies[key];
+        match &c.rel_dir {
+            Some(r) => r.clone(),
+            None => {
+                let path = format!(".build/_layers/{}", c.name);
+                self.layers.insert(path.clone(), c.dir.clone());
+                path
+            }
+        }
+    }
+
+    /// Stages content under `_inline/<candy>/<sha256><ext>` and returns its path.
+    fn stage(&mut self, candy: &str, bytes: &[u8], ext: &str) -> String {
+        let path = format!("{}/_inline/{candy}/{}{ext}", self.dir, sha256_hex(bytes));
+        self.files.insert(path.clone(), Staged::Bytes(bytes.to_vec()));
+        path
+    }
+
+    fn format_def(&self, f: &str) -> Option<&Format> {
+        self.distro.as_ref().and_then(|d| d.format.get(f))
+    }
+
+    fn render(&mut self, plans: &[InstallPlan]) -> Result<(), EmitError> {
+        let b = self.b;
+        self.line(&format!("# {}/Containerfile (generated by charly -- do not edit)", self.dir));
+        self.blank();
+        let base = match &b.base {
+            BaseRef::External(x) => x.clone(),
+            BaseRef::Box(parent) => self.image_ref(parent),
+            BaseRef::Bootstrap { .. } => "scratch".into(),
+        };
+        self.line(&format!("ARG BASE_IMAGE={base}"));
+        self.blank();
+
+        // One scratch stage per candy, carrying its directory.
+        for k in &b.candies {
+            let src = self.candy_src(k);
+            let short = self.candy(k).name.clone();
+            self.line(&format!("FROM scratch AS {short}"));
+            self.line(&format!("COPY {src}/ /"));
+            self.blank();
+        }
+
+        self.builder_stages()?;
+        let init = self.init_stages()?;
+
+        self.line("FROM ${BASE_IMAGE}");
+        self.bootstrap()?;
+        self.env_and_ports();
+        self.artifacts();
+        self.data_copies();
+
+        let uid = b.user.uid;
+        let last = b.candies.len().saturating_sub(1);
+        for (i, plan) in plans.iter().enumerate() {
+            let key = plan.candy.clone().unwrap_or_default();
+            self.candy_section(&key, &plan.steps, i == last && init.is_none())?;
+        }
+        if let Some(assembly) = init {
+            self.out.push_str(&assembly);
+            self.blank();
+        }
+        let preserve = self.preserve_user();
+        if !preserve {
+            self.line(&format!("USER {uid}"));
+        }
+        self.labels(plans);
+        Ok(())
+    }
+
+    fn preserve_user(&self) -> bool {
+        self.p
+            .namespaces
+            .iter()
+            .flat_map(|n| n.boxes.values().map(move |bx| (n.qualify(&bx.name), bx)))
+            .find(|(q, _)| *q == self.b.name)
+            .and_then(|(_, bx)| bx.def.preserve_user)
+            .unwrap_or(false)
+    }
+
+    fn builder_stages(&mut self) -> Result<(), EmitError> {
+        let b = self.b;
+        for u in &b.builders {
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            if def.inline {
+                continue;
+            }
+            let tmpl = if u.builder == "aur" {
+                def.stage_template.clone()
+            } else {
+                def.stage_template.clone()
+            };
+            let Some(tmpl) = tmpl else { continue };
+            let builder_ref = u.image.as_deref().map(|i| self.image_ref(i)).unwrap_or_default();
+            for k in &u.candies {
+                let c = self.candy(k).clone();
+                let stage = format!("{}-{}-build", c.name, u.builder);
+                if self.opts.artifacts.contains_key(&stage) {
+                    continue;
+                }
+                let manifest = def.detect_file.iter().find(|f| c.has_file(f)).cloned().unwrap_or_default();
+                let has_lock = !manifest.is_empty()
+                    && (c.has_file(&format!("{manifest}.lock")) || (manifest == "pixi.toml" && c.has_file("pixi.lock")));
+                let install_cmd = if has_lock {
+                    def.install_command.get(&format!("{manifest}+lock")).or_else(|| def.install_command.get(&manifest))
+                } else {
+                    def.install_command.get(&manifest)
+                }
+                .cloned()
+                .unwrap_or_default();
+                let build_script = def.build_script.clone().unwrap_or_default();
+                let has_script = !build_script.is_empty() && c.has_file(&build_script);
+                let copy_src = self.candy_src(k);
+                let aur = cascade::aur(&c.def);
+                let mut data = serde_json::json!({
+                    "BuilderRef": builder_ref,
+                    "StageName": stage,
+                    "LayerStage": c.name,
+                    "CopySrc": copy_src,
+                    "UID": b.user.uid,
+                    "GID": b.user.gid,
+                    "Home": b.user.home,
+                    "User": b.user.name,
+                    "Manifest": manifest,
+                    "HasLockFile": has_lock,
+                    "InstallCmd": install_cmd,
+                    "CacheMounts": def.cache_mount,
+                    "Packages": aur.packages,
+                    "Options": aur.options,
+                    "HasBuildScript": has_script,
+                    "BuildScript": build_script,
+                    "ManylinuxFix": "",
+                });
+                if let Some(fix) = &def.manylinux_fix {
+                    let rendered = self.tmpl(&format!("builder/{}/manylinux_fix", u.builder), &fix.value, &data)?;
+                    data["ManylinuxFix"] = serde_json::Value::String(rendered.trim_end().to_string());
+                }
+                let text = self.tmpl(&format!("builder/{}/stage_template", u.builder), &tmpl.value, &data)?;
+                self.out.push_str(text.trim_end());
+                self.out.push('\n');
+                self.blank();
+            }
+        }
+        Ok(())
+    }
+
+    /// Init stages; returns the assembly text placed after the candies.
+    fn init_stages(&mut self) -> Result<Option<String>, EmitError> {
+        let b = self.b;
+        // Own candies with exec services trigger the fragment-assembly init.
+        let own_exec = b.candies.iter().any(|k| self.candy(k).def.service.iter().any(|s| s.exec.is_some()));
+        if !own_exec {
+            return Ok(None);
+        }
+        let Some((init_name, init)) = self
+            .vocab
+            .init
+            .iter()
+            .find(|(_, i)| i.model.as_deref() == Some("fragment_assembly") && i.requires_capability.is_empty())
+            .map(|(n, i)| (n.clone(), i.clone()))
+        else {
+            return Ok(None);
+        };
+        // The original rejects a box whose services need an init candy it
+        // does not carry; charly still writes the configuration (it is only
+        // a file) and says so, so such boxes keep building.
+        let missing_dep = init
+            .depends_layer
+            .as_ref()
+            .filter(|dep| !b.candies.iter().chain(b.provided.iter()).any(|k| k == *dep))
+            .cloned();
+        let schema = init.service_schema.clone().unwrap_or_default();
+        let Some(tmpl) = schema.service_template.clone() else { return Ok(None) };
+        let frag_dir = init.fragment_dir.clone().unwrap_or_else(|| init_name.clone());
+        let stage_name = init.stage_name.clone().unwrap_or_else(|| format!("{init_name}-conf"));
+        // The whole chain: the config is rebuilt from every candy's fragment.
+        let all: Vec<String> = self
+            .p
+            .candies
+            .keys()
+            .filter(|k| b.provided.contains(k) || b.candies.contains(k))
+            .cloned()
+            .collect();
+        let order: Vec<String> = {
+            let mut v: Vec<String> = b.provided.iter().filter(|k| all.contains(k)).cloned().collect();
+            v.extend(b.candies.iter().cloned());
+            v
+        };
+        self.line(&format!("FROM scratch AS {stage_name}"));
+        let header_rel = format!("{}/{frag_dir}/00-header.conf", self.dir);
+        let header = match init.header_file.as_deref().map(|h| self.p.root.join(h)).filter(|p| p.is_file()) {
+            Some(path) => Staged::CopyOf(path),
+            None => Staged::Bytes(DEFAULT_SUPERVISOR_HEADER.as_bytes().to_vec()),
+        };
+        self.files.insert(header_rel.clone(), header);
+        self.line(&format!("COPY {header_rel} /{frag_dir}/00-header.conf"));
+        for (i, k) in order.iter().enumerate() {
+            let c = self.candy(k).clone();
+            let mut parts = Vec::new();
+            for s in c.def.service.iter().filter(|s| s.exec.is_some()) {
+                let Some(exec) = &s.exec else { continue };
+                let scope = crate::plan::Scope::System;
+                let data = crate::plan::compile::service_data(k, &s.name.value, exec, s, scope);
+                parts.push(self.tmpl(&format!("init/{init_name}/service_template"), &tmpl.value, &data)?);
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            let file = format!("{:02}-{}.conf", i + 1, c.name);
+            let rel = format!("{}/{frag_dir}/{file}", self.dir);
+            let body = parts.iter().map(|p| p.trim_end().to_string()).collect::<Vec<_>>().join("\n\n") + "\n";
+            self.files.insert(rel.clone(), Staged::Bytes(body.into_bytes()));
+            self.line(&format!("COPY {rel} /{frag_dir}/{file}"));
+        }
+        self.blank();
+        let assembly = match &init.assembly_template {
+            Some(t) => self.tmpl(&format!("init/{init_name}/assembly_template"), &t.value, &serde_json::json!({}))?,
+            None => String::new(),
+        };
+        let note = match missing_dep {
+            Some(dep) => format!("# note: candy `{dep}` is not in this box or its bases; {init_name} is configured but not installed\n"),
+            None => String::new(),
+        };
+        Ok(Some(format!("{note}USER root\n{}\n", assembly.trim_end())))
+    }
+
+    fn bootstrap(&mut self) -> Result<(), EmitError> {
+        let b = self.b;
+        match &b.base {
+            BaseRef::Box(_) => {
+                self.line("USER root");
+                self.blank();
+                return Ok(());
+            }
+            BaseRef::Bootstrap { builder, .. } => {
+                self.line(&format!("ADD {}/{builder}.tar.gz /", self.dir));
+                self.line("USER root");
+                self.blank();
+                return Ok(());
+            }
+            BaseRef::External(_) => {}
+        }
+        self.line("USER root");
+        if let Some(d) = self.distro.clone()
+            && let Some(bs) = &d.bootstrap
+            && !bs.install_cmd.is_empty()
+        {
+            self.line("# Bootstrap");
+            let mut parts: Vec<String> = cache_mounts(&bs.cache_mount);
+            let mut cmds: Vec<String> = Vec::new();
+            if let Some(dnf) = &d.dnf {
+                let mut conf = String::new();
+                if let Some(n) = dnf.max_parallel_downloads {
+                    let _ = write!(conf, "max_parallel_downloads={n}\\n");
+                }
+                if let Some(f) = dnf.fastestmirror {
+                    let _ = write!(conf, "fastestmirror={}\\n", if f { "True" } else { "False" });
+                }
+                if !conf.is_empty() {
+                    cmds.push(format!("printf '{conf}' >> /etc/dnf/dnf.conf"));
+                }
+            }
+            let mut install = bs.install_cmd.clone();
+            for pk in &bs.package {
+                install.push(' ');
+                install.push_str(pk);
+            }
+            cmds.push(install);
+            cmds.extend(d.workaround.iter().cloned());
+            cmds.push("{ [ -L /usr/local ] && mkdir -p \"$(readlink /usr/local)\"; mkdir -p /usr/local/bin; }".into());
+            let body = cmds.join(" && \\\n    ");
+            parts.push(body);
+            self.line(&format!("RUN {}", parts.join(" \\\n    ")));
+            self.blank();
+        }
+        let u = &b.user;
+        if u.adopted {
+            self.line(&format!("# User {} (uid={}) adopted from the base image", u.name, u.uid));
+        } else if u.uid != 0 {
+            self.line(&format!(
+                "RUN if ! getent passwd {uid} >/dev/null 2>&1; then \\\n      (getent group {gid} >/dev/null 2>&1 || groupadd -g {gid} {name}) && \\\n      useradd -m -u {uid} -g {gid} -d {home} -s /bin/bash {name}; \\\n    fi",
+                uid = u.uid,
+                gid = u.gid,
+                name = u.name,
+                home = u.home
+            ));
+        }
+        self.blank();
+        self.line(&format!("WORKDIR {}", u.home));
+        self.blank();
+        Ok(())
+    }
+
+    fn env_and_ports(&mut self) {
+        let b = self.b;
+        let home = b.user.home.clone();
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        let mut path: Vec<String> = Vec::new();
+        for k in &b.candies {
+            let c = self.candy(k);
+            for (kk, v) in c.def.env.iter() {
+                env.insert(kk.value.clone(), expand_home(&v.value, &home));
+            }
+            for pth in &c.def.path_append {
+                path.push(expand_home(&pth.value, &home));
+            }
+        }
+        for u in &b.builders {
+            if let Some(def) = self.vocab.builder.get(&u.builder) {
+                for (kk, v) in def.runtime_env.iter() {
+                    env.insert(kk.value.clone(), expand_home(v, &home));
+                }
+                for pth in &def.path_contribution {
+                    path.push(expand_home(pth, &home));
+                }
+            }
+        }
+        if !env.is_empty() || !path.is_empty() {
+            self.line("# Candy environment");
+            for (k, v) in &env {
+                let escaped = v.replace('$', "\\$").replace("\\${PATH}", "${PATH}");
+                self.line(&format!("ENV {k}={}", dq(&escaped)));
+            }
+            if !path.is_empty() {
+                let mut joined = path.join(":");
+                joined.push_str(":${PATH}");
+                self.line(&format!("ENV PATH={}", dq(&joined)));
+            }
+            self.blank();
+        }
+        let mut ports: BTreeSet<String> = BTreeSet::new();
+        for k in &b.candies {
+            for pt in &self.candy(k).def.port {
+                if let Some((proto, n)) = crate::validate::parse_port(&pt.value) {
+                    ports.insert(if proto == "udp" { format!("{n}/udp") } else { n.to_string() });
+                }
+            }
+        }
+        if !ports.is_empty() {
+            self.line("# Exposed ports");
+            for pt in ports {
+                self.line(&format!("EXPOSE {pt}"));
+            }
+            self.blank();
+        }
+    }
+
+    fn artifacts(&mut self) {
+        let b = self.b;
+        let home = b.user.home.clone();
+        for u in &b.builders {
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            if def.inline || u.builder == "aur" {
+                continue;
+            }
+            self.line(&format!("# Copy {} artifacts", u.builder));
+            for k in &u.candies {
+                let stage = format!("{}-{}-build", self.candy(k).name, u.builder);
+                if let Some(tar) = self.opts.artifacts.get(&stage) {
+                    self.line(&format!("ADD {tar} /"));
+                    continue;
+                }
+                for a in &def.copy_artifact {
+                    let src = a.src.replace("{{.Home}}", &home);
+                    let dst = a.dst.replace("{{.Home}}", &home);
+                    let chown = if a.chown { format!(" --chown={}:{}", b.user.uid, b.user.gid) } else { String::new() };
+                    self.line(&format!("COPY --from={stage}{chown} {src} {dst}"));
+                }
+            }
+            if let Some(bin) = &def.copy_binary
+                && let Some(first) = u.candies.first()
+            {
+                let stage = format!("{}-{}-build", self.candy(first).name, u.builder);
+                if !self.opts.artifacts.contains_key(&stage) {
+                    self.line(&format!("COPY --from={stage} {} {}", bin.src, bin.dst));
+                }
+            }
+            self.blank();
+        }
+    }
+
+    fn data_copies(&mut self) {
+        let b = self.b;
+        let mut lines = Vec::new();
+        for k in &b.candies {
+            let c = self.candy(k);
+            let Some(data) = c.def.data.as_ref() else { continue };
+            let Some(items) = data.0.as_seq() else { continue };
+            for it in items {
+                let (Some(src), Some(vol)) = (it.get("src").and_then(|n| n.as_str()), it.get("volume").and_then(|n| n.as_str())) else {
+                    continue;
+                };
+                let dest = it.get("dest").and_then(|n| n.as_str()).map(|d| format!("{}/", d.trim_matches('/'))).unwrap_or_default();
+                lines.push(format!(
+                    "COPY --from={} --chown={}:{} /{}/ /data/{vol}/{dest}",
+                    c.name,
+                    b.user.uid,
+                    b.user.gid,
+                    src.trim_matches('/')
+                ));
+            }
+        }
+        if !lines.is_empty() {
+            self.line("# Data");
+            for l in lines {
+                self.line(&l);
+            }
+            self.blank();
+        }
+    }
+
+    fn candy_section(&mut self, key: &str, steps: &[InstallStep], is_last: bool) -> Result<(), EmitError> {
+        let c = self.candy(key).clone();
+        let b = self.b;
+        self.line(&format!("# candy: {}", c.name));
+        if !c.def.task.is_empty() || !c.def.var.is_empty() {
+            self.line("ARG TARGETARCH");
+            self.line("ENV ARCH=${TARGETARCH}");
+            let vars: BTreeMap<&str, &str> = c.def.var.iter().map(|(k, v)| (k.value.as_str(), v.value.as_str())).collect();
+            for (k, v) in vars {
+                self.line(&format!("ENV {k}={}", dq(v)));
+            }
+        }
+        // Packages: prepare + install render as one RUN from the format's template.
+        let install = steps.iter().find_map(|s| match &s.data {
+            StepData::SystemPackages(p) if s.phase == Some(crate::plan::Phase::Install) => Some(p.clone()),
+            _ => None,
+        });
+        if let Some(install) = install {
+            self.packages(key, &install)?;
+        }
+        self.aur(key)?;
+        for s in steps {
+            if let StepData::LocalPkgInstall(l) = &s.data {
+                self.local_pkg(key, l)?;
+            }
+        }
+        let mut running = "0".to_string();
+        self.tasks(key, steps, &mut running)?;
+        self.inline_builders(key, &mut running)?;
+        for s in steps {
+            if let StepData::ShellSnippet(sn) = &s.data {
+                if running != "0" {
+                    self.line("USER 0");
+                    running = "0".into();
+                }
+                let mut content = sn.text.clone();
+                if !content.ends_with('\n') {
+                    content.push('\n');
+                }
+                let path = self.stage(&c.name, content.as_bytes(), "");
+                self.line(&format!("# shell snippet ({})", sn.shell));
+                self.line(&format!("COPY --chmod=0644 {path} {}", sn.destination));
+            }
+        }
+        if running != "0" && !is_last {
+            self.line("USER root");
+        }
+        let _ = b;
+        self.blank();
+        Ok(())
+    }
+
+    fn packages(&mut self, key: &str, set: &crate::plan::SystemPackages) -> Result<(), EmitError> {
+        let b = self.b;
+        let Some(fmt) = self.format_def(&set.format).cloned() else {
+            return Err(self.err(format!(
+                "candy `{key}` installs {} packages but the distro has no `{}` format",
+                set.format, set.format
+            )));
+        };
+        let tmpl = fmt
+            .phase
+            .as_ref()
+            .and_then(|ph| ph.install.as_ref())
+            .and_then(|i| i.container.clone())
+            .or(fmt.install_template.clone());
+        let Some(tmpl) = tmpl else {
+            return Err(self.err(format!("format `{}` has no install template", set.format)));
+        };
+        let data = serde_json::json!({
+            "CacheMounts": fmt.cache_mount,
+            "Packages": set.packages,
+            "Repos": set.repos,
+            "Options": set.options,
+            "Copr": set.copr,
+            "Modules": set.modules,
+            "Exclude": set.exclude,
+            "Keys": set.keys,
+            "StageName": format!("{}-{}-build", self.candy(key).name, set.format),
+            "BuilderRef": "",
+            "User": b.user.name,
+            "UID": b.user.uid,
+            "GID": b.user.gid,
+            "Home": b.user.home,
+        });
+        let text = self.tmpl(&format!("format/{}/install", set.format), &tmpl.value, &data)?;
+        self.out.push_str(text.trim_end());
+        self.out.push('\n');
+        Ok(())
+    }
+
+    fn aur(&mut self, key: &str) -> Result<(), EmitError> {
+        if !self.b.formats.iter().any(|f| f == "aur") {
+            return Ok(());
+        }
+        let c = self.candy(key).clone();
+        let aur = cascade::aur(&c.def);
+        if aur.packages.is_empty() {
+            return Ok(());
+        }
+        let Some(fmt) = self.format_def("aur").cloned() else {
+            return Err(self.err("box builds `aur` but the distro has no aur format"));
+        };
+        let Some(t) = fmt.install_template.clone() else { return Ok(()) };
+        let data = serde_json::json!({
+            "CacheMounts": fmt.cache_mount,
+            "Packages": aur.packages,
+            "StageName": format!("{}-aur-build", c.name),
+        });
+        let text = self.tmpl("format/aur/install_template", &t.value, &data)?;
+        self.out.push_str(text.trim_end());
+        self.out.push('\n');
+        Ok(())
+    }
+
+    fn local_pkg(&mut self, key: &str, l: &crate::plan::LocalPkgStep) -> Result<(), EmitError> {
+        let c = self.candy(key).clone();
+        let Some(lp) = self.format_def(&l.format).and_then(|f| f.local_pkg.clone()) else { return Ok(()) };
+        let Some(install) = lp.install_template.as_ref() else { return Ok(()) };
+        if self.opts.dev_local_pkg {
+            let src = c.dir.join(&l.source);
+            let ok = src.is_dir()
+                && lp.source_sentinel.as_deref().is_none_or(|s| {
+                    if s.contains('*') {
+                        let suffix = s.trim_start_matches('*');
+                        std::fs::read_dir(&src).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().ends_with(suffix))
+                    } else {
+                        src.join(s).exists()
+                    }
+                });
+            if !ok {
+                return Err(self.err(format!(
+                    "--dev-local-pkg: candy `{}` builds {} packages from `{}`, but {} is missing or has no {}",
+                    c.name,
+                    l.format,
+                    l.source,
+                    relative(&src, &self.p.root),
+                    lp.source_sentinel.as_deref().unwrap_or("sources")
+                )));
+            }
+            let stage_dir = format!("{}/_localpkg/{}", self.dir, c.name);
+            let rendered = self.tmpl(
+                &format!("format/{}/local_pkg.install_template", l.format),
+                &install.value,
+                &serde_json::json!({"StageDir": "/tmp/charly-pkgs", "Glob": lp.pkg_glob}),
+            )?;
+            self.line(&format!("COPY {stage_dir}/ /tmp/charly-pkgs/"));
+            self.line(&format!("RUN {} && rm -rf /tmp/charly-pkgs", rendered.trim()));
+            return Ok(());
+        }
+        let Some(url) = lp.download_template.as_ref() else {
+            return Err(self.err(format!(
+                "candy `{}` has a local {} package but the format has no download_template; build it from source with --dev-local-pkg",
+                c.name, l.format
+            )));
+        };
+        let glob = lp.pkg_glob.replace('*', "");
+        let rendered = self.tmpl(
+            &format!("format/{}/local_pkg.install_template", l.format),
+            &install.value,
+            &serde_json::json!({"StageDir": "/tmp/charly-pkgs", "Glob": lp.pkg_glob}),
+        )?;
+        self.line(&format!(
+            "RUN mkdir -p /tmp/charly-pkgs && curl -fsSL \"{url}\" -o /tmp/charly-pkgs/pkg{glob} && {} && rm -rf /tmp/charly-pkgs",
+            rendered.trim()
+        ));
+        Ok(())
+    }
+
+    fn switch_user(&mut self, running: &mut String, directive: &str) {
+        if running != directive {
+            self.line(&format!("USER {directive}"));
+            *running = directive.to_string();
+        }
+    }
+
+    fn tasks(&mut self, key: &str, steps: &[InstallStep], running: &mut String) -> Result<(), EmitError> {
+        let c = self.candy(key).clone();
+        let b = self.b;
+        let u = &b.user;
+        // Directories created by mkdir tasks (auto parent mkdir skips these and their children).
+        let mkdirs: Vec<String> = steps
+            .iter()
+            .filter_map(|s| match &s.data {
+                StepData::Op(o) if o.verb == "mkdir" => Some(o.value.clone()),
+                _ => None,
+            })
+            .collect();
+        let task_steps: Vec<&InstallStep> = steps.iter().filter(|s| matches!(s.data, StepData::Op(_) | StepData::File(_))).collect();
+        let mut i = 0;
+        while i < task_steps.len() {
+            let s = task_steps[i];
+            match &s.data {
+                StepData::Op(o) if matches!(o.verb.as_str(), "mkdir" | "link" | "setcap") => {
+                    // Adjacent tasks with the same verb and the same raw user share a RUN.
+                    let mut group: Vec<&OpStep> = vec![o];
+                    let mut j = i + 1;
+                    while j < task_steps.len() {
+                        match &task_steps[j].data {
+                            StepData::Op(n) if n.verb == o.verb && n.user == o.user && n.comment.is_none() => group.push(n),
+                            _ => break,
+                        }
+                        j += 1;
+                    }
+                    let (dir, _) = user_directive(&o.user, u.uid, u.gid, &u.name);
+                    self.switch_user(running, &dir);
+                    if let Some(cm) = &o.comment {
+                        self.line(&format!("# {cm}"));
+                    }
+                    self.line(&group_run(&group));
+                    i = j;
+                    continue;
+                }
+                StepData::Op(o) => self.op(&c, o, running)?,
+                StepData::File(f) => self.file(&c, f, &mkdirs, running),
+                _ => {}
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, c: &CandyEntry, o: &OpStep, running: &mut String) -> Result<(), EmitError> {
+        let b = self.b;
+        let u = &b.user;
+        let (dir, _) = user_directive(&o.user, u.uid, u.gid, &u.name);
+        let is_root = dir == "0";
+        match o.verb.as_str() {
+            "build" => {
+                self.switch_user(running, &u.uid.to_string());
+                self.line(&format!("# build: {} (handled by builder stage)", o.value));
+            }
+            "cmd" => {
+                self.switch_user(running, &dir);
+                if let Some(cm) = &o.comment {
+                    self.line(&format!("# {cm}"));
+                }
+                let mut script = String::from(CMD_PREAMBLE);
+                for (k, v) in &o.env {
+                    let _ = writeln!(script, "export {k}={}", sq(v));
+                }
+                script.push_str("set -e\n");
+                script.push_str(&o.value);
+                if !script.ends_with('\n') {
+                    script.push('\n');
+                }
+                let path = self.stage(&c.name, script.as_bytes(), ".sh");
+                let hash8 = &sha256_hex(script.as_bytes())[..8];
+                let mut mounts = vec![
+                    format!("--mount=type=bind,from={},source=/,target=/ctx", c.name),
+                    format!("--mount=type=bind,source={path},target=/tmp/charly-{hash8}.sh"),
+                ];
+                mounts.extend(self.cmd_cache_mounts(is_root));
+                mounts.extend(self.task_caches(o, is_root));
+                let first = o.value.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                let first: String = first.chars().take(100).collect();
+                self.line(&format!("# cmd: {first}"));
+                self.line(&format!("RUN {} \\\n    bash /tmp/charly-{hash8}.sh", mounts.join(" \\\n    ")));
+            }
+            "download" => {
+                self.switch_user(running, &dir);
+                let mut mounts = vec!["--mount=type=cache,id=charly-tmp-downloads,dst=/tmp/downloads,sharing=locked".to_string()];
+                mounts.extend(self.task_caches(o, is_root));
+                let mut env = String::from("export BUILD_ARCH=$(uname -m);");
+                for (k, v) in &o.env {
+                    let _ = write!(env, " export {k}={};", sq(v));
+                }
+                let url = &o.value;
+                let extract = o.extract.clone().unwrap_or_else(|| {
+                    if url.ends_with(".tar.gz") || url.ends_with(".tgz") { "tar.gz".into() } else { "none".into() }
+                });
+                let to = o.to.clone().unwrap_or_default();
+                let strip = o.strip_components.map(|n| format!(" --strip-components={n}")).unwrap_or_default();
+                let include = if o.include.is_empty() { String::new() } else { format!(" {}", o.include.iter().map(|x| sq(x)).collect::<Vec<_>>().join(" ")) };
+                let mut x = match extract.as_str() {
+                    "tar.gz" => format!("tar -xzf \"$__c\"{strip} -C {}{include}", sq(&to)),
+                    "tar.xz" => format!("tar -xJf \"$__c\"{strip} -C {}{include}", sq(&to)),
+                    "tar.zst" => format!("tar --zstd -xf \"$__c\"{strip} -C {}{include}", sq(&to)),
+                    "zip" => format!("unzip -o \"$__c\" -d {}", sq(&to)),
+                    "sh" => {
+                        let envs: String = o.env.iter().map(|(k, v)| format!(" {k}={}", sq(v))).collect();
+                        format!("BUILD_ARCH=$(uname -m){envs} sh \"$__c\"")
+                    }
+                    _ => format!("cp -f \"$__c\" {}", sq(&to)),
+                };
+                if let Some(m) = &o.mode {
+                    if extract == "none" {
+                        let _ = write!(x, " && chmod {m} {}", sq(&to));
+                    } else if extract != "sh" {
+                        let _ = write!(x, " && chmod -R {m} {}", sq(&to));
+                    }
+                }
+                let script = format!(
+                    "{env} mkdir -p /tmp/downloads; __u={}; __c=/tmp/downloads/$(printf %s \"$__u\" | sha256sum | cut -c1-64); [ -s \"$__c\" ] || {{ curl -fsSL \"$__u\" -o \"$__c.part\" && mv -f \"$__c.part\" \"$__c\"; }} && {x}",
+                    go_quote(url)
+                );
+                self.line(&format!("RUN {} \\\n    bash -c {}", mounts.join(" \\\n    "), sq(&script)));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Cache mounts a cmd gets: the primary format's shared mounts as root,
+    /// a per-uid npm cache otherwise.
+    fn cmd_cache_mounts(&self, is_root: bool) -> Vec<String> {
+        let u = &self.b.user;
+        if is_root {
+            self.b
+                .pkg()
+                .and_then(|f| self.format_def(f))
+                .map(|f| cache_mounts(&f.cache_mount))
+                .unwrap_or_default()
+        } else {
+            vec![owned_mount("/tmp/npm-cache", u.uid, u.gid)]
+        }
+    }
+
+    fn task_caches(&self, o: &OpStep, is_root: bool) -> Vec<String> {
+        let u = &self.b.user;
+        o.cache
+            .iter()
+            .map(|d| {
+                if is_root {
+                    format!("--mount=type=cache,id=charly-{},dst={d},sharing=locked", safe_id(d))
+                } else {
+                    owned_mount(d, u.uid, u.gid)
+                }
+            })
+            .collect()
+    }
+
+    fn file(&mut self, c: &CandyEntry, f: &FileStep, mkdirs: &[String], running: &mut String) {
+        let b = self.b;
+        let u = &b.user;
+        let (dir, chown) = user_directive(&f.user, u.uid, u.gid, &u.name);
+        self.switch_user(running, &dir);
+        let parent = match f.path.rsplit_once('/') {
+            Some(("", _)) | None => String::new(),
+            Some((p, _)) => p.to_string(),
+        };
+        let covered = parent.is_empty()
+            || parent == u.home
+            || mkdirs.iter().any(|m| *m == parent || parent.starts_with(&format!("{m}/")) || m.starts_with(&format!("{parent}/")));
+        if !covered {
+            self.line(&format!("RUN mkdir -p {parent}"));
+        }
+        let chown = chown.map(|c| format!(" --chown={c}")).unwrap_or_default();
+        match f.verb.as_str() {
+            "write" => {
+                let content = f.content.clone().unwrap_or_default();
+                let path = self.stage(&c.name, content.as_bytes(), "");
+                self.line(&format!("COPY --chmod={}{chown} {path} {}", f.mode, f.path));
+            }
+            _ => {
+                let src = f.source.clone().unwrap_or_default();
+                self.line(&format!("COPY --from={} --chmod={}{chown} {} {}", c.name, f.mode, src.trim_start_matches("./"), f.path));
+            }
+        }
+    }
+
+    fn inline_builders(&mut self, key: &str, running: &mut String) -> Result<(), EmitError> {
+        let b = self.b;
+        let c = self.candy(key).clone();
+        for u in &b.builders {
+            if !u.candies.iter().any(|k| k == key) {
+                continue;
+            }
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            if !def.inline {
+                continue;
+            }
+            let Some(t) = def.install_template.as_ref() else { continue };
+            self.switch_user(running, &b.user.uid.to_string());
+            let data = serde_json::json!({
+                "LayerStage": c.name,
+                "CacheMounts": def.cache_mount,
+                "UID": b.user.uid,
+                "GID": b.user.gid,
+                "Home": b.user.home,
+                "User": b.user.name,
+            });
+            let text = self.tmpl(&format!("builder/{}/install_template", u.builder), &t.value, &data)?;
+            self.out.push_str(text.trim_end());
+            self.out.push('\n');
+        }
+        Ok(())
+    }
+
+    fn labels(&mut self, plans: &[InstallPlan]) {
+        let b = self.b;
+        let mut labels: Vec<(String, String)> = vec![
+            ("ai.opencharly.version".into(), b.version.clone()),
+            ("ai.opencharly.box".into(), b.name.clone()),
+            ("ai.opencharly.uid".into(), b.user.uid.to_string()),
+            ("ai.opencharly.gid".into(), b.user.gid.to_string()),
+            ("ai.opencharly.user".into(), b.user.name.clone()),
+            ("ai.opencharly.home".into(), b.user.home.clone()),
+        ];
+        if let Some(d) = &b.distro_def {
+            labels.push(("ai.opencharly.platform.distro".into(), d.clone()));
+        }
+        if let Some(f) = b.pkg() {
+            labels.push(("ai.opencharly.platform.format".into(), f.to_string()));
+        }
+        let mut json_labels: Vec<(String, serde_json::Value)> = Vec::new();
+        let candy_versions: BTreeMap<String, String> = b
+            .candies
+            .iter()
+            .map(|k| (k.clone(), self.candy(k).def.version.as_ref().map(|v| v.value.clone()).unwrap_or_default()))
+            .collect();
+        if !candy_versions.is_empty() {
+            json_labels.push(("ai.opencharly.candy_version".into(), serde_json::to_value(&candy_versions).unwrap_or_default()));
+        }
+        let builders: BTreeMap<&str, &str> = b.builders.iter().filter_map(|u| u.image.as_deref().map(|i| (u.builder.as_str(), i))).collect();
+        if !builders.is_empty() {
+            json_labels.push(("ai.opencharly.builder.use".into(), serde_json::to_value(&builders).unwrap_or_default()));
+        }
+        if !b.produce.is_empty() {
+            json_labels.push(("ai.opencharly.builder.provide".into(), serde_json::to_value(&b.produce).unwrap_or_default()));
+        }
+        // Shell and service metadata merged from the plans.
+        let mut shells: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut services: Vec<serde_json::Value> = Vec::new();
+        for p in plans {
+            for s in &p.steps {
+                match &s.data {
+                    StepData::ShellSnippet(sn) => shells.entry(s.candy.clone()).or_default().push(sn.shell.clone()),
+                    StepData::ServiceCustom(sc) => services.push(serde_json::json!({"candy": s.candy, "name": sc.name, "init": sc.init})),
+                    StepData::ServicePackaged(sp) => services.push(serde_json::json!({"candy": s.candy, "name": sp.name, "unit": sp.unit})),
+                    _ => {}
+                }
+            }
+        }
+        if !shells.is_empty() {
+            json_labels.push(("ai.opencharly.shell".into(), serde_json::to_value(&shells).unwrap_or_default()));
+        }
+        if !services.is_empty() {
+            json_labels.push(("ai.opencharly.service".into(), serde_json::Value::Array(services)));
+        }
+        let mut env_candy: BTreeMap<String, String> = BTreeMap::new();
+        let mut path_append: Vec<String> = Vec::new();
+        for k in &b.candies {
+            let c = self.candy(k);
+            for (kk, v) in c.def.env.iter() {
+                env_candy.insert(kk.value.clone(), v.value.clone());
+            }
+            path_append.extend(c.def.path_append.iter().map(|p| p.value.clone()));
+        }
+        if !env_candy.is_empty() {
+            json_labels.push(("ai.opencharly.env_candy".into(), serde_json::to_value(&env_candy).unwrap_or_default()));
+        }
+        if !path_append.is_empty() {
+            json_labels.push(("ai.opencharly.path_append".into(), serde_json::to_value(&path_append).unwrap_or_default()));
+        }
+        let mut volumes: BTreeMap<String, String> = BTreeMap::new();
+        for k in b.candies.iter().chain(b.provided.iter()) {
+            for v in &self.candy(k).def.volume {
+                volumes.entry(v.name.value.clone()).or_insert_with(|| expand_home(&v.path, &b.user.home));
+            }
+        }
+        if !volumes.is_empty() {
+            let list: Vec<serde_json::Value> = volumes.iter().map(|(n, p)| serde_json::json!({"name": n, "path": p})).collect();
+            json_labels.push(("ai.opencharly.volume".into(), serde_json::Value::Array(list)));
+        }
+        for (k, v) in &self.opts.labels {
+            labels.push((k.clone(), v.clone()));
+        }
+        self.blank();
+        for (k, v) in labels {
+            self.line(&format!("LABEL {k}={}", dq(&v)));
+        }
+        for (k, v) in json_labels {
+            let text = serde_json::to_string(&v).unwrap_or_default();
+            self.line(&format!("LABEL {k}={}", sq(&text)));
+        }
+    }
+}
+
+/// mkdir/link/setcap tasks sharing one RUN.
+fn group_run(group: &[&OpStep]) -> String {
+    match group[0].verb.as_str() {
+        "mkdir" => {
+            let paths: Vec<&str> = group.iter().map(|o| o.value.as_str()).collect();
+            let mut s = format!("RUN mkdir -p {}", paths.join(" "));
+            let mut modes: Vec<(&str, Vec<&str>)> = Vec::new();
+            for o in group {
+                if let Some(m) = o.mode.as_deref() {
+                    match modes.iter_mut().find(|(mm, _)| *mm == m) {
+                        Some((_, ps)) => ps.push(&o.value),
+                        None => modes.push((m, vec![&o.value])),
+                    }
+                }
+            }
+            for (m, ps) in modes {
+                let _ = write!(s, " && chmod {m} {}", ps.join(" "));
+            }
+            s
+        }
+        "link" => {
+            let parts: Vec<String> = group
+                .iter()
+                .map(|o| format!("ln -sf {} {}", o.target.as_deref().unwrap_or(""), o.value))
+                .collect();
+            format!("RUN {}", parts.join(" && "))
+        }
+        _ => {
+            let parts: Vec<String> = group
+                .iter()
+                .map(|o| match o.caps.as_deref() {
+                    Some(caps) => format!("setcap {caps} {}", o.value),
+                    None => format!("setcap -r {} 2>/dev/null || true", o.value),
+                })
+                .collect();
+            format!("RUN {}", parts.join(" && "))
+        }
+    }
+}
+
+/// Go `%q` for a URL inside a double-quoted shell string.
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The start of every cmd script: architecture names, then `set -e`.
+const CMD_PREAMBLE: &str = "BUILD_ARCH=$(uname -m)\ncase \"$BUILD_ARCH\" in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; armv7l|armv7|armhf) ARCH=arm ;; *) ARCH=$BUILD_ARCH ;; esac\nexport BUILD_ARCH ARCH\n";
+
+/// supervisord's header when the project has none.
+pub const DEFAULT_SUPERVISOR_HEADER: &str = "[supervisord]\nnodaemon=true\nuser=root\nlogfile=/dev/null\nlogfile_maxbytes=0\npidfile=/tmp/supervisord.pid\n\n[unix_http_server]\nfile=/tmp/supervisor.sock\n\n[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n\n[supervisorctl]\nserverurl=unix:///tmp/supervisor.sock\n";
+
+/// `.containerignore` contents for the project root.
+pub fn containerignore(extra: &[String]) -> String {
+    let mut s = String::from("# .containerignore (generated by charly -- do not edit; source: defaults.context_ignore in charly.yml)\n");
+    let base = [
+        ".git", "bin", "*.md", "**/__pycache__", "**/*.pyc", "**/*.pyo", "**/*.egg-info", "**/node_modules", "**/.git",
+        "**/.DS_Store", "**/*~", "**/*.swp", "**/*.swo", "**/.pytest_cache", "**/.mypy_cache",
+    ];
+    let mut seen = BTreeSet::new();
+    for l in base.iter().map(|s| s.to_string()).chain(extra.iter().cloned()) {
+        if seen.insert(l.clone()) {
+            s.push_str(&l);
+            s.push('\n');
+        }
+    }
+    s
+}

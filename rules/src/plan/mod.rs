@@ -1,0 +1,7 @@
+//! The InstallPlan IR (`ir`) and its pure compiler (`compile`).
+
+pub mod compile;
+pub mod ir;
+
+pub use compile::{HostContext, PlanError, Target, build_box_plans, build_deploy_plan, build_merged_plan};
+pub use ir::*;
