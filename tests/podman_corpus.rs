@@ -38,13 +38,27 @@ fn corpus_containerfiles_build_with_podman() {
         image_refs: refs.clone(),
         ..Default::default()
     };
-    let names: Vec<String> = r.boxes.iter().filter(|(_, b)| b.is_ok()).map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = r
+        .boxes
+        .iter()
+        .filter(|(_, b)| b.is_ok())
+        .map(|(n, _)| n.clone())
+        .collect();
     assert!(names.len() >= 19, "{names:?}");
 
     let podman = common::Podman::new(&t.path().join("podman"));
     let tar = common::stub_rootfs_tar(t.path());
-    let out = podman.run(&["import", "-q", tar.to_str().expect("utf8"), "localhost/charly-stub:1"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = podman.run(&[
+        "import",
+        "-q",
+        tar.to_str().expect("utf8"),
+        "localhost/charly-stub:1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut tags: Vec<String> = refs.values().cloned().collect();
     for n in &names {
@@ -57,7 +71,11 @@ fn corpus_containerfiles_build_with_podman() {
     tags.dedup();
     for tag in &tags {
         let out = podman.run(&["tag", "localhost/charly-stub:1", tag]);
-        assert!(out.status.success(), "tag {tag}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "tag {tag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     let mut failures = Vec::new();
@@ -77,17 +95,28 @@ fn corpus_containerfiles_build_with_podman() {
             assert!(st.success());
         }
         let mut cmd: Command = podman.cmd();
-        cmd.current_dir(&root).args(["build", "--layers=true", "-f"]).arg(format!("{}/Containerfile", d.dir));
+        cmd.current_dir(&root)
+            .args(["build", "--layers=true", "-f"])
+            .arg(format!("{}/Containerfile", d.dir));
         if b.root_image.contains('@') {
             cmd.args(["--build-arg", "BASE_IMAGE=localhost/charly-stub:1"]);
         }
         cmd.args(["-t", &format!("localhost/test-{n}:1"), "."]);
         let out = cmd.output().expect("podman build");
         if !out.status.success() {
-            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = text.lines().rev().take(12).collect();
-            failures.push(format!("{n}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+            failures.push(format!(
+                "{n}:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} boxes failed to build:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} boxes failed to build:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }

@@ -71,7 +71,12 @@ pub fn run(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if failed.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
-        output::error(&format!("{} of {} boxes failed: {}", failed.len(), names.len(), failed.join(", ")));
+        output::error(&format!(
+            "{} of {} boxes failed: {}",
+            failed.len(),
+            names.len(),
+            failed.join(", ")
+        ));
         Ok(ExitCode::from(1))
     }
 }

@@ -7,11 +7,11 @@
 
 use charly_rules::emit::containerfile::default_image_ref;
 use charly_rules::emit::{BuildDir, EmitOptions, Staged, render_box};
-use charly_rules::resolve::Resolution;
-use std::collections::BTreeMap;
 use charly_rules::load::Project;
 use charly_rules::plan::{HostContext, Target, build_box_plans};
+use charly_rules::resolve::Resolution;
 use charly_rules::resolve::ResolvedBox;
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,11 @@ pub enum GenerateError {
 pub fn image_refs(r: &Resolution) -> BTreeMap<String, String> {
     r.boxes
         .iter()
-        .filter_map(|(n, b)| b.as_ref().ok().map(|b| (n.clone(), default_image_ref(n, &b.version))))
+        .filter_map(|(n, b)| {
+            b.as_ref()
+                .ok()
+                .map(|b| (n.clone(), default_image_ref(n, &b.version)))
+        })
         .collect()
 }
 
@@ -94,7 +98,11 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
         copy_tree(src, &dest).map_err(io(&dest))?;
     }
     // Remove files an earlier run staged that this one does not use.
-    for e in walkdir::WalkDir::new(&dir).contents_first(true).into_iter().flatten() {
+    for e in walkdir::WalkDir::new(&dir)
+        .contents_first(true)
+        .into_iter()
+        .flatten()
+    {
         let p = e.path();
         if e.file_type().is_file() && !keep.contains(p) && !is_build_output(&dir, p) {
             let _ = std::fs::remove_file(p);
@@ -110,7 +118,12 @@ fn is_build_output(dir: &Path, p: &Path) -> bool {
     p.strip_prefix(dir)
         .ok()
         .and_then(|r| r.components().next())
-        .is_some_and(|c| matches!(c.as_os_str().to_str(), Some("_artifacts" | "_localpkg" | "_rootfs")))
+        .is_some_and(|c| {
+            matches!(
+                c.as_os_str().to_str(),
+                Some("_artifacts" | "_localpkg" | "_rootfs")
+            )
+        })
 }
 
 /// Writes atomically (temp + rename), skipping identical content so mtimes
@@ -146,11 +159,13 @@ fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
 
 /// Writes the root `.containerignore` (and `.dockerignore`) for a project.
 pub fn write_ignore_files(p: &Project) -> Result<(), GenerateError> {
-    let text = charly_rules::emit::containerfile::containerignore(&p.root_ns().defaults.context_ignore);
+    let text =
+        charly_rules::emit::containerfile::containerignore(&p.root_ns().defaults.context_ignore);
     for name in [".containerignore", ".dockerignore"] {
         let path = p.root.join(name);
         let body = text.replace(".containerignore", name);
-        write_if_changed(&path, body.as_bytes()).map_err(|source| GenerateError::Io { path, source })?;
+        write_if_changed(&path, body.as_bytes())
+            .map_err(|source| GenerateError::Io { path, source })?;
     }
     Ok(())
 }

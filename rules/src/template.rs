@@ -119,6 +119,9 @@
 //! Parsed templates are cached process-wide, keyed by their text (names only
 //! label errors), behind a mutex; the parse runs outside the lock. Rendering
 //! shares nothing, so [`render`] may be called from any number of threads.
+//! Nesting (actions, parentheses, control structures, `{{template}}` calls)
+//! is bounded at 100 levels, which fits a 1 MiB stack even unoptimised, so
+//! hostile text is an error rather than a stack overflow on a worker thread.
 
 use serde_json::Value as Json;
 use std::collections::HashMap;
@@ -166,7 +169,7 @@ const CACHE_LIMIT: usize = 4096;
 /// Deepest nesting of actions, control structures and parentheses, and of
 /// `{{template}}` calls, so hostile input cannot exhaust a worker thread's
 /// stack (real templates nest a handful of levels).
-const MAX_DEPTH: usize = 200;
+const MAX_DEPTH: usize = 100;
 
 fn cached(text: &str) -> Result<Arc<Parsed>, String> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<Parsed>>>> = OnceLock::new();
@@ -858,7 +861,7 @@ impl Parser<'_> {
         let save = self.i;
         let tok = self.next_non_space();
         let node = match tok.t {
-            T::Kw(Kw::Block) => self.block_control()?,
+            T::Kw(Kw::Block) => self.block_control(tok.pos)?,
             T::Kw(Kw::Break) | T::Kw(Kw::Continue) => {
                 let is_break = tok.t == T::Kw(Kw::Break);
                 let what = if is_break {
@@ -897,20 +900,17 @@ impl Parser<'_> {
             T::Kw(Kw::With) => Node::With(self.control("with")?),
             T::Kw(Kw::Template) => {
                 let context = "template clause";
-                let start = self.peek_non_space().pos;
                 let name = self.template_name(context)?;
-                let pipe = if self.peek_non_space().t == T::Right {
-                    self.next();
-                    None
+                let (pipe, end) = if self.peek_non_space().t == T::Right {
+                    (None, self.next().pos)
                 } else {
                     // Variables declared here persist until the enclosing end.
-                    Some(self.pipeline(context, false)?)
+                    let p = self.pipeline(context, false)?;
+                    let end = p.span.end;
+                    (Some(p), end)
                 };
                 Node::Template {
-                    span: Span {
-                        pos: start,
-                        end: self.peek().pos,
-                    },
+                    span: Span { pos: tok.pos, end },
                     name,
                     pipe,
                 }
@@ -923,9 +923,8 @@ impl Parser<'_> {
         Ok(Item::Node(node))
     }
 
-    fn block_control(&mut self) -> PResult<Node> {
+    fn block_control(&mut self, start: usize) -> PResult<Node> {
         let context = "block clause";
-        let start = self.peek_non_space().pos;
         let name = self.template_name(context)?;
         let pipe = self.pipeline(context, false)?;
         let saved = std::mem::replace(&mut self.vars, vec!["$".to_string()]);
@@ -1503,7 +1502,27 @@ impl<'a> Exec<'a> {
         }
     }
 
+    /// Counts one level of execution nesting (control bodies and template
+    /// calls together), so recursion through templates is bounded too.
+    fn nest(&mut self, span: Span) -> X<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return fail(
+                span,
+                format!("exceeded maximum template depth ({MAX_DEPTH})"),
+            );
+        }
+        Ok(())
+    }
+
     fn walk_if_with(&mut self, dot: &Val<'a>, c: &'a Ctl, with: bool) -> X<()> {
+        self.nest(c.pipe.span)?;
+        let r = self.walk_if_with_inner(dot, c, with);
+        self.depth -= 1;
+        r
+    }
+
+    fn walk_if_with_inner(&mut self, dot: &Val<'a>, c: &'a Ctl, with: bool) -> X<()> {
         let mark = self.vars.len();
         let val = self.eval_pipeline(dot, &c.pipe)?;
         let r = if truth(&val) {
@@ -1522,12 +1541,26 @@ impl<'a> Exec<'a> {
     }
 
     fn walk_range(&mut self, dot: &Val<'a>, c: &'a Ctl) -> X<()> {
+        self.nest(c.pipe.span)?;
+        let r = self.walk_range_inner(dot, c);
+        self.depth -= 1;
+        r
+    }
+
+    fn walk_range_inner(&mut self, dot: &Val<'a>, c: &'a Ctl) -> X<()> {
         let mark = self.vars.len();
         let val = self.eval_pipeline(dot, &c.pipe)?;
         let inner = self.vars.len();
         let ndecl = c.pipe.decl.len();
-        let items = range_items(&val, ndecl).map_err(|m| Flow::Fail(c.pipe.span, m))?;
-        let ran = !items.is_empty();
+        let (ran, items): (bool, Box<dyn Iterator<Item = (Val<'a>, Val<'a>)>>) =
+            match range_items(&val, ndecl).map_err(|m| Flow::Fail(c.pipe.span, m))? {
+                Items::List(v) => (!v.is_empty(), Box::new(v.into_iter())),
+                // Integers are counted lazily: `range 1000000` allocates nothing.
+                Items::Count(n) => (
+                    n > 0,
+                    Box::new((0..n).map(|i| (Val::Missing, Val::own(Json::from(i))))),
+                ),
+            };
         for (key, elem) in items {
             if ndecl > 0 {
                 if c.pipe.is_assign {
@@ -1570,19 +1603,13 @@ impl<'a> Exec<'a> {
         let Some(list) = self.t.defs.get(name) else {
             return fail(span, format!("template {name:?} not defined"));
         };
-        if self.depth >= MAX_DEPTH {
-            return fail(
-                span,
-                format!("exceeded maximum template depth ({MAX_DEPTH})"),
-            );
-        }
         let new_dot = match pipe {
             Some(p) => self.eval_pipeline(dot, p)?,
             None => Val::Missing,
         };
+        self.nest(span)?;
         // No dynamic scoping: the called template sees only `$`.
         let saved = std::mem::replace(&mut self.vars, vec![("$", new_dot.clone())]);
-        self.depth += 1;
         let r = self.walk_list(&new_dot, list);
         self.depth -= 1;
         self.vars = saved;
@@ -1744,10 +1771,15 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// The (key, element) pairs a `range` visits.
-fn range_items<'a>(val: &Val<'a>, ndecl: usize) -> Result<Vec<(Val<'a>, Val<'a>)>, String> {
+/// What a `range` visits: (key, element) pairs, or the integers `0..n`.
+enum Items<'a> {
+    List(Vec<(Val<'a>, Val<'a>)>),
+    Count(i64),
+}
+
+fn range_items<'a>(val: &Val<'a>, ndecl: usize) -> Result<Items<'a>, String> {
     let idx = |i: usize| Val::own(Json::from(i));
-    Ok(match *val {
+    Ok(Items::List(match *val {
         Val::Missing => Vec::new(),
         Val::Ref(Json::Array(a)) => a
             .iter()
@@ -1778,27 +1810,24 @@ fn range_items<'a>(val: &Val<'a>, ndecl: usize) -> Result<Vec<(Val<'a>, Val<'a>)
                     .map(|(k, v)| (Val::own(Json::String(k.clone())), Val::own(v.clone())))
                     .collect()
             }
-            other => range_number(other, ndecl)?,
+            other => return range_number(other, ndecl),
         },
-        Val::Ref(other) => range_number(other, ndecl)?,
-    })
+        Val::Ref(other) => return range_number(other, ndecl),
+    }))
 }
 
-fn range_number<'a>(j: &Json, ndecl: usize) -> Result<Vec<(Val<'a>, Val<'a>)>, String> {
+fn range_number<'a>(j: &Json, ndecl: usize) -> Result<Items<'a>, String> {
     let mut s = String::new();
     fmt_v(j, &mut s);
     match j {
-        Json::Null => Ok(Vec::new()),
+        Json::Null => Ok(Items::List(Vec::new())),
         Json::Number(n) if n.as_i64().is_some() || n.as_u64().is_some() => {
             if ndecl > 1 {
                 return Err(format!(
                     "can't use {s} to iterate over more than one variable"
                 ));
             }
-            let count = n.as_i64().map_or(0, |i| i.max(0));
-            Ok((0..count)
-                .map(|i| (Val::Missing, Val::own(Json::from(i))))
-                .collect())
+            Ok(Items::Count(n.as_i64().unwrap_or(i64::MAX)))
         }
         _ => Err(format!("range can't iterate over {s}")),
     }

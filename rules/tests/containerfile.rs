@@ -7,8 +7,8 @@
 //! and boxes whose base is another box. Snapshots live in `tests/snapshots/`
 //! and are reviewed like code (`cargo insta review`).
 
-use charly_rules::emit::{BuildDir, EmitOptions, Staged, render_box};
 use charly_rules::emit::containerfile::default_image_ref;
+use charly_rules::emit::{BuildDir, EmitOptions, Staged, render_box};
 use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::plan::{HostContext, build_box_plans};
 use charly_rules::resolve::{self, Resolution};
@@ -25,7 +25,9 @@ fn open(dir: &Path) -> (Project, Resolution) {
 }
 
 fn render(p: &Project, r: &Resolution, name: &str) -> BuildDir {
-    let b = r.get(name).unwrap_or_else(|| panic!("{name}: {:?}", r.boxes.get(name)));
+    let b = r
+        .get(name)
+        .unwrap_or_else(|| panic!("{name}: {:?}", r.boxes.get(name)));
     let mut plans = build_box_plans(p, b, &HostContext::default()).expect("plans");
     for plan in &mut plans {
         plan.resolve_home(&b.user.home);
@@ -34,7 +36,11 @@ fn render(p: &Project, r: &Resolution, name: &str) -> BuildDir {
         image_refs: r
             .boxes
             .iter()
-            .filter_map(|(n, b)| b.as_ref().ok().map(|b| (n.clone(), default_image_ref(n, &b.version))))
+            .filter_map(|(n, b)| {
+                b.as_ref()
+                    .ok()
+                    .map(|b| (n.clone(), default_image_ref(n, &b.version)))
+            })
             .collect(),
         ..EmitOptions::default()
     };
@@ -48,7 +54,12 @@ fn snapshot_text(d: &BuildDir) -> String {
         s.push_str(&format!("\n===== {path}\n"));
         match f {
             Staged::Bytes(b) => s.push_str(&String::from_utf8_lossy(b)),
-            Staged::CopyOf(src) => s.push_str(&format!("(copy of {})\n", src.file_name().map(|n| n.to_string_lossy()).unwrap_or_default())),
+            Staged::CopyOf(src) => s.push_str(&format!(
+                "(copy of {})\n",
+                src.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            )),
         }
     }
     s
@@ -96,12 +107,21 @@ fn pac_aur_cargo_setcap() {
         "box/aurtest/charly.yml",
         "box:\n  name: aurtest\n  base: arch\n  build: [pac, aur]\n  builder:\n    aur: arch-builder\n    cargo: arch-builder\n  candy: [chrome, sway, rusty]\n",
     );
-    add("candy/rusty/charly.yml", "candy:\n  version: 1.0.0\n  name: rusty\n  distro:\n    arch:\n      package: [gcc]\n");
-    add("candy/rusty/Cargo.toml", "[package]\nname = \"rusty\"\nversion = \"0.1.0\"\n");
+    add(
+        "candy/rusty/charly.yml",
+        "candy:\n  version: 1.0.0\n  name: rusty\n  distro:\n    arch:\n      package: [gcc]\n",
+    );
+    add(
+        "candy/rusty/Cargo.toml",
+        "[package]\nname = \"rusty\"\nversion = \"0.1.0\"\n",
+    );
     let (p, r) = open(t.path());
     let d = render(&p, &r, "aurtest");
     let text = snapshot_text(&d);
-    assert!(text.contains("FROM localhost/arch-builder:"), "aur stage from the builder box");
+    assert!(
+        text.contains("FROM localhost/arch-builder:"),
+        "aur stage from the builder box"
+    );
     assert!(text.contains("pacman -U --noconfirm /tmp/aur-pkgs/*.pkg.tar.zst"));
     assert!(text.contains("cargo install --path /ctx"));
     assert!(text.contains("setcap -r /usr/bin/sway"));
@@ -120,7 +140,10 @@ fn generation_is_deterministic() {
     let t = tempfile::tempdir().expect("tmp");
     copy_tree(&corpus(), t.path());
     let (p2, r2) = open(t.path());
-    assert_eq!(render(&p, &r, "jupyter").containerfile, render(&p2, &r2, "jupyter").containerfile);
+    assert_eq!(
+        render(&p, &r, "jupyter").containerfile,
+        render(&p2, &r2, "jupyter").containerfile
+    );
 }
 
 fn copy_tree(from: &Path, to: &Path) {

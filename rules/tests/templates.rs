@@ -132,6 +132,25 @@ fn range_forms() {
     assert_eq!(r("{{range 3}}{{.}}{{end}}", &d), "012");
     assert_eq!(
         r(
+            "{{range 0}}x{{else}}none{{end}}|{{range -2}}x{{else}}none{{end}}",
+            &d
+        ),
+        "none|none"
+    );
+    // Counting is lazy: a huge range that breaks at once costs nothing.
+    assert_eq!(r("{{range 1000000000000}}{{.}}{{break}}{{end}}", &d), "0");
+    assert!(
+        err("{{range $i, $v := 3}}{{end}}", &d)
+            .message
+            .contains("can't use 3 to iterate over more than one variable")
+    );
+    assert!(
+        err("{{range \"abc\"}}{{end}}", &d)
+            .message
+            .contains("range can't iterate over abc")
+    );
+    assert_eq!(
+        r(
             "{{range $i, $kv := .KV}}{{if $i}},{{end}}{{$kv.Key}}=\"{{$kv.Value}}\"{{end}}",
             &d
         ),
@@ -2244,6 +2263,13 @@ find "$top/RPMS" -name '*.rpm' -exec cp {} /tmp/charly-localpkg-3/ \;
         service(json!({"Name": "x", "Exec": "/bin/x", "AutoStart": [true], "Restart": "on-failure"})),
         "[program:x]\ncommand=/bin/x\nautostart=true\nautorestart=true\nstdout_logfile=/dev/fd/1\nstdout_logfile_maxbytes=0\nredirect_stderr=true\n",
     ));
+    // The default template also takes AutoStart as a plain boolean.
+    let mut plain = full_program_data();
+    plain["AutoStart"] = json!(false);
+    cases.push(case(program, plain, FULL_PROGRAM));
+    let mut plain = verified_program_data();
+    plain["AutoStart"] = json!(true);
+    cases.push(case(program, plain, VERIFIED_PROGRAM));
     // Keys missing altogether behave like Go's zero values.
     cases.push(case(
         program,
@@ -2333,30 +2359,33 @@ fn default_supervisord_header_is_valid_ini() {
 
 #[test]
 fn hostile_nesting_is_an_error_not_a_crash() {
+    // Run on a 1 MiB stack (rayon workers get 2 MiB) in a debug build.
+    fn on_small_stack(text: String) -> Result<String, TemplateError> {
+        std::thread::Builder::new()
+            .stack_size(1024 * 1024)
+            .spawn(move || render("deep", &text, &json!({"a": 1})))
+            .expect("spawn")
+            .join()
+            .expect("no stack overflow")
+    }
     let deep_if = "{{if true}}".repeat(5000) + &"{{end}}".repeat(5000);
-    assert!(
-        check("deep", &deep_if)
-            .expect_err("too deep")
-            .message
-            .contains("max expression depth exceeded")
-    );
+    let e = check("deep", &deep_if).expect_err("too deep");
+    assert!(e.message.contains("max expression depth exceeded"), "{e}");
     let deep_paren = "{{".to_string() + &"(".repeat(5000) + "1" + &")".repeat(5000) + "}}";
-    assert!(
-        check("deep", &deep_paren)
-            .expect_err("too deep")
-            .message
-            .contains("max expression depth exceeded")
-    );
+    let e = check("deep", &deep_paren).expect_err("too deep");
+    assert!(e.message.contains("max expression depth exceeded"), "{e}");
+    // The deepest nesting the parser accepts renders.
+    let nested = "{{if true}}{{with .}}".repeat(49) + "ok" + &"{{end}}{{end}}".repeat(49);
+    assert_eq!(on_small_stack(nested).expect("renders"), "ok");
+    // Recursion through templates, alone or with nesting, is bounded.
     let recursive = "{{define \"r\"}}x{{template \"r\" .}}{{end}}{{template \"r\" .}}";
-    let e = render("rec", recursive, &json!({})).expect_err("recursion");
+    let e = on_small_stack(recursive.to_string()).expect_err("recursion");
     assert!(e.message.contains("exceeded maximum template depth"), "{e}");
-    // Nesting real templates use is far below the limit, also on a small stack.
-    let nested = "{{if true}}".repeat(50) + "ok" + &"{{end}}".repeat(50);
-    let out = std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(move || render("nested", &nested, &json!({})))
-        .expect("spawn")
-        .join()
-        .expect("no overflow");
-    assert_eq!(out.expect("renders"), "ok");
+    let nested_recursion = "{{define \"r\"}}".to_string()
+        + &"{{if true}}{{with .}}".repeat(45)
+        + "x{{template \"r\" .}}"
+        + &"{{end}}{{end}}".repeat(45)
+        + "{{end}}{{template \"r\" .}}";
+    let e = on_small_stack(nested_recursion).expect_err("recursion");
+    assert!(e.message.contains("exceeded maximum template depth"), "{e}");
 }

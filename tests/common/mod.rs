@@ -64,7 +64,9 @@ impl Podman {
             "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"runc\"\n",
         )
         .expect("conf");
-        Podman { dir: dir.to_path_buf() }
+        Podman {
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// A podman command with this storage.
@@ -89,13 +91,18 @@ impl Podman {
 /// Whether podman is installed; tests that need it fail without it unless
 /// `CHARLY_SKIP_PODMAN=1` says to skip (never silently).
 pub fn podman_available() -> bool {
-    let ok = Command::new("podman").arg("--version").output().is_ok_and(|o| o.status.success());
+    let ok = Command::new("podman")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !ok {
         if std::env::var("CHARLY_SKIP_PODMAN").as_deref() == Ok("1") {
             eprintln!("SKIPPED: podman is not installed and CHARLY_SKIP_PODMAN=1");
             return false;
         }
-        panic!("podman is not installed (install it, or set CHARLY_SKIP_PODMAN=1 to skip podman tests)");
+        panic!(
+            "podman is not installed (install it, or set CHARLY_SKIP_PODMAN=1 to skip podman tests)"
+        );
     }
     true
 }
@@ -107,14 +114,61 @@ pub fn podman_available() -> bool {
 /// fail for lack of a real distro (the failure is logged, not fatal).
 pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
     let root = dir.join("stubroot");
-    for d in ["bin", "usr/bin", "usr/local/bin", "usr/sbin", "etc", "tmp", "root", "home", "var/log"] {
+    for d in [
+        "bin",
+        "usr/bin",
+        "usr/local/bin",
+        "usr/sbin",
+        "etc",
+        "tmp",
+        "root",
+        "home",
+        "var/log",
+    ] {
         std::fs::create_dir_all(root.join(d)).expect("mkdir");
     }
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static is installed (apt install busybox-static)");
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed (apt install busybox-static)");
     let applets = [
-        "ls", "cat", "echo", "mkdir", "ln", "chmod", "chown", "cp", "mv", "rm", "id", "tar", "gzip", "find", "grep",
-        "sed", "printf", "test", "[", "true", "false", "xargs", "head", "cut", "sha256sum", "uname", "touch", "env",
-        "readlink", "dirname", "basename", "unzip", "whoami", "sleep", "install", "tr", "wc", "sort", "awk",
+        "ls",
+        "cat",
+        "echo",
+        "mkdir",
+        "ln",
+        "chmod",
+        "chown",
+        "cp",
+        "mv",
+        "rm",
+        "id",
+        "tar",
+        "gzip",
+        "find",
+        "grep",
+        "sed",
+        "printf",
+        "test",
+        "[",
+        "true",
+        "false",
+        "xargs",
+        "head",
+        "cut",
+        "sha256sum",
+        "uname",
+        "touch",
+        "env",
+        "readlink",
+        "dirname",
+        "basename",
+        "unzip",
+        "whoami",
+        "sleep",
+        "install",
+        "tr",
+        "wc",
+        "sort",
+        "awk",
     ];
     for a in applets {
         let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(a));
@@ -131,9 +185,31 @@ pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
     )
     .expect("bash");
     let stubs = [
-        "dnf", "dnf5", "rpm", "pacman", "pacman-key", "apt-get", "yay", "makepkg", "useradd", "groupadd", "usermod",
-        "sudo", "setcap", "gpg", "pixi", "npm", "node", "cargo", "curl", "systemctl", "add-apt-repository", "bootc",
-        "supervisord", "runuser", "getent",
+        "dnf",
+        "dnf5",
+        "rpm",
+        "pacman",
+        "pacman-key",
+        "apt-get",
+        "yay",
+        "makepkg",
+        "useradd",
+        "groupadd",
+        "usermod",
+        "sudo",
+        "setcap",
+        "gpg",
+        "pixi",
+        "npm",
+        "node",
+        "cargo",
+        "curl",
+        "systemctl",
+        "add-apt-repository",
+        "bootc",
+        "supervisord",
+        "runuser",
+        "getent",
     ];
     for s in stubs {
         let body = if s == "getent" {
@@ -147,9 +223,13 @@ pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
     std::fs::write(root.join("etc/group"), "root:x:0:\n").expect("group");
     for e in walkdir::WalkDir::new(&root).into_iter().flatten() {
-        if e.file_type().is_file() && e.path() != root.join("bin/busybox") && !e.path().starts_with(root.join("etc")) {
+        if e.file_type().is_file()
+            && e.path() != root.join("bin/busybox")
+            && !e.path().starts_with(root.join("etc"))
+        {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
         }
     }
     let tar = dir.join("stub.tar");

@@ -83,7 +83,14 @@ pub struct EmitError {
 
 /// The default image reference of a box.
 pub fn default_image_ref(name: &str, version: &str) -> String {
-    format!("localhost/{name}:{}", if version.is_empty() { "latest" } else { version })
+    format!(
+        "localhost/{name}:{}",
+        if version.is_empty() {
+            "latest"
+        } else {
+            version
+        }
+    )
 }
 
 /// `.build/<box>` for a qualified box name.
@@ -125,7 +132,10 @@ fn cache_mounts(list: &[CacheMount]) -> Vec<String> {
 }
 
 fn owned_mount(dst: &str, uid: u32, gid: u32) -> String {
-    format!("--mount=type=cache,id=charly-{}-uid{uid},dst={dst},uid={uid},gid={gid}", safe_id(dst))
+    format!(
+        "--mount=type=cache,id=charly-{}-uid{uid},dst={dst},uid={uid},gid={gid}",
+        safe_id(dst)
+    )
 }
 
 fn safe_id(dst: &str) -> String {
@@ -166,12 +176,36 @@ fn expand_home(s: &str, home: &str) -> String {
     s.replace("${HOME}", home).replace("$HOME", home)
 }
 
-/// Renders a box. `plans` are the box's per-candy plans for target `oci`
-/// with the home resolved.
-pub fn render_box(p: &Project, b: &ResolvedBox, plans: &[InstallPlan], opts: &EmitOptions) -> Result<BuildDir, EmitError> {
+/// One candy's section of a box's Containerfile, with the files it stages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fragment {
+    /// The candy.
+    pub candy: String,
+    /// Containerfile text (ends with a blank line).
+    pub text: String,
+    /// Staged context files by project-relative path.
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+/// Whether the candy at `index` is the last thing in the box that may run
+/// as a non-root user (its trailing `USER root` is then omitted).
+pub fn fragment_is_last(p: &Project, b: &ResolvedBox, index: usize) -> bool {
+    index + 1 == b.candies.len() && !needs_init(p, b)
+}
+
+fn needs_init(p: &Project, b: &ResolvedBox) -> bool {
+    b.candies
+        .iter()
+        .any(|k| p.candies[k].def.service.iter().any(|s| s.exec.is_some()))
+}
+
+fn emitter<'a>(p: &'a Project, b: &'a ResolvedBox, opts: &'a EmitOptions) -> Emitter<'a> {
     let vocab = &p.ns(b.ns).vocab;
-    let distro = b.distro_def.as_deref().and_then(|d| effective_distro(vocab, d));
-    let mut e = Emitter {
+    let distro = b
+        .distro_def
+        .as_deref()
+        .and_then(|d| effective_distro(vocab, d));
+    Emitter {
         p,
         b,
         vocab,
@@ -181,8 +215,60 @@ pub fn render_box(p: &Project, b: &ResolvedBox, plans: &[InstallPlan], opts: &Em
         dir: build_dir_of(&b.name),
         files: BTreeMap::new(),
         layers: BTreeMap::new(),
-    };
-    e.render(plans)?;
+    }
+}
+
+/// Renders one candy's section from its plan (target `oci`, home resolved).
+pub fn render_fragment(
+    p: &Project,
+    b: &ResolvedBox,
+    plan: &InstallPlan,
+    is_last: bool,
+    opts: &EmitOptions,
+) -> Result<Fragment, EmitError> {
+    let mut e = emitter(p, b, opts);
+    let key = plan.candy.clone().unwrap_or_default();
+    e.candy_section(&key, &plan.steps, is_last)?;
+    let files = e
+        .files
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            Staged::Bytes(b) => Some((k, b)),
+            Staged::CopyOf(_) => None,
+        })
+        .collect();
+    Ok(Fragment {
+        candy: key,
+        text: e.out,
+        files,
+    })
+}
+
+/// Renders a box. `plans` are the box's per-candy plans for target `oci`
+/// with the home resolved.
+pub fn render_box(
+    p: &Project,
+    b: &ResolvedBox,
+    plans: &[InstallPlan],
+    opts: &EmitOptions,
+) -> Result<BuildDir, EmitError> {
+    let fragments = plans
+        .iter()
+        .enumerate()
+        .map(|(i, plan)| render_fragment(p, b, plan, fragment_is_last(p, b, i), opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    assemble(p, b, &fragments, opts)
+}
+
+/// Assembles a box's build directory around its rendered candy fragments.
+pub fn assemble(
+    p: &Project,
+    b: &ResolvedBox,
+    fragments: &[Fragment],
+    opts: &EmitOptions,
+) -> Result<BuildDir, EmitError> {
+    let mut e = emitter(p, b, opts);
+    e.render(fragments)?;
     Ok(BuildDir {
         box_name: b.name.clone(),
         dir: e.dir,
@@ -263,7 +349,8 @@ impl Emitter<'_> {
     /// Stages content under `_inline/<candy>/<sha256><ext>` and returns its path.
     fn stage(&mut self, candy: &str, bytes: &[u8], ext: &str) -> String {
         let path = format!("{}/_inline/{candy}/{}{ext}", self.dir, sha256_hex(bytes));
-        self.files.insert(path.clone(), Staged::Bytes(bytes.to_vec()));
+        self.files
+            .insert(path.clone(), Staged::Bytes(bytes.to_vec()));
         path
     }
 
@@ -271,9 +358,12 @@ impl Emitter<'_> {
         self.distro.as_ref().and_then(|d| d.format.get(f))
     }
 
-    fn render(&mut self, plans: &[InstallPlan]) -> Result<(), EmitError> {
+    fn render(&mut self, fragments: &[Fragment]) -> Result<(), EmitError> {
         let b = self.b;
-        self.line(&format!("# {}/Containerfile (generated by charly -- do not edit)", self.dir));
+        self.line(&format!(
+            "# {}/Containerfile (generated by charly -- do not edit)",
+            self.dir
+        ));
         self.blank();
         let base = match &b.base {
             BaseRef::External(x) => x.clone(),
@@ -302,10 +392,12 @@ impl Emitter<'_> {
         self.data_copies();
 
         let uid = b.user.uid;
-        let last = b.candies.len().saturating_sub(1);
-        for (i, plan) in plans.iter().enumerate() {
-            let key = plan.candy.clone().unwrap_or_default();
-            self.candy_section(&key, &plan.steps, i == last && init.is_none())?;
+        for f in fragments {
+            self.out.push_str(&f.text);
+            for (path, bytes) in &f.files {
+                self.files
+                    .insert(path.clone(), Staged::Bytes(bytes.clone()));
+            }
         }
         if let Some(assembly) = init {
             self.out.push_str(&assembly);
@@ -315,7 +407,7 @@ impl Emitter<'_> {
         if !preserve {
             self.line(&format!("USER {uid}"));
         }
-        self.labels(plans);
+        self.labels();
         Ok(())
     }
 
@@ -332,28 +424,38 @@ impl Emitter<'_> {
     fn builder_stages(&mut self) -> Result<(), EmitError> {
         let b = self.b;
         for u in &b.builders {
-            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else {
+                continue;
+            };
             if def.inline {
                 continue;
             }
-            let tmpl = if u.builder == "aur" {
-                def.stage_template.clone()
-            } else {
-                def.stage_template.clone()
-            };
+            let tmpl = def.stage_template.clone();
             let Some(tmpl) = tmpl else { continue };
-            let builder_ref = u.image.as_deref().map(|i| self.image_ref(i)).unwrap_or_default();
+            let builder_ref = u
+                .image
+                .as_deref()
+                .map(|i| self.image_ref(i))
+                .unwrap_or_default();
             for k in &u.candies {
                 let c = self.candy(k).clone();
                 let stage = format!("{}-{}-build", c.name, u.builder);
                 if self.opts.artifacts.contains_key(&stage) {
                     continue;
                 }
-                let manifest = def.detect_file.iter().find(|f| c.has_file(f)).cloned().unwrap_or_default();
+                let manifest = def
+                    .detect_file
+                    .iter()
+                    .find(|f| c.has_file(f))
+                    .cloned()
+                    .unwrap_or_default();
                 let has_lock = !manifest.is_empty()
-                    && (c.has_file(&format!("{manifest}.lock")) || (manifest == "pixi.toml" && c.has_file("pixi.lock")));
+                    && (c.has_file(&format!("{manifest}.lock"))
+                        || (manifest == "pixi.toml" && c.has_file("pixi.lock")));
                 let install_cmd = if has_lock {
-                    def.install_command.get(&format!("{manifest}+lock")).or_else(|| def.install_command.get(&manifest))
+                    def.install_command
+                        .get(&format!("{manifest}+lock"))
+                        .or_else(|| def.install_command.get(&manifest))
                 } else {
                     def.install_command.get(&manifest)
                 }
@@ -383,10 +485,19 @@ impl Emitter<'_> {
                     "ManylinuxFix": "",
                 });
                 if let Some(fix) = &def.manylinux_fix {
-                    let rendered = self.tmpl(&format!("builder/{}/manylinux_fix", u.builder), &fix.value, &data)?;
-                    data["ManylinuxFix"] = serde_json::Value::String(rendered.trim_end().to_string());
+                    let rendered = self.tmpl(
+                        &format!("builder/{}/manylinux_fix", u.builder),
+                        &fix.value,
+                        &data,
+                    )?;
+                    data["ManylinuxFix"] =
+                        serde_json::Value::String(rendered.trim_end().to_string());
                 }
-                let text = self.tmpl(&format!("builder/{}/stage_template", u.builder), &tmpl.value, &data)?;
+                let text = self.tmpl(
+                    &format!("builder/{}/stage_template", u.builder),
+                    &tmpl.value,
+                    &data,
+                )?;
                 self.out.push_str(text.trim_end());
                 self.out.push('\n');
                 self.blank();
@@ -399,7 +510,10 @@ impl Emitter<'_> {
     fn init_stages(&mut self) -> Result<Option<String>, EmitError> {
         let b = self.b;
         // Own candies with exec services trigger the fragment-assembly init.
-        let own_exec = b.candies.iter().any(|k| self.candy(k).def.service.iter().any(|s| s.exec.is_some()));
+        let own_exec = b
+            .candies
+            .iter()
+            .any(|k| self.candy(k).def.service.iter().any(|s| s.exec.is_some()));
         if !own_exec {
             return Ok(None);
         }
@@ -407,7 +521,9 @@ impl Emitter<'_> {
             .vocab
             .init
             .iter()
-            .find(|(_, i)| i.model.as_deref() == Some("fragment_assembly") && i.requires_capability.is_empty())
+            .find(|(_, i)| {
+                i.model.as_deref() == Some("fragment_assembly") && i.requires_capability.is_empty()
+            })
             .map(|(n, i)| (n.clone(), i.clone()))
         else {
             return Ok(None);
@@ -421,9 +537,17 @@ impl Emitter<'_> {
             .filter(|dep| !b.candies.iter().chain(b.provided.iter()).any(|k| k == *dep))
             .cloned();
         let schema = init.service_schema.clone().unwrap_or_default();
-        let Some(tmpl) = schema.service_template.clone() else { return Ok(None) };
-        let frag_dir = init.fragment_dir.clone().unwrap_or_else(|| init_name.clone());
-        let stage_name = init.stage_name.clone().unwrap_or_else(|| format!("{init_name}-conf"));
+        let Some(tmpl) = schema.service_template.clone() else {
+            return Ok(None);
+        };
+        let frag_dir = init
+            .fragment_dir
+            .clone()
+            .unwrap_or_else(|| init_name.clone());
+        let stage_name = init
+            .stage_name
+            .clone()
+            .unwrap_or_else(|| format!("{init_name}-conf"));
         // The whole chain: the config is rebuilt from every candy's fragment.
         let all: Vec<String> = self
             .p
@@ -433,18 +557,29 @@ impl Emitter<'_> {
             .cloned()
             .collect();
         let order: Vec<String> = {
-            let mut v: Vec<String> = b.provided.iter().filter(|k| all.contains(k)).cloned().collect();
+            let mut v: Vec<String> = b
+                .provided
+                .iter()
+                .filter(|k| all.contains(k))
+                .cloned()
+                .collect();
             v.extend(b.candies.iter().cloned());
             v
         };
         self.line(&format!("FROM scratch AS {stage_name}"));
-        let header_rel = format!("{}/{frag_dir}/00-header.conf", self.dir);
-        let header = match init.header_file.as_deref().map(|h| self.p.root.join(h)).filter(|p| p.is_file()) {
-            Some(path) => Staged::CopyOf(path),
-            None => Staged::Bytes(DEFAULT_SUPERVISOR_HEADER.as_bytes().to_vec()),
-        };
-        self.files.insert(header_rel.clone(), header);
-        self.line(&format!("COPY {header_rel} /{frag_dir}/00-header.conf"));
+        // A vocabulary that names a header file gets it as fragment 00 (the
+        // project's copy, or a standard header when the project has none).
+        if let Some(h) = init.header_file.as_deref() {
+            let header_rel = format!("{}/{frag_dir}/00-header.conf", self.dir);
+            let path = self.p.root.join(h);
+            let header = if path.is_file() {
+                Staged::CopyOf(path)
+            } else {
+                Staged::Bytes(DEFAULT_SUPERVISOR_HEADER.as_bytes().to_vec())
+            };
+            self.files.insert(header_rel.clone(), header);
+            self.line(&format!("COPY {header_rel} /{frag_dir}/00-header.conf"));
+        }
         for (i, k) in order.iter().enumerate() {
             let c = self.candy(k).clone();
             let mut parts = Vec::new();
@@ -452,24 +587,40 @@ impl Emitter<'_> {
                 let Some(exec) = &s.exec else { continue };
                 let scope = crate::plan::Scope::System;
                 let data = crate::plan::compile::service_data(k, &s.name.value, exec, s, scope);
-                parts.push(self.tmpl(&format!("init/{init_name}/service_template"), &tmpl.value, &data)?);
+                parts.push(self.tmpl(
+                    &format!("init/{init_name}/service_template"),
+                    &tmpl.value,
+                    &data,
+                )?);
             }
             if parts.is_empty() {
                 continue;
             }
             let file = format!("{:02}-{}.conf", i + 1, c.name);
             let rel = format!("{}/{frag_dir}/{file}", self.dir);
-            let body = parts.iter().map(|p| p.trim_end().to_string()).collect::<Vec<_>>().join("\n\n") + "\n";
-            self.files.insert(rel.clone(), Staged::Bytes(body.into_bytes()));
+            let body = parts
+                .iter()
+                .map(|p| p.trim_end().to_string())
+                .collect::<Vec<_>>()
+                .join("\n\n")
+                + "\n";
+            self.files
+                .insert(rel.clone(), Staged::Bytes(body.into_bytes()));
             self.line(&format!("COPY {rel} /{frag_dir}/{file}"));
         }
         self.blank();
         let assembly = match &init.assembly_template {
-            Some(t) => self.tmpl(&format!("init/{init_name}/assembly_template"), &t.value, &serde_json::json!({}))?,
+            Some(t) => self.tmpl(
+                &format!("init/{init_name}/assembly_template"),
+                &t.value,
+                &serde_json::json!({}),
+            )?,
             None => String::new(),
         };
         let note = match missing_dep {
-            Some(dep) => format!("# note: candy `{dep}` is not in this box or its bases; {init_name} is configured but not installed\n"),
+            Some(dep) => format!(
+                "# note: candy `{dep}` is not in this box or its bases; {init_name} is configured but not installed\n"
+            ),
             None => String::new(),
         };
         Ok(Some(format!("{note}USER root\n{}\n", assembly.trim_end())))
@@ -505,7 +656,11 @@ impl Emitter<'_> {
                     let _ = write!(conf, "max_parallel_downloads={n}\\n");
                 }
                 if let Some(f) = dnf.fastestmirror {
-                    let _ = write!(conf, "fastestmirror={}\\n", if f { "True" } else { "False" });
+                    let _ = write!(
+                        conf,
+                        "fastestmirror={}\\n",
+                        if f { "True" } else { "False" }
+                    );
                 }
                 if !conf.is_empty() {
                     cmds.push(format!("printf '{conf}' >> /etc/dnf/dnf.conf"));
@@ -526,7 +681,10 @@ impl Emitter<'_> {
         }
         let u = &b.user;
         if u.adopted {
-            self.line(&format!("# User {} (uid={}) adopted from the base image", u.name, u.uid));
+            self.line(&format!(
+                "# User {} (uid={}) adopted from the base image",
+                u.name, u.uid
+            ));
         } else if u.uid != 0 {
             self.line(&format!(
                 "RUN if ! getent passwd {uid} >/dev/null 2>&1; then \\\n      (getent group {gid} >/dev/null 2>&1 || groupadd -g {gid} {name}) && \\\n      useradd -m -u {uid} -g {gid} -d {home} -s /bin/bash {name}; \\\n    fi",
@@ -583,7 +741,11 @@ impl Emitter<'_> {
         for k in &b.candies {
             for pt in &self.candy(k).def.port {
                 if let Some((proto, n)) = crate::validate::parse_port(&pt.value) {
-                    ports.insert(if proto == "udp" { format!("{n}/udp") } else { n.to_string() });
+                    ports.insert(if proto == "udp" {
+                        format!("{n}/udp")
+                    } else {
+                        n.to_string()
+                    });
                 }
             }
         }
@@ -600,7 +762,9 @@ impl Emitter<'_> {
         let b = self.b;
         let home = b.user.home.clone();
         for u in &b.builders {
-            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else {
+                continue;
+            };
             if def.inline || u.builder == "aur" {
                 continue;
             }
@@ -614,7 +778,11 @@ impl Emitter<'_> {
                 for a in &def.copy_artifact {
                     let src = a.src.replace("{{.Home}}", &home);
                     let dst = a.dst.replace("{{.Home}}", &home);
-                    let chown = if a.chown { format!(" --chown={}:{}", b.user.uid, b.user.gid) } else { String::new() };
+                    let chown = if a.chown {
+                        format!(" --chown={}:{}", b.user.uid, b.user.gid)
+                    } else {
+                        String::new()
+                    };
                     self.line(&format!("COPY --from={stage}{chown} {src} {dst}"));
                 }
             }
@@ -635,13 +803,24 @@ impl Emitter<'_> {
         let mut lines = Vec::new();
         for k in &b.candies {
             let c = self.candy(k);
-            let Some(data) = c.def.data.as_ref() else { continue };
-            let Some(items) = data.0.as_seq() else { continue };
+            let Some(data) = c.def.data.as_ref() else {
+                continue;
+            };
+            let Some(items) = data.0.as_seq() else {
+                continue;
+            };
             for it in items {
-                let (Some(src), Some(vol)) = (it.get("src").and_then(|n| n.as_str()), it.get("volume").and_then(|n| n.as_str())) else {
+                let (Some(src), Some(vol)) = (
+                    it.get("src").and_then(|n| n.as_str()),
+                    it.get("volume").and_then(|n| n.as_str()),
+                ) else {
                     continue;
                 };
-                let dest = it.get("dest").and_then(|n| n.as_str()).map(|d| format!("{}/", d.trim_matches('/'))).unwrap_or_default();
+                let dest = it
+                    .get("dest")
+                    .and_then(|n| n.as_str())
+                    .map(|d| format!("{}/", d.trim_matches('/')))
+                    .unwrap_or_default();
                 lines.push(format!(
                     "COPY --from={} --chown={}:{} /{}/ /data/{vol}/{dest}",
                     c.name,
@@ -660,21 +839,33 @@ impl Emitter<'_> {
         }
     }
 
-    fn candy_section(&mut self, key: &str, steps: &[InstallStep], is_last: bool) -> Result<(), EmitError> {
+    fn candy_section(
+        &mut self,
+        key: &str,
+        steps: &[InstallStep],
+        is_last: bool,
+    ) -> Result<(), EmitError> {
         let c = self.candy(key).clone();
         let b = self.b;
         self.line(&format!("# candy: {}", c.name));
         if !c.def.task.is_empty() || !c.def.var.is_empty() {
             self.line("ARG TARGETARCH");
             self.line("ENV ARCH=${TARGETARCH}");
-            let vars: BTreeMap<&str, &str> = c.def.var.iter().map(|(k, v)| (k.value.as_str(), v.value.as_str())).collect();
+            let vars: BTreeMap<&str, &str> = c
+                .def
+                .var
+                .iter()
+                .map(|(k, v)| (k.value.as_str(), v.value.as_str()))
+                .collect();
             for (k, v) in vars {
                 self.line(&format!("ENV {k}={}", dq(v)));
             }
         }
         // Packages: prepare + install render as one RUN from the format's template.
         let install = steps.iter().find_map(|s| match &s.data {
-            StepData::SystemPackages(p) if s.phase == Some(crate::plan::Phase::Install) => Some(p.clone()),
+            StepData::SystemPackages(p) if s.phase == Some(crate::plan::Phase::Install) => {
+                Some(p.clone())
+            }
             _ => None,
         });
         if let Some(install) = install {
@@ -745,7 +936,11 @@ impl Emitter<'_> {
             "GID": b.user.gid,
             "Home": b.user.home,
         });
-        let text = self.tmpl(&format!("format/{}/install", set.format), &tmpl.value, &data)?;
+        let text = self.tmpl(
+            &format!("format/{}/install", set.format),
+            &tmpl.value,
+            &data,
+        )?;
         self.out.push_str(text.trim_end());
         self.out.push('\n');
         Ok(())
@@ -763,7 +958,9 @@ impl Emitter<'_> {
         let Some(fmt) = self.format_def("aur").cloned() else {
             return Err(self.err("box builds `aur` but the distro has no aur format"));
         };
-        let Some(t) = fmt.install_template.clone() else { return Ok(()) };
+        let Some(t) = fmt.install_template.clone() else {
+            return Ok(());
+        };
         let data = serde_json::json!({
             "CacheMounts": fmt.cache_mount,
             "Packages": aur.packages,
@@ -777,15 +974,23 @@ impl Emitter<'_> {
 
     fn local_pkg(&mut self, key: &str, l: &crate::plan::LocalPkgStep) -> Result<(), EmitError> {
         let c = self.candy(key).clone();
-        let Some(lp) = self.format_def(&l.format).and_then(|f| f.local_pkg.clone()) else { return Ok(()) };
-        let Some(install) = lp.install_template.as_ref() else { return Ok(()) };
+        let Some(lp) = self.format_def(&l.format).and_then(|f| f.local_pkg.clone()) else {
+            return Ok(());
+        };
+        let Some(install) = lp.install_template.as_ref() else {
+            return Ok(());
+        };
         if self.opts.dev_local_pkg {
             let src = c.dir.join(&l.source);
             let ok = src.is_dir()
                 && lp.source_sentinel.as_deref().is_none_or(|s| {
                     if s.contains('*') {
                         let suffix = s.trim_start_matches('*');
-                        std::fs::read_dir(&src).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().ends_with(suffix))
+                        std::fs::read_dir(&src)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .any(|e| e.file_name().to_string_lossy().ends_with(suffix))
                     } else {
                         src.join(s).exists()
                     }
@@ -807,7 +1012,10 @@ impl Emitter<'_> {
                 &serde_json::json!({"StageDir": "/tmp/charly-pkgs", "Glob": lp.pkg_glob}),
             )?;
             self.line(&format!("COPY {stage_dir}/ /tmp/charly-pkgs/"));
-            self.line(&format!("RUN {} && rm -rf /tmp/charly-pkgs", rendered.trim()));
+            self.line(&format!(
+                "RUN {} && rm -rf /tmp/charly-pkgs",
+                rendered.trim()
+            ));
             return Ok(());
         }
         let Some(url) = lp.download_template.as_ref() else {
@@ -836,7 +1044,12 @@ impl Emitter<'_> {
         }
     }
 
-    fn tasks(&mut self, key: &str, steps: &[InstallStep], running: &mut String) -> Result<(), EmitError> {
+    fn tasks(
+        &mut self,
+        key: &str,
+        steps: &[InstallStep],
+        running: &mut String,
+    ) -> Result<(), EmitError> {
         let c = self.candy(key).clone();
         let b = self.b;
         let u = &b.user;
@@ -848,7 +1061,10 @@ impl Emitter<'_> {
                 _ => None,
             })
             .collect();
-        let task_steps: Vec<&InstallStep> = steps.iter().filter(|s| matches!(s.data, StepData::Op(_) | StepData::File(_))).collect();
+        let task_steps: Vec<&InstallStep> = steps
+            .iter()
+            .filter(|s| matches!(s.data, StepData::Op(_) | StepData::File(_)))
+            .collect();
         let mut i = 0;
         while i < task_steps.len() {
             let s = task_steps[i];
@@ -859,7 +1075,11 @@ impl Emitter<'_> {
                     let mut j = i + 1;
                     while j < task_steps.len() {
                         match &task_steps[j].data {
-                            StepData::Op(n) if n.verb == o.verb && n.user == o.user && n.comment.is_none() => group.push(n),
+                            StepData::Op(n)
+                                if n.verb == o.verb && n.user == o.user && n.comment.is_none() =>
+                            {
+                                group.push(n)
+                            }
                             _ => break,
                         }
                         j += 1;
@@ -914,14 +1134,25 @@ impl Emitter<'_> {
                 ];
                 mounts.extend(self.cmd_cache_mounts(is_root));
                 mounts.extend(self.task_caches(o, is_root));
-                let first = o.value.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                let first = o
+                    .value
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim();
                 let first: String = first.chars().take(100).collect();
                 self.line(&format!("# cmd: {first}"));
-                self.line(&format!("RUN {} \\\n    bash /tmp/charly-{hash8}.sh", mounts.join(" \\\n    ")));
+                self.line(&format!(
+                    "RUN {} \\\n    bash /tmp/charly-{hash8}.sh",
+                    mounts.join(" \\\n    ")
+                ));
             }
             "download" => {
                 self.switch_user(running, &dir);
-                let mut mounts = vec!["--mount=type=cache,id=charly-tmp-downloads,dst=/tmp/downloads,sharing=locked".to_string()];
+                let mut mounts = vec![
+                    "--mount=type=cache,id=charly-tmp-downloads,dst=/tmp/downloads,sharing=locked"
+                        .to_string(),
+                ];
                 mounts.extend(self.task_caches(o, is_root));
                 let mut env = String::from("export BUILD_ARCH=$(uname -m);");
                 for (k, v) in &o.env {
@@ -929,18 +1160,40 @@ impl Emitter<'_> {
                 }
                 let url = &o.value;
                 let extract = o.extract.clone().unwrap_or_else(|| {
-                    if url.ends_with(".tar.gz") || url.ends_with(".tgz") { "tar.gz".into() } else { "none".into() }
+                    if url.ends_with(".tar.gz") || url.ends_with(".tgz") {
+                        "tar.gz".into()
+                    } else {
+                        "none".into()
+                    }
                 });
                 let to = o.to.clone().unwrap_or_default();
-                let strip = o.strip_components.map(|n| format!(" --strip-components={n}")).unwrap_or_default();
-                let include = if o.include.is_empty() { String::new() } else { format!(" {}", o.include.iter().map(|x| sq(x)).collect::<Vec<_>>().join(" ")) };
+                let strip = o
+                    .strip_components
+                    .map(|n| format!(" --strip-components={n}"))
+                    .unwrap_or_default();
+                let include = if o.include.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " {}",
+                        o.include
+                            .iter()
+                            .map(|x| sq(x))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    )
+                };
                 let mut x = match extract.as_str() {
                     "tar.gz" => format!("tar -xzf \"$__c\"{strip} -C {}{include}", sq(&to)),
                     "tar.xz" => format!("tar -xJf \"$__c\"{strip} -C {}{include}", sq(&to)),
                     "tar.zst" => format!("tar --zstd -xf \"$__c\"{strip} -C {}{include}", sq(&to)),
                     "zip" => format!("unzip -o \"$__c\" -d {}", sq(&to)),
                     "sh" => {
-                        let envs: String = o.env.iter().map(|(k, v)| format!(" {k}={}", sq(v))).collect();
+                        let envs: String = o
+                            .env
+                            .iter()
+                            .map(|(k, v)| format!(" {k}={}", sq(v)))
+                            .collect();
                         format!("BUILD_ARCH=$(uname -m){envs} sh \"$__c\"")
                     }
                     _ => format!("cp -f \"$__c\" {}", sq(&to)),
@@ -956,7 +1209,11 @@ impl Emitter<'_> {
                     "{env} mkdir -p /tmp/downloads; __u={}; __c=/tmp/downloads/$(printf %s \"$__u\" | sha256sum | cut -c1-64); [ -s \"$__c\" ] || {{ curl -fsSL \"$__u\" -o \"$__c.part\" && mv -f \"$__c.part\" \"$__c\"; }} && {x}",
                     go_quote(url)
                 );
-                self.line(&format!("RUN {} \\\n    bash -c {}", mounts.join(" \\\n    "), sq(&script)));
+                self.line(&format!(
+                    "RUN {} \\\n    bash -c {}",
+                    mounts.join(" \\\n    "),
+                    sq(&script)
+                ));
             }
             _ => {}
         }
@@ -984,7 +1241,10 @@ impl Emitter<'_> {
             .iter()
             .map(|d| {
                 if is_root {
-                    format!("--mount=type=cache,id=charly-{},dst={d},sharing=locked", safe_id(d))
+                    format!(
+                        "--mount=type=cache,id=charly-{},dst={d},sharing=locked",
+                        safe_id(d)
+                    )
                 } else {
                     owned_mount(d, u.uid, u.gid)
                 }
@@ -1003,7 +1263,11 @@ impl Emitter<'_> {
         };
         let covered = parent.is_empty()
             || parent == u.home
-            || mkdirs.iter().any(|m| *m == parent || parent.starts_with(&format!("{m}/")) || m.starts_with(&format!("{parent}/")));
+            || mkdirs.iter().any(|m| {
+                *m == parent
+                    || parent.starts_with(&format!("{m}/"))
+                    || m.starts_with(&format!("{parent}/"))
+            });
         if !covered {
             self.line(&format!("RUN mkdir -p {parent}"));
         }
@@ -1016,7 +1280,13 @@ impl Emitter<'_> {
             }
             _ => {
                 let src = f.source.clone().unwrap_or_default();
-                self.line(&format!("COPY --from={} --chmod={}{chown} {} {}", c.name, f.mode, src.trim_start_matches("./"), f.path));
+                self.line(&format!(
+                    "COPY --from={} --chmod={}{chown} {} {}",
+                    c.name,
+                    f.mode,
+                    src.trim_start_matches("./"),
+                    f.path
+                ));
             }
         }
     }
@@ -1028,11 +1298,15 @@ impl Emitter<'_> {
             if !u.candies.iter().any(|k| k == key) {
                 continue;
             }
-            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else { continue };
+            let Some(def) = self.vocab.builder.get(&u.builder).cloned() else {
+                continue;
+            };
             if !def.inline {
                 continue;
             }
-            let Some(t) = def.install_template.as_ref() else { continue };
+            let Some(t) = def.install_template.as_ref() else {
+                continue;
+            };
             self.switch_user(running, &b.user.uid.to_string());
             let data = serde_json::json!({
                 "LayerStage": c.name,
@@ -1042,14 +1316,18 @@ impl Emitter<'_> {
                 "Home": b.user.home,
                 "User": b.user.name,
             });
-            let text = self.tmpl(&format!("builder/{}/install_template", u.builder), &t.value, &data)?;
+            let text = self.tmpl(
+                &format!("builder/{}/install_template", u.builder),
+                &t.value,
+                &data,
+            )?;
             self.out.push_str(text.trim_end());
             self.out.push('\n');
         }
         Ok(())
     }
 
-    fn labels(&mut self, plans: &[InstallPlan]) {
+    fn labels(&mut self) {
         let b = self.b;
         let mut labels: Vec<(String, String)> = vec![
             ("ai.opencharly.version".into(), b.version.clone()),
@@ -1069,36 +1347,85 @@ impl Emitter<'_> {
         let candy_versions: BTreeMap<String, String> = b
             .candies
             .iter()
-            .map(|k| (k.clone(), self.candy(k).def.version.as_ref().map(|v| v.value.clone()).unwrap_or_default()))
+            .map(|k| {
+                (
+                    k.clone(),
+                    self.candy(k)
+                        .def
+                        .version
+                        .as_ref()
+                        .map(|v| v.value.clone())
+                        .unwrap_or_default(),
+                )
+            })
             .collect();
         if !candy_versions.is_empty() {
-            json_labels.push(("ai.opencharly.candy_version".into(), serde_json::to_value(&candy_versions).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.candy_version".into(),
+                serde_json::to_value(&candy_versions).unwrap_or_default(),
+            ));
         }
-        let builders: BTreeMap<&str, &str> = b.builders.iter().filter_map(|u| u.image.as_deref().map(|i| (u.builder.as_str(), i))).collect();
+        let builders: BTreeMap<&str, &str> = b
+            .builders
+            .iter()
+            .filter_map(|u| u.image.as_deref().map(|i| (u.builder.as_str(), i)))
+            .collect();
         if !builders.is_empty() {
-            json_labels.push(("ai.opencharly.builder.use".into(), serde_json::to_value(&builders).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.builder.use".into(),
+                serde_json::to_value(&builders).unwrap_or_default(),
+            ));
         }
         if !b.produce.is_empty() {
-            json_labels.push(("ai.opencharly.builder.provide".into(), serde_json::to_value(&b.produce).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.builder.provide".into(),
+                serde_json::to_value(&b.produce).unwrap_or_default(),
+            ));
         }
-        // Shell and service metadata merged from the plans.
+        // Shell and service metadata merged over the box's candies.
         let mut shells: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut services: Vec<serde_json::Value> = Vec::new();
-        for p in plans {
-            for s in &p.steps {
-                match &s.data {
-                    StepData::ShellSnippet(sn) => shells.entry(s.candy.clone()).or_default().push(sn.shell.clone()),
-                    StepData::ServiceCustom(sc) => services.push(serde_json::json!({"candy": s.candy, "name": sc.name, "init": sc.init})),
-                    StepData::ServicePackaged(sp) => services.push(serde_json::json!({"candy": s.candy, "name": sp.name, "unit": sp.unit})),
-                    _ => {}
+        for k in &b.candies {
+            let c = self.candy(k);
+            if let Some(sh) = &c.def.shell {
+                let mut list = Vec::new();
+                for (name, ov) in [
+                    ("bash", &sh.bash),
+                    ("zsh", &sh.zsh),
+                    ("fish", &sh.fish),
+                    ("sh", &sh.sh),
+                ] {
+                    let has = ov
+                        .as_ref()
+                        .is_some_and(|o| o.init.is_some() || !o.path_append.is_empty())
+                        || sh.init.is_some()
+                        || !sh.path_append.is_empty();
+                    if has {
+                        list.push(name.to_string());
+                    }
                 }
+                shells.insert(k.clone(), list);
+            }
+            for s in &c.def.service {
+                let init = if s.exec.is_some() {
+                    "supervisord"
+                } else {
+                    "packaged"
+                };
+                services.push(serde_json::json!({"candy": k, "name": s.name.value, "form": init}));
             }
         }
         if !shells.is_empty() {
-            json_labels.push(("ai.opencharly.shell".into(), serde_json::to_value(&shells).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.shell".into(),
+                serde_json::to_value(&shells).unwrap_or_default(),
+            ));
         }
         if !services.is_empty() {
-            json_labels.push(("ai.opencharly.service".into(), serde_json::Value::Array(services)));
+            json_labels.push((
+                "ai.opencharly.service".into(),
+                serde_json::Value::Array(services),
+            ));
         }
         let mut env_candy: BTreeMap<String, String> = BTreeMap::new();
         let mut path_append: Vec<String> = Vec::new();
@@ -1110,20 +1437,34 @@ impl Emitter<'_> {
             path_append.extend(c.def.path_append.iter().map(|p| p.value.clone()));
         }
         if !env_candy.is_empty() {
-            json_labels.push(("ai.opencharly.env_candy".into(), serde_json::to_value(&env_candy).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.env_candy".into(),
+                serde_json::to_value(&env_candy).unwrap_or_default(),
+            ));
         }
         if !path_append.is_empty() {
-            json_labels.push(("ai.opencharly.path_append".into(), serde_json::to_value(&path_append).unwrap_or_default()));
+            json_labels.push((
+                "ai.opencharly.path_append".into(),
+                serde_json::to_value(&path_append).unwrap_or_default(),
+            ));
         }
         let mut volumes: BTreeMap<String, String> = BTreeMap::new();
         for k in b.candies.iter().chain(b.provided.iter()) {
             for v in &self.candy(k).def.volume {
-                volumes.entry(v.name.value.clone()).or_insert_with(|| expand_home(&v.path, &b.user.home));
+                volumes
+                    .entry(v.name.value.clone())
+                    .or_insert_with(|| expand_home(&v.path, &b.user.home));
             }
         }
         if !volumes.is_empty() {
-            let list: Vec<serde_json::Value> = volumes.iter().map(|(n, p)| serde_json::json!({"name": n, "path": p})).collect();
-            json_labels.push(("ai.opencharly.volume".into(), serde_json::Value::Array(list)));
+            let list: Vec<serde_json::Value> = volumes
+                .iter()
+                .map(|(n, p)| serde_json::json!({"name": n, "path": p}))
+                .collect();
+            json_labels.push((
+                "ai.opencharly.volume".into(),
+                serde_json::Value::Array(list),
+            ));
         }
         for (k, v) in &self.opts.labels {
             labels.push((k.clone(), v.clone()));
@@ -1201,13 +1542,32 @@ pub const DEFAULT_SUPERVISOR_HEADER: &str = "[supervisord]\nnodaemon=true\nuser=
 
 /// `.containerignore` contents for the project root.
 pub fn containerignore(extra: &[String]) -> String {
-    let mut s = String::from("# .containerignore (generated by charly -- do not edit; source: defaults.context_ignore in charly.yml)\n");
+    let mut s = String::from(
+        "# .containerignore (generated by charly -- do not edit; source: defaults.context_ignore in charly.yml)\n",
+    );
     let base = [
-        ".git", "bin", "*.md", "**/__pycache__", "**/*.pyc", "**/*.pyo", "**/*.egg-info", "**/node_modules", "**/.git",
-        "**/.DS_Store", "**/*~", "**/*.swp", "**/*.swo", "**/.pytest_cache", "**/.mypy_cache",
+        ".git",
+        "bin",
+        "*.md",
+        "**/__pycache__",
+        "**/*.pyc",
+        "**/*.pyo",
+        "**/*.egg-info",
+        "**/node_modules",
+        "**/.git",
+        "**/.DS_Store",
+        "**/*~",
+        "**/*.swp",
+        "**/*.swo",
+        "**/.pytest_cache",
+        "**/.mypy_cache",
     ];
     let mut seen = BTreeSet::new();
-    for l in base.iter().map(|s| s.to_string()).chain(extra.iter().cloned()) {
+    for l in base
+        .iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().cloned())
+    {
         if seen.insert(l.clone()) {
             s.push_str(&l);
             s.push('\n');

@@ -2,4 +2,6 @@
 
 pub mod containerfile;
 
-pub use containerfile::{BuildDir, EmitError, EmitOptions, Staged, render_box};
+pub use containerfile::{
+    BuildDir, EmitError, EmitOptions, Fragment, Staged, assemble, render_box, render_fragment,
+};

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Where a plan will be applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Target {
     /// An OCI image build (the Containerfile).
@@ -80,7 +82,8 @@ pub fn home_token(s: &str) -> String {
     } else {
         s.to_string()
     };
-    s.replace("${HOME}", HOME_TOKEN).replace("$HOME", HOME_TOKEN)
+    s.replace("${HOME}", HOME_TOKEN)
+        .replace("$HOME", HOME_TOKEN)
 }
 
 /// A PATH entry for a shell snippet: a leading `~` becomes `$HOME`.
@@ -117,7 +120,11 @@ pub fn resolve_task_user(raw: &str, u: &User) -> String {
 }
 
 /// Compiles every candy of a box (in install order) into per-candy plans.
-pub fn build_box_plans(p: &Project, b: &ResolvedBox, ctx: &HostContext) -> Result<Vec<InstallPlan>, PlanError> {
+pub fn build_box_plans(
+    p: &Project,
+    b: &ResolvedBox,
+    ctx: &HostContext,
+) -> Result<Vec<InstallPlan>, PlanError> {
     b.candies
         .iter()
         .map(|k| build_deploy_plan(p, b, k, ctx))
@@ -125,7 +132,12 @@ pub fn build_box_plans(p: &Project, b: &ResolvedBox, ctx: &HostContext) -> Resul
 }
 
 /// Compiles the box's merged plan.
-pub fn build_merged_plan(p: &Project, b: &ResolvedBox, ctx: &HostContext, add: &[String]) -> Result<InstallPlan, PlanError> {
+pub fn build_merged_plan(
+    p: &Project,
+    b: &ResolvedBox,
+    ctx: &HostContext,
+    add: &[String],
+) -> Result<InstallPlan, PlanError> {
     let plans = build_box_plans(p, b, ctx)?;
     let mut m = merge_plans(&plans, &b.name, add);
     if plans.is_empty() {
@@ -149,13 +161,24 @@ fn meta(b: &ResolvedBox, ctx: &HostContext) -> BTreeMap<String, String> {
 }
 
 /// Compiles one candy of a box for a target.
-pub fn build_deploy_plan(p: &Project, b: &ResolvedBox, key: &str, ctx: &HostContext) -> Result<InstallPlan, PlanError> {
-    let c = p
-        .candies
-        .get(key)
-        .ok_or_else(|| PlanError { candy: key.into(), message: "unknown candy".into() })?;
+pub fn build_deploy_plan(
+    p: &Project,
+    b: &ResolvedBox,
+    key: &str,
+    ctx: &HostContext,
+) -> Result<InstallPlan, PlanError> {
+    let c = p.candies.get(key).ok_or_else(|| PlanError {
+        candy: key.into(),
+        message: "unknown candy".into(),
+    })?;
     let vocab = &p.ns(b.ns).vocab;
-    let mut cx = Cx { b, c, vocab, ctx, steps: Vec::new() };
+    let mut cx = Cx {
+        b,
+        c,
+        vocab,
+        ctx,
+        steps: Vec::new(),
+    };
     cx.shell_hook();
     cx.packages()?;
     cx.local_pkg();
@@ -226,7 +249,9 @@ impl Cx<'_> {
     }
 
     fn packages(&mut self) -> Result<(), PlanError> {
-        let Some(format) = self.b.pkg().map(str::to_string) else { return Ok(()) };
+        let Some(format) = self.b.pkg().map(str::to_string) else {
+            return Ok(());
+        };
         let chain = self.b.tag_chain();
         let set = cascade::resolve(self.def(), &chain);
         let fmt_def = self
@@ -239,7 +264,11 @@ impl Cx<'_> {
             let repos: Vec<BTreeMap<String, String>> = set
                 .repos
                 .iter()
-                .map(|r| r.iter().map(|(k, v)| (k.value.clone(), v.clone())).collect())
+                .map(|r| {
+                    r.iter()
+                        .map(|(k, v)| (k.value.clone(), v.clone()))
+                        .collect()
+                })
                 .collect();
             if !repos.is_empty() || !set.copr.is_empty() || !set.modules.is_empty() {
                 let data = SystemPackages {
@@ -253,18 +282,36 @@ impl Cx<'_> {
                     keys: set.keys.clone(),
                     host_cmd: None,
                 };
-                self.steps.push(InstallStep::system_packages(self.key(), Phase::Prepare, data, None));
+                self.steps.push(InstallStep::system_packages(
+                    self.key(),
+                    Phase::Prepare,
+                    data,
+                    None,
+                ));
             }
             let tdata = serde_json::json!({
                 "Packages": set.packages, "Options": set.options, "Repos": [], "Copr": [],
                 "Modules": [], "Exclude": set.exclude, "Keys": set.keys,
             });
-            let host_cmd = match fmt_def.as_ref().and_then(|f| f.phase.as_ref()).and_then(|ph| ph.install.as_ref()).and_then(|i| i.host.as_ref()) {
-                Some(t) => Some(self.render(&format!("format/{format}/phase.install.host"), &t.value, &tdata)?),
+            let host_cmd = match fmt_def
+                .as_ref()
+                .and_then(|f| f.phase.as_ref())
+                .and_then(|ph| ph.install.as_ref())
+                .and_then(|i| i.host.as_ref())
+            {
+                Some(t) => Some(self.render(
+                    &format!("format/{format}/phase.install.host"),
+                    &t.value,
+                    &tdata,
+                )?),
                 None => None,
             };
             let uninstall = match fmt_def.as_ref().and_then(|f| f.uninstall_template.as_ref()) {
-                Some(t) if !set.packages.is_empty() => Some(self.render(&format!("format/{format}/uninstall_template"), &t.value, &tdata)?),
+                Some(t) if !set.packages.is_empty() => Some(self.render(
+                    &format!("format/{format}/uninstall_template"),
+                    &t.value,
+                    &tdata,
+                )?),
                 _ => None,
             };
             let data = SystemPackages {
@@ -289,9 +336,15 @@ impl Cx<'_> {
     }
 
     fn local_pkg(&mut self) {
-        let Some(map) = &self.def().localpkg else { return };
-        let Some(fmt) = self.local_pkg_format() else { return };
-        let Some(src) = map.value.0.get(&fmt) else { return };
+        let Some(map) = &self.def().localpkg else {
+            return;
+        };
+        let Some(fmt) = self.local_pkg_format() else {
+            return;
+        };
+        let Some(src) = map.value.0.get(&fmt) else {
+            return;
+        };
         let glob = self
             .b
             .distro_def
@@ -314,7 +367,11 @@ impl Cx<'_> {
     /// The format used for localpkg: the primary format if it has `local_pkg`,
     /// else any of the box's formats that does (FORMAT.md §7).
     fn local_pkg_format(&self) -> Option<String> {
-        let d = self.b.distro_def.as_deref().and_then(|d| effective_distro(self.vocab, d))?;
+        let d = self
+            .b
+            .distro_def
+            .as_deref()
+            .and_then(|d| effective_distro(self.vocab, d))?;
         let has = |f: &str| d.format.get(f).is_some_and(|x| x.local_pkg.is_some());
         self.b
             .formats
@@ -328,9 +385,15 @@ impl Cx<'_> {
         let u = &self.b.user;
         let key = self.key().to_string();
         for (i, t) in self.c.def.task.iter().enumerate() {
-            let Some((verb, value)) = t.verbs().into_iter().next() else { continue };
+            let Some((verb, value)) = t.verbs().into_iter().next() else {
+                continue;
+            };
             let raw_user = t.user.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| {
-                if verb == "build" { "${USER}".into() } else { String::new() }
+                if verb == "build" {
+                    "${USER}".into()
+                } else {
+                    String::new()
+                }
             });
             let resolved = resolve_task_user(&raw_user, u);
             match verb {
@@ -343,9 +406,17 @@ impl Cx<'_> {
                     let data = FileStep {
                         verb: verb.into(),
                         path: subst_user(&dest, u),
-                        content: (verb == "write").then(|| t.content.as_ref().map(|c| c.value.clone()).unwrap_or_default()),
+                        content: (verb == "write").then(|| {
+                            t.content
+                                .as_ref()
+                                .map(|c| c.value.clone())
+                                .unwrap_or_default()
+                        }),
                         source: (verb == "copy").then(|| value.value.clone()),
-                        mode: t.mode.as_ref().map_or(default_mode.to_string(), |m| m.value.clone()),
+                        mode: t
+                            .mode
+                            .as_ref()
+                            .map_or(default_mode.to_string(), |m| m.value.clone()),
                         user: raw_user,
                         task: i,
                     };
@@ -354,7 +425,11 @@ impl Cx<'_> {
                 _ => {
                     let data = OpStep {
                         verb: verb.into(),
-                        value: if verb == "cmd" { value.value.clone() } else { subst_user(&value.value, u) },
+                        value: if verb == "cmd" {
+                            value.value.clone()
+                        } else {
+                            subst_user(&value.value, u)
+                        },
                         user: raw_user,
                         to: t.to.as_ref().map(|s| subst_user(&s.value, u)),
                         target: t.target.as_ref().map(|s| subst_user(&s.value, u)),
@@ -362,7 +437,11 @@ impl Cx<'_> {
                         extract: t.extract.as_ref().map(|s| s.value.clone()),
                         include: t.include.clone(),
                         strip_components: t.strip_components.as_ref().map(|s| s.value),
-                        env: t.env.iter().map(|(k, v)| (k.value.clone(), v.value.clone())).collect(),
+                        env: t
+                            .env
+                            .iter()
+                            .map(|(k, v)| (k.value.clone(), v.value.clone()))
+                            .collect(),
                         caps: t.caps.as_ref().map(|s| s.value.clone()),
                         cache: t.cache.0.iter().map(|s| subst_user(&s.value, u)).collect(),
                         comment: t.comment.clone(),
@@ -385,21 +464,43 @@ impl Cx<'_> {
     fn builders(&mut self) {
         let key = self.key().to_string();
         for u in &self.b.builders {
-            if !u.candies.iter().any(|c| *c == key) {
+            if !u.candies.contains(&key) {
                 continue;
             }
-            let Some(def) = self.vocab.builder.get(&u.builder) else { continue };
+            let Some(def) = self.vocab.builder.get(&u.builder) else {
+                continue;
+            };
             let manifest = def.detect_file.iter().find(|f| self.c.has_file(f)).cloned();
             let aur = cascade::aur(self.def());
             let data = BuilderStep {
                 builder: u.builder.clone(),
                 image: self.ctx.builder_image.clone().or_else(|| u.image.clone()),
                 manifest: manifest.clone(),
-                source: self.c.rel_dir.clone().unwrap_or_else(|| format!("_layers/{}", self.c.name)),
-                path: def.path_contribution.iter().map(|p| home_token(p)).collect(),
-                env: def.runtime_env.iter().map(|(k, v)| (k.value.clone(), home_token(v))).collect(),
-                artifacts: def.copy_artifact.iter().map(|a| (a.src.clone(), a.dst.clone())).collect(),
-                packages: if u.builder == "aur" { aur.packages } else { Vec::new() },
+                source: self
+                    .c
+                    .rel_dir
+                    .clone()
+                    .unwrap_or_else(|| format!("_layers/{}", self.c.name)),
+                path: def
+                    .path_contribution
+                    .iter()
+                    .map(|p| home_token(p))
+                    .collect(),
+                env: def
+                    .runtime_env
+                    .iter()
+                    .map(|(k, v)| (k.value.clone(), home_token(v)))
+                    .collect(),
+                artifacts: def
+                    .copy_artifact
+                    .iter()
+                    .map(|a| (a.src.clone(), a.dst.clone()))
+                    .collect(),
+                packages: if u.builder == "aur" {
+                    aur.packages
+                } else {
+                    Vec::new()
+                },
             };
             let npm = manifest
                 .as_deref()
@@ -414,22 +515,31 @@ impl Cx<'_> {
                 .and_then(|t| cargo_package_name(t))
                 .into_iter()
                 .collect();
-            self.steps.push(InstallStep::builder(&key, data, npm, cargo));
+            self.steps
+                .push(InstallStep::builder(&key, data, npm, cargo));
         }
     }
 
     fn services(&mut self) -> Result<(), PlanError> {
         let key = self.key().to_string();
         let host = !self.ctx.target.is_container();
-        let init = if host { Some("systemd".to_string()) } else { self.container_init() };
+        let init = if host {
+            Some("systemd".to_string())
+        } else {
+            self.container_init()
+        };
         let services: Vec<&Service> = self.c.def.service.iter().collect();
         for s in &services {
             let scope = match s.scope.as_ref().map(|x| x.value.as_str()) {
                 Some("user") => Scope::User,
                 _ => Scope::System,
             };
-            let has_packaged = services.iter().any(|o| o.name.value == s.name.value && o.use_packaged.is_some());
-            let has_exec = services.iter().any(|o| o.name.value == s.name.value && o.exec.is_some());
+            let has_packaged = services
+                .iter()
+                .any(|o| o.name.value == s.name.value && o.use_packaged.is_some());
+            let has_exec = services
+                .iter()
+                .any(|o| o.name.value == s.name.value && o.exec.is_some());
             if let Some(unit) = &s.use_packaged {
                 // Packaged wins on hosts; under supervisord the exec form wins.
                 if !host && has_exec {
@@ -443,34 +553,76 @@ impl Cx<'_> {
                 if !host && !supports {
                     continue;
                 }
-                let unit = if unit.value.contains('.') { unit.value.clone() } else { format!("{}.service", unit.value) };
+                let unit = if unit.value.contains('.') {
+                    unit.value.clone()
+                } else {
+                    format!("{}.service", unit.value)
+                };
                 self.steps.push(InstallStep::service_packaged(
                     &key,
                     scope,
-                    ServicePackagedStep { name: s.name.value.clone(), unit, enable: s.enable.unwrap_or(true) },
+                    ServicePackagedStep {
+                        name: s.name.value.clone(),
+                        unit,
+                        enable: s.enable.unwrap_or(true),
+                    },
                 ));
             } else if let Some(exec) = &s.exec {
                 if host && has_packaged {
                     continue;
                 }
-                let Some(init_name) = init.clone() else { continue };
-                let Some(schema) = self.vocab.init.get(&init_name).and_then(|i| i.service_schema.clone()) else { continue };
-                let Some(tmpl) = schema.service_template.as_ref() else { continue };
+                let Some(init_name) = init.clone() else {
+                    continue;
+                };
+                let Some(schema) = self
+                    .vocab
+                    .init
+                    .get(&init_name)
+                    .and_then(|i| i.service_schema.clone())
+                else {
+                    continue;
+                };
+                let Some(tmpl) = schema.service_template.as_ref() else {
+                    continue;
+                };
                 let unit = format!("charly-{key}-{}", s.name.value);
-                let name = if init_name == "systemd" { unit.clone() } else { s.name.value.clone() };
+                let name = if init_name == "systemd" {
+                    unit.clone()
+                } else {
+                    s.name.value.clone()
+                };
                 let data = service_data(&key, &name, exec, s, scope);
-                let text = self.render(&format!("init/{init_name}/service_template"), &tmpl.value, &data)?;
+                let text = self.render(
+                    &format!("init/{init_name}/service_template"),
+                    &tmpl.value,
+                    &data,
+                )?;
                 let path = match schema.unit_path_template.as_ref() {
                     Some(pt) => {
                         let pd = serde_json::json!({"Scope": scope_name(scope), "Home": HOME_TOKEN, "Name": unit});
-                        Some(self.render(&format!("init/{init_name}/unit_path_template"), &pt.value, &pd)?.trim().to_string())
+                        Some(
+                            self.render(
+                                &format!("init/{init_name}/unit_path_template"),
+                                &pt.value,
+                                &pd,
+                            )?
+                            .trim()
+                            .to_string(),
+                        )
                     }
                     None => None,
                 };
                 self.steps.push(InstallStep::service_custom(
                     &key,
                     scope,
-                    ServiceCustomStep { name: s.name.value.clone(), unit, init: init_name, text, path, enable: s.enable.unwrap_or(true) },
+                    ServiceCustomStep {
+                        name: s.name.value.clone(),
+                        unit,
+                        init: init_name,
+                        text,
+                        path,
+                        enable: s.enable.unwrap_or(true),
+                    },
                 ));
             }
         }
@@ -486,7 +638,11 @@ impl Cx<'_> {
             .vocab
             .init
             .iter()
-            .filter(|(_, i)| i.requires_capability.iter().all(|c| c == "preserve_user" && preserve))
+            .filter(|(_, i)| {
+                i.requires_capability
+                    .iter()
+                    .all(|c| c == "preserve_user" && preserve)
+            })
             .map(|(n, _)| n)
             .collect();
         names.sort_by_key(|n| (n.as_str() != "supervisord", n.as_str().to_string()));
@@ -506,7 +662,11 @@ impl Cx<'_> {
             };
             let init = ov
                 .and_then(|o| o.init.as_ref().map(|s| s.value.clone()))
-                .or_else(|| sh.init.as_ref().map(|s| s.value.replace("${SHELL_NAME}", shell)));
+                .or_else(|| {
+                    sh.init
+                        .as_ref()
+                        .map(|s| s.value.replace("${SHELL_NAME}", shell))
+                });
             let paths: Vec<String> = ov
                 .filter(|o| !o.path_append.is_empty())
                 .map(|o| o.path_append.clone())
@@ -536,7 +696,10 @@ impl Cx<'_> {
                     "bash" => (format!("{HOME_TOKEN}/.bashrc"), true),
                     "zsh" => (format!("{HOME_TOKEN}/.zshrc"), true),
                     "sh" => (format!("{HOME_TOKEN}/.profile"), true),
-                    _ => (format!("{HOME_TOKEN}/.config/fish/conf.d/charly-{key}.fish"), false),
+                    _ => (
+                        format!("{HOME_TOKEN}/.config/fish/conf.d/charly-{key}.fish"),
+                        false,
+                    ),
                 }
             } else if shell == "fish" {
                 (format!("/etc/fish/conf.d/charly-{key}.fish"), false)
@@ -545,7 +708,13 @@ impl Cx<'_> {
             };
             self.steps.push(InstallStep::shell_snippet(
                 &key,
-                ShellSnippetStep { shell: shell.into(), text, destination, managed_block, path: paths.iter().map(|p| home_token(p)).collect() },
+                ShellSnippetStep {
+                    shell: shell.into(),
+                    text,
+                    destination,
+                    managed_block,
+                    path: paths.iter().map(|p| home_token(p)).collect(),
+                },
             ));
         }
     }
@@ -560,7 +729,12 @@ impl Cx<'_> {
         }
     }
 
-    fn render(&self, name: &str, text: &str, data: &serde_json::Value) -> Result<String, PlanError> {
+    fn render(
+        &self,
+        name: &str,
+        text: &str,
+        data: &serde_json::Value,
+    ) -> Result<String, PlanError> {
         crate::template::render(name, text, data).map_err(|e| PlanError {
             candy: self.key().to_string(),
             message: e.to_string(),
@@ -576,7 +750,13 @@ fn scope_name(s: Scope) -> &'static str {
 }
 
 /// The data a service template sees.
-pub fn service_data(candy: &str, name: &str, exec: &crate::yaml::Spanned<String>, s: &Service, scope: Scope) -> serde_json::Value {
+pub fn service_data(
+    candy: &str,
+    name: &str,
+    exec: &crate::yaml::Spanned<String>,
+    s: &Service,
+    scope: Scope,
+) -> serde_json::Value {
     let env: Vec<serde_json::Value> = s
         .env
         .iter()
@@ -596,7 +776,7 @@ pub fn service_data(candy: &str, name: &str, exec: &crate::yaml::Spanned<String>
         "Scope": scope_name(scope),
         "Kind": s.kind.clone().unwrap_or_default(),
         "Events": s.event.as_ref().map(|e| e.0.join(",")).unwrap_or_default(),
-        "AutoStart": s.auto_start,
+        "AutoStart": s.auto_start.map(|b| vec![b]),
         "StartRetries": s.start_retry.clone().unwrap_or_default(),
         "StartSecs": s.start_sec.clone().unwrap_or_default(),
         "ExitCodes": s.exit_code.clone().unwrap_or_default(),
@@ -609,8 +789,12 @@ pub fn service_data(candy: &str, name: &str, exec: &crate::yaml::Spanned<String>
 
 /// `dependencies` of a package.json, as `name` or `name@version` (as `npm install -g` takes them).
 pub fn npm_dependencies(text: &str) -> Vec<String> {
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else { return Vec::new() };
-    let Some(deps) = v.get("dependencies").and_then(|d| d.as_object()) else { return Vec::new() };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    let Some(deps) = v.get("dependencies").and_then(|d| d.as_object()) else {
+        return Vec::new();
+    };
     deps.keys().cloned().collect()
 }
 

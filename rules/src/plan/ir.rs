@@ -181,7 +181,11 @@ impl StepKind {
             "external-plugin" => StepKind::ExternalPlugin,
             other => {
                 let w = other.strip_prefix("external:")?;
-                if w.is_empty() || !w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                if w.is_empty()
+                    || !w
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                {
                     return None;
                 }
                 StepKind::External(w.to_string())
@@ -205,7 +209,8 @@ impl Serialize for StepKind {
 impl<'de> Deserialize<'de> for StepKind {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        StepKind::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown step kind `{s}`")))
+        StepKind::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown step kind `{s}`")))
     }
 }
 
@@ -618,7 +623,9 @@ impl<'de> Deserialize<'de> for InstallStep {
 }
 
 /// Directories whose contents belong to the system.
-pub const SYSTEM_PREFIXES: [&str; 11] = ["/etc", "/usr", "/var", "/opt", "/root", "/boot", "/srv", "/run", "/lib", "/sbin", "/bin"];
+pub const SYSTEM_PREFIXES: [&str; 11] = [
+    "/etc", "/usr", "/var", "/opt", "/root", "/boot", "/srv", "/run", "/lib", "/sbin", "/bin",
+];
 
 /// Whether a destination path is system-owned (FORMAT.md §9).
 pub fn is_system_path(p: &str) -> bool {
@@ -642,7 +649,14 @@ fn file_reverse(path: &str, scope: Scope) -> ReverseOp {
 }
 
 impl InstallStep {
-    fn new(candy: &str, kind: StepKind, scope: Scope, venue: Venue, gate: Gate, data: StepData) -> Self {
+    fn new(
+        candy: &str,
+        kind: StepKind,
+        scope: Scope,
+        venue: Venue,
+        gate: Gate,
+        data: StepData,
+    ) -> Self {
         InstallStep {
             candy: candy.to_string(),
             kind,
@@ -659,7 +673,12 @@ impl InstallStep {
     /// (repos, copr, modules) needs `allow-repo-changes` and reverses to
     /// copr-disable / remove-repo-file; the install phase is ungated and
     /// reverses to package-remove (with the rendered uninstall command).
-    pub fn system_packages(candy: &str, phase: Phase, data: SystemPackages, uninstall_cmd: Option<String>) -> Self {
+    pub fn system_packages(
+        candy: &str,
+        phase: Phase,
+        data: SystemPackages,
+        uninstall_cmd: Option<String>,
+    ) -> Self {
         let gate = if phase == Phase::Prepare
             && (!data.repos.is_empty() || !data.copr.is_empty() || !data.modules.is_empty())
         {
@@ -671,27 +690,46 @@ impl InstallStep {
         match phase {
             Phase::Prepare => {
                 if !data.copr.is_empty() {
-                    reverse.push(ReverseOp::new(ReverseKind::CoprDisable, data.copr.clone(), Scope::System));
+                    reverse.push(ReverseOp::new(
+                        ReverseKind::CoprDisable,
+                        data.copr.clone(),
+                        Scope::System,
+                    ));
                 }
                 for r in &data.repos {
                     if let Some(name) = r.get("name") {
-                        let mut op = ReverseOp::new(ReverseKind::RemoveRepoFile, vec![name.clone()], Scope::System)
-                            .with("layer", candy)
-                            .with("format", &data.format);
+                        let mut op = ReverseOp::new(
+                            ReverseKind::RemoveRepoFile,
+                            vec![name.clone()],
+                            Scope::System,
+                        )
+                        .with("layer", candy)
+                        .with("format", &data.format);
                         op.format = Some(data.format.clone());
                         reverse.push(op);
                     }
                 }
             }
             Phase::Install if !data.packages.is_empty() => {
-                let mut op = ReverseOp::new(ReverseKind::PackageRemove, data.packages.clone(), Scope::System);
+                let mut op = ReverseOp::new(
+                    ReverseKind::PackageRemove,
+                    data.packages.clone(),
+                    Scope::System,
+                );
                 op.format = Some(data.format.clone());
                 op.uninstall_cmd = uninstall_cmd;
                 reverse.push(op);
             }
             _ => {}
         }
-        let mut s = Self::new(candy, StepKind::SystemPackages, Scope::System, Venue::HostNative, gate, StepData::SystemPackages(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::SystemPackages,
+            Scope::System,
+            Venue::HostNative,
+            gate,
+            StepData::SystemPackages(data),
+        );
         s.phase = Some(phase);
         s.reverse = reverse;
         s
@@ -699,25 +737,60 @@ impl InstallStep {
 
     /// A builder: aur builds system packages (system scope), pixi/npm/cargo
     /// install into the user's home (user scope); always in a builder container.
-    pub fn builder(candy: &str, data: BuilderStep, npm_packages: Vec<String>, cargo_crates: Vec<String>) -> Self {
-        let scope = if data.builder == "aur" { Scope::System } else { Scope::User };
+    pub fn builder(
+        candy: &str,
+        data: BuilderStep,
+        npm_packages: Vec<String>,
+        cargo_crates: Vec<String>,
+    ) -> Self {
+        let scope = if data.builder == "aur" {
+            Scope::System
+        } else {
+            Scope::User
+        };
         let reverse = match data.builder.as_str() {
             "aur" => {
-                let mut op = ReverseOp::new(ReverseKind::PackageRemove, data.packages.clone(), Scope::System);
+                let mut op = ReverseOp::new(
+                    ReverseKind::PackageRemove,
+                    data.packages.clone(),
+                    Scope::System,
+                );
                 op.format = Some("pac".into());
                 vec![op]
             }
-            "pixi" => vec![ReverseOp::new(ReverseKind::PixiEnvRemove, vec!["default".into()], scope).with("layer", candy)],
-            "npm" if !npm_packages.is_empty() => vec![ReverseOp::new(ReverseKind::NpmUninstallG, npm_packages, scope)],
-            "cargo" if !cargo_crates.is_empty() => vec![ReverseOp::new(ReverseKind::CargoUninstall, cargo_crates, scope)],
+            "pixi" => vec![
+                ReverseOp::new(ReverseKind::PixiEnvRemove, vec!["default".into()], scope)
+                    .with("layer", candy),
+            ],
+            "npm" if !npm_packages.is_empty() => vec![ReverseOp::new(
+                ReverseKind::NpmUninstallG,
+                npm_packages,
+                scope,
+            )],
+            "cargo" if !cargo_crates.is_empty() => vec![ReverseOp::new(
+                ReverseKind::CargoUninstall,
+                cargo_crates,
+                scope,
+            )],
             _ => Vec::new(),
         };
         let mut reverse = reverse;
         if data.builder != "aur" {
             // Whatever else the artifact unpacked is removed by its recorded file list.
-            reverse.push(ReverseOp::new(ReverseKind::RemoveArtifactFiles, Vec::new(), scope).with("builder", &data.builder).with("layer", candy));
+            reverse.push(
+                ReverseOp::new(ReverseKind::RemoveArtifactFiles, Vec::new(), scope)
+                    .with("builder", &data.builder)
+                    .with("layer", candy),
+            );
         }
-        let mut s = Self::new(candy, StepKind::Builder, scope, Venue::ContainerBuilder, Gate::None, StepData::Builder(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::Builder,
+            scope,
+            Venue::ContainerBuilder,
+            Gate::None,
+            StepData::Builder(data),
+        );
         s.reverse = reverse;
         s
     }
@@ -726,7 +799,11 @@ impl InstallStep {
     /// `allow-root-tasks` (a root mkdir does not). Links and downloads
     /// reverse to removing what they created.
     pub fn op(candy: &str, data: OpStep) -> Self {
-        let scope = if is_root_user(&data.user) { Scope::System } else { Scope::User };
+        let scope = if is_root_user(&data.user) {
+            Scope::System
+        } else {
+            Scope::User
+        };
         let gate = if scope == Scope::System && data.verb == "cmd" {
             Gate::AllowRootTasks
         } else {
@@ -736,14 +813,26 @@ impl InstallStep {
             "link" => vec![file_reverse(&data.value, scope)],
             "download" => {
                 let targets: Vec<String> = match &data.to {
-                    Some(to) if data.extract.as_deref().unwrap_or("none") == "none" => vec![to.clone()],
+                    Some(to) if data.extract.as_deref().unwrap_or("none") == "none" => {
+                        vec![to.clone()]
+                    }
                     _ => Vec::new(),
                 };
-                targets.into_iter().map(|t| file_reverse(&t, scope)).collect()
+                targets
+                    .into_iter()
+                    .map(|t| file_reverse(&t, scope))
+                    .collect()
             }
             _ => Vec::new(),
         };
-        let mut s = Self::new(candy, StepKind::Op, scope, Venue::HostNative, Gate::None, StepData::Op(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::Op,
+            scope,
+            Venue::HostNative,
+            Gate::None,
+            StepData::Op(data),
+        );
         s.gate = gate;
         s.reverse = reverse;
         s
@@ -751,9 +840,20 @@ impl InstallStep {
 
     /// A file: system scope when the destination is under a system directory.
     pub fn file(candy: &str, data: FileStep) -> Self {
-        let scope = if is_system_path(&data.path) { Scope::System } else { Scope::User };
+        let scope = if is_system_path(&data.path) {
+            Scope::System
+        } else {
+            Scope::User
+        };
         let reverse = vec![file_reverse(&data.path, scope)];
-        let mut s = Self::new(candy, StepKind::File, scope, Venue::HostNative, Gate::None, StepData::File(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::File,
+            scope,
+            Venue::HostNative,
+            Gate::None,
+            StepData::File(data),
+        );
         s.reverse = reverse;
         s
     }
@@ -765,18 +865,40 @@ impl InstallStep {
             ReverseOp::new(ReverseKind::RestoreEnabled, vec![data.unit.clone()], scope),
             ReverseOp::new(ReverseKind::RemoveDropin, vec![data.unit.clone()], scope),
         ];
-        let mut s = Self::new(candy, StepKind::ServicePackaged, scope, Venue::HostNative, Gate::WithServices, StepData::ServicePackaged(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::ServicePackaged,
+            scope,
+            Venue::HostNative,
+            Gate::WithServices,
+            StepData::ServicePackaged(data),
+        );
         s.reverse = reverse;
         s
     }
 
     /// A generated service: the entry's scope, gated by `with-services`.
     pub fn service_custom(candy: &str, scope: Scope, data: ServiceCustomStep) -> Self {
-        let mut reverse = vec![ReverseOp::new(ReverseKind::ServiceDisable, vec![data.unit.clone()], scope)];
+        let mut reverse = vec![ReverseOp::new(
+            ReverseKind::ServiceDisable,
+            vec![data.unit.clone()],
+            scope,
+        )];
         if let Some(p) = &data.path {
-            reverse.push(ReverseOp::new(ReverseKind::ServiceRemove, vec![p.clone()], scope));
+            reverse.push(ReverseOp::new(
+                ReverseKind::ServiceRemove,
+                vec![p.clone()],
+                scope,
+            ));
         }
-        let mut s = Self::new(candy, StepKind::ServiceCustom, scope, Venue::HostNative, Gate::WithServices, StepData::ServiceCustom(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::ServiceCustom,
+            scope,
+            Venue::HostNative,
+            Gate::WithServices,
+            StepData::ServiceCustom(data),
+        );
         s.reverse = reverse;
         s
     }
@@ -784,30 +906,71 @@ impl InstallStep {
     /// Env and PATH: always the user's profile.
     pub fn shell_hook(candy: &str, data: ShellHookStep) -> Self {
         let reverse = vec![
-            ReverseOp::new(ReverseKind::RemoveEnvdFile, vec![data.env_file.clone()], Scope::UserProfile),
-            ReverseOp::new(ReverseKind::RemoveManagedBlock, Vec::new(), Scope::UserProfile)
-                .with("layer", candy)
-                .with("marker", &format!("charly-env:{candy}")),
+            ReverseOp::new(
+                ReverseKind::RemoveEnvdFile,
+                vec![data.env_file.clone()],
+                Scope::UserProfile,
+            ),
+            ReverseOp::new(
+                ReverseKind::RemoveManagedBlock,
+                Vec::new(),
+                Scope::UserProfile,
+            )
+            .with("layer", candy)
+            .with("marker", &format!("charly-env:{candy}")),
         ];
-        let mut s = Self::new(candy, StepKind::ShellHook, Scope::UserProfile, Venue::HostNative, Gate::None, StepData::ShellHook(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::ShellHook,
+            Scope::UserProfile,
+            Venue::HostNative,
+            Gate::None,
+            StepData::ShellHook(data),
+        );
         s.reverse = reverse;
         s
     }
 
     /// A shell snippet: system scope for a system drop-in, else the user's profile.
     pub fn shell_snippet(candy: &str, data: ShellSnippetStep) -> Self {
-        let scope = if is_system_path(&data.destination) { Scope::System } else { Scope::UserProfile };
+        let scope = if is_system_path(&data.destination) {
+            Scope::System
+        } else {
+            Scope::UserProfile
+        };
         let reverse = if data.managed_block {
-            vec![ReverseOp::new(ReverseKind::RemoveManagedBlock, vec![data.destination.clone()], scope)
+            vec![
+                ReverseOp::new(
+                    ReverseKind::RemoveManagedBlock,
+                    vec![data.destination.clone()],
+                    scope,
+                )
                 .with("layer", candy)
                 .with("shell", &data.shell)
-                .with("marker", candy)]
+                .with("marker", candy),
+            ]
         } else {
-            vec![file_reverse(&data.destination, if scope == Scope::System { Scope::System } else { Scope::User })
+            vec![
+                file_reverse(
+                    &data.destination,
+                    if scope == Scope::System {
+                        Scope::System
+                    } else {
+                        Scope::User
+                    },
+                )
                 .with("layer", candy)
-                .with("shell", &data.shell)]
+                .with("shell", &data.shell),
+            ]
         };
-        let mut s = Self::new(candy, StepKind::ShellSnippet, scope, Venue::HostNative, Gate::None, StepData::ShellSnippet(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::ShellSnippet,
+            scope,
+            Venue::HostNative,
+            Gate::None,
+            StepData::ShellSnippet(data),
+        );
         s.reverse = reverse;
         s
     }
@@ -816,14 +979,29 @@ impl InstallStep {
     pub fn repo_change(candy: &str, data: RepoChangeStep) -> Self {
         let mut reverse = Vec::new();
         if !data.copr.is_empty() {
-            reverse.push(ReverseOp::new(ReverseKind::CoprDisable, data.copr.clone(), Scope::System));
+            reverse.push(ReverseOp::new(
+                ReverseKind::CoprDisable,
+                data.copr.clone(),
+                Scope::System,
+            ));
         }
         for r in &data.repos {
             if let Some(n) = r.get("name") {
-                reverse.push(ReverseOp::new(ReverseKind::RemoveRepoFile, vec![n.clone()], Scope::System).with("layer", candy).with("format", &data.format));
+                reverse.push(
+                    ReverseOp::new(ReverseKind::RemoveRepoFile, vec![n.clone()], Scope::System)
+                        .with("layer", candy)
+                        .with("format", &data.format),
+                );
             }
         }
-        let mut s = Self::new(candy, StepKind::RepoChange, Scope::System, Venue::HostNative, Gate::AllowRepoChanges, StepData::RepoChange(data));
+        let mut s = Self::new(
+            candy,
+            StepKind::RepoChange,
+            Scope::System,
+            Venue::HostNative,
+            Gate::AllowRepoChanges,
+            StepData::RepoChange(data),
+        );
         s.phase = Some(Phase::Prepare);
         s.reverse = reverse;
         s
@@ -831,21 +1009,49 @@ impl InstallStep {
 
     /// Android packages: system scope, no gate.
     pub fn apk(candy: &str, data: ApkStep) -> Self {
-        Self::new(candy, StepKind::ApkInstall, Scope::System, Venue::HostNative, Gate::None, StepData::ApkInstall(data))
+        Self::new(
+            candy,
+            StepKind::ApkInstall,
+            Scope::System,
+            Venue::HostNative,
+            Gate::None,
+            StepData::ApkInstall(data),
+        )
     }
 
     /// A local package: system scope, no gate.
     pub fn local_pkg(candy: &str, data: LocalPkgStep) -> Self {
-        Self::new(candy, StepKind::LocalPkgInstall, Scope::System, Venue::HostNative, Gate::None, StepData::LocalPkgInstall(data))
+        Self::new(
+            candy,
+            StepKind::LocalPkgInstall,
+            Scope::System,
+            Venue::HostNative,
+            Gate::None,
+            StepData::LocalPkgInstall(data),
+        )
     }
 
     /// A reboot: system scope, no gate, nothing to undo.
     pub fn reboot(candy: &str) -> Self {
-        Self::new(candy, StepKind::Reboot, Scope::System, Venue::HostNative, Gate::None, StepData::Reboot(RebootStep {}))
+        Self::new(
+            candy,
+            StepKind::Reboot,
+            Scope::System,
+            Venue::HostNative,
+            Gate::None,
+            StepData::Reboot(RebootStep {}),
+        )
     }
 
     /// An external step, carried with the properties it declares.
-    pub fn external(candy: &str, kind: StepKind, scope: Scope, venue: Venue, gate: Gate, data: ExternalStep) -> Self {
+    pub fn external(
+        candy: &str,
+        kind: StepKind,
+        scope: Scope,
+        venue: Venue,
+        gate: Gate,
+        data: ExternalStep,
+    ) -> Self {
         Self::new(candy, kind, scope, venue, gate, StepData::External(data))
     }
 
@@ -950,10 +1156,14 @@ impl InstallPlan {
         let mut start = 0;
         for i in 1..=self.steps.len() {
             let boundary = i == self.steps.len()
-                || (self.steps[i].scope, self.steps[i].venue) != (self.steps[start].scope, self.steps[start].venue);
+                || (self.steps[i].scope, self.steps[i].venue)
+                    != (self.steps[start].scope, self.steps[start].venue);
             if boundary {
                 if start < i {
-                    out.push(((self.steps[start].scope, self.steps[start].venue), &self.steps[start..i]));
+                    out.push((
+                        (self.steps[start].scope, self.steps[start].venue),
+                        &self.steps[start..i],
+                    ));
                 }
                 start = i;
             }
@@ -998,5 +1208,445 @@ pub fn merge_plans(plans: &[InstallPlan], box_name: &str, add_candies: &[String]
         add_candies: add_candies.to_vec(),
         builder_image: first.and_then(|p| p.builder_image.clone()),
         meta: first.map(|p| p.meta.clone()).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(verb: &str, user: &str) -> InstallStep {
+        InstallStep::op(
+            "c",
+            OpStep {
+                verb: verb.into(),
+                value: "/x".into(),
+                user: user.into(),
+                ..OpStep::default()
+            },
+        )
+    }
+
+    fn pkgs(phase: Phase, repos: bool) -> InstallStep {
+        let mut d = SystemPackages {
+            format: "rpm".into(),
+            packages: vec!["a".into()],
+            ..SystemPackages::default()
+        };
+        if repos {
+            d.repos = vec![[("name".to_string(), "r".to_string())].into()];
+            d.copr = vec!["o/p".into()];
+        }
+        InstallStep::system_packages("c", phase, d, Some("dnf remove -y a".into()))
+    }
+
+    #[test]
+    fn system_packages_rules() {
+        let s = pkgs(Phase::Install, false);
+        assert_eq!(
+            (s.scope, s.venue, s.gate),
+            (Scope::System, Venue::HostNative, Gate::None)
+        );
+        assert_eq!(s.reverse.len(), 1);
+        assert_eq!(s.reverse[0].kind, ReverseKind::PackageRemove);
+        assert_eq!(
+            s.reverse[0].uninstall_cmd.as_deref(),
+            Some("dnf remove -y a")
+        );
+        let p = pkgs(Phase::Prepare, true);
+        assert_eq!(p.gate, Gate::AllowRepoChanges);
+        let kinds: Vec<_> = p.reverse.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![ReverseKind::CoprDisable, ReverseKind::RemoveRepoFile]
+        );
+        // Prepare without repos needs no gate.
+        assert_eq!(pkgs(Phase::Prepare, false).gate, Gate::None);
+    }
+
+    #[test]
+    fn builder_rules() {
+        let b = |name: &str| {
+            InstallStep::builder(
+                "c",
+                BuilderStep {
+                    builder: name.into(),
+                    ..BuilderStep::default()
+                },
+                vec!["typescript".into()],
+                vec!["tool".into()],
+            )
+        };
+        assert_eq!(b("aur").scope, Scope::System);
+        for n in ["pixi", "npm", "cargo"] {
+            let s = b(n);
+            assert_eq!(
+                (s.scope, s.venue, s.gate),
+                (Scope::User, Venue::ContainerBuilder, Gate::None),
+                "{n}"
+            );
+        }
+        assert_eq!(b("pixi").reverse[0].kind, ReverseKind::PixiEnvRemove);
+        assert_eq!(b("pixi").reverse[0].targets, vec!["default"]);
+        assert_eq!(b("npm").reverse[0].kind, ReverseKind::NpmUninstallG);
+        assert_eq!(b("cargo").reverse[0].kind, ReverseKind::CargoUninstall);
+        assert_eq!(b("aur").reverse[0].kind, ReverseKind::PackageRemove);
+    }
+
+    #[test]
+    fn op_scope_and_root_gate() {
+        for u in ["", "root", "0", "0:0"] {
+            assert_eq!(op("cmd", u).scope, Scope::System, "{u:?}");
+            assert_eq!(op("cmd", u).gate, Gate::AllowRootTasks, "{u:?}");
+            assert_eq!(op("mkdir", u).gate, Gate::None, "root mkdir is ungated");
+        }
+        for u in ["${USER}", "1000", "1000:1000", "postgres"] {
+            let s = op("cmd", u);
+            assert_eq!((s.scope, s.gate), (Scope::User, Gate::None), "{u}");
+        }
+        assert_eq!(
+            op("link", "root").reverse[0].kind,
+            ReverseKind::RmFileSystem
+        );
+        assert_eq!(
+            op("link", "${USER}").reverse[0].kind,
+            ReverseKind::RmFileUser
+        );
+        assert!(op("mkdir", "root").reverse.is_empty());
+    }
+
+    #[test]
+    fn system_path_detection_and_file_scope() {
+        for p in [
+            "/etc/x",
+            "/usr/local/bin/t",
+            "/var/lib/a",
+            "/opt",
+            "/root/.x",
+            "/boot/g",
+            "/srv/a",
+            "/run/x",
+            "/lib/a",
+            "/sbin/a",
+            "/bin/a",
+        ] {
+            assert!(is_system_path(p), "{p}");
+        }
+        for p in [
+            "/home/user/x",
+            "/tmp/x",
+            "/etcetera",
+            "/usrx/a",
+            "{{.Home}}/.config/x",
+        ] {
+            assert!(!is_system_path(p), "{p}");
+        }
+        let f = |path: &str| {
+            InstallStep::file(
+                "c",
+                FileStep {
+                    verb: "write".into(),
+                    path: path.into(),
+                    mode: "0644".into(),
+                    ..FileStep::default()
+                },
+            )
+        };
+        assert_eq!(f("/etc/a.conf").scope, Scope::System);
+        assert_eq!(f("/etc/a.conf").reverse[0].kind, ReverseKind::RmFileSystem);
+        assert_eq!(f("{{.Home}}/.x").scope, Scope::User);
+        assert_eq!(f("{{.Home}}/.x").reverse[0].kind, ReverseKind::RmFileUser);
+    }
+
+    #[test]
+    fn services_hooks_snippets_reboot() {
+        let sc = InstallStep::service_custom(
+            "c",
+            Scope::User,
+            ServiceCustomStep {
+                unit: "charly-c-x".into(),
+                path: Some("{{.Home}}/.config/systemd/user/charly-c-x.service".into()),
+                ..ServiceCustomStep::default()
+            },
+        );
+        assert_eq!((sc.scope, sc.gate), (Scope::User, Gate::WithServices));
+        assert_eq!(
+            sc.reverse.iter().map(|r| r.kind).collect::<Vec<_>>(),
+            vec![ReverseKind::ServiceDisable, ReverseKind::ServiceRemove]
+        );
+        let sp = InstallStep::service_packaged(
+            "c",
+            Scope::System,
+            ServicePackagedStep {
+                unit: "sshd.service".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(sp.gate, Gate::WithServices);
+        assert_eq!(
+            sp.reverse.iter().map(|r| r.kind).collect::<Vec<_>>(),
+            vec![
+                ReverseKind::ServiceDisable,
+                ReverseKind::RestoreEnabled,
+                ReverseKind::RemoveDropin
+            ]
+        );
+        let h = InstallStep::shell_hook("c", ShellHookStep::default());
+        assert_eq!(h.scope, Scope::UserProfile);
+        let sn = |dest: &str, block: bool| {
+            InstallStep::shell_snippet(
+                "c",
+                ShellSnippetStep {
+                    shell: "bash".into(),
+                    destination: dest.into(),
+                    managed_block: block,
+                    ..Default::default()
+                },
+            )
+        };
+        assert_eq!(sn("/etc/profile.d/x.sh", false).scope, Scope::System);
+        let block = sn("{{.Home}}/.bashrc", true);
+        assert_eq!(block.scope, Scope::UserProfile);
+        assert_eq!(block.reverse[0].kind, ReverseKind::RemoveManagedBlock);
+        let r = InstallStep::reboot("c");
+        assert_eq!((r.scope, r.gate), (Scope::System, Gate::None));
+        assert!(r.reverse.is_empty(), "reboot has no reverse ops");
+        let rc = InstallStep::repo_change(
+            "c",
+            RepoChangeStep {
+                format: "deb".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(rc.gate, Gate::AllowRepoChanges);
+    }
+
+    #[test]
+    fn gate_matrix_and_yes() {
+        let gates = [
+            Gate::None,
+            Gate::AllowRepoChanges,
+            Gate::AllowRootTasks,
+            Gate::WithServices,
+        ];
+        let none = Gates::default();
+        assert_eq!(gates.map(|g| none.allows(g)), [true, false, false, false]);
+        let repo = Gates {
+            allow_repo_changes: true,
+            ..Gates::default()
+        };
+        assert_eq!(gates.map(|g| repo.allows(g)), [true, true, false, false]);
+        let root = Gates {
+            allow_root_tasks: true,
+            ..Gates::default()
+        };
+        assert_eq!(gates.map(|g| root.allows(g)), [true, false, true, false]);
+        let svc = Gates {
+            with_services: true,
+            ..Gates::default()
+        };
+        assert_eq!(gates.map(|g| svc.allows(g)), [true, false, false, true]);
+        assert_eq!(gates.map(|g| Gates::all().allows(g)), [true; 4]);
+    }
+
+    fn plan_of(steps: Vec<InstallStep>) -> InstallPlan {
+        InstallPlan {
+            deploy_id: String::new(),
+            box_name: "b".into(),
+            version: "1".into(),
+            distro: None,
+            candy: None,
+            steps,
+            candies_included: vec![],
+            add_candies: vec![],
+            builder_image: None,
+            meta: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn venue_batching_groups_contiguous_runs() {
+        let builder = InstallStep::builder(
+            "c",
+            BuilderStep {
+                builder: "npm".into(),
+                ..Default::default()
+            },
+            vec![],
+            vec![],
+        );
+        // system, system, user/container, user/container, system → 3 batches
+        let p = plan_of(vec![
+            pkgs(Phase::Install, false),
+            op("mkdir", "root"),
+            builder.clone(),
+            builder,
+            op("cmd", "root"),
+        ]);
+        let batches = p.steps_by_venue();
+        assert_eq!(batches.len(), 3);
+        assert_eq!(
+            batches.iter().map(|(_, s)| s.len()).collect::<Vec<_>>(),
+            vec![2, 2, 1]
+        );
+        assert_eq!(batches[1].0, (Scope::User, Venue::ContainerBuilder));
+    }
+
+    #[test]
+    fn resolve_home_is_idempotent_and_spares_bodies() {
+        let mut p = plan_of(vec![
+            InstallStep::shell_hook(
+                "c",
+                ShellHookStep {
+                    env: [("A".into(), "{{.Home}}/a".into())].into(),
+                    path: vec!["{{.Home}}/bin".into()],
+                    env_file: "{{.Home}}/.config/charly/env.d/c.sh".into(),
+                },
+            ),
+            InstallStep::op(
+                "c",
+                OpStep {
+                    verb: "cmd".into(),
+                    value: "echo {{.Home}}".into(),
+                    ..Default::default()
+                },
+            ),
+            InstallStep::file(
+                "c",
+                FileStep {
+                    verb: "write".into(),
+                    path: "{{.Home}}/f".into(),
+                    content: Some("{{.Home}} stays".into()),
+                    mode: "0644".into(),
+                    ..Default::default()
+                },
+            ),
+        ]);
+        p.resolve_home("/home/u");
+        let once = p.clone();
+        p.resolve_home("/somewhere/else");
+        assert_eq!(p, once, "idempotent");
+        let json = serde_json::to_string(&p).expect("json");
+        assert!(
+            json.contains("/home/u/a")
+                && json.contains("/home/u/bin")
+                && json.contains("/home/u/f")
+        );
+        assert!(json.contains("echo {{.Home}}"), "cmd body untouched");
+        assert!(json.contains("{{.Home}} stays"), "write body untouched");
+        assert!(json.contains("/home/u/f") && p.steps[2].reverse[0].targets == vec!["/home/u/f"]);
+    }
+
+    #[test]
+    fn deploy_id_is_deterministic_and_order_sensitive() {
+        let a = deploy_id("box", &["x".into(), "y".into()], &[]);
+        assert_eq!(a, deploy_id("box", &["x".into(), "y".into()], &[]));
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, deploy_id("box", &["y".into(), "x".into()], &[]));
+        assert_ne!(a, deploy_id("box", &["x".into()], &["y".into()]));
+        assert_ne!(a, deploy_id("box2", &["x".into(), "y".into()], &[]));
+        // Golden: sha256("box\0x\0y\0\x01")[..8].
+        assert_eq!(a, "df1689729236b4ff"); // printf 'box\0x\0y\0\x01' | sha256sum
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_json() {
+        let steps = vec![
+            pkgs(Phase::Install, true),
+            InstallStep::builder(
+                "c",
+                BuilderStep {
+                    builder: "pixi".into(),
+                    artifacts: vec![("{{.Home}}".into(), "{{.Home}}".into())],
+                    ..Default::default()
+                },
+                vec![],
+                vec![],
+            ),
+            op("download", "root"),
+            InstallStep::file(
+                "c",
+                FileStep {
+                    verb: "copy".into(),
+                    path: "/usr/local/bin/t".into(),
+                    source: Some("t.sh".into()),
+                    mode: "0755".into(),
+                    ..Default::default()
+                },
+            ),
+            InstallStep::service_packaged(
+                "c",
+                Scope::System,
+                ServicePackagedStep {
+                    name: "s".into(),
+                    unit: "s.service".into(),
+                    enable: true,
+                },
+            ),
+            InstallStep::service_custom(
+                "c",
+                Scope::System,
+                ServiceCustomStep {
+                    name: "s".into(),
+                    unit: "charly-c-s".into(),
+                    init: "systemd".into(),
+                    text: "[Unit]\n".into(),
+                    path: Some("/etc/systemd/system/charly-c-s.service".into()),
+                    enable: true,
+                },
+            ),
+            InstallStep::shell_hook("c", ShellHookStep::default()),
+            InstallStep::shell_snippet(
+                "c",
+                ShellSnippetStep {
+                    shell: "fish".into(),
+                    ..Default::default()
+                },
+            ),
+            InstallStep::repo_change("c", RepoChangeStep::default()),
+            InstallStep::apk(
+                "c",
+                ApkStep {
+                    apk: serde_json::json!([{"apk": "a.apk"}]),
+                },
+            ),
+            InstallStep::local_pkg(
+                "c",
+                LocalPkgStep {
+                    format: "deb".into(),
+                    source: "pkg/debian".into(),
+                    glob: "*.deb".into(),
+                },
+            ),
+            InstallStep::reboot("c"),
+            InstallStep::external(
+                "c",
+                StepKind::ExternalPlugin,
+                Scope::User,
+                Venue::HostNative,
+                Gate::None,
+                ExternalStep::default(),
+            ),
+            InstallStep::external(
+                "c",
+                StepKind::External("flatpak".into()),
+                Scope::User,
+                Venue::Skip,
+                Gate::WithServices,
+                ExternalStep {
+                    data: serde_json::json!({"app": "org.x"}),
+                },
+            ),
+        ];
+        let kinds: std::collections::BTreeSet<String> =
+            steps.iter().map(|s| s.kind.as_str()).collect();
+        assert_eq!(kinds.len(), 14, "13 builtin kinds plus external:<word>");
+        let p = plan_of(steps);
+        let json = serde_json::to_string(&p).expect("ser");
+        let back: InstallPlan = serde_json::from_str(&json).expect("de");
+        assert_eq!(back, p);
+        assert!(json.contains("\"kind\":\"external:flatpak\""));
+        assert!(StepKind::parse("external:").is_none());
+        assert!(StepKind::parse("nope").is_none());
     }
 }

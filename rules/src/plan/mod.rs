@@ -3,5 +3,7 @@
 pub mod compile;
 pub mod ir;
 
-pub use compile::{HostContext, PlanError, Target, build_box_plans, build_deploy_plan, build_merged_plan};
+pub use compile::{
+    HostContext, PlanError, Target, build_box_plans, build_deploy_plan, build_merged_plan,
+};
 pub use ir::*;

@@ -1,0 +1,251 @@
+//! InstallPlan compiler tests over real corpus candies.
+
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::plan::*;
+use charly_rules::resolve::{self, Resolution};
+use std::path::{Path, PathBuf};
+
+fn corpus() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
+}
+
+/// A corpus copy with extra test boxes.
+fn with_boxes(boxes: &[(&str, &str)]) -> (tempfile::TempDir, Project, Resolution) {
+    let t = tempfile::tempdir().expect("tmp");
+    for e in walkdir::WalkDir::new(corpus()).into_iter().flatten() {
+        let rel = e.path().strip_prefix(corpus()).expect("prefix");
+        let dest = t.path().join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+    for (name, body) in boxes {
+        let p = t.path().join("box").join(name).join("charly.yml");
+        std::fs::create_dir_all(p.parent().expect("p")).expect("mkdir");
+        std::fs::write(p, body).expect("write");
+    }
+    let p = load::load(t.path(), &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    (t, p, r)
+}
+
+fn plan(p: &Project, r: &Resolution, b: &str, candy: &str, target: Target) -> InstallPlan {
+    let rb = r
+        .get(b)
+        .unwrap_or_else(|| panic!("{b}: {:?}", r.boxes.get(b)));
+    build_deploy_plan(
+        p,
+        rb,
+        candy,
+        &HostContext {
+            target,
+            ..HostContext::default()
+        },
+    )
+    .expect("compiles")
+}
+
+#[test]
+fn ripgrep_in_a_fedora_box() {
+    let (_t, p, r) = with_boxes(&[(
+        "rg",
+        "box:\n  name: rg\n  base: fedora\n  candy: [ripgrep]\n",
+    )]);
+    let pl = plan(&p, &r, "rg", "ripgrep", Target::Local);
+    assert_eq!(pl.steps.len(), 1, "{:#?}", pl.steps);
+    let s = &pl.steps[0];
+    assert_eq!(s.kind, StepKind::SystemPackages);
+    assert_eq!(
+        (s.scope, s.venue, s.gate, s.phase),
+        (
+            Scope::System,
+            Venue::HostNative,
+            Gate::None,
+            Some(Phase::Install)
+        )
+    );
+    let StepData::SystemPackages(d) = &s.data else {
+        panic!("data")
+    };
+    assert_eq!(d.format, "rpm");
+    assert_eq!(d.packages, vec!["ripgrep"]);
+    assert_eq!(s.reverse.len(), 1);
+    assert_eq!(s.reverse[0].kind, ReverseKind::PackageRemove);
+    assert_eq!(s.reverse[0].targets, vec!["ripgrep"]);
+    assert_eq!(
+        s.reverse[0].uninstall_cmd.as_deref(),
+        Some("dnf remove -y ripgrep")
+    );
+    assert_eq!(d.host_cmd.as_deref(), Some("dnf install -y ripgrep"));
+}
+
+#[test]
+fn pre_commit_is_an_npm_builder_in_a_container() {
+    let (_t, p, r) = with_boxes(&[(
+        "pc",
+        "box:\n  name: pc\n  base: fedora\n  candy: [pre-commit]\n",
+    )]);
+    let pl = plan(&p, &r, "pc", "pre-commit", Target::Local);
+    let npm = pl
+        .steps
+        .iter()
+        .find(|s| matches!(&s.data, StepData::Builder(b) if b.builder == "npm"))
+        .expect("npm builder step");
+    assert_eq!(
+        (npm.scope, npm.venue, npm.gate),
+        (Scope::User, Venue::ContainerBuilder, Gate::None)
+    );
+    let StepData::Builder(b) = &npm.data else {
+        panic!()
+    };
+    assert_eq!(b.image.as_deref(), Some("fedora-builder"));
+    assert_eq!(b.manifest.as_deref(), Some("package.json"));
+    assert_eq!(npm.reverse[0].kind, ReverseKind::NpmUninstallG);
+    assert!(
+        !npm.reverse[0].targets.is_empty(),
+        "package names from package.json"
+    );
+    // Emission order: packages, then ops in YAML order, then builders.
+    let kinds: Vec<String> = pl.steps.iter().map(|s| s.kind.as_str()).collect();
+    let first_builder = kinds.iter().position(|k| k == "builder").expect("builder");
+    let op = kinds
+        .iter()
+        .position(|k| k == "op")
+        .expect("cargo install op");
+    assert!(
+        kinds[0] == "system-packages" && op < first_builder,
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn direnv_snippets_with_the_fish_override() {
+    let (_t, p, r) = with_boxes(&[]);
+    for (target, bash_dest, managed) in [
+        (Target::Oci, "/etc/profile.d/charly-direnv-bash.sh", false),
+        (Target::Local, "{{.Home}}/.bashrc", true),
+    ] {
+        let pl = plan(&p, &r, "filebrowser", "direnv", target);
+        let snippets: Vec<&ShellSnippetStep> = pl
+            .steps
+            .iter()
+            .filter_map(|s| match &s.data {
+                StepData::ShellSnippet(x) => Some(x),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            snippets
+                .iter()
+                .map(|s| s.shell.as_str())
+                .collect::<Vec<_>>(),
+            vec!["bash", "zsh", "fish", "sh"]
+        );
+        assert_eq!(snippets[0].text, "eval \"$(direnv hook bash)\"\n");
+        assert_eq!(snippets[1].text, "eval \"$(direnv hook zsh)\"\n");
+        assert_eq!(
+            snippets[2].text, "direnv hook fish | source\n",
+            "per-shell entry wins"
+        );
+        assert_eq!(snippets[0].destination, bash_dest);
+        assert_eq!(snippets[0].managed_block, managed);
+        // Snippets come after packages.
+        assert_eq!(pl.steps[0].kind, StepKind::SystemPackages);
+    }
+}
+
+#[test]
+fn nvidia_driver_on_an_arch_family_box_ends_with_a_reboot() {
+    let (_t, p, r) = with_boxes(&[(
+        "nv",
+        "box:\n  name: nv\n  base: cachyos.cachyos\n  candy: [nvidia-driver]\n",
+    )]);
+    let pl = plan(&p, &r, "nv", "nvidia-driver", Target::Vm);
+    let last = pl.steps.last().expect("steps");
+    assert_eq!(last.kind, StepKind::Reboot);
+    assert_eq!(
+        (last.scope, last.venue, last.gate),
+        (Scope::System, Venue::HostNative, Gate::None)
+    );
+    assert!(last.reverse.is_empty());
+    let StepData::SystemPackages(d) = &pl.steps[0].data else {
+        panic!("packages first")
+    };
+    assert_eq!(d.format, "pac");
+    assert!(
+        d.packages
+            .contains(&"linux-cachyos-nvidia-open".to_string())
+    );
+    // Root cmds are gated, root writes are system files.
+    assert!(
+        pl.steps
+            .iter()
+            .any(|s| s.kind == StepKind::Op && s.gate == Gate::AllowRootTasks)
+    );
+    assert!(
+        pl.steps
+            .iter()
+            .any(|s| s.kind == StepKind::File && s.scope == Scope::System)
+    );
+    // In an image build the reboot is skipped.
+    let oci = plan(&p, &r, "nv", "nvidia-driver", Target::Oci);
+    assert_eq!(oci.steps.last().map(|s| s.venue), Some(Venue::Skip));
+}
+
+#[test]
+fn every_resolvable_box_compiles_for_every_target_deterministically() {
+    let p = load::load(&corpus(), &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let mut n = 0;
+    for (name, b) in &r.boxes {
+        let Ok(b) = b else { continue };
+        for target in [
+            Target::Oci,
+            Target::Local,
+            Target::Vm,
+            Target::Pod,
+            Target::K8s,
+        ] {
+            let ctx = HostContext {
+                target,
+                ..HostContext::default()
+            };
+            let a = build_merged_plan(&p, b, &ctx, &[])
+                .unwrap_or_else(|e| panic!("{name}/{target:?}: {e}"));
+            let again = build_merged_plan(&p, b, &ctx, &[]).expect("again");
+            let (ja, jb) = (
+                serde_json::to_string(&a).expect("json"),
+                serde_json::to_string(&again).expect("json"),
+            );
+            assert_eq!(ja, jb, "{name} {target:?}");
+            let back: InstallPlan = serde_json::from_str(&ja).expect("round trip");
+            assert_eq!(back, a);
+            n += 1;
+        }
+    }
+    assert!(n >= 19 * 5);
+}
+
+#[test]
+fn merged_plans_keep_candy_boundaries() {
+    let p = load::load(Path::new(&corpus()), &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let b = r.get("jupyter").expect("jupyter");
+    let m = build_merged_plan(&p, b, &HostContext::default(), &["ripgrep".into()]).expect("plan");
+    assert_eq!(m.candies_included, b.candies);
+    assert_eq!(m.add_candies, vec!["ripgrep"]);
+    assert_eq!(
+        m.deploy_id,
+        deploy_id("jupyter", &b.candies, &["ripgrep".into()])
+    );
+    // Steps appear grouped by candy, in candy order.
+    let mut seen: Vec<&str> = Vec::new();
+    for s in &m.steps {
+        if seen.last() != Some(&s.candy.as_str()) {
+            assert!(!seen.contains(&s.candy.as_str()), "candy {} split", s.candy);
+            seen.push(&s.candy);
+        }
+    }
+}
