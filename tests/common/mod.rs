@@ -244,3 +244,62 @@ pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
     assert!(st.success());
     tar
 }
+
+/// A real (not stubbed) busybox root filesystem tar: busybox-static with its
+/// applets, `/bin/bash` running busybox's shell, and user 1000 (`user`,
+/// home `/home/user`).
+pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let root = dir.join("bbroot");
+    for d in [
+        "bin",
+        "usr/bin",
+        "usr/local/bin",
+        "etc",
+        "tmp",
+        "root",
+        "home/user",
+    ] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed (apt install busybox-static)");
+    let list = Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
+    }
+    std::fs::write(
+        root.join("bin/bash"),
+        "#!/bin/busybox sh\nexec /bin/busybox sh \"$@\"\n",
+    )
+    .expect("bash");
+    std::fs::set_permissions(
+        root.join("bin/bash"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .expect("passwd");
+    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").expect("group");
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod tmp");
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000))
+        .expect("chown home (tests run as root)");
+    let tar = dir.join("busybox.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["--numeric-owner", "-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    tar
+}
