@@ -33,6 +33,9 @@ pub enum BoxCommand {
     /// staged files); prints the written paths. Fails naming every box that
     /// could not be generated, after generating the others.
     Generate(GenerateArgs),
+    /// Build box images: builder stages, local packages, base images first;
+    /// only nodes whose key changed run.
+    Build(crate::engine_cmd::BuildArgs),
 }
 
 /// Arguments of `box generate`.
@@ -55,6 +58,8 @@ pub struct GenerateArgs {
     /// Print the Containerfile of the one named box on stdout; write nothing.
     #[arg(long)]
     pub stdout: bool,
+    #[command(flatten)]
+    pub run: crate::engine_cmd::RunArgs,
 }
 
 /// `--target` values.
@@ -145,7 +150,8 @@ pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
     match c {
         BoxCommand::List { json } => list(cli, *json),
         BoxCommand::Plan { name, target, json } => plan(cli, name, (*target).into(), *json),
-        BoxCommand::Generate(a) => crate::generate_cmd::run(cli, a),
+        BoxCommand::Generate(a) => crate::engine_cmd::generate(cli, a),
+        BoxCommand::Build(a) => crate::engine_cmd::build(cli, a),
     }
 }
 

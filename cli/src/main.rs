@@ -7,9 +7,11 @@
 //! internal error (a bug).
 
 mod box_cmd;
+mod cache_cmd;
 mod candy_cmd;
-mod generate_cmd;
+mod engine_cmd;
 mod output;
+mod progress;
 mod project;
 mod validate_cmd;
 
@@ -32,6 +34,15 @@ pub struct Cli {
     )]
     pub dir: Option<PathBuf>,
 
+    /// The store (default: $CHARLY_CACHE_DIR, else $XDG_CACHE_HOME/charly).
+    #[arg(
+        long = "cache-dir",
+        global = true,
+        env = "CHARLY_CACHE_DIR",
+        value_name = "DIR"
+    )]
+    pub cache_dir: Option<PathBuf>,
+
     /// Where an import lives offline: `--import cachyos=image/cachyos`, or a repo
     /// identity: `--import github.com/org/repo=../repo`. Repeatable.
     #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
@@ -53,6 +64,13 @@ pub enum Command {
     /// Candies: list.
     #[command(subcommand)]
     Candy(candy_cmd::CandyCommand),
+    /// Print the build graph (nodes with kind, key prefix, cache state).
+    Graph(engine_cmd::GraphArgs),
+    /// Say why a node would rebuild (the exact inputs that changed), or that it is cached.
+    Explain(engine_cmd::ExplainArgs),
+    /// The local store: stats, gc, verify.
+    #[command(subcommand)]
+    Cache(cache_cmd::CacheCommand),
 }
 
 fn parse_import(s: &str) -> Result<(String, PathBuf), String> {
@@ -84,6 +102,9 @@ fn main() -> ExitCode {
         Command::Validate(a) => validate_cmd::run(&cli, a),
         Command::Box(c) => box_cmd::run(&cli, c),
         Command::Candy(c) => candy_cmd::run(&cli, c),
+        Command::Graph(a) => engine_cmd::graph(&cli, a),
+        Command::Explain(a) => engine_cmd::explain(&cli, a),
+        Command::Cache(c) => cache_cmd::run(&cli, c),
     };
     match result {
         Ok(code) => code,

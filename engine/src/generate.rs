@@ -78,6 +78,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     written.push(cf);
     let mut keep: BTreeSet<PathBuf> = BTreeSet::new();
     keep.insert(dir.join("Containerfile"));
+    keep.insert(dir.join(crate::exec::KEY_MARKER));
     for (rel, staged) in &d.files {
         let path = out.join(rel);
         if let Some(parent) = path.parent() {

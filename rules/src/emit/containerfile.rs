@@ -427,77 +427,21 @@ impl Emitter<'_> {
             let Some(def) = self.vocab.builder.get(&u.builder).cloned() else {
                 continue;
             };
-            if def.inline {
+            if def.inline || def.stage_template.is_none() {
                 continue;
             }
-            let tmpl = def.stage_template.clone();
-            let Some(tmpl) = tmpl else { continue };
             let builder_ref = u
                 .image
                 .as_deref()
                 .map(|i| self.image_ref(i))
                 .unwrap_or_default();
             for k in &u.candies {
-                let c = self.candy(k).clone();
-                let stage = format!("{}-{}-build", c.name, u.builder);
+                let stage = format!("{}-{}-build", self.candy(k).name, u.builder);
                 if self.opts.artifacts.contains_key(&stage) {
                     continue;
                 }
-                let manifest = def
-                    .detect_file
-                    .iter()
-                    .find(|f| c.has_file(f))
-                    .cloned()
-                    .unwrap_or_default();
-                let has_lock = !manifest.is_empty()
-                    && (c.has_file(&format!("{manifest}.lock"))
-                        || (manifest == "pixi.toml" && c.has_file("pixi.lock")));
-                let install_cmd = if has_lock {
-                    def.install_command
-                        .get(&format!("{manifest}+lock"))
-                        .or_else(|| def.install_command.get(&manifest))
-                } else {
-                    def.install_command.get(&manifest)
-                }
-                .cloned()
-                .unwrap_or_default();
-                let build_script = def.build_script.clone().unwrap_or_default();
-                let has_script = !build_script.is_empty() && c.has_file(&build_script);
                 let copy_src = self.candy_src(k);
-                let aur = cascade::aur(&c.def);
-                let mut data = serde_json::json!({
-                    "BuilderRef": builder_ref,
-                    "StageName": stage,
-                    "LayerStage": c.name,
-                    "CopySrc": copy_src,
-                    "UID": b.user.uid,
-                    "GID": b.user.gid,
-                    "Home": b.user.home,
-                    "User": b.user.name,
-                    "Manifest": manifest,
-                    "HasLockFile": has_lock,
-                    "InstallCmd": install_cmd,
-                    "CacheMounts": def.cache_mount,
-                    "Packages": aur.packages,
-                    "Options": aur.options,
-                    "HasBuildScript": has_script,
-                    "BuildScript": build_script,
-                    "ManylinuxFix": "",
-                });
-                if let Some(fix) = &def.manylinux_fix {
-                    let rendered = self.tmpl(
-                        &format!("builder/{}/manylinux_fix", u.builder),
-                        &fix.value,
-                        &data,
-                    )?;
-                    data["ManylinuxFix"] =
-                        serde_json::Value::String(rendered.trim_end().to_string());
-                }
-                let text = self.tmpl(
-                    &format!("builder/{}/stage_template", u.builder),
-                    &tmpl.value,
-                    &data,
-                )?;
+                let text = builder_stage_text(self.p, b, k, &u.builder, &builder_ref, &copy_src)?;
                 self.out.push_str(text.trim_end());
                 self.out.push('\n');
                 self.blank();
@@ -1478,6 +1422,89 @@ impl Emitter<'_> {
             self.line(&format!("LABEL {k}={}", sq(&text)));
         }
     }
+}
+
+/// Renders one builder stage (`<candy>-<builder>-build`) from the builder's
+/// `stage_template`. `copy_src` is the context path of the candy directory.
+pub fn builder_stage_text(
+    p: &Project,
+    b: &ResolvedBox,
+    candy: &str,
+    builder: &str,
+    builder_ref: &str,
+    copy_src: &str,
+) -> Result<String, EmitError> {
+    let err = |m: String| EmitError {
+        box_name: b.name.clone(),
+        message: m,
+    };
+    let vocab = &p.ns(b.ns).vocab;
+    let def = vocab
+        .builder
+        .get(builder)
+        .ok_or_else(|| err(format!("unknown builder `{builder}`")))?;
+    let tmpl = def
+        .stage_template
+        .as_ref()
+        .ok_or_else(|| err(format!("builder `{builder}` has no stage_template")))?;
+    let c = &p.candies[candy];
+    let stage = format!("{}-{builder}-build", c.name);
+    let manifest = def
+        .detect_file
+        .iter()
+        .find(|f| c.has_file(f))
+        .cloned()
+        .unwrap_or_default();
+    let has_lock = !manifest.is_empty()
+        && (c.has_file(&format!("{manifest}.lock"))
+            || (manifest == "pixi.toml" && c.has_file("pixi.lock")));
+    let install_cmd = if has_lock {
+        def.install_command
+            .get(&format!("{manifest}+lock"))
+            .or_else(|| def.install_command.get(&manifest))
+    } else {
+        def.install_command.get(&manifest)
+    }
+    .cloned()
+    .unwrap_or_default();
+    let build_script = def.build_script.clone().unwrap_or_default();
+    let has_script = !build_script.is_empty() && c.has_file(&build_script);
+    let aur = cascade::aur(&c.def);
+    let mut data = serde_json::json!({
+        "BuilderRef": builder_ref,
+        "StageName": stage,
+        "LayerStage": c.name,
+        "CopySrc": copy_src,
+        "UID": b.user.uid,
+        "GID": b.user.gid,
+        "Home": b.user.home,
+        "User": b.user.name,
+        "Manifest": manifest,
+        "HasLockFile": has_lock,
+        "InstallCmd": install_cmd,
+        "CacheMounts": def.cache_mount,
+        "Packages": aur.packages,
+        "Options": aur.options,
+        "HasBuildScript": has_script,
+        "BuildScript": build_script,
+        "ManylinuxFix": "",
+    });
+    let render = |name: String, text: &str, data: &serde_json::Value| {
+        crate::template::render(&name, text, data).map_err(|e| err(e.to_string()))
+    };
+    if let Some(fix) = &def.manylinux_fix {
+        let rendered = render(
+            format!("builder/{builder}/manylinux_fix"),
+            &fix.value,
+            &data,
+        )?;
+        data["ManylinuxFix"] = serde_json::Value::String(rendered.trim_end().to_string());
+    }
+    render(
+        format!("builder/{builder}/stage_template"),
+        &tmpl.value,
+        &data,
+    )
 }
 
 /// mkdir/link/setcap tasks sharing one RUN.

@@ -18,7 +18,7 @@ pub struct CacheMount {
 }
 
 /// Per-phase templates (`phase.install.container` / `.host`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "phase", default)]
 pub struct Phases {
     /// Before install (repos).
@@ -30,7 +30,7 @@ pub struct Phases {
 }
 
 /// The templates of one phase.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "phase templates", default)]
 pub struct PhaseTemplates {
     /// Containerfile text.
@@ -40,7 +40,7 @@ pub struct PhaseTemplates {
 }
 
 /// A builder (pixi, npm, cargo, aur, debootstrap, …).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "builder", default)]
 pub struct Builder {
     /// `bootstrap` for rootfs builders.
@@ -84,7 +84,7 @@ pub struct Builder {
 }
 
 /// `{src, dst, chown}`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "copy artifact", default)]
 pub struct CopyArtifact {
     /// Path in the builder stage.
@@ -96,7 +96,7 @@ pub struct CopyArtifact {
 }
 
 /// A distro definition.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "distro", default)]
 pub struct Distro {
     /// Bootstrap packages for an external base.
@@ -124,7 +124,7 @@ pub struct Distro {
 }
 
 /// `bootstrap:` of a distro.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "bootstrap", default)]
 pub struct Bootstrap {
     /// Installer command, packages appended.
@@ -136,7 +136,7 @@ pub struct Bootstrap {
 }
 
 /// `base_user:` of a distro.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "base user", default)]
 pub struct BaseUser {
     /// User name.
@@ -150,7 +150,7 @@ pub struct BaseUser {
 }
 
 /// dnf tuning.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "dnf", default)]
 pub struct Dnf {
     /// `max_parallel_downloads=`.
@@ -160,7 +160,7 @@ pub struct Dnf {
 }
 
 /// A package format (rpm, deb, pac, aur).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "format", default)]
 pub struct Format {
     /// Never a primary format (aur).
@@ -180,7 +180,7 @@ pub struct Format {
 }
 
 /// `local_pkg:` of a format.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "local_pkg", default)]
 pub struct LocalPkgFormat {
     /// Glob of built packages (`*.deb`).
@@ -200,7 +200,7 @@ pub struct LocalPkgFormat {
 }
 
 /// An init system (supervisord, systemd).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "init", default)]
 pub struct Init {
     /// Candy fields that trigger it (`service`).
@@ -246,7 +246,7 @@ pub struct Init {
 }
 
 /// `service_schema:` of an init.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "service schema", default)]
 pub struct ServiceSchema {
     /// Unit/program template for exec entries.
@@ -273,7 +273,7 @@ pub struct Vocab {
 }
 
 /// Root-level `defaults:`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(rename = "defaults", default)]
 pub struct Defaults {
     /// Target platforms.

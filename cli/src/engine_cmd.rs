@@ -1,0 +1,458 @@
+//! Commands that run the build graph: `box generate`, `box build`, `graph`,
+//! `explain`.
+
+use crate::{Cli, output, project};
+use anyhow::Context;
+use charly_cache::Store;
+use charly_engine::api::Engine;
+use charly_engine::graph::Goal;
+use charly_engine::hash::FileHasher;
+use charly_engine::podman::{PodmanOptions, PodmanRunner};
+use charly_engine::runner::{FakeRunner, Runner};
+use charly_engine::sched::{State, Summary};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Options shared by commands that run the graph.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Nodes to run at once (default: the number of cores).
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Write a JSON summary (every node with kind, key, state, duration; totals) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<PathBuf>,
+    /// Write a Chrome trace (open in Perfetto or chrome://tracing) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// Options for builders (podman).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunnerArgs {
+    /// What runs command nodes: `podman`, or `fake` (records calls, builds nothing; for tests and planning).
+    #[arg(long, value_name = "RUNNER", default_value = "podman", value_parser = ["podman", "fake"])]
+    pub runner: String,
+    /// Isolated podman storage under DIR (default: podman's own).
+    #[arg(long, value_name = "DIR", env = "CHARLY_PODMAN_ROOT")]
+    pub podman_root: Option<PathBuf>,
+    /// A CA bundle builds trust for HTTPS (e.g. behind an intercepting proxy);
+    /// mounted read-only into every build step.
+    #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+}
+
+/// Arguments of `box build`.
+#[derive(clap::Args, Debug)]
+pub struct BuildArgs {
+    /// Boxes to build (their bases and builder boxes are built first).
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Build every enabled box that resolves.
+    #[arg(long)]
+    pub all: bool,
+    /// Compute every key and print, per node, `cached` or `would run`; run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// After the run, explain every node that ran (what changed since its last build).
+    #[arg(long)]
+    pub explain: bool,
+    /// Build local packages from local source (hard error when the source is missing).
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub runner: RunnerArgs,
+}
+
+/// Arguments of `graph`.
+#[derive(clap::Args, Debug)]
+pub struct GraphArgs {
+    /// Boxes (default: every enabled box that resolves).
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Output format.
+    #[arg(long, default_value = "dot", value_parser = ["dot", "json"])]
+    pub format: String,
+    /// Graph for `generate` (build directories) instead of `build` (images).
+    #[arg(long)]
+    pub generate: bool,
+    /// Runner whose image keys to show (keys of built nodes include it).
+    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    pub runner: String,
+}
+
+/// Arguments of `explain`.
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// Node id (`fragment:jupyter/direnv`, `image:fedora`) or a unique part of one.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+    /// Print the explanation as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Runner whose builds to explain (keys of built nodes include it).
+    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    pub runner: String,
+    /// Explain the `--dev-local-pkg` variant of the graph.
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+}
+
+/// Opens the store (`--cache-dir`, `$CHARLY_CACHE_DIR`, or the XDG cache dir).
+pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
+    let dir = match &cli.cache_dir {
+        Some(d) => d.clone(),
+        None => Store::default_dir()
+            .context("no cache directory: set --cache-dir or CHARLY_CACHE_DIR")?,
+    };
+    Store::open(&dir).with_context(|| format!("opening the store at {}", dir.display()))
+}
+
+/// The runner chosen on the command line.
+pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
+    Ok(match a.runner.as_str() {
+        "fake" => Box::new(FakeRunner::new()),
+        _ => Box::new(PodmanRunner::new(PodmanOptions {
+            root: a.podman_root.clone(),
+            conf_dir: store.dir().to_path_buf(),
+            ca_bundle: a.ca_bundle.clone(),
+            jobs,
+        })?),
+    })
+}
+
+fn jobs(a: &RunArgs) -> usize {
+    a.jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1)
+}
+
+fn host_arch() -> String {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64".into(),
+        "aarch64" => "arm64".into(),
+        other => other.into(),
+    }
+}
+
+/// Boxes named, or every enabled resolvable box with `--all`.
+pub fn select(o: &project::Opened, names: &[String], all: bool) -> anyhow::Result<Vec<String>> {
+    if all || names.is_empty() {
+        if !all && names.is_empty() {
+            anyhow::bail!("name the boxes, or pass --all");
+        }
+        return Ok(o
+            .resolution
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.as_ref().is_ok_and(|b| b.enabled))
+            .map(|(n, _)| n.clone())
+            .collect());
+    }
+    for n in names {
+        crate::box_cmd::resolved(o, n)?;
+    }
+    Ok(names.to_vec())
+}
+
+fn write_reports(run: &RunArgs, summary: &Summary) -> anyhow::Result<()> {
+    if let Some(p) = &run.summary_json {
+        std::fs::write(p, serde_json::to_vec_pretty(summary)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &run.trace {
+        std::fs::write(p, serde_json::to_vec(&summary.chrome_trace())?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn report_failures(summary: &Summary) {
+    for n in &summary.nodes {
+        if n.state == State::Failed {
+            output::error(&format!(
+                "{} failed: {}",
+                n.id,
+                n.error.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    let not: Vec<&str> = summary
+        .nodes
+        .iter()
+        .filter(|n| n.state == State::NotAttempted)
+        .map(|n| n.id.as_str())
+        .collect();
+    if !not.is_empty() {
+        output::error(&format!(
+            "not attempted ({}): {}",
+            not.len(),
+            not.join(", ")
+        ));
+    }
+}
+
+fn summary_line(verb: &str, s: &Summary) -> String {
+    let t = &s.totals;
+    let mut line = format!(
+        "{verb}: {} nodes, {} ran, {} cached, {} failed",
+        t.nodes, t.ran, t.cached, t.failed
+    );
+    if t.not_attempted > 0 {
+        line.push_str(&format!(", {} not attempted", t.not_attempted));
+    }
+    if t.would_run > 0 {
+        line.push_str(&format!(", {} would run", t.would_run));
+    }
+    line.push_str(&format!(" in {} ms", t.wall_ms));
+    line
+}
+
+/// `box generate` on the engine.
+pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let names = select(&o, &a.boxes, a.all)?;
+    if a.stdout && names.len() != 1 {
+        anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
+    }
+    let store = open_store(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let runner = FakeRunner::new();
+    let engine = Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        runner: &runner,
+        hasher: &hasher,
+        dev_local_pkg: a.dev_local_pkg,
+        arch: host_arch(),
+    };
+    let graph = engine.graph(&Goal::Generate, &names)?;
+    let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.stdout);
+    let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
+    let summary = engine.run(&graph, &out_root, jobs(&a.run), false, &progress);
+    progress.finish();
+    write_reports(&a.run, &summary)?;
+    if !summary.ok() {
+        report_failures(&summary);
+        return Ok(ExitCode::from(1));
+    }
+    let mut stdout = std::io::stdout().lock();
+    if a.stdout {
+        let n = graph
+            .node(&format!("containerfile:{}", names[0]))
+            .context("no Containerfile node")?;
+        let rec = store
+            .get_record(&n.key)?
+            .context("Containerfile not in the store")?;
+        let cf = rec
+            .outputs
+            .iter()
+            .find(|(k, _)| k.ends_with("/Containerfile"))
+            .context("no Containerfile output")?;
+        let bytes = store
+            .get_blob(&cf.1.digest)?
+            .context("Containerfile blob missing")?;
+        stdout.write_all(&bytes)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let written = engine.write_build_dirs(&graph, &out_root, a.out.is_some())?;
+    for p in written {
+        writeln!(stdout, "{}", p.display())?;
+    }
+    if !a.run.quiet {
+        output::note(&summary_line("generate", &summary));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `box build`.
+pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let names = select(&o, &a.boxes, a.all)?;
+    let store = open_store(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let j = jobs(&a.run);
+    let runner = make_runner(&a.runner, &store, j)?;
+    let engine = Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        runner: runner.as_ref(),
+        hasher: &hasher,
+        dev_local_pkg: a.dev_local_pkg,
+        arch: host_arch(),
+    };
+    let graph = engine.graph(&Goal::Build, &names)?;
+    let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);
+    let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
+    progress.finish();
+    write_reports(&a.run, &summary)?;
+    if a.dry_run {
+        let mut out = std::io::stdout().lock();
+        for n in &summary.nodes {
+            let state = match n.state {
+                State::Cached => "cached",
+                _ => "would run",
+            };
+            writeln!(
+                out,
+                "{state:<10} {:<14} {}  {}",
+                n.kind.as_str(),
+                &n.key[..12],
+                n.id
+            )?;
+        }
+    }
+    if a.explain && !a.dry_run {
+        for n in summary
+            .nodes
+            .iter()
+            .filter(|n| n.state == State::Ran && n.kind != charly_engine::key::NodeKind::Source)
+        {
+            let e = engine.explain(&graph, &n.id)?;
+            for l in e.lines() {
+                output::note(&l);
+            }
+        }
+    }
+    if !summary.ok() {
+        report_failures(&summary);
+        output::note(&summary_line("build", &summary));
+        return Ok(ExitCode::from(1));
+    }
+    if !a.run.quiet {
+        output::note(&summary_line(
+            if a.dry_run { "dry run" } else { "build" },
+            &summary,
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {
+    match store.get_record(&n.key) {
+        Ok(Some(_)) => "cached",
+        _ => "would-run",
+    }
+}
+
+/// `graph`.
+pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let names = select(&o, &a.boxes, a.boxes.is_empty())?;
+    let store = open_store(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let runner = FakeRunner::named(&a.runner);
+    let engine = Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        runner: &runner,
+        hasher: &hasher,
+        dev_local_pkg: false,
+        arch: host_arch(),
+    };
+    let goal = if a.generate {
+        Goal::Generate
+    } else {
+        Goal::Build
+    };
+    let g = engine.graph(&goal, &names)?;
+    let _ = hasher.save();
+    let mut out = std::io::stdout().lock();
+    let order = g.topo()?;
+    if a.format == "json" {
+        let nodes: Vec<serde_json::Value> = order
+            .iter()
+            .map(|i| {
+                let n = &g.g[*i];
+                serde_json::json!({
+                    "id": n.id,
+                    "kind": n.kind.as_str(),
+                    "key": n.key.to_hex(),
+                    "key_prefix": n.key.short(12),
+                    "state": state_of(&store, n),
+                    "deps": g.deps(*i).iter().map(|d| g.g[*d].id.clone()).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        serde_json::to_writer_pretty(&mut out, &serde_json::json!({"nodes": nodes}))?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "digraph charly {{")?;
+        writeln!(out, "  rankdir=LR;")?;
+        for i in &order {
+            let n = &g.g[*i];
+            let style = if state_of(&store, n) == "cached" {
+                "solid"
+            } else {
+                "dashed"
+            };
+            writeln!(
+                out,
+                "  \"{}\" [label=\"{}\\n{}\", shape={}, style={style}];",
+                n.id,
+                n.id,
+                n.key.short(12),
+                shape(n.kind)
+            )?;
+        }
+        for i in &order {
+            for d in g.deps(*i) {
+                writeln!(out, "  \"{}\" -> \"{}\";", g.g[d].id, g.g[*i].id)?;
+            }
+        }
+        writeln!(out, "}}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn shape(k: charly_engine::key::NodeKind) -> &'static str {
+    use charly_engine::key::NodeKind as K;
+    match k {
+        K::Source => "note",
+        K::Fragment => "box",
+        K::Containerfile => "folder",
+        K::BuilderStage | K::LocalPkg | K::Rootfs => "component",
+        K::Image => "box3d",
+        K::Plan => "tab",
+    }
+}
+
+/// `explain`.
+pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let names = select(&o, &[], true)?;
+    let store = open_store(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let runner = FakeRunner::named(&a.runner);
+    let engine = Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        runner: &runner,
+        hasher: &hasher,
+        dev_local_pkg: a.dev_local_pkg,
+        arch: host_arch(),
+    };
+    // One graph with every node: build directories and images of all boxes.
+    let g = engine.graph_goals(&[(Goal::Generate, names.clone()), (Goal::Build, names)])?;
+    let e = engine.explain(&g, &a.node)?;
+    let _ = hasher.save();
+    if a.json {
+        output::json(&e)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        for l in e.lines() {
+            writeln!(out, "{l}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

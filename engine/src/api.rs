@@ -1,0 +1,356 @@
+//! The engine's entry points used by the CLI: build a graph for a goal,
+//! run it, write build directories, explain a node.
+
+use crate::exec::{self, Ctx};
+use crate::graph::{Builder, Goal, Graph, GraphError, GraphOptions};
+use crate::hash::FileHasher;
+use crate::key::{Change, KeyInputs, diff};
+use crate::runner::Runner;
+use crate::sched::{self, Observer, Summary};
+use charly_cache::Store;
+use charly_rules::emit::EmitOptions;
+use charly_rules::load::Project;
+use charly_rules::resolve::Resolution;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Errors of the entry points.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Building the graph failed.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// The store failed.
+    #[error("store: {0}")]
+    Cache(#[from] charly_cache::CacheError),
+    /// Writing outputs failed.
+    #[error(transparent)]
+    Exec(#[from] exec::ExecError),
+    /// No node matches.
+    #[error("no node `{0}` (see `charly graph --format json` for node ids)")]
+    UnknownNode(String),
+    /// Several nodes match.
+    #[error("`{0}` matches several nodes: {1}")]
+    Ambiguous(String, String),
+}
+
+/// A run of the engine.
+pub struct Engine<'a> {
+    /// The project.
+    pub project: &'a Project,
+    /// Its resolution.
+    pub resolution: &'a Resolution,
+    /// The store.
+    pub store: &'a Store,
+    /// The runner.
+    pub runner: &'a dyn Runner,
+    /// File hasher (stat cache).
+    pub hasher: &'a FileHasher,
+    /// Build local packages from source.
+    pub dev_local_pkg: bool,
+    /// Target architecture (`amd64`).
+    pub arch: String,
+}
+
+impl<'a> Engine<'a> {
+    fn graph_options(&self) -> GraphOptions {
+        GraphOptions {
+            dev_local_pkg: self.dev_local_pkg,
+            runner: self.runner.name().to_string(),
+            arch: self.arch.clone(),
+        }
+    }
+
+    /// Builds the graph for a goal over boxes.
+    pub fn graph(&self, goal: &Goal, boxes: &[String]) -> Result<Graph, EngineError> {
+        self.graph_goals(&[(goal.clone(), boxes.to_vec())])
+    }
+
+    /// One graph for several goals (shared nodes appear once).
+    pub fn graph_goals(&self, goals: &[(Goal, Vec<String>)]) -> Result<Graph, EngineError> {
+        let mut b = Builder::new(self.project, self.resolution, self.graph_options());
+        for (goal, boxes) in goals {
+            for name in boxes {
+                b.add(goal, name)?;
+            }
+        }
+        Ok(b.finish(self.hasher)?)
+    }
+
+    /// The execution context writing build directories under `out_root`.
+    pub fn ctx(&self, out_root: &Path) -> Ctx<'a> {
+        Ctx {
+            project: self.project,
+            resolution: self.resolution,
+            store: self.store,
+            runner: self.runner,
+            out_root: out_root.to_path_buf(),
+            emit: EmitOptions {
+                dev_local_pkg: self.dev_local_pkg,
+                image_refs: crate::generate::image_refs(self.resolution),
+                ..EmitOptions::default()
+            },
+            arch: self.arch.clone(),
+        }
+    }
+
+    /// Runs a graph.
+    pub fn run(
+        &self,
+        graph: &Graph,
+        out_root: &Path,
+        jobs: usize,
+        dry_run: bool,
+        obs: &dyn Observer,
+    ) -> Summary {
+        let ctx = self.ctx(out_root);
+        let s = sched::run(graph, &ctx, jobs, dry_run, obs);
+        let _ = self.hasher.save();
+        let _ = self.store.flush();
+        s
+    }
+
+    /// Writes the build directories of the goal Containerfile nodes under
+    /// `out_root` (from the store; unchanged directories are skipped).
+    /// With `self_contained`, the candy directories they copy from are
+    /// copied too, so `out_root` is a complete build context.
+    pub fn write_build_dirs(
+        &self,
+        graph: &Graph,
+        out_root: &Path,
+        self_contained: bool,
+    ) -> Result<Vec<PathBuf>, EngineError> {
+        let ctx = self.ctx(out_root);
+        let mut written = Vec::new();
+        for i in &graph.goals {
+            let n = &graph.g[*i];
+            if n.kind != crate::key::NodeKind::Containerfile {
+                continue;
+            }
+            let dir = exec::materialize(&ctx, n, out_root)?;
+            written.push(out_root.join(&dir).join("Containerfile"));
+            if self_contained
+                && out_root != self.project.root
+                && let crate::graph::Work::Containerfile { box_name, .. } = &n.work
+                && let Some(b) = self.resolution.get(box_name)
+            {
+                {
+                    for k in &b.candies {
+                        let c = &self.project.candies[k];
+                        if let Some(rel) = &c.rel_dir {
+                            copy_dir(&c.dir, &out_root.join(rel))
+                                .map_err(|e| exec::ExecError::Io(format!("{rel}: {e}")))?;
+                        }
+                    }
+                }
+            }
+        }
+        if out_root == self.project.root {
+            crate::generate::write_ignore_files(self.project)
+                .map_err(|e| exec::ExecError::Io(e.to_string()))?;
+        }
+        Ok(written)
+    }
+
+    /// Explains a node: why it would rebuild, or that it is cached.
+    pub fn explain(&self, graph: &Graph, query: &str) -> Result<Explanation, EngineError> {
+        let id = find_node(graph, query)?;
+        Ok(self.explain_id(graph, &id, 0))
+    }
+
+    fn explain_id(&self, graph: &Graph, id: &str, depth: usize) -> Explanation {
+        let Some(n) = graph.node(id) else {
+            return Explanation {
+                id: id.into(),
+                key: String::new(),
+                status: Status::NeverBuilt,
+                recorded_unix: None,
+                changes: Vec::new(),
+                causes: Vec::new(),
+            };
+        };
+        let key = n.key.to_hex();
+        if let Ok(Some(rec)) = self.store.get_record(&n.key) {
+            return Explanation {
+                id: id.into(),
+                key,
+                status: Status::Cached,
+                recorded_unix: Some(rec.created_unix),
+                changes: Vec::new(),
+                causes: Vec::new(),
+            };
+        }
+        let Ok(Some((_, last))) = self.store.last_record_for(id) else {
+            return Explanation {
+                id: id.into(),
+                key,
+                status: Status::NeverBuilt,
+                recorded_unix: None,
+                changes: Vec::new(),
+                causes: Vec::new(),
+            };
+        };
+        let old: KeyInputs = serde_json::from_value(last.key_inputs.clone()).unwrap_or_default();
+        let changes = diff(&old, &n.inputs);
+        let mut causes = Vec::new();
+        if depth < 8 {
+            for c in &changes {
+                if let Change::Dep {
+                    id: dep,
+                    new: Some(_),
+                    ..
+                } = c
+                {
+                    causes.push(self.explain_id(graph, dep, depth + 1));
+                }
+            }
+        }
+        Explanation {
+            id: id.into(),
+            key,
+            status: Status::WouldRebuild,
+            recorded_unix: Some(last.created_unix),
+            changes,
+            causes,
+        }
+    }
+}
+
+/// Where a node stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Its current key has a record.
+    Cached,
+    /// It would rebuild; `changes` says why.
+    WouldRebuild,
+    /// It was never built.
+    NeverBuilt,
+}
+
+/// `charly explain` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    /// Node id.
+    pub id: String,
+    /// Current key.
+    pub key: String,
+    /// Status.
+    pub status: Status,
+    /// When the record (current, or last for a rebuild) was made.
+    pub recorded_unix: Option<u64>,
+    /// What changed since the last build.
+    pub changes: Vec<Change>,
+    /// Why changed dependencies changed.
+    pub causes: Vec<Explanation>,
+}
+
+impl Explanation {
+    /// Lines for people.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.render(0, &mut out);
+        out
+    }
+
+    fn render(&self, indent: usize, out: &mut Vec<String>) {
+        let pad = "  ".repeat(indent);
+        match self.status {
+            Status::Cached => out.push(format!(
+                "{pad}{}: cached, recorded at {} (key {})",
+                self.id,
+                self.recorded_unix.map(format_time).unwrap_or_default(),
+                &self.key[..12.min(self.key.len())]
+            )),
+            Status::NeverBuilt => out.push(format!(
+                "{pad}{}: never built (no earlier record of this node)",
+                self.id
+            )),
+            Status::WouldRebuild => {
+                out.push(format!(
+                    "{pad}{}: would rebuild; since its last build ({}):",
+                    self.id,
+                    self.recorded_unix.map(format_time).unwrap_or_default()
+                ));
+                for c in &self.changes {
+                    out.push(format!("{pad}  - {c}"));
+                }
+                for cause in &self.causes {
+                    cause.render(indent + 2, out);
+                }
+            }
+        }
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` from unix seconds.
+pub fn format_time(secs: u64) -> String {
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Finds a node by exact id, or by a unique substring.
+pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
+    if graph.by_id.contains_key(query) {
+        return Ok(query.to_string());
+    }
+    let hits: Vec<&String> = graph.by_id.keys().filter(|id| id.contains(query)).collect();
+    match hits.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(EngineError::UnknownNode(query.into())),
+        many => {
+            // Prefer an exact `kind:query` match.
+            if let Some(exact) = many
+                .iter()
+                .find(|id| id.split_once(':').is_some_and(|(_, rest)| rest == query))
+            {
+                return Ok((*exact).clone());
+            }
+            let list: Vec<&str> = many.iter().take(8).map(|s| s.as_str()).collect();
+            Err(EngineError::Ambiguous(query.into(), list.join(", ")))
+        }
+    }
+}
+
+fn copy_dir(src: &Path, dest: &Path) -> std::io::Result<()> {
+    for e in walkdir::WalkDir::new(src).sort_by_file_name() {
+        let e = e.map_err(std::io::Error::other)?;
+        let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
+        let t = dest.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&t)?;
+        } else if e.file_type().is_file() {
+            let bytes = std::fs::read(e.path())?;
+            crate::generate::write_if_changed(&t, &bytes)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_format() {
+        assert_eq!(format_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_time(1_796_212_800), "2026-12-02 12:00:00 UTC");
+    }
+}

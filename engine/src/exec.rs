@@ -1,0 +1,625 @@
+//! Executing one node: the memoization protocol and each kind's work.
+//!
+//! Protocol: look up the key; on a hit the node is cached (an image is also
+//! restored into the runner from its stored archive when the runner lost
+//! it). On a miss, take the key's lock, look again, run, put every output
+//! blob (durable), then commit the record naming them — so a record is never
+//! visible before its outputs, and a killed process leaves no half record.
+
+use crate::graph::{Graph, Node, Work, image_ref};
+use crate::key::NodeKind;
+use crate::runner::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
+use crate::sched::Observer;
+use charly_cache::{Output, Record, Store};
+use charly_rules::emit::containerfile::{
+    Fragment, assemble, build_dir_of, fragment_is_last, render_fragment,
+};
+use charly_rules::emit::{EmitOptions, Staged};
+use charly_rules::load::Project;
+use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox};
+use petgraph::stable_graph::NodeIndex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Everything nodes need to run.
+pub struct Ctx<'a> {
+    /// The project.
+    pub project: &'a Project,
+    /// Its resolution.
+    pub resolution: &'a Resolution,
+    /// The store.
+    pub store: &'a Store,
+    /// The runner for command nodes.
+    pub runner: &'a dyn Runner,
+    /// Where build directories are written (the build context root).
+    pub out_root: PathBuf,
+    /// Emitter options shared by every box (image refs, dev-local-pkg).
+    pub emit: EmitOptions,
+    /// Target architecture (`amd64`).
+    pub arch: String,
+}
+
+/// Why a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The store failed.
+    #[error("store: {0}")]
+    Cache(#[from] charly_cache::CacheError),
+    /// Rendering failed.
+    #[error(transparent)]
+    Emit(#[from] charly_rules::emit::EmitError),
+    /// Plan compilation failed.
+    #[error(transparent)]
+    Plan(#[from] charly_rules::plan::PlanError),
+    /// A template failed.
+    #[error(transparent)]
+    Template(#[from] charly_rules::template::TemplateError),
+    /// The runner failed.
+    #[error(transparent)]
+    Run(#[from] crate::runner::RunError),
+    /// File I/O failed.
+    #[error("{0}")]
+    Io(String),
+    /// A dependency's output is missing from the store.
+    #[error("output `{output}` of {node} is missing from the store")]
+    MissingOutput {
+        /// Dependency node.
+        node: String,
+        /// Output name.
+        output: String,
+    },
+}
+
+fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
+    move |e| ExecError::Io(format!("{what}: {e}"))
+}
+
+/// Whether a node's result is in the store (dry runs).
+pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
+    ctx.store.get_record(&n.key).ok().flatten().is_some()
+}
+
+/// Runs a node if needed. `Ok(true)`: it ran; `Ok(false)`: cached.
+pub fn execute(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    obs: &dyn Observer,
+) -> Result<bool, ExecError> {
+    let n = &graph.g[i];
+    if n.kind == NodeKind::Source {
+        // Sources are recorded (inputs only) so `explain` can name the file
+        // that changed; a new source key counts as "ran" (it was hashed anew).
+        if ctx.store.get_record(&n.key)?.is_some() {
+            return Ok(false);
+        }
+        ctx.store.put_record(&n.key, &source_record(n))?;
+        return Ok(true);
+    }
+    if let Some(rec) = ctx.store.get_record(&n.key)? {
+        restore_if_needed(ctx, n, &rec)?;
+        return Ok(false);
+    }
+    let _lock = ctx.store.lock_key(&n.key)?;
+    if let Some(rec) = ctx.store.get_record(&n.key)? {
+        restore_if_needed(ctx, n, &rec)?;
+        return Ok(false);
+    }
+    obs.started(&n.id, n.kind);
+    let t = Instant::now();
+    let outputs = work(ctx, graph, i)?;
+    let mut rec_outputs = BTreeMap::new();
+    let keep = outputs.keep;
+    for (name, o) in outputs.files {
+        let (digest, size) = match o {
+            Out::Bytes(b) => {
+                let d = ctx.store.put_blob(&b)?;
+                (d, b.len() as u64)
+            }
+            Out::File(p) => ctx.store.put_blob_file(&p)?,
+        };
+        rec_outputs.insert(
+            name,
+            Output {
+                digest,
+                size,
+                mode: 0o644,
+            },
+        );
+    }
+    drop(keep);
+    let rec = Record {
+        node_id: n.id.clone(),
+        kind: n.kind.as_str().to_string(),
+        outputs: rec_outputs,
+        duration_ms: t.elapsed().as_millis() as u64,
+        producer: if matches!(
+            n.kind,
+            NodeKind::Image | NodeKind::BuilderStage | NodeKind::LocalPkg | NodeKind::Rootfs
+        ) {
+            ctx.runner.name().to_string()
+        } else {
+            "charly".to_string()
+        },
+        key_inputs: serde_json::to_value(&n.inputs).unwrap_or_default(),
+        created_unix: now_unix(),
+        meta: outputs.meta,
+    };
+    ctx.store.put_record(&n.key, &rec)?;
+    Ok(true)
+}
+
+fn source_record(n: &Node) -> Record {
+    Record {
+        node_id: n.id.clone(),
+        kind: n.kind.as_str().to_string(),
+        outputs: BTreeMap::new(),
+        duration_ms: 0,
+        producer: "charly".into(),
+        key_inputs: serde_json::to_value(&n.inputs).unwrap_or_default(),
+        created_unix: now_unix(),
+        meta: serde_json::Value::Null,
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A cached image the runner no longer has is restored from its archive.
+fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecError> {
+    if n.kind != NodeKind::Image {
+        return Ok(());
+    }
+    let id = rec.meta.get("id").and_then(|v| v.as_str()).unwrap_or("");
+    let tag = rec.meta.get("tag").and_then(|v| v.as_str()).unwrap_or("");
+    if ctx.runner.has_image(id) || (!tag.is_empty() && ctx.runner.has_image(tag) && id.is_empty()) {
+        return Ok(());
+    }
+    let Some(out) = rec.outputs.get("archive") else {
+        return Err(ExecError::Io(format!(
+            "{}: cached image {id} is gone from the runner and no archive was stored; run with --rebuild",
+            n.id
+        )));
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("charly-restore-")
+        .tempdir()
+        .map_err(io("temp dir"))?;
+    let path = tmp.path().join("image.tar");
+    if !ctx.store.copy_blob_to(&out.digest, &path)? {
+        return Err(ExecError::MissingOutput {
+            node: n.id.clone(),
+            output: "archive".into(),
+        });
+    }
+    ctx.runner.restore_image(&path, tag)?;
+    Ok(())
+}
+
+/// A node's outputs before they are stored.
+#[derive(Default)]
+pub struct Outputs {
+    /// Named outputs.
+    pub files: BTreeMap<String, Out>,
+    /// Free-form facts (image id…).
+    pub meta: serde_json::Value,
+    /// Scratch directories holding `Out::File`s until they are stored.
+    pub keep: Vec<tempfile::TempDir>,
+}
+
+/// One output.
+pub enum Out {
+    /// In memory.
+    Bytes(Vec<u8>),
+    /// A file on disk (streamed into the store).
+    File(PathBuf),
+}
+
+fn rbox<'a>(ctx: &Ctx<'a>, name: &str) -> Result<&'a ResolvedBox, ExecError> {
+    ctx.resolution
+        .get(name)
+        .ok_or_else(|| ExecError::Io(format!("box {name} does not resolve")))
+}
+
+/// Reads a dependency's stored output.
+fn dep_output(ctx: &Ctx<'_>, dep: &Node, name: &str) -> Result<Vec<u8>, ExecError> {
+    let rec = ctx
+        .store
+        .get_record(&dep.key)?
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: dep.id.clone(),
+            output: name.into(),
+        })?;
+    let out = rec
+        .outputs
+        .get(name)
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: dep.id.clone(),
+            output: name.into(),
+        })?;
+    ctx.store
+        .get_blob(&out.digest)?
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: dep.id.clone(),
+            output: name.into(),
+        })
+}
+
+/// Emitter options for a box (artifact tars when its stages are prebuilt).
+pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptions {
+    let mut o = ctx.emit.clone();
+    if prebuilt {
+        let vocab = &ctx.project.ns(b.ns).vocab;
+        for u in &b.builders {
+            let Some(def) = vocab.builder.get(&u.builder) else {
+                continue;
+            };
+            if def.inline || def.stage_template.is_none() || u.image.is_none() {
+                continue;
+            }
+            for k in &u.candies {
+                let stage = format!("{}-{}-build", ctx.project.candies[k].name, u.builder);
+                o.artifacts.insert(
+                    stage.clone(),
+                    format!("{}/_artifacts/{stage}.tar", build_dir_of(&b.name)),
+                );
+            }
+        }
+    }
+    o
+}
+
+fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError> {
+    let n = &graph.g[i];
+    let mut out = Outputs::default();
+    match &n.work {
+        Work::Source => {}
+        Work::Fragment {
+            box_name,
+            candy: _,
+            index,
+            plan,
+        } => {
+            let b = rbox(ctx, box_name)?;
+            let f = render_fragment(
+                ctx.project,
+                b,
+                plan,
+                fragment_is_last(ctx.project, b, *index),
+                &ctx.emit,
+            )?;
+            out.files
+                .insert("text".into(), Out::Bytes(f.text.into_bytes()));
+            for (path, bytes) in f.files {
+                out.files.insert(format!("file:{path}"), Out::Bytes(bytes));
+            }
+        }
+        Work::Containerfile { box_name, prebuilt } => {
+            let b = rbox(ctx, box_name)?;
+            let opts = emit_options(ctx, b, *prebuilt);
+            let mut fragments = Vec::new();
+            for k in &b.candies {
+                let Some(fi) = graph.by_id.get(&format!("fragment:{box_name}/{k}")) else {
+                    continue;
+                };
+                let fnode = &graph.g[*fi];
+                let text = String::from_utf8_lossy(&dep_output(ctx, fnode, "text")?).into_owned();
+                let rec = ctx.store.get_record(&fnode.key)?;
+                let mut files = BTreeMap::new();
+                for (name, o) in rec.iter().flat_map(|r| r.outputs.iter()) {
+                    if let Some(path) = name.strip_prefix("file:") {
+                        let bytes = ctx.store.get_blob(&o.digest)?.ok_or_else(|| {
+                            ExecError::MissingOutput {
+                                node: fnode.id.clone(),
+                                output: name.clone(),
+                            }
+                        })?;
+                        files.insert(path.to_string(), bytes);
+                    }
+                }
+                fragments.push(Fragment {
+                    candy: k.clone(),
+                    text,
+                    files,
+                });
+            }
+            let d = assemble(ctx.project, b, &fragments, &opts)?;
+            out.files.insert(
+                format!("file:{}/Containerfile", d.dir),
+                Out::Bytes(d.containerfile.into_bytes()),
+            );
+            for (path, staged) in d.files {
+                let bytes = match staged {
+                    Staged::Bytes(b) => b,
+                    Staged::CopyOf(src) => std::fs::read(&src).map_err(io(src.display()))?,
+                };
+                out.files.insert(format!("file:{path}"), Out::Bytes(bytes));
+            }
+            out.meta =
+                serde_json::json!({ "dir": d.dir, "layers": d.layers.keys().collect::<Vec<_>>() });
+        }
+        Work::BuilderStage {
+            candy,
+            builder,
+            image_box,
+            user,
+            for_box,
+        } => {
+            let b = rbox(ctx, for_box)?;
+            let vocab = &ctx.project.ns(b.ns).vocab;
+            let def = vocab
+                .builder
+                .get(builder)
+                .ok_or_else(|| ExecError::Io(format!("unknown builder {builder}")))?;
+            let c = &ctx.project.candies[candy];
+            let containerfile = crate::stage::stage_containerfile(
+                ctx.project,
+                b,
+                c,
+                builder,
+                &image_ref(ctx.resolution, image_box),
+                user,
+            )?;
+            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+            let tar = scratch.path().join("artifact.tar");
+
+            let mut export: Vec<String> = def
+                .copy_artifact
+                .iter()
+                .map(|a| a.src.replace("{{.Home}}", &user.home))
+                .collect();
+            if let Some(bin) = &def.copy_binary {
+                export.push(bin.src.clone());
+            }
+            ctx.runner.build_stage(&StageRequest {
+                node: n.id.clone(),
+                key: n.key.to_hex(),
+                containerfile,
+                context: ctx.project.root.clone(),
+                builder_image: image_ref(ctx.resolution, image_box),
+                export,
+                owner: (user.uid, user.gid),
+                out: tar.clone(),
+            })?;
+            out.files.insert("artifact.tar".into(), Out::File(tar));
+            out.keep.push(scratch);
+        }
+        Work::LocalPkg {
+            candy,
+            format,
+            for_box,
+        } => {
+            let b = rbox(ctx, for_box)?;
+            let req =
+                crate::stage::local_pkg_request(ctx, b, candy, format, &n.id, &n.key.to_hex())?;
+            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+            let req = LocalPkgRequest {
+                out: scratch.path().join("pkgs"),
+                ..req
+            };
+            std::fs::create_dir_all(&req.out).map_err(io("pkgs dir"))?;
+            ctx.runner.build_local_pkg(&req)?;
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(&req.out)
+                .map_err(io(req.out.display()))?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect();
+            entries.sort();
+            if entries.is_empty() {
+                return Err(ExecError::Io(format!(
+                    "{}: the build produced no {} package",
+                    n.id, req.glob
+                )));
+            }
+            for p in entries {
+                let name = p
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                out.files.insert(
+                    format!("pkg:{name}"),
+                    Out::Bytes(std::fs::read(&p).map_err(io(p.display()))?),
+                );
+            }
+        }
+        Work::Rootfs { box_name, builder } => {
+            let b = rbox(ctx, box_name)?;
+            let req = crate::stage::rootfs_request(ctx, b, builder, &n.id, &n.key.to_hex())?;
+            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+            let req = RootfsRequest {
+                out: scratch.path().join("rootfs.tar.gz"),
+                ..req
+            };
+            ctx.runner.build_rootfs(&req)?;
+            out.files.insert("rootfs.tar.gz".into(), Out::File(req.out));
+            out.keep.push(scratch);
+        }
+        Work::Image { box_name } => {
+            let b = rbox(ctx, box_name)?;
+            let cf_id = format!("containerfile:{box_name}+artifacts");
+            let cf = graph
+                .node(&cf_id)
+                .ok_or_else(|| ExecError::Io(format!("{cf_id} is not in the graph")))?;
+            let dir = materialize(ctx, cf, &ctx.out_root)?;
+            let build_dir = ctx.out_root.join(&dir);
+            // Builder artifacts, local packages and the rootfs go into the context.
+            for d in graph.deps(i) {
+                let dn = &graph.g[d];
+                match &dn.work {
+                    Work::BuilderStage { candy, builder, .. } => {
+                        let stage = format!("{}-{builder}-build", ctx.project.candies[candy].name);
+                        let dest = build_dir.join("_artifacts").join(format!("{stage}.tar"));
+                        copy_output(ctx, dn, "artifact.tar", &dest)?;
+                    }
+                    Work::LocalPkg { candy, .. } => {
+                        let rec = ctx.store.get_record(&dn.key)?.ok_or_else(|| {
+                            ExecError::MissingOutput {
+                                node: dn.id.clone(),
+                                output: "pkg".into(),
+                            }
+                        })?;
+                        let dest_dir = build_dir
+                            .join("_localpkg")
+                            .join(&ctx.project.candies[candy].name);
+                        let _ = std::fs::remove_dir_all(&dest_dir);
+                        for (name, o) in &rec.outputs {
+                            if let Some(file) = name.strip_prefix("pkg:") {
+                                ctx.store.copy_output_to(o, &dest_dir.join(file))?;
+                            }
+                        }
+                    }
+                    Work::Rootfs { builder, .. } => {
+                        copy_output(
+                            ctx,
+                            dn,
+                            "rootfs.tar.gz",
+                            &build_dir.join(format!("{builder}.tar.gz")),
+                        )?;
+                    }
+                    _ => {}
+                }
+            }
+            let tag = image_ref(ctx.resolution, box_name);
+            let mut build_args = BTreeMap::new();
+            build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
+            let mut labels = BTreeMap::new();
+            labels.insert("ai.opencharly.node-key".to_string(), n.key.to_hex());
+            let res = ctx.runner.build_image(&ImageRequest {
+                node: n.id.clone(),
+                key: n.key.to_hex(),
+                context: ctx.out_root.clone(),
+                containerfile: format!("{dir}/Containerfile"),
+                tag: tag.clone(),
+                build_args,
+                labels,
+            })?;
+            if let Some(a) = &res.archive {
+                out.files.insert("archive".into(), Out::File(a.clone()));
+            }
+            out.meta = serde_json::json!({"id": res.id, "tag": res.tag, "base": match &b.base { BaseRef::External(x) => x.clone(), BaseRef::Box(p) => image_ref(ctx.resolution, p), BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}") }});
+        }
+        Work::Plan { box_name, target } => {
+            let b = rbox(ctx, box_name)?;
+            let ctxh = charly_rules::plan::HostContext {
+                target: *target,
+                ..Default::default()
+            };
+            let plan = charly_rules::plan::build_merged_plan(ctx.project, b, &ctxh, &[])?;
+            let json =
+                serde_json::to_vec_pretty(&plan).map_err(|e| ExecError::Io(e.to_string()))?;
+            out.files.insert("plan.json".into(), Out::Bytes(json));
+        }
+    }
+    Ok(out)
+}
+
+/// A scratch directory for a node run (inside the store's filesystem, so
+/// blobs move without crossing devices).
+fn scratch_dir(ctx: &Ctx<'_>, key: &str) -> Result<tempfile::TempDir, ExecError> {
+    let base = ctx.store.dir().join("work");
+    std::fs::create_dir_all(&base).map_err(io(base.display()))?;
+    tempfile::Builder::new()
+        .prefix(&format!("{}-", &key[..12.min(key.len())]))
+        .tempdir_in(&base)
+        .map_err(io("scratch dir"))
+}
+
+fn copy_output(ctx: &Ctx<'_>, n: &Node, name: &str, dest: &Path) -> Result<(), ExecError> {
+    let rec = ctx
+        .store
+        .get_record(&n.key)?
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: n.id.clone(),
+            output: name.into(),
+        })?;
+    let o = rec
+        .outputs
+        .get(name)
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: n.id.clone(),
+            output: name.into(),
+        })?;
+    if let Some(p) = dest.parent() {
+        std::fs::create_dir_all(p).map_err(io(p.display()))?;
+    }
+    if !ctx.store.copy_output_to(o, dest)? {
+        return Err(ExecError::MissingOutput {
+            node: n.id.clone(),
+            output: name.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Name of the marker that records which key a build directory holds.
+pub const KEY_MARKER: &str = ".charly-key";
+
+/// Writes a Containerfile node's build directory under `root` from the
+/// store (skipped when the directory already holds this key). Returns the
+/// directory, project-relative.
+pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, ExecError> {
+    let rec = ctx
+        .store
+        .get_record(&cf.key)?
+        .ok_or_else(|| ExecError::MissingOutput {
+            node: cf.id.clone(),
+            output: "build directory".into(),
+        })?;
+    let dir = rec
+        .meta
+        .get("dir")
+        .and_then(|d| d.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let marker = root.join(&dir).join(KEY_MARKER);
+    let key = cf.key.to_hex();
+    if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
+        && root.join(&dir).join("Containerfile").is_file()
+    {
+        return Ok(dir);
+    }
+    let mut d = charly_rules::emit::BuildDir {
+        dir: dir.clone(),
+        ..Default::default()
+    };
+    for (name, o) in &rec.outputs {
+        let Some(path) = name.strip_prefix("file:") else {
+            continue;
+        };
+        let bytes = ctx
+            .store
+            .get_blob(&o.digest)?
+            .ok_or_else(|| ExecError::MissingOutput {
+                node: cf.id.clone(),
+                output: name.clone(),
+            })?;
+        if path == format!("{dir}/Containerfile") {
+            d.containerfile = String::from_utf8_lossy(&bytes).into_owned();
+        } else {
+            d.files.insert(path.to_string(), Staged::Bytes(bytes));
+        }
+    }
+    // Candy directories outside the project are copied in fresh.
+    if let Some(layers) = rec.meta.get("layers").and_then(|l| l.as_array()) {
+        for l in layers.iter().filter_map(|l| l.as_str()) {
+            let name = l.trim_start_matches(".build/_layers/");
+            if let Some(c) = ctx
+                .project
+                .candies
+                .values()
+                .find(|c| c.name == name && c.rel_dir.is_none())
+            {
+                d.layers.insert(l.to_string(), c.dir.clone());
+            }
+        }
+    }
+    crate::generate::write(root, &d).map_err(|e| ExecError::Io(e.to_string()))?;
+    crate::generate::write_if_changed(&marker, key.as_bytes()).map_err(io(marker.display()))?;
+    Ok(dir)
+}

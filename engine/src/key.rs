@@ -1,0 +1,471 @@
+//! Node keys: what a node's output depends on, canonically encoded and hashed.
+//!
+//! Every node lists its inputs in one typed struct, [`KeyInputs`], grouped by
+//! what they are so `charly explain` can say *which* input changed: files
+//! (project-relative path → content digest), texts (templates, rendered plans:
+//! name → digest), values (user, formats, flags: name → value), dependency
+//! keys (node id → key), the base image and the builder image.
+//!
+//! The encoding is canonical: fixed field order with a tag byte per field,
+//! length-prefixed strings, maps in sorted order (they are `BTreeMap`s),
+//! then blake3. The encoder destructures [`KeyInputs`] without `..`, so a new
+//! field does not compile until someone decides how it enters the key.
+//! Keys never contain absolute paths, mtimes, user or host names or time.
+//! Changing the encoding means bumping [`KEY_SCHEMA_VERSION`]; golden tests
+//! pin exact key hex.
+
+use charly_cache::NodeKey;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the key encoding and of the meaning of key inputs.
+pub const KEY_SCHEMA_VERSION: u32 = 1;
+
+/// What a node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    /// Hashed inputs: a candy directory, a box file, the vocabulary.
+    Source,
+    /// One candy's Containerfile section for one box.
+    Fragment,
+    /// A builder stage run in its builder box's image; output: an artifact tar.
+    BuilderStage,
+    /// A local package built from source for a format.
+    LocalPkg,
+    /// A box's assembled build directory.
+    Containerfile,
+    /// A root filesystem made by a bootstrap builder.
+    Rootfs,
+    /// A box image built by a runner.
+    Image,
+    /// A box's InstallPlan for a deploy target.
+    Plan,
+}
+
+impl NodeKind {
+    /// The fixed tag byte of the kind in the encoding.
+    fn tag(self) -> u8 {
+        match self {
+            NodeKind::Source => 1,
+            NodeKind::Fragment => 2,
+            NodeKind::BuilderStage => 3,
+            NodeKind::LocalPkg => 4,
+            NodeKind::Containerfile => 5,
+            NodeKind::Rootfs => 6,
+            NodeKind::Image => 7,
+            NodeKind::Plan => 8,
+        }
+    }
+
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Source => "source",
+            NodeKind::Fragment => "fragment",
+            NodeKind::BuilderStage => "builder-stage",
+            NodeKind::LocalPkg => "local-pkg",
+            NodeKind::Containerfile => "containerfile",
+            NodeKind::Rootfs => "rootfs",
+            NodeKind::Image => "image",
+            NodeKind::Plan => "plan",
+        }
+    }
+}
+
+/// Everything a node's output depends on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyInputs {
+    /// [`KEY_SCHEMA_VERSION`].
+    pub schema: u32,
+    /// The node kind (`None` only for a default value).
+    pub kind: Option<NodeKind>,
+    /// Input files: project-relative unix path → blake3 hex of the content.
+    pub files: BTreeMap<String, String>,
+    /// Texts (templates, rendered plans): name → blake3 hex of the text.
+    pub texts: BTreeMap<String, String>,
+    /// Values (user, formats, flags, env): name → value.
+    pub values: BTreeMap<String, String>,
+    /// Dependencies: node id → key hex.
+    pub deps: BTreeMap<String, String>,
+    /// The base image reference or digest, for nodes built on one.
+    pub base: Option<String>,
+    /// The builder image's key, for nodes run in a builder box.
+    pub builder_image: Option<String>,
+}
+
+impl KeyInputs {
+    /// Inputs of a kind, with the schema version set.
+    pub fn new(kind: NodeKind) -> Self {
+        KeyInputs {
+            schema: KEY_SCHEMA_VERSION,
+            kind: Some(kind),
+            ..KeyInputs::default()
+        }
+    }
+
+    /// Adds a text by its digest.
+    pub fn text(&mut self, name: impl Into<String>, text: &str) {
+        self.texts.insert(
+            name.into(),
+            blake3::hash(text.as_bytes()).to_hex().to_string(),
+        );
+    }
+
+    /// Adds a value.
+    pub fn value(&mut self, name: impl Into<String>, v: impl Into<String>) {
+        self.values.insert(name.into(), v.into());
+    }
+
+    /// Adds a dependency.
+    pub fn dep(&mut self, id: impl Into<String>, key: &NodeKey) {
+        self.deps.insert(id.into(), key.to_hex());
+    }
+
+    /// The canonical encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let KeyInputs {
+            schema,
+            kind,
+            files,
+            texts,
+            values,
+            deps,
+            base,
+            builder_image,
+        } = self;
+        let mut e = Encoder::default();
+        e.tag(0x01);
+        e.u32(*schema);
+        e.tag(0x02);
+        e.u8(kind.map_or(0, NodeKind::tag));
+        e.tag(0x03);
+        e.map(files);
+        e.tag(0x04);
+        e.map(texts);
+        e.tag(0x05);
+        e.map(values);
+        e.tag(0x06);
+        e.map(deps);
+        e.tag(0x07);
+        e.opt(base.as_deref());
+        e.tag(0x08);
+        e.opt(builder_image.as_deref());
+        e.buf
+    }
+
+    /// The node key: blake3 of the canonical encoding.
+    pub fn key(&self) -> NodeKey {
+        NodeKey::from_bytes(*blake3::hash(&self.encode()).as_bytes())
+    }
+}
+
+#[derive(Default)]
+struct Encoder {
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    fn tag(&mut self, t: u8) {
+        self.buf.push(t);
+    }
+    fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        self.u64(s.len() as u64);
+        self.buf.extend_from_slice(s.as_bytes());
+    }
+    fn opt(&mut self, s: Option<&str>) {
+        match s {
+            None => self.u8(0),
+            Some(s) => {
+                self.u8(1);
+                self.str(s);
+            }
+        }
+    }
+    fn map(&mut self, m: &BTreeMap<String, String>) {
+        self.u64(m.len() as u64);
+        for (k, v) in m {
+            self.str(k);
+            self.str(v);
+        }
+    }
+}
+
+/// One difference between the key inputs of two builds of a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "what", rename_all = "kebab-case")]
+pub enum Change {
+    /// A file changed, appeared or disappeared.
+    File {
+        /// Project-relative path.
+        path: String,
+        /// Digest before (none: added).
+        old: Option<String>,
+        /// Digest now (none: removed).
+        new: Option<String>,
+    },
+    /// A template or rendered text changed.
+    Text {
+        /// Its name.
+        name: String,
+        /// Digest before.
+        old: Option<String>,
+        /// Digest now.
+        new: Option<String>,
+    },
+    /// A value changed.
+    Value {
+        /// Its name.
+        name: String,
+        /// Before.
+        old: Option<String>,
+        /// Now.
+        new: Option<String>,
+    },
+    /// A dependency's key changed (it rebuilt).
+    Dep {
+        /// Node id.
+        id: String,
+        /// Key before.
+        old: Option<String>,
+        /// Key now.
+        new: Option<String>,
+    },
+    /// The base image changed.
+    Base {
+        /// Before.
+        old: Option<String>,
+        /// Now.
+        new: Option<String>,
+    },
+    /// The builder image changed.
+    BuilderImage {
+        /// Before.
+        old: Option<String>,
+        /// Now.
+        new: Option<String>,
+    },
+    /// The key schema or node kind changed.
+    Schema {
+        /// Before.
+        old: String,
+        /// Now.
+        new: String,
+    },
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = |d: &Option<String>| {
+            d.as_deref()
+                .map_or("(none)".to_string(), |s| s.chars().take(12).collect())
+        };
+        let val = |d: &Option<String>| {
+            d.as_deref()
+                .map_or("(unset)".to_string(), |s| format!("{s:?}"))
+        };
+        match self {
+            Change::File {
+                path,
+                old: None,
+                new,
+            } => write!(f, "file {path} added ({})", short(new)),
+            Change::File {
+                path,
+                old,
+                new: None,
+            } => write!(f, "file {path} removed (was {})", short(old)),
+            Change::File { path, old, new } => {
+                write!(f, "file {path} changed: {} -> {}", short(old), short(new))
+            }
+            Change::Text { name, old, new } => {
+                write!(f, "{name} changed: {} -> {}", short(old), short(new))
+            }
+            Change::Value { name, old, new } => {
+                write!(f, "{name} changed: {} -> {}", val(old), val(new))
+            }
+            Change::Dep { id, old, new } => write!(
+                f,
+                "dependency {id} rebuilt: {} -> {}",
+                short(old),
+                short(new)
+            ),
+            Change::Base { old, new } => {
+                write!(f, "base image changed: {} -> {}", val(old), val(new))
+            }
+            Change::BuilderImage { old, new } => {
+                write!(f, "builder image changed: {} -> {}", short(old), short(new))
+            }
+            Change::Schema { old, new } => write!(f, "key schema changed: {old} -> {new}"),
+        }
+    }
+}
+
+/// The differences from `old` to `new`, in a stable order.
+pub fn diff(old: &KeyInputs, new: &KeyInputs) -> Vec<Change> {
+    let mut out = Vec::new();
+    if old.schema != new.schema || old.kind != new.kind {
+        out.push(Change::Schema {
+            old: format!("{} {:?}", old.schema, old.kind),
+            new: format!("{} {:?}", new.schema, new.kind),
+        });
+    }
+    let maps = |a: &BTreeMap<String, String>,
+                b: &BTreeMap<String, String>|
+     -> Vec<(String, Option<String>, Option<String>)> {
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| (k.clone(), a.get(k).cloned(), b.get(k).cloned()))
+            .collect()
+    };
+    for (path, old, new) in maps(&old.files, &new.files) {
+        out.push(Change::File { path, old, new });
+    }
+    for (name, old, new) in maps(&old.texts, &new.texts) {
+        out.push(Change::Text { name, old, new });
+    }
+    for (name, old, new) in maps(&old.values, &new.values) {
+        out.push(Change::Value { name, old, new });
+    }
+    for (id, old, new) in maps(&old.deps, &new.deps) {
+        out.push(Change::Dep { id, old, new });
+    }
+    if old.base != new.base {
+        out.push(Change::Base {
+            old: old.base.clone(),
+            new: new.base.clone(),
+        });
+    }
+    if old.builder_image != new.builder_image {
+        out.push(Change::BuilderImage {
+            old: old.builder_image.clone(),
+            new: new.builder_image.clone(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> KeyInputs {
+        let mut k = KeyInputs::new(NodeKind::Fragment);
+        k.files.insert("candy/a/charly.yml".into(), "ab".repeat(32));
+        k.text(
+            "template:format/rpm/install",
+            "RUN dnf install -y {{.Packages}}",
+        );
+        k.value("user", "user:1000:1000:/home/user");
+        k.deps.insert("source:candy/a".into(), "cd".repeat(32));
+        k.base = Some("quay.io/fedora/fedora:43".into());
+        k
+    }
+
+    #[test]
+    fn golden_keys() {
+        // Pinned: changing the encoding must bump KEY_SCHEMA_VERSION. The
+        // values were computed by an independent Python implementation of
+        // the encoding described in this module (tag, u32 LE schema, kind
+        // tag, maps as u64 LE count + u64-length-prefixed strings, options
+        // as 0 / 1 + string), hashed with the `blake3` package.
+        assert_eq!(
+            KeyInputs::new(NodeKind::Source).key().to_hex(),
+            "10063fd5b76da1445bc7c97fe6d5a7263e79041a25cfbfabdb50581d20e51883"
+        );
+        assert_eq!(
+            sample().key().to_hex(),
+            "5dda9d3a10997a3a106bae691a95f79fdcb1d60b1a26288c3b76079500506f53"
+        );
+    }
+
+    #[test]
+    fn every_single_input_changes_the_key() {
+        let base = sample().key();
+        let mut variants: Vec<KeyInputs> = Vec::new();
+        let mut k = sample();
+        k.files.insert("candy/a/charly.yml".into(), "ac".repeat(32));
+        variants.push(k);
+        let mut k = sample();
+        k.files.insert("candy/a/extra".into(), "00".into());
+        variants.push(k);
+        let mut k = sample();
+        k.text(
+            "template:format/rpm/install",
+            "RUN dnf install -y --nodocs {{.Packages}}",
+        );
+        variants.push(k);
+        let mut k = sample();
+        k.value("user", "user:1001:1000:/home/user");
+        variants.push(k);
+        let mut k = sample();
+        k.value("env:FOO", "1");
+        variants.push(k);
+        let mut k = sample();
+        k.deps.insert("source:candy/a".into(), "ce".repeat(32));
+        variants.push(k);
+        let mut k = sample();
+        k.base = Some("quay.io/fedora/fedora:44".into());
+        variants.push(k);
+        let mut k = sample();
+        k.builder_image = Some("00".into());
+        variants.push(k);
+        let mut k = sample();
+        k.kind = Some(NodeKind::Containerfile);
+        variants.push(k);
+        let mut keys = std::collections::BTreeSet::new();
+        keys.insert(base.to_hex());
+        for v in &variants {
+            assert!(
+                keys.insert(v.key().to_hex()),
+                "a change did not change the key: {v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn field_boundaries_are_unambiguous() {
+        // ("ab","c") and ("a","bc") must not collide.
+        let mut a = KeyInputs::new(NodeKind::Source);
+        a.value("ab", "c");
+        let mut b = KeyInputs::new(NodeKind::Source);
+        b.value("a", "bc");
+        assert_ne!(a.key(), b.key());
+        let mut c = KeyInputs::new(NodeKind::Source);
+        c.text("ab", "c");
+        assert_ne!(a.key(), c.key(), "same name in another field");
+    }
+
+    #[test]
+    fn diff_names_what_changed() {
+        let old = sample();
+        let mut new = sample();
+        new.files
+            .insert("candy/a/charly.yml".into(), "ef".repeat(32));
+        new.value("formats", "rpm");
+        new.deps.clear();
+        let d = diff(&old, &new);
+        let text: Vec<String> = d.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                "file candy/a/charly.yml changed: abababababab -> efefefefefef",
+                "formats changed: (unset) -> \"rpm\"",
+                "dependency source:candy/a rebuilt: cdcdcdcdcdcd -> (none)",
+            ]
+        );
+        assert!(diff(&old, &old).is_empty());
+    }
+}

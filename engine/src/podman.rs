@@ -1,0 +1,408 @@
+//! The podman runner.
+//!
+//! * **Configuration.** Podman on some hosts needs settings to work at all
+//!   (on Debian 12 with hybrid cgroups: the runc runtime and explicit
+//!   ulimits). Unless `CONTAINERS_CONF` is already set, charly writes its own
+//!   `containers.conf` next to the store and points podman at it. `--podman-root`
+//!   isolates storage (tests, CI).
+//! * **Builder stages** build the stage Containerfile with `--target` and
+//!   export the `copy_artifact` paths with `podman cp`, then re-pack them as
+//!   a reproducible tar (sorted entries, mtime 0, owner from the box user
+//!   when the artifact is chowned), so the same stage gives the same bytes.
+//! * **Images** build with `--layers`, the node key as a label, and are saved
+//!   as an OCI archive for the store, so a machine that only has the store
+//!   gets the image back with `podman load` instead of a rebuild.
+//! * **Root filesystems** are bootstrapped on the host with debootstrap
+//!   (from the configured mirror) when no builder image exists.
+//! * **CA bundle.** Behind an intercepting proxy, builds that speak HTTPS
+//!   need the proxy's CA: `--ca-bundle FILE` mounts it read-only at the
+//!   usual system path in every RUN and points npm/node, pip and curl at it.
+
+use crate::runner::{
+    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Settings of the podman runner.
+#[derive(Clone, Debug, Default)]
+pub struct PodmanOptions {
+    /// Isolated storage root (`podman --root`); run root goes next to it.
+    pub root: Option<PathBuf>,
+    /// Directory for charly's containers.conf (the store directory).
+    pub conf_dir: PathBuf,
+    /// A CA bundle to trust in builds.
+    pub ca_bundle: Option<PathBuf>,
+    /// Jobs per `podman build` (`--jobs`).
+    pub jobs: usize,
+}
+
+/// Runs nodes with podman.
+pub struct PodmanRunner {
+    opts: PodmanOptions,
+    conf: Option<PathBuf>,
+}
+
+/// Where the CA bundle is mounted inside build containers.
+const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+impl PodmanRunner {
+    /// Checks podman is installed and prepares its configuration.
+    pub fn new(opts: PodmanOptions) -> Result<Self, RunError> {
+        let found = Command::new("podman").arg("--version").output();
+        match found {
+            Ok(o) if o.status.success() => {}
+            _ => {
+                return Err(RunError::new(
+                    "podman is not installed or not on PATH; install it (Debian/Ubuntu: `apt-get install podman buildah runc`, Fedora: `dnf install podman`) or use `--runner fake` to plan without building",
+                ));
+            }
+        }
+        let conf = if std::env::var_os("CONTAINERS_CONF").is_some() {
+            None
+        } else {
+            let runtime = if which("runc") { "runc" } else { "crun" };
+            let text = format!(
+                "# written by charly: podman settings this host needs\n[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"{runtime}\"\n"
+            );
+            let path = opts.conf_dir.join("podman").join("containers.conf");
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+                    .map_err(|e| RunError::new(format!("{}: {e}", path.display())))?;
+                std::fs::write(&path, text)
+                    .map_err(|e| RunError::new(format!("{}: {e}", path.display())))?;
+            }
+            Some(path)
+        };
+        if let Some(ca) = &opts.ca_bundle
+            && !ca.is_file()
+        {
+            return Err(RunError::new(format!(
+                "--ca-bundle {}: no such file",
+                ca.display()
+            )));
+        }
+        Ok(PodmanRunner { opts, conf })
+    }
+
+    /// A podman command with charly's configuration and storage.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        if let Some(conf) = &self.conf {
+            c.env("CONTAINERS_CONF", conf);
+        }
+        if let Some(root) = &self.opts.root {
+            c.arg("--root")
+                .arg(root.join("storage"))
+                .arg("--runroot")
+                .arg(root.join("run"));
+        }
+        c
+    }
+
+    fn run(&self, what: &str, c: &mut Command) -> Result<Output, RunError> {
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RunError::new(format!("{what}: cannot run podman: {e}")))?;
+        if !out.status.success() {
+            let text = String::from_utf8_lossy(&out.stderr).to_string()
+                + &String::from_utf8_lossy(&out.stdout);
+            let tail: Vec<&str> = text.lines().rev().take(25).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(RunError::new(format!(
+                "{what} failed ({}):\n{}",
+                out.status,
+                tail.join("\n")
+            )));
+        }
+        Ok(out)
+    }
+
+    fn ca_args(&self, c: &mut Command) {
+        if let Some(ca) = &self.opts.ca_bundle {
+            c.arg("--volume")
+                .arg(format!("{}:{CA_TARGET}:ro", ca.display()));
+        }
+    }
+
+    /// The environment a build RUN needs to trust the CA bundle (npm/node,
+    /// pip, curl, git all honour one of these).
+    fn ca_env(&self) -> Vec<(String, String)> {
+        if self.opts.ca_bundle.is_none() {
+            return Vec::new();
+        }
+        [
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "CURL_CA_BUNDLE",
+            "npm_config_cafile",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), CA_TARGET.to_string()))
+        .collect()
+    }
+
+    fn build(&self, b: &BuildCall<'_>) -> Result<String, RunError> {
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let iid = tmp.path().join("iid");
+        let mut c = self.cmd();
+        c.arg("build").arg("--layers=true").arg("--pull=never");
+        if self.opts.jobs > 1 {
+            c.arg(format!("--jobs={}", self.opts.jobs));
+        }
+        c.arg("-f")
+            .arg(b.file)
+            .arg("-t")
+            .arg(b.tag)
+            .arg("--iidfile")
+            .arg(&iid);
+        if let Some(t) = b.target {
+            c.arg("--target").arg(t);
+        }
+        for (k, v) in b.args {
+            c.arg("--build-arg").arg(format!("{k}={v}"));
+        }
+        for (k, v) in b.labels {
+            c.arg("--label").arg(format!("{k}={v}"));
+        }
+        self.ca_args(&mut c);
+        c.arg(b.context);
+        self.run(b.what, &mut c)?;
+        std::fs::read_to_string(&iid)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| RunError::new(format!("{}: no image id: {e}", b.what)))
+    }
+}
+
+/// One `podman build`.
+struct BuildCall<'a> {
+    what: &'a str,
+    context: &'a Path,
+    file: &'a Path,
+    tag: &'a str,
+    target: Option<&'a str>,
+    args: &'a [(String, String)],
+    labels: &'a [(String, String)],
+}
+
+fn which(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+impl Runner for PodmanRunner {
+    fn name(&self) -> &str {
+        "podman"
+    }
+
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let file = tmp.path().join("Containerfile");
+        // A CA bundle reaches the stage's RUNs through ENV right after its FROM.
+        let mut text = req.containerfile.clone();
+        let env = self.ca_env();
+        if !env.is_empty() {
+            let mut patched = String::new();
+            for line in text.lines() {
+                patched.push_str(line);
+                patched.push('\n');
+                if line.starts_with("FROM ") && !line.starts_with("FROM scratch") {
+                    for (k, v) in &env {
+                        patched.push_str(&format!("ENV {k}={v}\n"));
+                    }
+                }
+            }
+            text = patched;
+        }
+        std::fs::write(&file, text).map_err(|e| RunError::new(e.to_string()))?;
+        let stage = req
+            .containerfile
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("FROM ").and_then(|r| r.split(" AS ").nth(1)))
+            .map(|s| s.trim().to_string());
+        let tag = format!(
+            "localhost/charly-stage:{}",
+            &req.key[..16.min(req.key.len())]
+        );
+        let what = format!("builder stage {}", req.node);
+        let id = self.build(&BuildCall {
+            what: &what,
+            context: &req.context,
+            file: &file,
+            tag: &tag,
+            target: stage.as_deref(),
+            args: &[],
+            labels: &[],
+        })?;
+        // Export the artifact paths from a stopped container.
+        let ctr = format!("charly-export-{}", &req.key[..16.min(req.key.len())]);
+        let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+        self.run(
+            "create export container",
+            self.cmd().args(["create", "--name", &ctr, &id, "true"]),
+        )?;
+        let result = (|| -> Result<(), RunError> {
+            let mut files: Vec<crate::artifact::Entry> = Vec::new();
+            for src in &req.export {
+                let src = src.trim_end_matches('/');
+                let out = self.run(
+                    &format!("podman cp {src}"),
+                    self.cmd().arg("cp").arg(format!("{ctr}:{src}")).arg("-"),
+                )?;
+                let parent = Path::new(src)
+                    .parent()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                files.extend(
+                    crate::artifact::read_tar(&out.stdout, &parent)
+                        .map_err(|e| RunError::new(format!("reading {src}: {e}")))?,
+                );
+            }
+            crate::artifact::write_tar(&req.out, files, Some(req.owner))
+                .map_err(|e| RunError::new(format!("writing artifact: {e}")))
+        })();
+        let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+        let _ = self.cmd().args(["rmi", "-f", &tag]).output();
+        result
+    }
+
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
+        let args: Vec<(String, String)> = req
+            .build_args
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let labels: Vec<(String, String)> = req
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let file = req.context.join(&req.containerfile);
+        let what = format!("image {}", req.tag);
+        let id = self.build(&BuildCall {
+            what: &what,
+            context: &req.context,
+            file: &file,
+            tag: &req.tag,
+            target: None,
+            args: &args,
+            labels: &labels,
+        })?;
+        // Save for the store: a fresh machine restores instead of rebuilding.
+        let dir = tempfile::Builder::new()
+            .prefix("charly-image-")
+            .tempdir()
+            .map_err(|e| RunError::new(e.to_string()))?
+            .keep();
+        let archive = dir.join("image.tar");
+        self.run(
+            &format!("podman save {}", req.tag),
+            self.cmd()
+                .args(["save", "--format", "oci-archive", "-o"])
+                .arg(&archive)
+                .arg(&req.tag),
+        )?;
+        Ok(ImageResult {
+            id: format!("sha256:{}", id.trim_start_matches("sha256:")),
+            tag: req.tag.clone(),
+            archive: Some(archive),
+        })
+    }
+
+    fn has_image(&self, reference: &str) -> bool {
+        !reference.is_empty()
+            && self
+                .cmd()
+                .args(["image", "exists", reference.trim_start_matches("sha256:")])
+                .status()
+                .is_ok_and(|s| s.success())
+    }
+
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
+        let out = self.run(
+            "podman load",
+            self.cmd().arg("load").arg("-q").arg("-i").arg(archive),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let loaded = text
+            .lines()
+            .find_map(|l| l.split_once(": ").map(|(_, r)| r.trim().to_string()))
+            .unwrap_or_default();
+        if !tag.is_empty() && !loaded.is_empty() && loaded != tag {
+            self.run("podman tag", self.cmd().args(["tag", &loaded, tag]))?;
+        }
+        Ok(tag.to_string())
+    }
+
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        let mut c = self.cmd();
+        c.args(["run", "--rm", "--pull=never", "--network=host"])
+            .arg("-v")
+            .arg(format!("{}:/src:ro", req.source.display()))
+            .arg("-v")
+            .arg(format!("{}:/out", req.out.display()));
+        self.ca_args(&mut c);
+        c.arg(&req.image).arg("sh").arg("-c").arg(&req.script);
+        self.run(&format!("local package {}", req.node), &mut c)?;
+        Ok(())
+    }
+
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        if req.builder != "debootstrap" {
+            return Err(RunError::new(format!(
+                "bootstrapping with `{}` needs its builder image; only debootstrap runs on the host",
+                req.builder
+            )));
+        }
+        if !which("debootstrap") && !Path::new("/usr/sbin/debootstrap").exists() {
+            return Err(RunError::new(
+                "debootstrap is not installed (apt-get install debootstrap)",
+            ));
+        }
+        if req.suite.is_empty() || req.mirror.is_empty() {
+            return Err(RunError::new(
+                "the distro's `debootstrap:` settings need `suite` and `mirror`",
+            ));
+        }
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let target = tmp.path().join("rootfs");
+        let mut c = Command::new("debootstrap");
+        c.arg(format!("--variant={}", req.variant));
+        if !req.include.is_empty() {
+            c.arg(format!("--include={}", req.include.join(",")));
+        }
+        c.arg(&req.suite).arg(&target).arg(&req.mirror);
+        let out = c
+            .output()
+            .map_err(|e| RunError::new(format!("debootstrap: {e}")))?;
+        if !out.status.success() {
+            let text = String::from_utf8_lossy(&out.stderr).to_string()
+                + &String::from_utf8_lossy(&out.stdout);
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            return Err(RunError::new(format!(
+                "debootstrap {} from {} failed:\n{}",
+                req.suite,
+                req.mirror,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )));
+        }
+        // apt state that only matters inside the bootstrap.
+        let _ = std::fs::remove_dir_all(target.join("var/cache/apt/archives"));
+        let st = Command::new("tar")
+            .arg("-C")
+            .arg(&target)
+            .args(["--numeric-owner", "--xattrs", "-czf"])
+            .arg(&req.out)
+            .arg(".")
+            .status()
+            .map_err(|e| RunError::new(format!("tar: {e}")))?;
+        if !st.success() {
+            return Err(RunError::new("packing the root filesystem failed"));
+        }
+        Ok(())
+    }
+}

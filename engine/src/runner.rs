@@ -1,0 +1,269 @@
+//! Runners: what executes the nodes that run commands.
+//!
+//! The [`Runner`] trait has one method per command-running node kind. The
+//! real one is podman ([`crate::podman`]); [`FakeRunner`] records what it is
+//! asked to do and returns deterministic outputs, with injectable failures
+//! and delays, for tests of the scheduler and cache. The cache layer sits
+//! above any runner: a node whose key has a record never reaches it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Why a runner failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RunError {
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl RunError {
+    /// An error with a message.
+    pub fn new(m: impl Into<String>) -> Self {
+        RunError { message: m.into() }
+    }
+}
+
+/// A builder stage to run.
+#[derive(Clone, Debug)]
+pub struct StageRequest {
+    /// Node id.
+    pub node: String,
+    /// Key hex (tag images and containers with it).
+    pub key: String,
+    /// The stage's Containerfile text (from the builder's stage template).
+    pub containerfile: String,
+    /// Build context directory.
+    pub context: PathBuf,
+    /// The builder box image to run in.
+    pub builder_image: String,
+    /// Paths inside the stage to export (`copy_artifact` sources).
+    pub export: Vec<String>,
+    /// uid:gid the exported files belong to.
+    pub owner: (u32, u32),
+    /// Where to write the artifact tar.
+    pub out: PathBuf,
+}
+
+/// A box image to build.
+#[derive(Clone, Debug)]
+pub struct ImageRequest {
+    /// Node id.
+    pub node: String,
+    /// Key hex.
+    pub key: String,
+    /// Build context (the project root or a generated context).
+    pub context: PathBuf,
+    /// Containerfile path relative to the context.
+    pub containerfile: String,
+    /// The tag to give the image (`localhost/<box>:<version>`).
+    pub tag: String,
+    /// Build arguments.
+    pub build_args: BTreeMap<String, String>,
+    /// Labels to add.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A built image.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageResult {
+    /// Image id (`sha256:…` from the runner).
+    pub id: String,
+    /// The tag it was given.
+    pub tag: String,
+    /// An OCI archive of the image, when the runner saved one.
+    #[serde(skip)]
+    pub archive: Option<PathBuf>,
+}
+
+/// A local package to build from source.
+#[derive(Clone, Debug)]
+pub struct LocalPkgRequest {
+    /// Node id.
+    pub node: String,
+    /// Key hex.
+    pub key: String,
+    /// Package format (deb, rpm, pac).
+    pub format: String,
+    /// Source directory.
+    pub source: PathBuf,
+    /// Image to build in.
+    pub image: String,
+    /// The build script (rendered `build_template`: `.SrcDir` `/src`, `.PkgDest` `/out`).
+    pub script: String,
+    /// Glob of produced packages.
+    pub glob: String,
+    /// Where to put the packages.
+    pub out: PathBuf,
+}
+
+/// A root filesystem to bootstrap.
+#[derive(Clone, Debug)]
+pub struct RootfsRequest {
+    /// Node id.
+    pub node: String,
+    /// Key hex.
+    pub key: String,
+    /// `debootstrap`, `pacstrap`.
+    pub builder: String,
+    /// Suite/release (`bookworm`).
+    pub suite: String,
+    /// Mirror URL.
+    pub mirror: String,
+    /// Variant (`minbase`).
+    pub variant: String,
+    /// Extra packages.
+    pub include: Vec<String>,
+    /// Where to write the rootfs tar.
+    pub out: PathBuf,
+}
+
+/// Executes command-running nodes.
+pub trait Runner: Send + Sync {
+    /// A short name recorded as the producer (part of image keys).
+    fn name(&self) -> &str;
+    /// Runs a builder stage and writes its artifact tar to `req.out`.
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError>;
+    /// Builds a box image.
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError>;
+    /// Whether an image with this id or tag is present (so a cached image needs no restore).
+    fn has_image(&self, reference: &str) -> bool;
+    /// Restores an image from an archive written by [`Runner::build_image`], tagging it.
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError>;
+    /// Builds local packages into `req.out`.
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError>;
+    /// Bootstraps a root filesystem tar into `req.out`.
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError>;
+}
+
+/// One call the fake runner received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invocation {
+    /// `stage`, `image`, `local-pkg`, `rootfs`, `restore`.
+    pub what: String,
+    /// Node id.
+    pub node: String,
+    /// Key hex.
+    pub key: String,
+}
+
+/// A runner for tests: deterministic outputs, recorded calls, injectable
+/// failures and delays. It can also stand in for another runner's *name*
+/// when only keys are computed (`graph`, `explain`).
+#[derive(Default)]
+pub struct FakeRunner {
+    name: Option<String>,
+    calls: Mutex<Vec<Invocation>>,
+    /// Node ids that fail.
+    pub fail: BTreeSet<String>,
+    /// Per-node delays.
+    pub delay: BTreeMap<String, Duration>,
+    images: Mutex<BTreeSet<String>>,
+}
+
+impl FakeRunner {
+    /// A fake runner.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A fake that reports another runner's name (for computing that
+    /// runner's keys without running anything).
+    pub fn named(name: &str) -> Self {
+        FakeRunner {
+            name: Some(name.to_string()),
+            ..Self::default()
+        }
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Invocation> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Forgets all images (like `podman rmi -a`).
+    pub fn remove_all_images(&self) {
+        if let Ok(mut i) = self.images.lock() {
+            i.clear();
+        }
+    }
+
+    fn record(&self, what: &str, node: &str, key: &str) -> Result<(), RunError> {
+        if let Ok(mut c) = self.calls.lock() {
+            c.push(Invocation {
+                what: what.into(),
+                node: node.into(),
+                key: key.into(),
+            });
+        }
+        if let Some(d) = self.delay.get(node) {
+            std::thread::sleep(*d);
+        }
+        if self.fail.contains(node) {
+            return Err(RunError::new(format!("injected failure of {node}")));
+        }
+        Ok(())
+    }
+}
+
+fn write_fake(out: &Path, body: &str) -> Result<(), RunError> {
+    if let Some(p) = out.parent() {
+        std::fs::create_dir_all(p).map_err(|e| RunError::new(e.to_string()))?;
+    }
+    std::fs::write(out, body).map_err(|e| RunError::new(e.to_string()))
+}
+
+impl Runner for FakeRunner {
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("fake")
+    }
+
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        self.record("stage", &req.node, &req.key)?;
+        write_fake(
+            &req.out,
+            &format!("fake artifact of {} ({})\n", req.node, req.key),
+        )
+    }
+
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
+        self.record("image", &req.node, &req.key)?;
+        let id = format!("sha256:{}", blake3::hash(req.key.as_bytes()).to_hex());
+        if let Ok(mut i) = self.images.lock() {
+            i.insert(id.clone());
+            i.insert(req.tag.clone());
+        }
+        Ok(ImageResult {
+            id,
+            tag: req.tag.clone(),
+            archive: None,
+        })
+    }
+
+    fn has_image(&self, reference: &str) -> bool {
+        self.images
+            .lock()
+            .map(|i| i.contains(reference))
+            .unwrap_or(false)
+    }
+
+    fn restore_image(&self, _archive: &Path, tag: &str) -> Result<String, RunError> {
+        self.record("restore", tag, "")?;
+        if let Ok(mut i) = self.images.lock() {
+            i.insert(tag.to_string());
+        }
+        Ok(tag.to_string())
+    }
+
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        self.record("local-pkg", &req.node, &req.key)?;
+        write_fake(&req.out.join(format!("fake.{}", req.format)), &req.key)
+    }
+
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        self.record("rootfs", &req.node, &req.key)?;
+        write_fake(&req.out, &req.key)
+    }
+}

@@ -1,0 +1,319 @@
+//! The scheduler: runs the graph's nodes in dependency order on a thread
+//! pool, memoized by the store.
+//!
+//! A node is ready when all its dependencies are done. Up to `jobs` ready
+//! nodes run at once. Each node first looks for a record under its key (a hit
+//! is `cached` and never reaches the runner); a miss takes the key's
+//! cross-process lock, looks again (another process may have just built it),
+//! runs, stores its outputs, then commits the record. At the first failure no
+//! new node starts; running ones finish; everything left is reported as not
+//! attempted, by name. `dry_run` computes states without running anything.
+
+use crate::exec::{self, Ctx};
+use crate::graph::Graph;
+use crate::key::NodeKind;
+use petgraph::Direction;
+use petgraph::stable_graph::NodeIndex;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// What happened to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// It ran.
+    Ran,
+    /// Its result came from the store.
+    Cached,
+    /// It failed.
+    Failed,
+    /// It was not started (a failure stopped the schedule).
+    NotAttempted,
+    /// `--dry-run`: it would run.
+    WouldRun,
+}
+
+/// One node in the summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeReport {
+    /// Node id.
+    pub id: String,
+    /// Kind.
+    pub kind: NodeKind,
+    /// Key hex.
+    pub key: String,
+    /// What happened.
+    pub state: State,
+    /// Wall time spent on it.
+    pub duration_ms: u64,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Start, in microseconds since the schedule began (trace).
+    #[serde(skip)]
+    pub start_us: u64,
+    /// Worker thread (trace).
+    #[serde(skip)]
+    pub thread: usize,
+    /// Duration in microseconds (trace).
+    #[serde(skip)]
+    pub duration_us: u64,
+}
+
+/// Counts per state.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Totals {
+    /// Nodes.
+    pub nodes: usize,
+    /// Ran.
+    pub ran: usize,
+    /// Cached.
+    pub cached: usize,
+    /// Failed.
+    pub failed: usize,
+    /// Not attempted.
+    pub not_attempted: usize,
+    /// Would run (dry run).
+    pub would_run: usize,
+    /// Wall time of the whole schedule.
+    pub wall_ms: u64,
+}
+
+/// The result of a schedule.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Every node, in topological order.
+    pub nodes: Vec<NodeReport>,
+    /// Counts.
+    pub totals: Totals,
+}
+
+impl Summary {
+    /// Whether nothing failed.
+    pub fn ok(&self) -> bool {
+        self.totals.failed == 0 && self.totals.not_attempted == 0
+    }
+
+    /// The report of a node.
+    pub fn get(&self, id: &str) -> Option<&NodeReport> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
+    pub fn chrome_trace(&self) -> serde_json::Value {
+        let events: Vec<serde_json::Value> = self
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.state, State::Ran | State::Cached | State::Failed))
+            .map(|n| {
+                serde_json::json!({
+                    "name": n.id,
+                    "cat": n.kind.as_str(),
+                    "ph": "X",
+                    "ts": n.start_us,
+                    "dur": n.duration_us.max(1),
+                    "pid": 1,
+                    "tid": n.thread,
+                    "args": {"state": n.state, "key": n.key},
+                })
+            })
+            .collect();
+        serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    }
+}
+
+/// Receives progress events (the CLI draws bars from them; the engine never prints).
+pub trait Observer: Sync {
+    /// A node started running (not called for cache hits).
+    fn started(&self, _id: &str, _kind: NodeKind) {}
+    /// A node finished in some state.
+    fn finished(&self, _report: &NodeReport) {}
+}
+
+/// An observer that ignores everything.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// Runs the graph.
+pub fn run(
+    graph: &Graph,
+    ctx: &Ctx<'_>,
+    jobs: usize,
+    dry_run: bool,
+    obs: &dyn Observer,
+) -> Summary {
+    let t0 = Instant::now();
+    let order = graph.topo().unwrap_or_default();
+    let mut reports: BTreeMap<NodeIndex, NodeReport> = BTreeMap::new();
+    if dry_run {
+        for i in &order {
+            let n = &graph.g[*i];
+            let cached = deps_cached(graph, *i, &reports) && exec::is_cached(ctx, n);
+            let r = NodeReport {
+                id: n.id.clone(),
+                kind: n.kind,
+                key: n.key.to_hex(),
+                state: if cached {
+                    State::Cached
+                } else {
+                    State::WouldRun
+                },
+                duration_ms: 0,
+                error: None,
+                start_us: 0,
+                thread: 0,
+                duration_us: 0,
+            };
+            obs.finished(&r);
+            reports.insert(*i, r);
+        }
+        return summarize(&order, reports, t0.elapsed());
+    }
+
+    let jobs = jobs.max(1);
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(jobs).build() {
+        Ok(p) => p,
+        Err(e) => {
+            let mut reports = BTreeMap::new();
+            for i in &order {
+                let n = &graph.g[*i];
+                reports.insert(
+                    *i,
+                    NodeReport {
+                        id: n.id.clone(),
+                        kind: n.kind,
+                        key: n.key.to_hex(),
+                        state: State::Failed,
+                        duration_ms: 0,
+                        error: Some(format!("cannot start worker threads: {e}")),
+                        start_us: 0,
+                        thread: 0,
+                        duration_us: 0,
+                    },
+                );
+            }
+            return summarize(&order, reports, t0.elapsed());
+        }
+    };
+    let mut waiting: BTreeMap<NodeIndex, usize> = order
+        .iter()
+        .map(|i| {
+            (
+                *i,
+                graph.g.neighbors_directed(*i, Direction::Incoming).count(),
+            )
+        })
+        .collect();
+    // Ready nodes in id order, so runs are reproducible.
+    let mut ready: std::collections::BTreeSet<(String, NodeIndex)> = waiting
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(i, _)| (graph.g[*i].id.clone(), *i))
+        .collect();
+    let (tx, rx) = mpsc::channel::<(NodeIndex, NodeReport)>();
+    let mut running = 0usize;
+    let mut failed = false;
+    pool.in_place_scope(|s| {
+        loop {
+            while !failed && running < jobs {
+                let Some((_, i)) = ready.pop_first() else {
+                    break;
+                };
+                running += 1;
+                let tx = tx.clone();
+                let n = &graph.g[i];
+                s.spawn(move |_| {
+                    let start = t0.elapsed();
+                    let thread = rayon::current_thread_index().unwrap_or(0);
+                    let t = Instant::now();
+                    let (state, error) = match exec::execute(ctx, graph, i, obs) {
+                        Ok(true) => (State::Ran, None),
+                        Ok(false) => (State::Cached, None),
+                        Err(e) => (State::Failed, Some(e.to_string())),
+                    };
+                    let r = NodeReport {
+                        id: n.id.clone(),
+                        kind: n.kind,
+                        key: n.key.to_hex(),
+                        state,
+                        duration_ms: t.elapsed().as_millis() as u64,
+                        duration_us: t.elapsed().as_micros() as u64,
+                        error,
+                        start_us: start.as_micros() as u64,
+                        thread,
+                    };
+                    let _ = tx.send((i, r));
+                });
+            }
+            if running == 0 {
+                break;
+            }
+            let Ok((i, r)) = rx.recv() else { break };
+            running -= 1;
+            obs.finished(&r);
+            if r.state == State::Failed {
+                failed = true;
+            } else {
+                for n in graph.g.neighbors_directed(i, Direction::Outgoing) {
+                    if let Some(d) = waiting.get_mut(&n) {
+                        *d -= 1;
+                        if *d == 0 {
+                            ready.insert((graph.g[n].id.clone(), n));
+                        }
+                    }
+                }
+            }
+            reports.insert(i, r);
+        }
+    });
+    for i in &order {
+        reports.entry(*i).or_insert_with(|| {
+            let n = &graph.g[*i];
+            NodeReport {
+                id: n.id.clone(),
+                kind: n.kind,
+                key: n.key.to_hex(),
+                state: State::NotAttempted,
+                duration_ms: 0,
+                error: None,
+                start_us: 0,
+                thread: 0,
+                duration_us: 0,
+            }
+        });
+    }
+    summarize(&order, reports, t0.elapsed())
+}
+
+fn deps_cached(graph: &Graph, i: NodeIndex, reports: &BTreeMap<NodeIndex, NodeReport>) -> bool {
+    graph
+        .g
+        .neighbors_directed(i, Direction::Incoming)
+        .all(|d| reports.get(&d).is_some_and(|r| r.state == State::Cached))
+}
+
+fn summarize(
+    order: &[NodeIndex],
+    mut reports: BTreeMap<NodeIndex, NodeReport>,
+    wall: Duration,
+) -> Summary {
+    let mut nodes = Vec::with_capacity(order.len());
+    let mut t = Totals::default();
+    for i in order {
+        if let Some(r) = reports.remove(i) {
+            match r.state {
+                State::Ran => t.ran += 1,
+                State::Cached => t.cached += 1,
+                State::Failed => t.failed += 1,
+                State::NotAttempted => t.not_attempted += 1,
+                State::WouldRun => t.would_run += 1,
+            }
+            nodes.push(r);
+        }
+    }
+    t.nodes = nodes.len();
+    t.wall_ms = wall.as_millis() as u64;
+    Summary { nodes, totals: t }
+}
