@@ -117,7 +117,7 @@ pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
 /// The runner chosen on the command line.
 pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
     Ok(match a.runner.as_str() {
-        "fake" => Box::new(FakeRunner::new()),
+        "fake" => Box::new(FakeRunner::from_env()),
         _ => Box::new(PodmanRunner::new(PodmanOptions {
             root: a.podman_root.clone(),
             conf_dir: store.dir().to_path_buf(),

@@ -111,6 +111,7 @@ pub fn execute(
     let outputs = work(ctx, graph, i)?;
     let mut rec_outputs = BTreeMap::new();
     let keep = outputs.keep;
+    let outputs_cleanup = outputs.cleanup;
     for (name, o) in outputs.files {
         let (digest, size) = match o {
             Out::Bytes(b) => {
@@ -129,6 +130,9 @@ pub fn execute(
         );
     }
     drop(keep);
+    for d in &outputs_cleanup {
+        let _ = std::fs::remove_dir_all(d);
+    }
     let rec = Record {
         node_id: n.id.clone(),
         kind: n.kind.as_str().to_string(),
@@ -210,6 +214,8 @@ pub struct Outputs {
     pub meta: serde_json::Value,
     /// Scratch directories holding `Out::File`s until they are stored.
     pub keep: Vec<tempfile::TempDir>,
+    /// Directories a runner left behind, removed once stored.
+    pub cleanup: Vec<PathBuf>,
 }
 
 /// One output.
@@ -501,6 +507,9 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             })?;
             if let Some(a) = &res.archive {
                 out.files.insert("archive".into(), Out::File(a.clone()));
+                if let Some(dir) = a.parent() {
+                    out.cleanup.push(dir.to_path_buf());
+                }
             }
             out.meta = serde_json::json!({"id": res.id, "tag": res.tag, "base": match &b.base { BaseRef::External(x) => x.clone(), BaseRef::Box(p) => image_ref(ctx.resolution, p), BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}") }});
         }

@@ -160,6 +160,8 @@ pub struct FakeRunner {
     pub fail: BTreeSet<String>,
     /// Per-node delays.
     pub delay: BTreeMap<String, Duration>,
+    /// Delay for every call without its own.
+    pub default_delay: Option<Duration>,
     images: Mutex<BTreeSet<String>>,
 }
 
@@ -167,6 +169,27 @@ impl FakeRunner {
     /// A fake runner.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fake configured from the environment, for tests that drive the
+    /// `charly` binary: `CHARLY_FAKE_DELAY_MS` (every call sleeps that long)
+    /// and `CHARLY_FAKE_FAIL` (comma-separated node ids that fail).
+    pub fn from_env() -> Self {
+        let mut f = Self::default();
+        if let Some(ms) = std::env::var("CHARLY_FAKE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            f.default_delay = Some(Duration::from_millis(ms));
+        }
+        if let Ok(list) = std::env::var("CHARLY_FAKE_FAIL") {
+            f.fail = list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        f
     }
 
     /// A fake that reports another runner's name (for computing that
@@ -198,7 +221,7 @@ impl FakeRunner {
                 key: key.into(),
             });
         }
-        if let Some(d) = self.delay.get(node) {
+        if let Some(d) = self.delay.get(node).or(self.default_delay.as_ref()) {
             std::thread::sleep(*d);
         }
         if self.fail.contains(node) {
@@ -235,10 +258,18 @@ impl Runner for FakeRunner {
             i.insert(id.clone());
             i.insert(req.tag.clone());
         }
+        // A stand-in archive, so restoring from the store is exercised too.
+        let dir = tempfile::Builder::new()
+            .prefix("charly-fake-image-")
+            .tempdir()
+            .map_err(|e| RunError::new(e.to_string()))?
+            .keep();
+        let archive = dir.join("image.tar");
+        write_fake(&archive, &format!("{id} {}\n", req.tag))?;
         Ok(ImageResult {
             id,
             tag: req.tag.clone(),
-            archive: None,
+            archive: Some(archive),
         })
     }
 
@@ -249,10 +280,17 @@ impl Runner for FakeRunner {
             .unwrap_or(false)
     }
 
-    fn restore_image(&self, _archive: &Path, tag: &str) -> Result<String, RunError> {
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
         self.record("restore", tag, "")?;
+        let text = std::fs::read_to_string(archive).map_err(|e| RunError::new(e.to_string()))?;
+        let id = text
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         if let Ok(mut i) = self.images.lock() {
             i.insert(tag.to_string());
+            i.insert(id);
         }
         Ok(tag.to_string())
     }

@@ -1,0 +1,508 @@
+//! The build graph with the fake runner: memoization, diamonds, parallelism,
+//! failures, determinism, key stability and incremental generation.
+
+use charly_cache::Store;
+use charly_engine::api::{Engine, Status};
+use charly_engine::graph::{Goal, Graph};
+use charly_engine::hash::FileHasher;
+use charly_engine::runner::FakeRunner;
+use charly_engine::sched::{Quiet, State, Summary};
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::resolve::{self, Resolution};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph")
+}
+
+fn corpus() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
+        let rel = e.path().strip_prefix(from).expect("prefix");
+        let dest = to.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+}
+
+struct World {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    store_dir: PathBuf,
+}
+
+impl World {
+    fn new(src: &Path) -> World {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path().join("project");
+        copy_tree(src, &root);
+        let store_dir = tmp.path().join("store");
+        World {
+            _tmp: tmp,
+            root,
+            store_dir,
+        }
+    }
+
+    fn open(&self) -> (Project, Resolution) {
+        let p = load::load(&self.root, &LoadOptions::default()).expect("loads");
+        let r = resolve::resolve(&p);
+        (p, r)
+    }
+}
+
+/// Runs a goal; returns the graph, the summary and the runner.
+fn run(
+    w: &World,
+    store: &Store,
+    goal: &Goal,
+    boxes: &[&str],
+    runner: &FakeRunner,
+    jobs: usize,
+) -> (Graph, Summary) {
+    let (p, r) = w.open();
+    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.json"));
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store,
+        runner,
+        hasher: &hasher,
+        dev_local_pkg: false,
+        arch: "amd64".into(),
+    };
+    let names: Vec<String> = boxes.iter().map(|s| s.to_string()).collect();
+    let g = engine.graph(goal, &names).expect("graph");
+    let s = engine.run(&g, &w.root, jobs, false, &Quiet);
+    (g, s)
+}
+
+fn ran(s: &Summary) -> BTreeSet<String> {
+    s.nodes
+        .iter()
+        .filter(|n| n.state == State::Ran)
+        .map(|n| n.id.clone())
+        .collect()
+}
+
+fn keys(g: &Graph) -> BTreeMap<String, String> {
+    g.by_id
+        .iter()
+        .map(|(id, i)| (id.clone(), g.g[*i].key.to_hex()))
+        .collect()
+}
+
+#[test]
+fn second_build_is_all_cached_and_never_reaches_the_runner() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let f1 = FakeRunner::new();
+    let (_, s1) = run(&w, &store, &Goal::Build, &["left", "right"], &f1, 4);
+    assert!(s1.ok(), "{s1:#?}");
+    assert_eq!(s1.totals.cached, 0);
+    let f2 = FakeRunner::new();
+    let (_, s2) = run(&w, &store, &Goal::Build, &["left", "right"], &f2, 4);
+    assert_eq!(s2.totals.ran, 0, "{:?}", ran(&s2));
+    assert_eq!(s2.totals.cached, s2.totals.nodes);
+    assert!(
+        f2.calls().iter().all(|c| c.what == "restore"),
+        "only restores, no builds: {:?}",
+        f2.calls()
+    );
+}
+
+#[test]
+fn diamonds_run_once() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let f = FakeRunner::new();
+    let (_, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 4);
+    assert!(s.ok());
+    let calls = f.calls();
+    let count = |node: &str| calls.iter().filter(|c| c.node == node).count();
+    // root is the base of tools, left and right; tools is the builder of both stages.
+    assert_eq!(count("image:root"), 1);
+    assert_eq!(count("image:tools"), 1);
+    assert_eq!(count("builder-stage:a-npm/npm@tools"), 1);
+    assert_eq!(count("builder-stage:b-npm/npm@tools"), 1);
+    // Dependencies ran first.
+    let pos = |node: &str| calls.iter().position(|c| c.node == node).expect("called");
+    assert!(pos("image:root") < pos("image:tools"));
+    assert!(pos("image:tools") < pos("builder-stage:a-npm/npm@tools"));
+    assert!(pos("builder-stage:a-npm/npm@tools") < pos("image:left"));
+}
+
+#[test]
+fn independent_builder_stages_overlap_in_time() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let mut f = FakeRunner::new();
+    for n in [
+        "builder-stage:a-npm/npm@tools",
+        "builder-stage:b-npm/npm@tools",
+    ] {
+        f.delay.insert(n.into(), Duration::from_millis(400));
+    }
+    let (_, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 4);
+    assert!(s.ok());
+    // Measured from the trace, not from sleeps.
+    let trace = s.chrome_trace();
+    let ev = |name: &str| -> (u64, u64) {
+        let e = trace["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in trace"));
+        let ts = e["ts"].as_u64().expect("ts");
+        (ts, ts + e["dur"].as_u64().expect("dur"))
+    };
+    let (a0, a1) = ev("builder-stage:a-npm/npm@tools");
+    let (b0, b1) = ev("builder-stage:b-npm/npm@tools");
+    assert!(
+        a0 < b1 && b0 < a1,
+        "stages did not overlap: a {a0}..{a1}, b {b0}..{b1}"
+    );
+    // With one job they cannot.
+    let w2 = World::new(&fixture());
+    let store2 = Store::open(&w2.store_dir).expect("store");
+    let (_, s1) = run(&w2, &store2, &Goal::Build, &["left", "right"], &f, 1);
+    let t = s1.chrome_trace();
+    let span = |name: &str| {
+        let e = t["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .find(|e| e["name"] == name)
+            .expect("event");
+        (
+            e["ts"].as_u64().expect("ts"),
+            e["ts"].as_u64().expect("ts") + e["dur"].as_u64().expect("dur"),
+        )
+    };
+    let (a0, a1) = span("builder-stage:a-npm/npm@tools");
+    let (b0, b1) = span("builder-stage:b-npm/npm@tools");
+    assert!(a1 <= b0 || b1 <= a0, "-j 1 ran them at once");
+}
+
+#[test]
+fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let mut f = FakeRunner::new();
+    f.fail.insert("image:tools".into());
+    let (g, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 1);
+    assert!(!s.ok());
+    assert_eq!(s.totals.failed, 1);
+    let failed: Vec<&str> = s
+        .nodes
+        .iter()
+        .filter(|n| n.state == State::Failed)
+        .map(|n| n.id.as_str())
+        .collect();
+    assert_eq!(failed, vec!["image:tools"]);
+    assert!(
+        s.get("image:tools")
+            .and_then(|n| n.error.as_deref())
+            .is_some_and(|e| e.contains("injected failure"))
+    );
+    // Exact: a node is not attempted iff the runner never saw it and it did not run.
+    let called: BTreeSet<String> = f.calls().into_iter().map(|c| c.node).collect();
+    for n in &s.nodes {
+        match n.state {
+            State::NotAttempted => assert!(!called.contains(&n.id), "{} was called", n.id),
+            State::Ran | State::Failed
+                if matches!(
+                    n.kind,
+                    charly_engine::key::NodeKind::Image
+                        | charly_engine::key::NodeKind::BuilderStage
+                ) =>
+            {
+                assert!(called.contains(&n.id), "{} ran without the runner", n.id)
+            }
+            _ => {}
+        }
+    }
+    // Everything downstream of the failure is not attempted.
+    let tools = g.by_id["image:tools"];
+    let mut down = vec![tools];
+    let mut seen = BTreeSet::new();
+    while let Some(i) = down.pop() {
+        for n in g.g.neighbors_directed(i, petgraph::Direction::Outgoing) {
+            if seen.insert(g.g[n].id.clone()) {
+                down.push(n);
+            }
+        }
+    }
+    for id in &seen {
+        assert_eq!(
+            s.get(id).map(|n| n.state),
+            Some(State::NotAttempted),
+            "{id}"
+        );
+    }
+    assert!(seen.contains("image:left") && seen.contains("image:right"));
+    // Nothing was recorded for the failed node; a retry builds it.
+    let f2 = FakeRunner::new();
+    let (_, s2) = run(&w, &store, &Goal::Build, &["left", "right"], &f2, 1);
+    assert!(s2.ok());
+    assert!(ran(&s2).contains("image:tools"));
+}
+
+#[test]
+fn jobs_do_not_change_records() {
+    let summarize = |jobs: usize| {
+        let w = World::new(&fixture());
+        let store = Store::open(&w.store_dir).expect("store");
+        let (g, s) = run(
+            &w,
+            &store,
+            &Goal::Build,
+            &["left", "right"],
+            &FakeRunner::new(),
+            jobs,
+        );
+        assert!(s.ok());
+        let mut out = BTreeMap::new();
+        for (id, i) in &g.by_id {
+            let rec = store
+                .get_record(&g.g[*i].key)
+                .expect("get")
+                .expect("recorded");
+            let outputs: Vec<(String, String)> = rec
+                .outputs
+                .iter()
+                .map(|(k, o)| (k.clone(), o.digest.to_hex()))
+                .collect();
+            out.insert(
+                id.clone(),
+                (
+                    g.g[*i].key.to_hex(),
+                    outputs,
+                    rec.key_inputs.clone(),
+                    rec.meta.clone(),
+                ),
+            );
+        }
+        out
+    };
+    assert_eq!(summarize(1), summarize(4));
+}
+
+#[test]
+fn keys_ignore_location_and_mtimes_and_follow_every_input() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (g1, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    let base = keys(&g1);
+    // Another absolute path, fresh stat cache: same keys.
+    let w2 = World::new(&fixture());
+    let store2 = Store::open(&w2.store_dir).expect("store");
+    let (g2, _) = run(
+        &w2,
+        &store2,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert_eq!(keys(&g2), base, "moving the project changes no key");
+    // Touching mtimes changes nothing either.
+    for e in walkdir::WalkDir::new(&w.root).into_iter().flatten() {
+        if e.file_type().is_file() {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(e.path())
+                .expect("open");
+            f.set_modified(std::time::SystemTime::now() + Duration::from_secs(3600))
+                .expect("mtime");
+        }
+    }
+    let (g3, s3) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert_eq!(keys(&g3), base);
+    assert_eq!(s3.totals.ran, 0);
+
+    // Changing one input changes exactly the keys downstream of it.
+    let downstream = |g: &Graph, id: &str| -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let mut stack = vec![g.by_id[id]];
+        while let Some(i) = stack.pop() {
+            if out.insert(g.g[i].id.clone()) {
+                stack.extend(g.g.neighbors_directed(i, petgraph::Direction::Outgoing));
+            }
+        }
+        out
+    };
+    let changed = |g: &Graph| -> BTreeSet<String> {
+        keys(g)
+            .into_iter()
+            .filter(|(id, k)| base.get(id) != Some(k))
+            .map(|(id, _)| id)
+            .collect()
+    };
+    // A file byte in a candy.
+    std::fs::write(
+        w.root.join("candy/a-npm/package.json"),
+        "{\"name\": \"a-npm\", \"dependencies\": {\"left-pad\": \"1.3.1\"}}",
+    )
+    .expect("edit");
+    let (g, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert_eq!(changed(&g), downstream(&g, "source:candy/a-npm"));
+    assert!(changed(&g).contains("image:left") && !changed(&g).contains("image:right"));
+    copy_tree(&fixture(), &w.root);
+    // A var / env entry of a candy (rendered into fragments).
+    let common = w.root.join("candy/common2/charly.yml");
+    let text = std::fs::read_to_string(&common).expect("read");
+    std::fs::write(&common, text.replace("COMMON2: \"yes\"", "COMMON2: \"no\"")).expect("edit");
+    let (g, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert_eq!(changed(&g), downstream(&g, "source:candy/common2"));
+    copy_tree(&fixture(), &w.root);
+    // The base image reference.
+    let root_box = w.root.join("box/root/charly.yml");
+    let text = std::fs::read_to_string(&root_box).expect("read");
+    std::fs::write(
+        &root_box,
+        text.replace("charly-test-busybox:1", "charly-test-busybox:2"),
+    )
+    .expect("edit");
+    let (g, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    let c = changed(&g);
+    assert!(c.contains("image:root") && c.contains("containerfile:root+artifacts"));
+    assert_eq!(c, downstream(&g, "source:box/root"));
+    copy_tree(&fixture(), &w.root);
+    // A template line of the vocabulary (the format's install template).
+    let proj = w.root.join("charly.yml");
+    let text = std::fs::read_to_string(&proj).expect("read");
+    std::fs::write(
+        &proj,
+        text.replace("RUN echo \"packages:", "RUN echo \"pkgs:"),
+    )
+    .expect("edit");
+    let (g, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    let c = changed(&g);
+    assert!(
+        c.contains("fragment:root/common") && c.contains("image:left"),
+        "{c:?}"
+    );
+    assert!(
+        c.iter().all(|id| !id.starts_with("source:")),
+        "sources do not depend on templates"
+    );
+}
+
+#[test]
+fn generate_on_the_corpus_is_incremental_and_explainable() {
+    let w = World::new(&corpus());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (p, r) = w.open();
+    // Every resolvable box, disabled ones included (immich is disabled).
+    let all: Vec<String> = r
+        .boxes
+        .iter()
+        .filter(|(_, b)| b.is_ok())
+        .map(|(n, _)| n.clone())
+        .collect();
+    drop((p, r));
+    let names: Vec<&str> = all.iter().map(String::as_str).collect();
+    let (g1, s1) = run(&w, &store, &Goal::Generate, &names, &FakeRunner::new(), 2);
+    assert!(s1.ok());
+    let (_, s2) = run(&w, &store, &Goal::Generate, &names, &FakeRunner::new(), 2);
+    assert_eq!(
+        s2.totals.cached, s2.totals.nodes,
+        "second run is all cached"
+    );
+    // Edit rpmfusion (installed by fedora-nonfree, the base of fedora-builder and immich).
+    let f = w.root.join("candy/rpmfusion/charly.yml");
+    let mut text = std::fs::read_to_string(&f).expect("read");
+    text.push_str("# a comment\n");
+    std::fs::write(&f, text).expect("edit");
+    let (p, r) = w.open();
+    let hasher = FileHasher::in_memory();
+    let fake = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store: &store,
+        runner: &fake,
+        hasher: &hasher,
+        dev_local_pkg: false,
+        arch: "amd64".into(),
+    };
+    let g = engine.graph(&Goal::Generate, &all).expect("graph");
+    let e = engine
+        .explain(&g, "containerfile:fedora-builder")
+        .expect("explain");
+    assert_eq!(e.status, Status::WouldRebuild);
+    let text = e.lines().join("\n");
+    assert!(
+        text.contains("file candy/rpmfusion/charly.yml changed"),
+        "{text}"
+    );
+    let s3 = engine.run(&g, &w.root, 2, false, &Quiet);
+    let expected: BTreeSet<String> = [
+        "source:candy/rpmfusion",
+        "fragment:fedora-nonfree/rpmfusion",
+        "containerfile:fedora-nonfree",
+        "containerfile:fedora-builder",
+        "containerfile:immich",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(ran(&s3), expected);
+    assert_eq!(g1.by_id.len(), g.by_id.len());
+    let e = engine
+        .explain(&g, "containerfile:fedora-builder")
+        .expect("explain");
+    assert_eq!(e.status, Status::Cached);
+}
