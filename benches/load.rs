@@ -17,9 +17,10 @@ use std::path::PathBuf;
 
 /// The corpus root: `CHARLY_BENCH_CORPUS` or the shared corpus next to the workspace.
 fn corpus() -> PathBuf {
-    std::env::var_os("CHARLY_BENCH_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/overthink"))
+    std::env::var_os("CHARLY_BENCH_CORPUS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/overthink"),
+        PathBuf::from,
+    )
 }
 
 fn load_corpus(root: &std::path::Path) -> Project {
@@ -46,18 +47,22 @@ fn benches(c: &mut Criterion) {
     );
 
     let mut g = c.benchmark_group("load");
-    g.bench_function("corpus", |b| b.iter(|| black_box(load_corpus(black_box(&root)))));
+    g.bench_function("corpus", |b| {
+        b.iter(|| black_box(load_corpus(black_box(&root))));
+    });
     g.bench_function("corpus+resolve", |b| {
         b.iter(|| {
             let p = load_corpus(black_box(&root));
             let r = resolve(&p);
             black_box((p, r))
-        })
+        });
     });
     g.finish();
 
     let mut g = c.benchmark_group("resolve");
-    g.bench_function("corpus", |b| b.iter(|| black_box(resolve(black_box(&p)))));
+    g.bench_function("corpus", |b| {
+        b.iter(|| black_box(resolve(black_box(&p))));
+    });
     g.finish();
 }
 

@@ -1,0 +1,678 @@
+//! The [`Store`]: opening a store directory, the SQLite index and its
+//! connection pool, records, roots, statistics and batched access times.
+//!
+//! Durability: the index runs in WAL mode with `synchronous=NORMAL`. A commit
+//! then survives a crash of the process but may be lost on power failure. That
+//! is the right trade for a cache: the invariant that matters is "a record
+//! never outlives its blobs", and it holds either way because blobs are fsynced
+//! (file and directory) before a record naming them is inserted. Losing the
+//! newest records costs a rebuild, not correctness. GC roots are the exception
+//! (a lost root could let GC delete what a live deploy uses), so root changes
+//! are committed with `synchronous=FULL`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use crate::error::IoContext;
+use crate::lock::{KeyLock, Session, acquire_file_lock, acquire_key_lock};
+use crate::{BlobDigest, CacheError, NodeKey, Output, Record};
+
+/// Version of the index schema written by this build.
+const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another writer before giving up. Writers
+/// hold the lock for milliseconds; GC may hold it while deleting files.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Idle connections kept for reuse; more are opened under contention.
+const MAX_IDLE_CONNECTIONS: usize = 8;
+
+/// Pending access-time updates are written once this many have queued.
+pub(crate) const TOUCH_BATCH: usize = 1024;
+
+/// A record read again within this many seconds of its recorded last access
+/// is not touched again: LRU at minute resolution is plenty for GC.
+const ACCESS_RESOLUTION_SECS: u64 = 60;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS blobs (
+    digest      TEXT PRIMARY KEY,
+    csize       INTEGER NOT NULL,   -- bytes on disk (compressed)
+    lsize       INTEGER NOT NULL,   -- logical (uncompressed) bytes
+    last_access INTEGER NOT NULL    -- unix seconds
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    key          TEXT PRIMARY KEY,  -- NodeKey hex
+    node_id      TEXT NOT NULL,
+    kind         TEXT NOT NULL,
+    outputs      TEXT NOT NULL,     -- JSON: name -> {digest, size, mode}
+    duration_ms  INTEGER NOT NULL,
+    producer     TEXT NOT NULL,
+    key_inputs   TEXT NOT NULL,     -- JSON
+    created_unix INTEGER NOT NULL,
+    meta         TEXT NOT NULL,     -- JSON
+    last_access  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_node_id ON records (node_id, created_unix);
+CREATE INDEX IF NOT EXISTS records_last_access ON records (last_access);
+CREATE TABLE IF NOT EXISTS record_blobs (
+    key    TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    PRIMARY KEY (key, digest)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS record_blobs_digest ON record_blobs (digest);
+CREATE TABLE IF NOT EXISTS roots (
+    name TEXT PRIMARY KEY,
+    key  TEXT NOT NULL
+) WITHOUT ROWID;
+";
+
+/// Counts and sizes of a store, for `charly cache stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    /// Records in the action cache.
+    pub records: u64,
+    /// Indexed blobs.
+    pub blobs: u64,
+    /// Bytes the blobs take on disk (compressed).
+    pub compressed_bytes: u64,
+    /// Bytes the blobs hold (uncompressed).
+    pub logical_bytes: u64,
+    /// GC roots.
+    pub roots: u64,
+    /// Files in `quarantine/`.
+    pub quarantined: u64,
+    /// Bytes of the SQLite index (database plus write-ahead log).
+    pub index_bytes: u64,
+}
+
+/// Where "now" comes from; tests drive a manual clock to order accesses.
+#[derive(Debug)]
+pub(crate) enum Clock {
+    System,
+    #[cfg(test)]
+    Manual(AtomicU64),
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Touches {
+    pub(crate) records: HashMap<NodeKey, u64>,
+    pub(crate) blobs: HashMap<BlobDigest, u64>,
+}
+
+impl Touches {
+    fn len(&self) -> usize {
+        self.records.len() + self.blobs.len()
+    }
+}
+
+/// A content-addressed store in one directory. `Send + Sync`: share `&Store`
+/// across threads. Several processes may open the same directory at once.
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) root: PathBuf,
+    pub(crate) blobs_dir: PathBuf,
+    pub(crate) tmp_dir: PathBuf,
+    pub(crate) quarantine_dir: PathBuf,
+    pub(crate) locks_dir: PathBuf,
+    db_path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+    touches: Mutex<Touches>,
+    /// Write transactions spent on access times (observable in tests).
+    pub(crate) touch_flushes: AtomicU64,
+    pub(crate) clock: Clock,
+    pub(crate) session: Session,
+}
+
+pub(crate) fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent, so a panic in
+    // another thread does not invalidate it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// u64 -> SQLite integer (values here are sizes and times, far below i64::MAX).
+pub(crate) fn to_sql_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// SQLite integer -> u64 (negative values never written; clamp if found).
+pub(crate) fn from_sql_int(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn create_dir(path: &Path) -> Result<(), CacheError> {
+    fs::create_dir_all(path).at("creating directory", path)
+}
+
+fn open_connection(path: &Path) -> Result<Connection, CacheError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(conn)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Store, CacheError> {
+        let root = dir.to_path_buf();
+        let blobs_dir = root.join("blobs");
+        let tmp_dir = root.join("tmp");
+        let quarantine_dir = root.join("quarantine");
+        let locks_dir = root.join("locks");
+        for d in [&root, &blobs_dir, &tmp_dir, &quarantine_dir, &locks_dir] {
+            create_dir(d)?;
+        }
+        let db_path = root.join("index.db");
+
+        // Switching to WAL and creating tables want exclusive access; rather
+        // than rely on SQLite's busy handling for those, concurrent openers
+        // take turns on a plain file lock.
+        let init_lock = acquire_file_lock(&root.join("init.lock"))?;
+        let conn = open_connection(&db_path)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(CacheError::NoWal {
+                path: db_path,
+                mode,
+            });
+        }
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(CacheError::IncompatibleIndex {
+                path: db_path,
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if version < SCHEMA_VERSION {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))?;
+        }
+        drop(init_lock);
+
+        let session = Session::create(&tmp_dir)?;
+        Ok(Store {
+            root,
+            blobs_dir,
+            tmp_dir,
+            quarantine_dir,
+            locks_dir,
+            db_path,
+            idle: Mutex::new(vec![conn]),
+            touches: Mutex::new(Touches::default()),
+            touch_flushes: AtomicU64::new(0),
+            clock: Clock::System,
+            session,
+        })
+    }
+
+    /// The conventional store location: `$CHARLY_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/charly`, else `~/.cache/charly`. `None` if none is set.
+    pub fn default_dir() -> Option<PathBuf> {
+        default_dir_from(|name| std::env::var_os(name))
+    }
+
+    /// The directory this store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        match &self.clock {
+            Clock::System => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            #[cfg(test)]
+            Clock::Manual(t) => t.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Runs `f` with a pooled connection (opening one if all are busy).
+    pub(crate) fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, CacheError>,
+    ) -> Result<T, CacheError> {
+        let pooled = lock_ignoring_poison(&self.idle).pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => open_connection(&self.db_path)?,
+        };
+        let result = f(&mut conn);
+        let mut idle = lock_ignoring_poison(&self.idle);
+        if idle.len() < MAX_IDLE_CONNECTIONS {
+            idle.push(conn);
+        }
+        result
+    }
+
+    /// Looks up the record for `key`. A record whose blobs are not all present
+    /// is a miss (`Ok(None)`). A hit counts as an access for GC.
+    pub fn get_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
+        let hex = key.to_hex();
+        let row = self.with_conn(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
+                        created_unix, meta, last_access
+                 FROM records WHERE key = ?1",
+            )?;
+            Ok(st.query_row([&hex], RecordRow::read).optional()?)
+        })?;
+        let Some(row) = row else { return Ok(None) };
+        let last_access = row.last_access;
+        let rec = row.decode(&hex)?;
+        if !rec.outputs.values().all(|o| self.has_blob(&o.digest)) {
+            return Ok(None);
+        }
+        let now = self.now();
+        if now >= last_access.saturating_add(ACCESS_RESOLUTION_SECS) {
+            self.queue_touch(|t| {
+                t.records.insert(*key, now);
+            })?;
+        }
+        Ok(Some(rec))
+    }
+
+    /// Inserts `rec` under `key` unless a record is already there: the first
+    /// writer wins and `false` means one existed. Every output blob must be in
+    /// the store with the recorded size (checked in the inserting transaction,
+    /// so a concurrent GC cannot slip in between). An existing record whose
+    /// blobs are gone is replaced.
+    pub fn put_record(&self, key: &NodeKey, rec: &Record) -> Result<bool, CacheError> {
+        let hex = key.to_hex();
+        let outputs = to_json(&rec.outputs, &hex)?;
+        let key_inputs = to_json(&rec.key_inputs, &hex)?;
+        let meta = to_json(&rec.meta, &hex)?;
+        let now = self.now();
+        self.with_conn(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing: Option<String> = tx
+                .prepare_cached("SELECT outputs FROM records WHERE key = ?1")?
+                .query_row([&hex], |r| r.get(0))
+                .optional()?;
+            if let Some(existing) = existing {
+                let intact =
+                    serde_json::from_str::<std::collections::BTreeMap<String, Output>>(&existing)
+                        .map(|outs| outs.values().all(|o| self.has_blob(&o.digest)))
+                        .unwrap_or(false);
+                if intact {
+                    return Ok(false);
+                }
+                delete_record(&tx, &hex)?;
+            }
+            for (name, out) in &rec.outputs {
+                let d = out.digest.to_hex();
+                let path = self.blob_path(&out.digest);
+                let on_disk = match fs::metadata(&path) {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        return Err(CacheError::MissingBlob {
+                            key: *key,
+                            output: name.clone(),
+                            digest: out.digest,
+                        });
+                    }
+                    Err(e) => return Err(e).at("inspecting blob", path),
+                };
+                let lsize: Option<i64> = tx
+                    .prepare_cached("SELECT lsize FROM blobs WHERE digest = ?1")?
+                    .query_row([&d], |r| r.get(0))
+                    .optional()?;
+                match lsize.map(from_sql_int) {
+                    Some(actual) if actual != out.size => {
+                        return Err(CacheError::OutputSizeMismatch {
+                            key: *key,
+                            output: name.clone(),
+                            digest: out.digest,
+                            claimed: out.size,
+                            actual,
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        // The file is there but unindexed (a writer died
+                        // between rename and index update). verify re-derives
+                        // the sizes if the claim was wrong.
+                        tx.prepare_cached(
+                            "INSERT OR IGNORE INTO blobs (digest, csize, lsize, last_access)
+                             VALUES (?1, ?2, ?3, ?4)",
+                        )?
+                        .execute(params![
+                            d,
+                            to_sql_int(on_disk.len()),
+                            to_sql_int(out.size),
+                            to_sql_int(now)
+                        ])?;
+                    }
+                }
+            }
+            tx.prepare_cached(
+                "INSERT INTO records (key, node_id, kind, outputs, duration_ms, producer,
+                                      key_inputs, created_unix, meta, last_access)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                hex,
+                rec.node_id,
+                rec.kind,
+                outputs,
+                to_sql_int(rec.duration_ms),
+                rec.producer,
+                key_inputs,
+                to_sql_int(rec.created_unix),
+                meta,
+                to_sql_int(now),
+            ])?;
+            for d in rec.blob_digests() {
+                tx.prepare_cached("INSERT INTO record_blobs (key, digest) VALUES (?1, ?2)")?
+                    .execute(params![hex, d.to_hex()])?;
+            }
+            tx.commit()?;
+            Ok(true)
+        })
+    }
+
+    /// The newest record (by `created_unix`, then insertion order) for a
+    /// stable node id, whether or not its blobs are still present: `charly
+    /// explain` needs its key inputs, not its outputs.
+    pub fn last_record_for(&self, node_id: &str) -> Result<Option<(NodeKey, Record)>, CacheError> {
+        let row = self.with_conn(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
+                        created_unix, meta, last_access, key
+                 FROM records WHERE node_id = ?1
+                 ORDER BY created_unix DESC, rowid DESC LIMIT 1",
+            )?;
+            Ok(st
+                .query_row([node_id], |r| {
+                    Ok((RecordRow::read(r)?, r.get::<_, String>(9)?))
+                })
+                .optional()?)
+        })?;
+        let Some((row, hex)) = row else {
+            return Ok(None);
+        };
+        let key: NodeKey = hex.parse()?;
+        Ok(Some((key, row.decode(&hex)?)))
+    }
+
+    /// Takes the exclusive cross-process build lock of `key`, waiting for it
+    /// if another thread or process holds it. Released when dropped.
+    ///
+    /// Use: miss, lock, look up again (the previous holder may have just
+    /// recorded it), and only then run the node and put its record.
+    pub fn lock_key(&self, key: &NodeKey) -> Result<KeyLock, CacheError> {
+        acquire_key_lock(&self.locks_dir.join(format!("{key}.lock")), *key)
+    }
+
+    /// Makes `name` (e.g. `box:fedora`, `deploy:web`) a GC root pointing at
+    /// `key`, replacing its previous target. GC never removes a rooted record
+    /// or its blobs.
+    pub fn set_root(&self, name: &str, key: &NodeKey) -> Result<(), CacheError> {
+        if name.is_empty() {
+            return Err(CacheError::EmptyRootName);
+        }
+        self.with_conn(|c| {
+            with_full_sync(c, |c| {
+                c.execute(
+                    "INSERT INTO roots (name, key) VALUES (?1, ?2)
+                     ON CONFLICT (name) DO UPDATE SET key = excluded.key",
+                    params![name, key.to_hex()],
+                )?;
+                Ok(())
+            })
+        })
+    }
+
+    /// Removes the GC root `name` (no-op if absent).
+    pub fn remove_root(&self, name: &str) -> Result<(), CacheError> {
+        self.with_conn(|c| {
+            with_full_sync(c, |c| {
+                c.execute("DELETE FROM roots WHERE name = ?1", [name])?;
+                Ok(())
+            })
+        })
+    }
+
+    /// All GC roots, sorted by name.
+    pub fn roots(&self) -> Result<Vec<(String, NodeKey)>, CacheError> {
+        let rows = self.with_conn(|c| {
+            let mut st = c.prepare_cached("SELECT name, key FROM roots ORDER BY name")?;
+            let rows =
+                st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })?;
+        rows.into_iter()
+            .map(|(name, hex)| Ok((name, hex.parse()?)))
+            .collect()
+    }
+
+    /// Counts and sizes (flushes pending access times first).
+    pub fn stats(&self) -> Result<Stats, CacheError> {
+        self.flush()?;
+        let mut stats = self.with_conn(|c| {
+            let (records, roots): (i64, i64) = c.query_row(
+                "SELECT (SELECT COUNT(*) FROM records), (SELECT COUNT(*) FROM roots)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let (blobs, csize, lsize): (i64, i64, i64) = c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(csize), 0), COALESCE(SUM(lsize), 0) FROM blobs",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            Ok(Stats {
+                records: from_sql_int(records),
+                blobs: from_sql_int(blobs),
+                compressed_bytes: from_sql_int(csize),
+                logical_bytes: from_sql_int(lsize),
+                roots: from_sql_int(roots),
+                ..Stats::default()
+            })
+        })?;
+        stats.quarantined = fs::read_dir(&self.quarantine_dir)
+            .at("listing", &self.quarantine_dir)?
+            .count() as u64;
+        for suffix in ["", "-wal"] {
+            let p = PathBuf::from(format!("{}{suffix}", self.db_path.display()));
+            stats.index_bytes += fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        }
+        Ok(stats)
+    }
+
+    /// Writes pending access times to the index. Also happens automatically
+    /// in batches, before `gc`/`stats`, and (best effort) on drop.
+    pub fn flush(&self) -> Result<(), CacheError> {
+        let pending = std::mem::take(&mut *lock_ignoring_poison(&self.touches));
+        if pending.len() == 0 {
+            return Ok(());
+        }
+        self.touch_flushes.fetch_add(1, Ordering::Relaxed);
+        self.with_conn(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            {
+                let mut st = tx.prepare_cached(
+                    "UPDATE records SET last_access = MAX(last_access, ?2) WHERE key = ?1",
+                )?;
+                for (k, t) in &pending.records {
+                    st.execute(params![k.to_hex(), to_sql_int(*t)])?;
+                }
+                let mut st = tx.prepare_cached(
+                    "UPDATE blobs SET last_access = MAX(last_access, ?2) WHERE digest = ?1",
+                )?;
+                for (d, t) in &pending.blobs {
+                    st.execute(params![d.to_hex(), to_sql_int(*t)])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Records an access in memory, flushing once a batch has accumulated.
+    pub(crate) fn queue_touch(&self, f: impl FnOnce(&mut Touches)) -> Result<(), CacheError> {
+        let full = {
+            let mut t = lock_ignoring_poison(&self.touches);
+            f(&mut t);
+            t.len() >= TOUCH_BATCH
+        };
+        if full { self.flush() } else { Ok(()) }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // Losing access times only makes GC slightly less precise.
+        let _ = self.flush();
+    }
+}
+
+/// Runs `f` in an immediate transaction committed with `synchronous=FULL`.
+fn with_full_sync(
+    c: &mut Connection,
+    f: impl FnOnce(&Connection) -> Result<(), CacheError>,
+) -> Result<(), CacheError> {
+    c.pragma_update(None, "synchronous", "FULL")?;
+    let result = (|| {
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        f(&tx)?;
+        tx.commit()?;
+        Ok(())
+    })();
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    result
+}
+
+/// Deletes a record and its blob references (not the blobs).
+pub(crate) fn delete_record(c: &Connection, key_hex: &str) -> Result<(), CacheError> {
+    c.prepare_cached("DELETE FROM records WHERE key = ?1")?
+        .execute([key_hex])?;
+    c.prepare_cached("DELETE FROM record_blobs WHERE key = ?1")?
+        .execute([key_hex])?;
+    Ok(())
+}
+
+/// A records row as stored: JSON columns still text.
+struct RecordRow {
+    node_id: String,
+    kind: String,
+    outputs: String,
+    duration_ms: i64,
+    producer: String,
+    key_inputs: String,
+    created_unix: i64,
+    meta: String,
+    last_access: u64,
+}
+
+impl RecordRow {
+    fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RecordRow> {
+        Ok(RecordRow {
+            node_id: r.get(0)?,
+            kind: r.get(1)?,
+            outputs: r.get(2)?,
+            duration_ms: r.get(3)?,
+            producer: r.get(4)?,
+            key_inputs: r.get(5)?,
+            created_unix: r.get(6)?,
+            meta: r.get(7)?,
+            last_access: from_sql_int(r.get(8)?),
+        })
+    }
+
+    fn decode(self, key_hex: &str) -> Result<Record, CacheError> {
+        let err = |source| CacheError::RecordJson {
+            key: key_hex.to_string(),
+            source,
+        };
+        Ok(Record {
+            node_id: self.node_id,
+            kind: self.kind,
+            outputs: serde_json::from_str(&self.outputs).map_err(err)?,
+            duration_ms: from_sql_int(self.duration_ms),
+            producer: self.producer,
+            key_inputs: serde_json::from_str(&self.key_inputs).map_err(err)?,
+            created_unix: from_sql_int(self.created_unix),
+            meta: serde_json::from_str(&self.meta).map_err(err)?,
+        })
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T, key_hex: &str) -> Result<String, CacheError> {
+    serde_json::to_string(v).map_err(|source| CacheError::RecordJson {
+        key: key_hex.to_string(),
+        source,
+    })
+}
+
+/// [`Store::default_dir`] over an arbitrary environment lookup.
+pub(crate) fn default_dir_from(
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    let set = |name: &str| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = set("CHARLY_CACHE_DIR") {
+        return Some(dir);
+    }
+    // The XDG spec says relative values are invalid and must be ignored.
+    if let Some(xdg) = set("XDG_CACHE_HOME").filter(|p| p.is_absolute()) {
+        return Some(xdg.join("charly"));
+    }
+    set("HOME").map(|home| home.join(".cache").join("charly"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn default_dir_precedence() {
+        let all = [
+            ("CHARLY_CACHE_DIR", "/c"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/h"),
+        ];
+        assert_eq!(default_dir_from(env(&all)), Some(PathBuf::from("/c")));
+        assert_eq!(
+            default_dir_from(env(&all[1..])),
+            Some(PathBuf::from("/x/charly"))
+        );
+        assert_eq!(
+            default_dir_from(env(&all[2..])),
+            Some(PathBuf::from("/h/.cache/charly"))
+        );
+        let relative_xdg = [("XDG_CACHE_HOME", "rel"), ("HOME", "/h")];
+        assert_eq!(
+            default_dir_from(env(&relative_xdg)),
+            Some(PathBuf::from("/h/.cache/charly"))
+        );
+        let empty = [("CHARLY_CACHE_DIR", ""), ("HOME", "/h")];
+        assert_eq!(
+            default_dir_from(env(&empty)),
+            Some(PathBuf::from("/h/.cache/charly"))
+        );
+        assert_eq!(default_dir_from(env(&[])), None);
+    }
+}

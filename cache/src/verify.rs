@@ -1,0 +1,273 @@
+//! Verification and repair of a whole store.
+//!
+//! `verify` re-reads every blob (decompress + blake3, streaming), reconciles
+//! the blob files with the index, checks that every record's blobs are intact,
+//! finds temp files abandoned by dead processes and runs SQLite's
+//! `quick_check`. With `repair` it fixes what it can without losing anything
+//! valid: bad blobs are quarantined, records that lost a blob are deleted
+//! (they were misses anyway), index rows are brought in line with the files,
+//! stale temp files and stray files are removed. Blobs no record references
+//! are only counted: a build may be about to record them, and GC reclaims them.
+//!
+//! It is safe to run while other processes use the store: anything that looks
+//! missing is re-checked against the filesystem before it is reported, so a
+//! blob written after the scan started is not mistaken for damage.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+
+use crate::blob::FileId;
+use crate::error::IoContext;
+use crate::frames::{Dest, ReadOutcome, read_blob};
+use crate::lock::{remove_file_if_exists, stale_session_entries};
+use crate::store::{delete_record, from_sql_int, to_sql_int};
+use crate::{BlobDigest, CacheError, NodeKey, Output, Store};
+
+/// What `verify` found (and, with repair, fixed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VerifyReport {
+    /// Blob files read and hashed.
+    pub blobs_checked: u64,
+    /// Blobs whose content does not match their name or does not decode
+    /// (repair: quarantined).
+    pub corrupt_blobs: Vec<BlobDigest>,
+    /// Blob files missing from the index or indexed with wrong sizes
+    /// (repair: re-indexed).
+    pub unindexed_blobs: Vec<BlobDigest>,
+    /// Index rows whose blob file is gone (repair: rows removed).
+    pub missing_blobs: Vec<BlobDigest>,
+    /// Records that name an absent or corrupt blob, or do not decode
+    /// (repair: deleted).
+    pub broken_records: Vec<NodeKey>,
+    /// Temp files and session locks left by dead processes (repair: removed).
+    pub stale_temp_files: Vec<PathBuf>,
+    /// Entries under `blobs/` that are not named like blobs (repair: removed).
+    pub stray_files: Vec<PathBuf>,
+    /// Problems reported by SQLite's `quick_check` (never repaired).
+    pub index_problems: Vec<String>,
+    /// Intact blobs no record references; not a problem (GC reclaims them).
+    pub orphan_blobs: u64,
+    /// Whether this run repaired what it found.
+    pub repaired: bool,
+}
+
+impl VerifyReport {
+    /// True if nothing is wrong (orphan blobs are not wrong).
+    pub fn is_clean(&self) -> bool {
+        self.corrupt_blobs.is_empty()
+            && self.unindexed_blobs.is_empty()
+            && self.missing_blobs.is_empty()
+            && self.broken_records.is_empty()
+            && self.stale_temp_files.is_empty()
+            && self.stray_files.is_empty()
+            && self.index_problems.is_empty()
+    }
+}
+
+fn sorted_entries(dir: &std::path::Path) -> Result<Vec<fs::DirEntry>, CacheError> {
+    let mut entries = match fs::read_dir(dir) {
+        Ok(rd) => rd.collect::<Result<Vec<_>, _>>().at("listing", dir)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).at("listing", dir),
+    };
+    entries.sort_by_key(|e| e.file_name());
+    Ok(entries)
+}
+
+impl Store {
+    /// Checks the whole store; with `repair`, fixes what it finds (see the
+    /// module docs). A second run after a repair reports clean unless
+    /// something changed in between.
+    pub fn verify(&self, repair: bool) -> Result<VerifyReport, CacheError> {
+        self.flush()?;
+        let mut report = VerifyReport {
+            repaired: repair,
+            ..VerifyReport::default()
+        };
+
+        report.index_problems = self.with_conn(|c| {
+            let mut st = c.prepare("PRAGMA quick_check")?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            let msgs: Vec<String> = rows.collect::<Result<_, _>>()?;
+            Ok(msgs.into_iter().filter(|m| m != "ok").collect())
+        })?;
+
+        // 1. Every blob file: name, content.
+        let mut good: HashMap<BlobDigest, (u64, u64)> = HashMap::new();
+        let mut corrupt: HashSet<BlobDigest> = HashSet::new();
+        for shard in sorted_entries(&self.blobs_dir)? {
+            let shard_path = shard.path();
+            let shard_name = shard.file_name().to_string_lossy().into_owned();
+            let is_shard = shard.file_type().at("inspecting", &shard_path)?.is_dir()
+                && shard_name.len() == 2
+                && shard_name
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !is_shard {
+                self.stray(&mut report, shard_path, repair)?;
+                continue;
+            }
+            for entry in sorted_entries(&shard_path)? {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let digest = name
+                    .parse::<BlobDigest>()
+                    .ok()
+                    .filter(|d| d.to_hex() == name && name.starts_with(&shard_name));
+                let Some(d) = digest else {
+                    self.stray(&mut report, path, repair)?;
+                    continue;
+                };
+                let file = match fs::File::open(&path) {
+                    Ok(f) => f,
+                    // Removed by a concurrent GC since we listed it.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).at("opening blob", path),
+                };
+                let meta = file.metadata().at("inspecting blob", &path)?;
+                let (csize, id) = (meta.len(), FileId::of(&meta));
+                report.blobs_checked += 1;
+                match read_blob(file, &d, Dest::Stream(&mut |_| Ok(())))
+                    .at("reading blob", &path)?
+                {
+                    ReadOutcome::Verified(lsize) => {
+                        good.insert(d, (csize, lsize));
+                    }
+                    ReadOutcome::Corrupt => {
+                        corrupt.insert(d);
+                        report.corrupt_blobs.push(d);
+                        if repair {
+                            self.quarantine(&d, id)?;
+                        }
+                    }
+                }
+            }
+        }
+
+        // 2. The blob index against the files.
+        let indexed: HashMap<BlobDigest, (u64, u64)> = self.with_conn(|c| {
+            let mut st = c.prepare("SELECT digest, csize, lsize FROM blobs")?;
+            let rows = st.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    from_sql_int(r.get(1)?),
+                    from_sql_int(r.get(2)?),
+                ))
+            })?;
+            let mut map = HashMap::new();
+            for row in rows {
+                let (hex, csize, lsize) = row?;
+                map.insert(hex.parse()?, (csize, lsize));
+            }
+            Ok(map)
+        })?;
+        let mut unindexed: Vec<(BlobDigest, (u64, u64))> = good
+            .iter()
+            .filter(|(d, sizes)| indexed.get(d) != Some(sizes))
+            .map(|(d, sizes)| (*d, *sizes))
+            .collect();
+        unindexed.sort_unstable();
+        report.unindexed_blobs = unindexed.iter().map(|(d, _)| *d).collect();
+        let mut missing: Vec<BlobDigest> = indexed
+            .keys()
+            .filter(|d| !good.contains_key(d) && !corrupt.contains(d) && !self.has_blob(d))
+            .copied()
+            .collect();
+        missing.sort_unstable();
+        report.missing_blobs = missing;
+
+        // 3. Records against the blobs.
+        let records: Vec<(String, String)> = self.with_conn(|c| {
+            let mut st = c.prepare("SELECT key, outputs FROM records ORDER BY key")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })?;
+        let mut broken_hex = Vec::new();
+        let mut referenced: HashSet<BlobDigest> = HashSet::new();
+        for (hex, outputs) in records {
+            let intact = serde_json::from_str::<BTreeMap<String, Output>>(&outputs)
+                .ok()
+                .filter(|outs| {
+                    outs.values().all(|o| {
+                        good.contains_key(&o.digest)
+                            || (!corrupt.contains(&o.digest) && self.has_blob(&o.digest))
+                    })
+                });
+            match intact {
+                Some(outs) => referenced.extend(outs.values().map(|o| o.digest)),
+                None => {
+                    // The key column is only ever written from a NodeKey.
+                    if let Ok(k) = hex.parse() {
+                        report.broken_records.push(k);
+                    }
+                    broken_hex.push(hex);
+                }
+            }
+        }
+        report.orphan_blobs = good.keys().filter(|d| !referenced.contains(d)).count() as u64;
+
+        if repair {
+            let now = to_sql_int(self.now());
+            let missing = &report.missing_blobs;
+            self.with_conn(|c| {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                for (d, (csize, lsize)) in &unindexed {
+                    tx.execute(
+                        "INSERT INTO blobs (digest, csize, lsize, last_access)
+                         VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (digest) DO UPDATE SET
+                             csize = excluded.csize, lsize = excluded.lsize",
+                        params![d.to_hex(), to_sql_int(*csize), to_sql_int(*lsize), now],
+                    )?;
+                }
+                for d in missing {
+                    // Re-checked under the write lock: never drop the row of
+                    // a blob that a concurrent writer just installed.
+                    if !self.has_blob(d) {
+                        tx.execute("DELETE FROM blobs WHERE digest = ?1", [d.to_hex()])?;
+                    }
+                }
+                for hex in &broken_hex {
+                    // Re-checked too: a writer may have replaced the record.
+                    let outputs: Option<String> = tx
+                        .query_row("SELECT outputs FROM records WHERE key = ?1", [hex], |r| {
+                            r.get(0)
+                        })
+                        .optional()?;
+                    let now_intact = outputs
+                        .and_then(|o| serde_json::from_str::<BTreeMap<String, Output>>(&o).ok())
+                        .is_some_and(|outs| outs.values().all(|o| self.has_blob(&o.digest)));
+                    if !now_intact {
+                        delete_record(&tx, hex)?;
+                    }
+                }
+                tx.commit()?;
+                Ok(())
+            })?;
+        }
+
+        report.stale_temp_files = stale_session_entries(&self.tmp_dir, &self.session, repair)?;
+        Ok(report)
+    }
+
+    fn stray(
+        &self,
+        report: &mut VerifyReport,
+        path: PathBuf,
+        repair: bool,
+    ) -> Result<(), CacheError> {
+        if repair {
+            if path.is_dir() {
+                fs::remove_dir_all(&path).at("removing stray directory", &path)?;
+            } else {
+                remove_file_if_exists(&path)?;
+            }
+        }
+        report.stray_files.push(path);
+        Ok(())
+    }
+}
