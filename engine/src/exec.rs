@@ -474,6 +474,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                             .join("_localpkg")
                             .join(&ctx.project.candies[candy].name);
                         let _ = std::fs::remove_dir_all(&dest_dir);
+                        std::fs::create_dir_all(&dest_dir).map_err(io(dest_dir.display()))?;
                         for (name, o) in &rec.outputs {
                             if let Some(file) = name.strip_prefix("pkg:") {
                                 ctx.store.copy_output_to(o, &dest_dir.join(file))?;

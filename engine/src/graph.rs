@@ -439,6 +439,18 @@ impl<'a> Builder<'a> {
                         );
                         let sc = self.source_candy(k);
                         self.edge(sc, lp);
+                        let ls = add_node(
+                            &mut self.graph,
+                            format!("source:localpkg/{k}/{}", l.format),
+                            NodeKind::Source,
+                            Work::Source,
+                        );
+                        self.edge(ls, lp);
+                        // Built in the box's base image (the distro it installs into).
+                        if let BaseRef::Box(parent) = &b.base {
+                            let pi = self.image(parent)?;
+                            self.edge(pi, lp);
+                        }
                         self.edge(lp, node);
                     }
                 }
@@ -734,6 +746,24 @@ fn source_inputs(
                 source,
             })?;
             k.files.insert(format!("{prefix}/{f}"), d);
+        }
+    } else if let Some(rest) = id.strip_prefix("source:localpkg/") {
+        let (candy, fmt) = rest.rsplit_once('/').unwrap_or((rest, ""));
+        if let Some((dir, files)) = p
+            .candies
+            .get(candy)
+            .and_then(|c| c.localpkg_sources.get(fmt))
+        {
+            let prefix = charly_rules::load::relative(dir, &p.root);
+            for f in files {
+                let d = hasher
+                    .digest(&dir.join(f))
+                    .map_err(|source| GraphError::Io {
+                        path: format!("{prefix}/{f}"),
+                        source,
+                    })?;
+                k.files.insert(format!("{prefix}/{f}"), d);
+            }
         }
     } else if let Some(name) = id.strip_prefix("source:box/") {
         let _ = r;

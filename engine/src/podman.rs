@@ -41,6 +41,11 @@ pub struct PodmanOptions {
 pub struct PodmanRunner {
     opts: PodmanOptions,
     conf: Option<PathBuf>,
+    /// buildah before 1.29 deadlocks when a RUN holds two `sharing=locked`
+    /// cache mounts and a later RUN mounts them again (seen with 1.28.2, the
+    /// version Debian 12 ships). Package managers lock their own caches, so
+    /// such builds use `sharing=shared` instead.
+    shared_caches: bool,
 }
 
 /// Where the CA bundle is mounted inside build containers.
@@ -82,7 +87,20 @@ impl PodmanRunner {
                 ca.display()
             )));
         }
-        Ok(PodmanRunner { opts, conf })
+        let mut r = PodmanRunner {
+            opts,
+            conf,
+            shared_caches: false,
+        };
+        let v = r
+            .cmd()
+            .args(["info", "--format", "{{.Host.BuildahVersion}}"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        r.shared_caches = buildah_before(&v, (1, 29));
+        Ok(r)
     }
 
     /// A podman command with charly's configuration and storage.
@@ -148,13 +166,23 @@ impl PodmanRunner {
     fn build(&self, b: &BuildCall<'_>) -> Result<String, RunError> {
         let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
         let iid = tmp.path().join("iid");
+        let mut file = b.file.to_path_buf();
+        if self.shared_caches {
+            let text = std::fs::read_to_string(b.file)
+                .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?;
+            if text.contains("sharing=locked") {
+                file = tmp.path().join("Containerfile");
+                std::fs::write(&file, text.replace("sharing=locked", "sharing=shared"))
+                    .map_err(|e| RunError::new(e.to_string()))?;
+            }
+        }
         let mut c = self.cmd();
         c.arg("build").arg("--layers=true").arg("--pull=never");
         if self.opts.jobs > 1 {
             c.arg(format!("--jobs={}", self.opts.jobs));
         }
         c.arg("-f")
-            .arg(b.file)
+            .arg(&file)
             .arg("-t")
             .arg(b.tag)
             .arg("--iidfile")
@@ -186,6 +214,13 @@ struct BuildCall<'a> {
     target: Option<&'a str>,
     args: &'a [(String, String)],
     labels: &'a [(String, String)],
+}
+
+/// Whether a `major.minor.patch` version is older than `(major, minor)`.
+fn buildah_before(v: &str, (maj, min): (u64, u64)) -> bool {
+    let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    a != 0 && (a, b) < (maj, min)
 }
 
 fn which(bin: &str) -> bool {
@@ -340,11 +375,18 @@ impl Runner for PodmanRunner {
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
         let mut c = self.cmd();
-        c.args(["run", "--rm", "--pull=never", "--network=host"])
-            .arg("-v")
-            .arg(format!("{}:/src:ro", req.source.display()))
-            .arg("-v")
-            .arg(format!("{}:/out", req.out.display()));
+        c.args([
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=host",
+            "--user",
+            "0:0",
+        ])
+        .arg("-v")
+        .arg(format!("{}:/src:ro", req.source.display()))
+        .arg("-v")
+        .arg(format!("{}:/out", req.out.display()));
         self.ca_args(&mut c);
         c.arg(&req.image).arg("sh").arg("-c").arg(&req.script);
         self.run(&format!("local package {}", req.node), &mut c)?;
@@ -404,5 +446,19 @@ impl Runner for PodmanRunner {
             return Err(RunError::new("packing the root filesystem failed"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buildah_versions() {
+        assert!(buildah_before("1.28.2", (1, 29)));
+        assert!(!buildah_before("1.29.0", (1, 29)));
+        assert!(!buildah_before("1.33.7", (1, 29)));
+        assert!(!buildah_before("2.0.0", (1, 29)));
+        assert!(!buildah_before("", (1, 29)), "unknown: assume fixed");
     }
 }

@@ -50,19 +50,13 @@ pub fn local_pkg_request(
         .and_then(|d| effective_distro(vocab, d))
         .and_then(|d| d.format.get(format).and_then(|f| f.local_pkg.clone()))
         .ok_or_else(|| ExecError::Io(format!("format {format} has no local_pkg definition")))?;
-    let rel = c
-        .def
-        .localpkg
-        .as_ref()
-        .and_then(|m| m.value.0.get(format))
-        .map(|s| s.value.clone())
-        .ok_or_else(|| ExecError::Io(format!("candy {candy} has no localpkg for {format}")))?;
-    let source = [c.dir.join(&rel), ctx.project.root.join(&rel)]
-        .into_iter()
-        .find(|p| p.is_dir())
+    let source = c
+        .localpkg_sources
+        .get(format)
+        .map(|(d, _)| d.clone())
         .ok_or_else(|| {
             ExecError::Io(format!(
-                "local package source `{rel}` of candy {candy} is missing (looked in the candy and project directories)"
+                "local package source for {format} of candy {candy} is missing"
             ))
         })?;
     let tmpl = lp

@@ -154,6 +154,9 @@ pub struct CandyEntry {
     /// Contents of small top-level manifests (`*.json`, `*.toml` up to
     /// 64 KiB): builders read package names from them.
     pub small_files: BTreeMap<String, String>,
+    /// `localpkg:` sources found on disk, by format: the directory and the
+    /// files under it (relative). A format whose source is missing is absent.
+    pub localpkg_sources: BTreeMap<String, (PathBuf, BTreeSet<String>)>,
 }
 
 impl CandyEntry {
@@ -706,6 +709,7 @@ impl Loader<'_> {
         }
         let files = list_files(dir);
         let small_files = read_small_manifests(dir, &files);
+        let localpkg_sources = find_localpkg_sources(&def, dir, &self.p.root);
         let rel_dir = dir.strip_prefix(&self.p.root).ok().map(unix);
         self.p.candies.insert(
             key.clone(),
@@ -720,6 +724,7 @@ impl Loader<'_> {
                 def,
                 files,
                 small_files,
+                localpkg_sources,
             },
         );
         key
@@ -1338,6 +1343,42 @@ pub fn compare_calver(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let pa: Option<Vec<u64>> = a.split('.').map(|x| x.parse().ok()).collect();
     let pb: Option<Vec<u64>> = b.split('.').map(|x| x.parse().ok()).collect();
     Some(pa?.cmp(&pb?))
+}
+
+/// Resolves each `localpkg:` source: an absolute path, else under the candy
+/// directory, else under the project directory, else the first match
+/// walking up from the project (at most 64 levels).
+fn find_localpkg_sources(
+    def: &Candy,
+    candy_dir: &Path,
+    root: &Path,
+) -> BTreeMap<String, (PathBuf, BTreeSet<String>)> {
+    let mut out = BTreeMap::new();
+    let Some(map) = &def.localpkg else { return out };
+    for (fmt, rel) in map.value.0.iter() {
+        let rel = Path::new(&rel.value);
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if rel.is_absolute() {
+            candidates.push(rel.to_path_buf());
+        } else {
+            candidates.push(candy_dir.join(rel));
+            let mut cur = Some(root);
+            let mut depth = 0;
+            while let Some(d) = cur {
+                candidates.push(d.join(rel));
+                depth += 1;
+                if depth > 64 {
+                    break;
+                }
+                cur = d.parent();
+            }
+        }
+        if let Some(dir) = candidates.into_iter().find(|d| d.is_dir()) {
+            let files = list_files(&dir);
+            out.insert(fmt.value.clone(), (dir, files));
+        }
+    }
+    out
 }
 
 /// Reads top-level `*.json` / `*.toml` files of at most 64 KiB.

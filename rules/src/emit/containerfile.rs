@@ -579,10 +579,9 @@ impl Emitter<'_> {
                 return Ok(());
             }
             BaseRef::Bootstrap { builder, .. } => {
+                // A fresh root filesystem gets the same bootstrap as an
+                // external base: packages and the box user.
                 self.line(&format!("ADD {}/{builder}.tar.gz /", self.dir));
-                self.line("USER root");
-                self.blank();
-                return Ok(());
             }
             BaseRef::External(_) => {}
         }
@@ -675,6 +674,9 @@ impl Emitter<'_> {
                 self.line(&format!("ENV {k}={}", dq(&escaped)));
             }
             if !path.is_empty() {
+                // The same directory from two candies is listed once.
+                let mut seen = BTreeSet::new();
+                path.retain(|p| seen.insert(p.clone()));
                 let mut joined = path.join(":");
                 joined.push_str(":${PATH}");
                 self.line(&format!("ENV PATH={}", dq(&joined)));
@@ -925,28 +927,40 @@ impl Emitter<'_> {
             return Ok(());
         };
         if self.opts.dev_local_pkg {
-            let src = c.dir.join(&l.source);
-            let ok = src.is_dir()
-                && lp.source_sentinel.as_deref().is_none_or(|s| {
-                    if s.contains('*') {
-                        let suffix = s.trim_start_matches('*');
-                        std::fs::read_dir(&src)
-                            .into_iter()
-                            .flatten()
-                            .flatten()
-                            .any(|e| e.file_name().to_string_lossy().ends_with(suffix))
-                    } else {
-                        src.join(s).exists()
-                    }
-                });
+            // The loader resolved the source; the sentinel marks it (`a|b`: either).
+            let found = c.localpkg_sources.get(&l.format);
+            let ok = found.is_some_and(|(_, files)| {
+                lp.source_sentinel.as_deref().is_none_or(|alts| {
+                    alts.split('|').any(|s| {
+                        if let Some(suffix) = s.strip_prefix('*') {
+                            files
+                                .iter()
+                                .any(|f| !f.contains('/') && f.ends_with(suffix))
+                        } else {
+                            files.contains(s)
+                        }
+                    })
+                })
+            });
             if !ok {
+                let place = found.map_or_else(
+                    || {
+                        format!(
+                            "no directory `{}` was found next to the candy or the project",
+                            l.source
+                        )
+                    },
+                    |(d, _)| {
+                        format!(
+                            "{} has no {}",
+                            relative(d, &self.p.root),
+                            lp.source_sentinel.as_deref().unwrap_or("sources")
+                        )
+                    },
+                );
                 return Err(self.err(format!(
-                    "--dev-local-pkg: candy `{}` builds {} packages from `{}`, but {} is missing or has no {}",
-                    c.name,
-                    l.format,
-                    l.source,
-                    relative(&src, &self.p.root),
-                    lp.source_sentinel.as_deref().unwrap_or("sources")
+                    "--dev-local-pkg: candy `{}` builds {} packages from `{}`, but {place}",
+                    c.name, l.format, l.source
                 )));
             }
             let stage_dir = format!("{}/_localpkg/{}", self.dir, c.name);
