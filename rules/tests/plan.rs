@@ -143,8 +143,29 @@ fn direnv_snippets_with_the_fish_override() {
                 .collect::<Vec<_>>(),
             vec!["bash", "zsh", "fish", "sh"]
         );
-        assert_eq!(snippets[0].text, "eval \"$(direnv hook bash)\"\n");
-        assert_eq!(snippets[1].text, "eval \"$(direnv hook zsh)\"\n");
+        // In an image every POSIX shell sources all of /etc/profile.d, so
+        // each snippet is guarded for its shell; rc-file blocks are not.
+        let guard = |test: &str, body: &str| {
+            if managed {
+                body.to_string()
+            } else {
+                format!("if {test}; then\n{body}fi\n")
+            }
+        };
+        assert_eq!(
+            snippets[0].text,
+            guard(
+                "[ -n \"${BASH_VERSION:-}\" ]",
+                "eval \"$(direnv hook bash)\"\n"
+            )
+        );
+        assert_eq!(
+            snippets[1].text,
+            guard(
+                "[ -n \"${ZSH_VERSION:-}\" ]",
+                "eval \"$(direnv hook zsh)\"\n"
+            )
+        );
         assert_eq!(
             snippets[2].text, "direnv hook fish | source\n",
             "per-shell entry wins"

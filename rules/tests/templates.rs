@@ -2118,11 +2118,17 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -q tai
         r#"set -e
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp -a /home/user/src/app/debian-pkg "$work/src"
-cd "$work/src"
-dpkg-buildpackage -us -uc -b
 mkdir -p /tmp/charly-localpkg-2
-cp "$work"/*.deb /tmp/charly-localpkg-2/
+if [ -f /home/user/src/app/debian-pkg/DEBIAN/control ]; then
+  cp -a /home/user/src/app/debian-pkg "$work/pkg"
+  dpkg-deb --root-owner-group --build "$work/pkg" /tmp/charly-localpkg-2/
+else
+  command -v dpkg-buildpackage >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends dpkg-dev debhelper fakeroot; }
+  cp -a /home/user/src/app/debian-pkg "$work/src"
+  cd "$work/src"
+  dpkg-buildpackage -us -uc -b
+  cp "$work"/*.deb /tmp/charly-localpkg-2/
+fi
 "#,
     ));
     cases.push(case("distro/debian/format/deb/local_pkg/install_template",

@@ -86,6 +86,17 @@ pub fn home_token(s: &str) -> String {
         .replace("$HOME", HOME_TOKEN)
 }
 
+/// Wraps a snippet so only `shell` runs it when sourced from /etc/profile.d.
+fn guard_for_shell(shell: &str, text: &str) -> String {
+    let test = match shell {
+        "bash" => "[ -n \"${BASH_VERSION:-}\" ]",
+        "zsh" => "[ -n \"${ZSH_VERSION:-}\" ]",
+        _ => "[ -z \"${BASH_VERSION:-}\" ] && [ -z \"${ZSH_VERSION:-}\" ]",
+    };
+    let body = text.trim_end_matches('\n');
+    format!("if {test}; then\n{body}\nfi\n")
+}
+
 /// A PATH entry for a shell snippet: a leading `~` becomes `$HOME`.
 fn shell_home(p: &str) -> String {
     if p == "~" {
@@ -704,6 +715,11 @@ impl Cx<'_> {
             } else if shell == "fish" {
                 (format!("/etc/fish/conf.d/charly-{key}.fish"), false)
             } else {
+                // Every POSIX login shell sources all of /etc/profile.d/*.sh,
+                // so each shell's snippet is guarded to run in that shell
+                // only (the original writes them unguarded, and a bash login
+                // then also runs the zsh and sh variants).
+                text = guard_for_shell(shell, &text);
                 (format!("/etc/profile.d/charly-{key}-{shell}.sh"), false)
             };
             self.steps.push(InstallStep::shell_snippet(

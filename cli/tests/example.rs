@@ -1,0 +1,336 @@
+//! The bundled example (`examples/hello`) built for real with podman, in
+//! isolated podman storage and a fresh store: a Debian bookworm base made
+//! offline with debootstrap, apt packages, an npm builder stage whose
+//! artifact is reused, a local .deb, files, env, labels. Then: a no-op
+//! build, an edit of the npm candy, an unrelated edit, a second box using
+//! the same builder candy, and a restore after `podman rmi -a`.
+//!
+//! Needs podman, debootstrap and network access to the Debian mirror and
+//! the npm registry (`.ci/install` installs the tools). Behind an
+//! intercepting proxy the host's CA bundle is passed with `--ca-bundle`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+fn example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
+        let rel = e.path().strip_prefix(from).expect("prefix");
+        if rel.starts_with(".build") {
+            continue;
+        }
+        let dest = to.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    project: PathBuf,
+    store: PathBuf,
+    podman_root: PathBuf,
+    summaries: PathBuf,
+}
+
+impl Env {
+    fn charly(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(assert_cmd::cargo::cargo_bin("charly"));
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &self.store)
+            .env("CHARLY_PODMAN_ROOT", &self.podman_root)
+            .arg("-C")
+            .arg(&self.project)
+            .args(args);
+        let ca = Path::new("/etc/ssl/certs/ca-certificates.crt");
+        if ca.is_file() {
+            c.env("CHARLY_CA_BUNDLE", ca);
+        }
+        c.output().expect("charly runs")
+    }
+
+    fn build(&self, name: &str, boxes: &[&str]) -> serde_json::Value {
+        let summary = self.summaries.join(format!("{name}.json"));
+        let mut args = vec![
+            "box",
+            "build",
+            "--dev-local-pkg",
+            "-q",
+            "--summary-json",
+            summary.to_str().expect("utf8"),
+        ];
+        args.extend(boxes);
+        let t = Instant::now();
+        let out = self.charly(&args);
+        eprintln!("[example] {name}: {} ms", t.elapsed().as_millis());
+        assert!(
+            out.status.success(),
+            "{name}: build failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json")
+    }
+
+    fn podman(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", self.store.join("podman/containers.conf"))
+            .arg("--root")
+            .arg(self.podman_root.join("storage"))
+            .arg("--runroot")
+            .arg(self.podman_root.join("run"));
+        c
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = self
+            .podman()
+            .args([
+                "run",
+                "--rm",
+                "localhost/hello:2026.12.1",
+                "bash",
+                "-c",
+                script,
+            ])
+            .output()
+            .expect("podman run");
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+fn states(s: &serde_json::Value) -> Vec<(String, String)> {
+    s["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().unwrap_or("").to_string(),
+                n["state"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn ran(s: &serde_json::Value) -> Vec<String> {
+    states(s)
+        .into_iter()
+        .filter(|(_, st)| st == "ran")
+        .map(|(id, _)| id)
+        .filter(|id| !id.starts_with("source:"))
+        .collect()
+}
+
+#[test]
+fn example_builds_for_real_and_rebuilds_only_what_changed() {
+    if Command::new("podman").arg("--version").output().is_err() {
+        assert_eq!(
+            std::env::var("CHARLY_SKIP_PODMAN").as_deref(),
+            Ok("1"),
+            "podman is not installed"
+        );
+        eprintln!("SKIPPED: podman not installed and CHARLY_SKIP_PODMAN=1");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let env = Env {
+        project: tmp.path().join("hello"),
+        store: tmp.path().join("store"),
+        podman_root: tmp.path().join("podman"),
+        summaries: tmp.path().to_path_buf(),
+        _tmp: tmp,
+    };
+    copy_tree(&example(), &env.project);
+
+    // Cold build.
+    let cold = env.build("cold", &["hello"]);
+    assert_eq!(cold["totals"]["failed"], 0);
+    for id in [
+        "rootfs:base",
+        "image:base",
+        "image:node-builder",
+        "builder-stage:cowsay/npm@node-builder",
+        "local-pkg:hello-deb/deb",
+        "image:hello",
+    ] {
+        assert!(
+            ran(&cold).contains(&id.to_string()),
+            "{id} ran in the cold build: {:?}",
+            ran(&cold)
+        );
+    }
+
+    // What the candies say is in the image.
+    assert_eq!(env.sh("jq --version"), "jq-1.6", "apt package");
+    assert_eq!(
+        env.sh("command -v cowsay"),
+        "/home/user/.npm-global/bin/cowsay",
+        "npm artifact on PATH"
+    );
+    assert!(
+        env.sh("cowsay moo").contains("< moo >"),
+        "npm CLI runs as the box user"
+    );
+    assert_eq!(env.sh("id -un"), "user");
+    assert_eq!(env.sh("hello-charly"), "hello from a local .deb");
+    assert_eq!(
+        env.sh("dpkg-query -W -f='${Status}' hello-charly"),
+        "install ok installed"
+    );
+    assert_eq!(env.sh("stat -c '%a %U' /opt/hello/motd.txt"), "644 root");
+    assert_eq!(
+        env.sh("stat -c '%a %U' ~/.config/hello/settings.json"),
+        "600 user"
+    );
+    assert_eq!(
+        env.sh("readlink /usr/local/bin/hello-motd"),
+        "/opt/hello/motd.txt"
+    );
+    assert_eq!(
+        env.sh("cat /opt/hello/jq-version.txt"),
+        "jq-1.6",
+        "root cmd ran after the apt install"
+    );
+    assert_eq!(env.sh("echo $HELLO_GREETING"), "hello from charly");
+    assert_eq!(
+        env.sh("bash -lc 'echo $HELLO_SHELL'"),
+        "bash",
+        "login shell snippet"
+    );
+    assert_eq!(
+        env.sh("bash -lc 'command -v cowsay'"),
+        "/home/user/.npm-global/bin/cowsay",
+        "PATH in login shells too"
+    );
+    assert!(
+        env.sh("cat /etc/supervisord.conf")
+            .contains("[program:greeter]")
+    );
+    let inspect = env
+        .podman()
+        .args(["image", "inspect", "localhost/hello:2026.12.1"])
+        .output()
+        .expect("inspect");
+    let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    let labels = &v[0]["Config"]["Labels"];
+    assert_eq!(labels["ai.opencharly.box"], "hello");
+    assert_eq!(labels["ai.opencharly.platform.distro"], "debian");
+    assert!(
+        labels["ai.opencharly.node-key"]
+            .as_str()
+            .is_some_and(|k| k.len() == 64)
+    );
+
+    // No-op: nothing rebuilt, podman never asked to build.
+    let t = Instant::now();
+    let noop = env.build("noop", &["hello"]);
+    let noop_ms = t.elapsed().as_millis();
+    assert!(ran(&noop).is_empty(), "{:?}", ran(&noop));
+    eprintln!("[example] charly no-op build: {noop_ms} ms");
+    assert!(noop_ms < 5_000, "no-op took {noop_ms} ms");
+    // podman's own no-op on the same generated Containerfile, for the record.
+    let t = Instant::now();
+    let out = env
+        .podman()
+        .current_dir(&env.project)
+        .args([
+            "build",
+            "--layers=true",
+            "--pull=never",
+            "--build-arg",
+            "TARGETARCH=amd64",
+            "-f",
+            ".build/hello/Containerfile",
+            "-t",
+            "localhost/hello-podman-noop",
+            ".",
+        ])
+        .output()
+        .expect("podman build");
+    eprintln!(
+        "[example] podman build no-op (warm layer cache): {} ms (ok: {})",
+        t.elapsed().as_millis(),
+        out.status.success()
+    );
+
+    // Edit the npm candy's package.json: only its stage and the box rebuild.
+    let pj = env.project.join("candy/cowsay/package.json");
+    let text = std::fs::read_to_string(&pj).expect("read");
+    std::fs::write(
+        &pj,
+        text.replace("\"cowsay\": \"1.6.0\"", "\"cowsay\": \"1.5.0\""),
+    )
+    .expect("edit");
+    let edited = env.build("npm-edit", &["hello"]);
+    let mut r = ran(&edited);
+    r.sort();
+    assert_eq!(
+        r,
+        vec![
+            "builder-stage:cowsay/npm@node-builder".to_string(),
+            "image:hello".to_string()
+        ]
+    );
+
+    // An unrelated candy edit: the npm stage stays cached.
+    let tools = env.project.join("candy/hello-tools/charly.yml");
+    let text = std::fs::read_to_string(&tools).expect("read");
+    std::fs::write(
+        &tools,
+        text.replace("Welcome to the hello box.", "Welcome, again."),
+    )
+    .expect("edit");
+    let unrelated = env.build("unrelated-edit", &["hello"]);
+    let r = ran(&unrelated);
+    assert!(
+        !r.iter().any(|id| id.starts_with("builder-stage:")),
+        "{r:?}"
+    );
+    assert!(r.contains(&"image:hello".to_string()));
+
+    // A second box using the same builder candy reuses the stored artifact.
+    let b2 = env.project.join("box/hello2/charly.yml");
+    std::fs::create_dir_all(b2.parent().expect("dir")).expect("mkdir");
+    std::fs::write(
+        &b2,
+        "box:\n    name: hello2\n    version: 2026.12.1\n    base: base\n    candy: [cowsay]\n",
+    )
+    .expect("write");
+    let second = env.build("second-box", &["hello2"]);
+    let st = states(&second);
+    assert!(
+        st.contains(&(
+            "builder-stage:cowsay/npm@node-builder".to_string(),
+            "cached".to_string()
+        )),
+        "{st:?}"
+    );
+    assert!(ran(&second).contains(&"image:hello2".to_string()));
+
+    // Lose podman's images, keep the store: restored, no RUN step runs.
+    let out = env
+        .podman()
+        .args(["rmi", "-a", "-f"])
+        .output()
+        .expect("rmi");
+    assert!(out.status.success());
+    let restored = env.build("restore", &["hello"]);
+    assert!(ran(&restored).is_empty(), "{:?}", ran(&restored));
+    assert_eq!(
+        env.sh("cowsay -f tux restored | head -n 2 | tail -n 1"),
+        "< restored >"
+    );
+}
