@@ -87,9 +87,18 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
                 output::json(&s)?;
             } else {
                 let mut out = std::io::stdout().lock();
-                writeln!(out, "store:        {}", store.dir().display())?;
-                writeln!(out, "{s:#?}")?;
-                let _ = human;
+                writeln!(out, "store        {}", store.dir().display())?;
+                writeln!(out, "records      {}", s.records)?;
+                writeln!(
+                    out,
+                    "blobs        {} ({} on disk, {} of content)",
+                    s.blobs,
+                    human(s.compressed_bytes),
+                    human(s.logical_bytes)
+                )?;
+                writeln!(out, "index        {}", human(s.index_bytes))?;
+                writeln!(out, "roots        {}", s.roots)?;
+                writeln!(out, "quarantined  {}", s.quarantined)?;
             }
         }
         CacheCommand::Gc { max_size, json } => {
@@ -97,7 +106,20 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
             if *json {
                 output::json(&r)?;
             } else {
-                writeln!(std::io::stdout().lock(), "{r:#?}")?;
+                writeln!(
+                    std::io::stdout().lock(),
+                    "{} -> {}: removed {} records, {} blobs, {} stale files{}",
+                    human(r.bytes_before),
+                    human(r.bytes_after),
+                    r.records_removed,
+                    r.blobs_removed,
+                    r.stale_files_removed,
+                    if r.within_budget {
+                        ""
+                    } else {
+                        " (roots alone exceed the budget)"
+                    }
+                )?;
             }
         }
         CacheCommand::Verify { repair, json } => {
@@ -105,7 +127,36 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
             if *json {
                 output::json(&r)?;
             } else {
-                writeln!(std::io::stdout().lock(), "{r:#?}")?;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{} blobs checked", r.blobs_checked)?;
+                for (what, n) in [
+                    ("corrupt blobs", r.corrupt_blobs.len()),
+                    ("blobs missing from the index", r.unindexed_blobs.len()),
+                    ("indexed blobs missing on disk", r.missing_blobs.len()),
+                    ("records with missing blobs", r.broken_records.len()),
+                    ("stale temp files", r.stale_temp_files.len()),
+                    ("stray files", r.stray_files.len()),
+                    ("index problems", r.index_problems.len()),
+                ] {
+                    if n > 0 {
+                        writeln!(
+                            out,
+                            "{what}: {n}{}",
+                            if r.repaired { " (repaired)" } else { "" }
+                        )?;
+                    }
+                }
+                writeln!(
+                    out,
+                    "{}",
+                    if r.is_clean() {
+                        "clean"
+                    } else if r.repaired {
+                        "repaired"
+                    } else {
+                        "problems found"
+                    }
+                )?;
             }
             if !r.is_clean() && !*repair {
                 output::error("the store has problems; run `charly cache verify --repair`");

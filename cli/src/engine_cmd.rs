@@ -64,10 +64,21 @@ pub struct BuildArgs {
     /// Build local packages from local source (hard error when the source is missing).
     #[arg(long)]
     pub dev_local_pkg: bool,
+    /// Also write the built images to an OCI image layout: `--output oci:DIR`
+    /// (each box under the reference `<box>-<version>`).
+    #[arg(long, value_name = "oci:DIR", value_parser = parse_output)]
+    pub output: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
     #[command(flatten)]
     pub runner: RunnerArgs,
+}
+
+fn parse_output(s: &str) -> Result<PathBuf, String> {
+    match s.strip_prefix("oci:") {
+        Some(d) if !d.is_empty() => Ok(PathBuf::from(d)),
+        _ => Err(format!("expected oci:DIR, got `{s}`")),
+    }
 }
 
 /// Arguments of `graph`.
@@ -125,6 +136,25 @@ pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result
             jobs,
         })?),
     })
+}
+
+/// The engine over an opened project.
+fn engine<'a>(
+    o: &'a project::Opened,
+    store: &'a Store,
+    runner: &'a dyn Runner,
+    hasher: &'a FileHasher,
+    dev_local_pkg: bool,
+) -> Engine<'a> {
+    Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store,
+        runner,
+        hasher,
+        dev_local_pkg,
+        arch: host_arch(),
+    }
 }
 
 fn jobs(a: &RunArgs) -> usize {
@@ -224,15 +254,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::new();
-    let engine = Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store: &store,
-        runner: &runner,
-        hasher: &hasher,
-        dev_local_pkg: a.dev_local_pkg,
-        arch: host_arch(),
-    };
+    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg);
     let graph = engine.graph(&Goal::Generate, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.stdout);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
@@ -280,15 +302,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
-    let engine = Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store: &store,
-        runner: runner.as_ref(),
-        hasher: &hasher,
-        dev_local_pkg: a.dev_local_pkg,
-        arch: host_arch(),
-    };
+    let engine = engine(&o, &store, runner.as_ref(), &hasher, a.dev_local_pkg);
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
@@ -327,6 +341,11 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         output::note(&summary_line("build", &summary));
         return Ok(ExitCode::from(1));
     }
+    if let Some(dir) = &a.output
+        && !a.dry_run
+    {
+        export_oci(&o, &graph, &store, &names, dir)?;
+    }
     if !a.run.quiet {
         output::note(&summary_line(
             if a.dry_run { "dry run" } else { "build" },
@@ -334,6 +353,38 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes each built box's image into the OCI layout at `dir`.
+fn export_oci(
+    o: &project::Opened,
+    graph: &charly_engine::graph::Graph,
+    store: &Store,
+    names: &[String],
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for name in names {
+        let n = graph.node(&format!("image:{name}")).context("image node")?;
+        let rec = store.get_record(&n.key)?.context("image record")?;
+        let archive = rec.outputs.get("archive").with_context(|| {
+            format!(
+                "{name}: the runner stored no image archive (the fake runner writes no real image)"
+            )
+        })?;
+        let tmp = tempfile::tempdir()?;
+        let path = tmp.path().join("image.tar");
+        store.copy_blob_to(&archive.digest, &path)?;
+        let version = o
+            .resolution
+            .get(name)
+            .map(|b| b.version.clone())
+            .unwrap_or_default();
+        let reference = format!("{name}-{version}");
+        let e = charly_engine::oci::export_archive(&path, dir, &reference)?;
+        writeln!(out, "oci:{}:{}", e.dir.display(), e.reference)?;
+    }
+    Ok(())
 }
 
 fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {
@@ -350,15 +401,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::named(&a.runner);
-    let engine = Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store: &store,
-        runner: &runner,
-        hasher: &hasher,
-        dev_local_pkg: false,
-        arch: host_arch(),
-    };
+    let engine = engine(&o, &store, &runner, &hasher, false);
     let goal = if a.generate {
         Goal::Generate
     } else {
@@ -433,15 +476,7 @@ pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::named(&a.runner);
-    let engine = Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store: &store,
-        runner: &runner,
-        hasher: &hasher,
-        dev_local_pkg: a.dev_local_pkg,
-        arch: host_arch(),
-    };
+    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg);
     // One graph with every node: build directories and images of all boxes.
     let g = engine.graph_goals(&[(Goal::Generate, names.clone()), (Goal::Build, names)])?;
     let e = engine.explain(&g, &a.node)?;

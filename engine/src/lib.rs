@@ -16,6 +16,7 @@ pub mod generate;
 pub mod graph;
 pub mod hash;
 pub mod key;
+pub mod oci;
 pub mod podman;
 pub mod runner;
 pub mod sched;

@@ -124,14 +124,12 @@ impl PodmanRunner {
             .output()
             .map_err(|e| RunError::new(format!("{what}: cannot run podman: {e}")))?;
         if !out.status.success() {
-            let text = String::from_utf8_lossy(&out.stderr).to_string()
-                + &String::from_utf8_lossy(&out.stdout);
-            let tail: Vec<&str> = text.lines().rev().take(25).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            // The build log (stdout) says what failed; stderr says where.
             return Err(RunError::new(format!(
-                "{what} failed ({}):\n{}",
+                "{what} failed ({}):\n{}\n{}",
                 out.status,
-                tail.join("\n")
+                tail_lines(&out.stdout, 30),
+                tail_lines(&out.stderr, 10)
             )));
         }
         Ok(out)
@@ -214,6 +212,13 @@ struct BuildCall<'a> {
     target: Option<&'a str>,
     args: &'a [(String, String)],
     labels: &'a [(String, String)],
+}
+
+/// The last `n` lines of command output.
+fn tail_lines(bytes: &[u8], n: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Whether a `major.minor.patch` version is older than `(major, minor)`.
