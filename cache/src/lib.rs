@@ -98,6 +98,7 @@ mod frames;
 mod gc;
 mod lock;
 mod record;
+pub mod remote;
 mod store;
 mod verify;
 
@@ -106,5 +107,6 @@ pub use error::CacheError;
 pub use gc::{GcReport, PENDING_GRACE_SECS};
 pub use lock::KeyLock;
 pub use record::{Output, Record};
+pub use remote::{PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats};
 pub use store::{Stats, Store};
 pub use verify::VerifyReport;

@@ -163,7 +163,8 @@ fn jobs(a: &RunArgs) -> usize {
         .max(1)
 }
 
-fn host_arch() -> String {
+/// The host architecture as OCI names it.
+pub fn host_arch() -> String {
     match std::env::consts::ARCH {
         "x86_64" => "amd64".into(),
         "aarch64" => "arm64".into(),

@@ -9,6 +9,7 @@
 mod box_cmd;
 mod cache_cmd;
 mod candy_cmd;
+mod check_cmd;
 mod engine_cmd;
 mod output;
 mod progress;
@@ -68,6 +69,9 @@ pub enum Command {
     Graph(engine_cmd::GraphArgs),
     /// Say why a node would rebuild (the exact inputs that changed), or that it is cached.
     Explain(engine_cmd::ExplainArgs),
+    /// Build disposable beds of boxes and run their candies' and their own
+    /// `eval:` checks (build-scope); exit 1 when any fails.
+    Check(check_cmd::CheckArgs),
     /// The local store: stats, gc, verify.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         Command::Graph(a) => engine_cmd::graph(&cli, a),
         Command::Explain(a) => engine_cmd::explain(&cli, a),
         Command::Cache(c) => cache_cmd::run(&cli, c),
+        Command::Check(a) => check_cmd::run(&cli, a),
     };
     match result {
         Ok(code) => code,

@@ -214,6 +214,64 @@ struct BuildCall<'a> {
     labels: &'a [(String, String)],
 }
 
+impl crate::check::BedHost for PodmanRunner {
+    fn start(&self, image: &str, name: &str, user: &str, cmd: &[String]) -> Result<String, String> {
+        let mut c = self.cmd();
+        c.args(["run", "-d", "--pull=never", "--name", name, "--user", user]);
+        if let Some((first, rest)) = cmd.split_first() {
+            c.arg("--entrypoint").arg(first).arg(image).args(rest);
+        } else {
+            c.arg(image);
+        }
+        let out = self
+            .run(&format!("start bed {name}"), &mut c)
+            .map_err(|e| e.message)?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn exec(
+        &self,
+        id: &str,
+        user: &str,
+        script: &str,
+        timeout: std::time::Duration,
+    ) -> Result<crate::check::ExecOutput, String> {
+        let mut child = self
+            .cmd()
+            .args(["exec", "--user", user, id, "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("podman exec: {e}"))?;
+        let start = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if start.elapsed() > timeout => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("timed out after {} s", timeout.as_secs()));
+                }
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(e) => return Err(format!("podman exec: {e}")),
+            }
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("podman exec: {e}"))?;
+        Ok(crate::check::ExecOutput {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    fn remove(&self, id: &str) {
+        let _ = self.cmd().args(["rm", "-f", "-t", "0", id]).output();
+    }
+}
+
 /// The last `n` lines of command output.
 fn tail_lines(bytes: &[u8], n: usize) -> String {
     let text = String::from_utf8_lossy(bytes);

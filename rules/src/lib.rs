@@ -6,6 +6,7 @@
 //! and the text emitters (Containerfile, quadlet, kustomize).
 
 pub mod cascade;
+pub mod check;
 pub mod diag;
 pub mod emit;
 pub mod load;

@@ -1,0 +1,225 @@
+//! A synchronous face on the (async) OCI Distribution client.
+//!
+//! `oci-client` speaks the Distribution API and its auth schemes on tokio.
+//! The store and the engine are synchronous (rayon threads), so this module
+//! owns a small private multi-thread runtime and blocks on it. That is sound
+//! from any thread that is not itself running async code: the runtime's own
+//! workers drive the sockets while the calling thread waits. Blob bodies
+//! cross the boundary as streams, a chunk at a time, so no blob is ever held
+//! in memory whole.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use tokio::runtime::Runtime;
+
+use super::config::{RemoteAuth, Target};
+use super::error::{Kind, RemoteError, classify};
+
+/// Media type of the manifests charly writes and reads.
+pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// A blob body being downloaded.
+pub(crate) type BlobStream = BoxStream<'static, std::io::Result<Bytes>>;
+
+/// One registry repository.
+pub(crate) struct Registry {
+    rt: Runtime,
+    client: Client,
+    auth: RegistryAuth,
+    target: Target,
+}
+
+impl Registry {
+    pub(crate) fn new(target: Target, auth: &RemoteAuth) -> Result<Registry, RemoteError> {
+        // reqwest is built without a default TLS crypto provider (to keep one
+        // backend, ring, in the tree); it takes the process default. An
+        // error means one is installed already, which is just as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("charly-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::other(format!("starting the remote I/O runtime: {e}")))?;
+        let config = ClientConfig {
+            protocol: if target.plain_http {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            // One PUT with a streamed body per blob: the most widely
+            // supported upload and, on a fast link, the quickest.
+            use_monolithic_push: true,
+            connect_timeout: Some(Duration::from_secs(10)),
+            // Between two reads of a response, not for the whole transfer.
+            read_timeout: Some(Duration::from_secs(120)),
+            user_agent: concat!("charly/", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        };
+        let client = Client::new(config);
+        let auth = match auth {
+            RemoteAuth::Anonymous => RegistryAuth::Anonymous,
+            RemoteAuth::Basic { user, pass } => RegistryAuth::Basic(user.clone(), pass.clone()),
+            RemoteAuth::Bearer { token } => RegistryAuth::Bearer(token.clone()),
+        };
+        // Blob calls of the client use stored credentials only.
+        rt.block_on(client.store_auth_if_needed(&target.registry, &auth));
+        Ok(Registry {
+            rt,
+            client,
+            auth,
+            target,
+        })
+    }
+
+    /// The runtime, for callers that pump streams themselves.
+    pub(crate) fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    fn tagged(&self, tag: &str) -> Reference {
+        Reference::with_tag(
+            self.target.registry.clone(),
+            self.target.repository.clone(),
+            tag.to_string(),
+        )
+    }
+
+    /// Reference for blob operations (only registry and repository matter).
+    fn repo(&self) -> Reference {
+        self.tagged("latest")
+    }
+
+    /// The manifest tagged `tag` and its digest; `None` if there is none.
+    pub(crate) fn get_manifest(&self, tag: &str) -> Result<Option<(Bytes, String)>, RemoteError> {
+        let r = self.tagged(tag);
+        match self.rt.block_on(
+            self.client
+                .pull_manifest_raw(&r, &self.auth, &[OCI_MANIFEST]),
+        ) {
+            Ok(found) => Ok(Some(found)),
+            Err(e) => match classify(&e) {
+                err if err.kind == Kind::NotFound => Ok(None),
+                err => Err(err.context(format!("fetching manifest {tag}"))),
+            },
+        }
+    }
+
+    /// Whether a manifest is tagged `tag` (HEAD).
+    pub(crate) fn has_manifest(&self, tag: &str) -> Result<bool, RemoteError> {
+        let r = self.tagged(tag);
+        match self
+            .rt
+            .block_on(self.client.fetch_manifest_digest(&r, &self.auth))
+        {
+            Ok(_) => Ok(true),
+            Err(e) => match classify(&e) {
+                err if err.kind == Kind::NotFound => Ok(false),
+                err => Err(err.context(format!("checking manifest {tag}"))),
+            },
+        }
+    }
+
+    /// Uploads an OCI image manifest under `tag`.
+    pub(crate) fn put_manifest(&self, tag: &str, body: Vec<u8>) -> Result<(), RemoteError> {
+        let r = self.tagged(tag);
+        // The header type belongs to the client's HTTP stack; let inference
+        // name it rather than depending on that crate directly.
+        let content_type = OCI_MANIFEST
+            .parse()
+            .map_err(|e| RemoteError::other(format!("header value {OCI_MANIFEST:?}: {e}")))?;
+        self.rt
+            .block_on(self.client.push_manifest_raw(&r, body, content_type))
+            .map(|_| ())
+            .map_err(|e| classify(&e).context(format!("uploading manifest {tag}")))
+    }
+
+    /// Whether the repository has the blob `digest` (`sha256:…`).
+    pub(crate) fn has_blob(&self, digest: &str) -> Result<bool, RemoteError> {
+        let r = self.repo();
+        match self.rt.block_on(self.client.blob_exists(&r, digest)) {
+            Ok(found) => Ok(found),
+            Err(e) => match classify(&e) {
+                err if err.kind == Kind::NotFound => Ok(false),
+                err => Err(err.context(format!("checking blob {digest}"))),
+            },
+        }
+    }
+
+    /// Uploads a small blob held in memory.
+    pub(crate) fn push_bytes(&self, digest: &str, data: Vec<u8>) -> Result<(), RemoteError> {
+        let r = self.repo();
+        let size = data.len() as u64;
+        let body = futures_util::stream::iter([Ok(Bytes::from(data))]);
+        self.rt
+            .block_on(self.client.push_blob_stream(&r, body, digest, Some(size)))
+            .map(|_| ())
+            .map_err(|e| classify(&e).context(format!("uploading blob {digest}")))
+    }
+
+    /// Uploads a blob whose body `produce` writes, chunk by chunk, into the
+    /// sender it is given (on the calling thread, while the runtime sends).
+    /// `size` must be exact. If `produce` fails it must first send an error
+    /// into the body, so the registry never completes the upload; its error
+    /// is then the one returned, unless it is only that the upload stopped
+    /// (kind `Unavailable`), in which case the upload's own error explains more.
+    pub(crate) fn push_stream(
+        &self,
+        digest: &str,
+        size: u64,
+        produce: impl FnOnce(
+            &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+        ) -> Result<(), RemoteError>,
+    ) -> Result<(), RemoteError> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
+        let body = futures_util::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx)
+                .map(|item| item.map(|r| r.map_err(OciDistributionError::IoError)))
+        });
+        let client = self.client.clone();
+        let r = self.repo();
+        let d = digest.to_string();
+        let upload = self.rt.spawn(async move {
+            client
+                .push_blob_stream(&r, body, &d, Some(size))
+                .await
+                .map(|_| ())
+        });
+        let produced = produce(&tx);
+        drop(tx);
+        let uploaded = self
+            .rt
+            .block_on(upload)
+            .map_err(|e| RemoteError::other(format!("upload task of blob {digest}: {e}")))?
+            .map_err(|e| classify(&e).context(format!("uploading blob {digest}")));
+        match (produced, uploaded) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(p), _) if p.kind != Kind::Unavailable => Err(p),
+            (_, Err(u)) => Err(u),
+            (Err(p), Ok(())) => Err(p),
+        }
+    }
+
+    /// Starts downloading blob `digest`. The client checks the body against
+    /// `digest` (and the registry's `Docker-Content-Digest`) as it ends and
+    /// turns a mismatch into an error of the stream.
+    pub(crate) fn pull_blob(&self, digest: &str) -> Result<BlobStream, RemoteError> {
+        let r = self.repo();
+        self.rt
+            .block_on(self.client.pull_blob_stream(&r, digest))
+            .map(|s| s.stream)
+            .map_err(|e| classify(&e).context(format!("fetching blob {digest}")))
+    }
+
+    /// Checks that the registry answers and accepts the credentials for
+    /// reading (a lookup of a tag that never exists).
+    pub(crate) fn ping(&self) -> Result<(), RemoteError> {
+        self.get_manifest("charly-ping").map(|_| ())
+    }
+}

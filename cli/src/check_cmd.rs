@@ -1,0 +1,197 @@
+//! `charly check`: build disposable beds of boxes and run their `eval:` checks.
+
+use crate::engine_cmd::{RunArgs, RunnerArgs, open_store, select};
+use crate::{Cli, output, project};
+use anyhow::Context;
+use charly_engine::api::Engine;
+use charly_engine::check::{Bed, BedReport, Outcome, box_checks, junit, run_bed};
+use charly_engine::graph::Goal;
+use charly_engine::hash::FileHasher;
+use charly_engine::podman::{PodmanOptions, PodmanRunner};
+use charly_engine::sched::State;
+use rayon::prelude::*;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `charly check`.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// Boxes to check.
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Check every enabled box that resolves.
+    #[arg(long)]
+    pub all: bool,
+    /// Keep the bed containers (named `charly-bed-<box>-<key>`) for inspection.
+    #[arg(long)]
+    pub keep: bool,
+    /// Rerun beds whose last result was all-pass and whose box and checks are unchanged.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write JUnit XML to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub runner: RunnerArgs,
+}
+
+/// Runs `charly check`.
+pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let o = project::open(cli)?;
+    let names = select(&o, &a.boxes, a.all)?;
+    // Every check definition must parse before anything is built.
+    let mut diags = Vec::new();
+    let mut beds_checks = Vec::new();
+    for n in &names {
+        let b = crate::box_cmd::resolved(&o, n)?;
+        beds_checks.push((b, box_checks(&o.project, b, &mut diags)));
+    }
+    if diags.iter().any(charly_rules::Diagnostic::is_error) {
+        output::diagnostics(diags.iter(), &o.project.sources);
+        return Err(crate::Reported.into());
+    }
+    output::diagnostics(diags.iter(), &o.project.sources);
+
+    let store = open_store(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let jobs = a
+        .run
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1);
+    let podman = PodmanRunner::new(PodmanOptions {
+        root: a.runner.podman_root.clone(),
+        conf_dir: store.dir().to_path_buf(),
+        ca_bundle: a.runner.ca_bundle.clone(),
+        jobs,
+    })?;
+    // Beds always build local packages from local source.
+    let engine = Engine {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        runner: &podman,
+        hasher: &hasher,
+        dev_local_pkg: true,
+        arch: crate::engine_cmd::host_arch(),
+    };
+    let graph = engine.graph(&Goal::Build, &names)?;
+    let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
+    let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);
+    progress.finish();
+    if let Some(p) = &a.run.summary_json {
+        std::fs::write(p, serde_json::to_vec_pretty(&summary)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if !summary.ok() {
+        for n in summary.nodes.iter().filter(|n| n.state == State::Failed) {
+            output::error(&format!(
+                "{} failed: {}",
+                n.id,
+                n.error.as_deref().unwrap_or("")
+            ));
+        }
+        return Ok(ExitCode::from(1));
+    }
+
+    let vocab_init = |b: &charly_rules::resolve::ResolvedBox| -> Option<Vec<String>> {
+        let own_services = b.candies.iter().chain(b.provided.iter()).any(|k| {
+            o.project.candies[k]
+                .def
+                .service
+                .iter()
+                .any(|s| s.exec.is_some())
+        });
+        let has_supervisord = b
+            .candies
+            .iter()
+            .chain(b.provided.iter())
+            .any(|k| k == "supervisord");
+        if !own_services || !has_supervisord {
+            return None;
+        }
+        let init = o.project.ns(b.ns).vocab.init.get("supervisord")?;
+        (!init.entrypoint.is_empty()).then(|| init.entrypoint.clone())
+    };
+    let beds: Vec<(Bed<'_>, charly_cache::NodeKey)> = beds_checks
+        .into_iter()
+        .filter_map(|(b, checks)| {
+            let image_key = graph.node(&format!("image:{}", b.name))?.key;
+            Some((
+                Bed {
+                    b,
+                    image: charly_engine::graph::image_ref(&o.resolution, &b.name),
+                    checks,
+                    init: vocab_init(b),
+                    format: b.pkg().unwrap_or_default().to_string(),
+                },
+                image_key,
+            ))
+        })
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
+    let reports: Vec<BedReport> = pool.install(|| {
+        beds.par_iter()
+            .map(|(bed, key)| run_bed(&podman, &store, key, bed, a.keep, a.force))
+            .collect()
+    });
+    let _ = store.flush();
+
+    if let Some(p) = &a.junit {
+        std::fs::write(p, junit(&reports)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if a.json {
+        output::json(&reports)?;
+    } else {
+        let mut err = std::io::stderr().lock();
+        for r in &reports {
+            if let Some(e) = &r.error {
+                writeln!(err, "{}: ERROR {e}", r.box_name)?;
+                continue;
+            }
+            for c in &r.checks {
+                let tag = match c.outcome {
+                    Outcome::Pass => "pass",
+                    Outcome::Fail => "FAIL",
+                    Outcome::Skip => "skip",
+                };
+                let mut line = format!("{tag}  {}  {} ({})", r.box_name, c.id, c.owner);
+                match c.outcome {
+                    Outcome::Skip => {
+                        line.push_str(&format!(": {}", c.reason.as_deref().unwrap_or("")))
+                    }
+                    Outcome::Fail => line.push_str(&format!(
+                        ": {}\n        expected: {}\n        actual:   {}",
+                        c.reason.as_deref().unwrap_or(""),
+                        c.expected.as_deref().unwrap_or(""),
+                        c.actual.as_deref().unwrap_or("")
+                    )),
+                    Outcome::Pass => {}
+                }
+                writeln!(err, "{line}")?;
+            }
+            let (p, f, s) = r.counts();
+            writeln!(
+                err,
+                "{}: {p} passed, {f} failed, {s} skipped{}",
+                r.box_name,
+                if r.cached {
+                    " (cached: unchanged since an all-pass run)"
+                } else {
+                    ""
+                }
+            )?;
+        }
+    }
+    Ok(if reports.iter().all(BedReport::ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
