@@ -176,6 +176,10 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
                 }
                 writeln!(err, "{line}")?;
             }
+            if r.checks.is_empty() {
+                writeln!(err, "{}: no checks (no container started)", r.box_name)?;
+                continue;
+            }
             let (p, f, s) = r.counts();
             writeln!(
                 err,

@@ -71,6 +71,17 @@ pub enum Command {
     Explain(engine_cmd::ExplainArgs),
     /// Build disposable beds of boxes and run their candies' and their own
     /// `eval:` checks (build-scope); exit 1 when any fails.
+    ///
+    /// Each box is built as `box build --dev-local-pkg` would (local packages
+    /// always from local source; a missing source is an error), reusing every
+    /// stored builder artifact and image. A container is started from the
+    /// image as the box user, with the box's init when it has services, and
+    /// the checks run in candy order, then the box's own: `file`, `command`,
+    /// `package`, `service`, `addr`. Deploy-scope checks and subjects that
+    /// need a deployment (`http`, `mcp`, `k8s`, …) are listed as skipped with
+    /// the reason. Checks are not build inputs: editing one never rebuilds an
+    /// image. A bed whose image and checks are unchanged since an all-pass
+    /// run is reported as cached without a container (`--force` reruns).
     Check(check_cmd::CheckArgs),
     /// The local store: stats, gc, verify.
     #[command(subcommand)]

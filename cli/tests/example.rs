@@ -280,6 +280,111 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         out.status.success()
     );
 
+    // Check beds: every check of the example passes in a bed of the box,
+    // which reuses the stored builder artifact and image (nothing rebuilt).
+    let junit = env.summaries.join("junit.xml");
+    let check_summary = env.summaries.join("check.json");
+    let out = env.charly(&[
+        "check",
+        "--all",
+        "--json",
+        "-q",
+        "--junit",
+        junit.to_str().expect("utf8"),
+        "--summary-json",
+        check_summary.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "check failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&check_summary).expect("summary")).expect("json");
+    assert!(ran(&summary).is_empty(), "{:?}", ran(&summary));
+    assert!(
+        states(&summary).contains(&(
+            "builder-stage:cowsay/npm@node-builder".to_string(),
+            "cached".to_string()
+        )),
+        "{:?}",
+        states(&summary)
+    );
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let hello = reports
+        .as_array()
+        .expect("reports")
+        .iter()
+        .find(|r| r["box_name"] == "hello")
+        .expect("hello's bed");
+    let checks = hello["checks"].as_array().expect("checks");
+    let outcome = |id: &str| {
+        checks
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["outcome"].as_str().unwrap_or("").to_string())
+    };
+    for id in [
+        "motd",
+        "jq-works",
+        "jq-package",
+        "greeter-running",
+        "greeter-port",
+        "greeter-answers",
+        "cowsay-moos",
+        "hello-charly-package",
+        "node-version",
+    ] {
+        assert_eq!(outcome(id).as_deref(), Some("pass"), "{id}: {checks:?}");
+    }
+    assert_eq!(outcome("greeter-from-outside").as_deref(), Some("skip"));
+    let xml = std::fs::read_to_string(&junit).expect("junit");
+    assert!(xml.contains("<testsuite") && xml.contains("greeter-from-outside"));
+    // Unchanged box and checks, all passed last time: cached, no container.
+    let out = env.charly(&["check", "hello", "--json", "-q"]);
+    assert!(out.status.success());
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(again[0]["cached"], true);
+    // A deliberately wrong check fails, showing expected vs actual; editing
+    // a check rebuilds nothing.
+    let tools = env.project.join("candy/hello-tools/charly.yml");
+    let original = std::fs::read_to_string(&tools).expect("read");
+    std::fs::write(
+        &tools,
+        original.replace("- Welcome to the hello box", "- Goodbye from the hello box"),
+    )
+    .expect("edit");
+    let out = env.charly(&[
+        "check",
+        "hello",
+        "-q",
+        "--summary-json",
+        check_summary.to_str().expect("utf8"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("FAIL  hello  motd")
+            && err.contains("expected: contains \"Goodbye from the hello box\"")
+            && err.contains("actual:   Welcome to the hello box."),
+        "{err}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&check_summary).expect("summary")).expect("json");
+    assert!(ran(&summary).is_empty(), "{:?}", ran(&summary));
+    std::fs::write(&tools, original).expect("restore");
+    // A bed always builds local packages from local source: without it,
+    // a hard error, never a release download.
+    let pkg = env.project.join("candy/hello-deb/pkg");
+    let moved = env.project.join("pkg-moved-away");
+    std::fs::rename(&pkg, &moved).expect("move");
+    let out = env.charly(&["check", "hello", "-q"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no directory `pkg` was found"), "{err}");
+    std::fs::rename(&moved, &pkg).expect("move back");
+
     // Edit the npm candy's package.json: only its stage and the box rebuild.
     let pj = env.project.join("candy/cowsay/package.json");
     let text = std::fs::read_to_string(&pj).expect("read");

@@ -173,6 +173,15 @@ pub fn run_bed(
     keep: bool,
     force: bool,
 ) -> BedReport {
+    if bed.checks.is_empty() {
+        // Nothing to run: no container.
+        return BedReport {
+            box_name: bed.b.name.clone(),
+            cached: false,
+            checks: Vec::new(),
+            error: None,
+        };
+    }
     let key = bed_key(image_key, &bed.checks);
     if !force
         && let Ok(Some(rec)) = store.get_record(&key)
@@ -494,7 +503,11 @@ fn attempt(
                         Matcher::Matches(r) => match regex::Regex::new(r) {
                             Ok(re) => (re.is_match(text), format!("{stream} matches /{r}/")),
                             Err(e) => {
-                                return fail("invalid regular expression", r.clone(), e.to_string());
+                                return fail(
+                                    "invalid regular expression",
+                                    r.clone(),
+                                    e.to_string(),
+                                );
                             }
                         },
                     };

@@ -739,12 +739,18 @@ fn source_inputs(
             .rel_dir
             .clone()
             .unwrap_or_else(|| format!("_layers/{}", c.name));
+        let def_file = p.sources.get(c.file);
         for f in &c.files {
             let path = c.dir.join(f);
-            let d = hasher.digest(&path).map_err(|source| GraphError::Io {
-                path: format!("{prefix}/{f}"),
-                source,
-            })?;
+            // The definition file is keyed without its checks (already in
+            // memory; checks are not build inputs).
+            let d = match def_file.filter(|s| s.path == path) {
+                Some(src) => definition_digest(&src.text, &[&c.def.eval]),
+                None => hasher.digest(&path).map_err(|source| GraphError::Io {
+                    path: format!("{prefix}/{f}"),
+                    source,
+                })?,
+            };
             k.files.insert(format!("{prefix}/{f}"), d);
         }
     } else if let Some(rest) = id.strip_prefix("source:localpkg/") {
@@ -774,11 +780,21 @@ fn source_inputs(
                 {
                     k.files.insert(
                         src.rel.clone(),
-                        blake3::hash(src.text.as_bytes()).to_hex().to_string(),
+                        definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
                     );
                 }
             }
         }
     }
     Ok(k)
+}
+
+/// The key digest of a definition file's text, its check sections left out.
+fn definition_digest(text: &str, checks: &[&Option<charly_rules::yaml::Yaml>]) -> String {
+    let sections: Vec<&charly_rules::yaml::Node> = checks
+        .iter()
+        .filter_map(|c| c.as_ref().map(|y| &y.0))
+        .collect();
+    let text = charly_rules::check::without_checks(text, &sections);
+    blake3::hash(text.as_bytes()).to_hex().to_string()
 }

@@ -506,3 +506,47 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
         .expect("explain");
     assert_eq!(e.status, Status::Cached);
 }
+
+#[test]
+fn checks_are_not_build_inputs() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let all = ["left", "right"];
+    let (g0, _) = run(&w, &store, &Goal::Build, &all, &FakeRunner::new(), 2);
+    let base = keys(&g0);
+    let common = w.root.join("candy/common2/charly.yml");
+    let text = std::fs::read_to_string(&common).expect("read");
+    // Adding an eval section (with a comment) changes no key.
+    std::fs::write(
+        &common,
+        format!(
+            "{text}    eval:\n        # a check\n        - id: x\n          file: /etc/x\n          exists: true\n"
+        ),
+    )
+    .expect("edit");
+    let (g1, s1) = run(&w, &store, &Goal::Build, &all, &FakeRunner::new(), 2);
+    assert_eq!(keys(&g1), base, "adding a check rebuilds nothing");
+    assert_eq!(s1.totals.ran, 0);
+    // Editing it changes nothing either; a real edit next to it does.
+    std::fs::write(
+        &common,
+        format!("{text}    eval:\n        - id: y\n          command: \"true\"\n"),
+    )
+    .expect("edit");
+    let (g2, _) = run(&w, &store, &Goal::Build, &all, &FakeRunner::new(), 2);
+    assert_eq!(keys(&g2), base, "editing a check rebuilds nothing");
+    std::fs::write(
+        &common,
+        format!(
+            "{}    eval:\n        - id: y\n          command: \"true\"\n",
+            text.replace("COMMON2: \"yes\"", "COMMON2: \"no\"")
+        ),
+    )
+    .expect("edit");
+    let (g3, _) = run(&w, &store, &Goal::Build, &all, &FakeRunner::new(), 2);
+    assert_ne!(
+        keys(&g3)["source:candy/common2"],
+        base["source:candy/common2"],
+        "the rest of the file is still an input"
+    );
+}

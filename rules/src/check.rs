@@ -13,7 +13,7 @@
 
 use crate::diag::{Diagnostic, nearest};
 use crate::source::Span;
-use crate::yaml::Node;
+use crate::yaml::{Node, Value};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -400,6 +400,75 @@ pub fn deploy_only_var(s: &str) -> Option<String> {
     crate::validate::vars_in(s)
         .into_iter()
         .find(|v| !matches!(v.as_str(), "HOME" | "USER" | "UID" | "GID"))
+}
+
+/// The byte range a node's text covers: from its start to the end of its last
+/// descendant scalar.
+fn extent(n: &Node) -> (usize, usize) {
+    let start = n.span.offset as usize;
+    let mut end = start + n.span.len as usize;
+    match &n.value {
+        Value::Scalar(..) => {}
+        Value::Seq(items) => {
+            for i in items {
+                end = end.max(extent(i).1);
+            }
+        }
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                end = end.max(extent(k).1).max(extent(v).1);
+            }
+        }
+    }
+    (start, end)
+}
+
+/// A definition file's text with its check sections (`eval:`, `deploy_eval:`,
+/// key and value) left out, for build keys: checks are not build inputs, so
+/// adding, editing or removing a check never rebuilds an image (check beds
+/// key their results on the check definitions themselves).
+///
+/// Whole lines are removed, from the line holding the section's key through
+/// the line holding its last value. When the key cannot be found (an
+/// unexpected layout) the text is returned unchanged: that can only cost a
+/// rebuild, never a wrong cache hit.
+pub fn without_checks<'a>(text: &'a str, sections: &[&Node]) -> std::borrow::Cow<'a, str> {
+    let mut cut: Vec<(usize, usize)> = Vec::new();
+    for n in sections {
+        let (start, end) = extent(n);
+        if start > text.len() || end > text.len() {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        // The key is on the value's line (flow style) or the nearest line
+        // above whose text starts with `eval:`/`deploy_eval:`.
+        let mut line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+        loop {
+            let line = text[line_start..].trim_start();
+            if line.starts_with("eval:") || line.starts_with("deploy_eval:") {
+                break;
+            }
+            if line_start == 0 {
+                return std::borrow::Cow::Borrowed(text);
+            }
+            line_start = text[..line_start - 1].rfind('\n').map_or(0, |i| i + 1);
+        }
+        let line_end = text[end..].find('\n').map_or(text.len(), |i| end + i + 1);
+        cut.push((line_start, line_end));
+    }
+    if cut.is_empty() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    cut.sort_unstable();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (a, b) in cut {
+        if a > at {
+            out.push_str(&text[at..a]);
+        }
+        at = at.max(b);
+    }
+    out.push_str(&text[at..]);
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]

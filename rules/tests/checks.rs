@@ -67,3 +67,38 @@ fn every_corpus_eval_entry_parses() {
     assert!(kinds(|k| matches!(k, CheckKind::Service { .. })) >= 10);
     assert!(kinds(|k| matches!(k, CheckKind::Addr { .. })) >= 10);
 }
+
+fn without(text: &str) -> String {
+    let docs = parse_stream(charly_rules::FileId(0), text).expect("parses");
+    let mut lists = Vec::new();
+    eval_lists(&docs[0], &mut lists);
+    charly_rules::check::without_checks(text, &lists).into_owned()
+}
+
+#[test]
+fn check_sections_are_left_out_of_key_text() {
+    let plain = "candy:\n    name: a\n    package:\n        - jq\n";
+    // In the middle, with comments and nested maps, block style.
+    let mid = "candy:\n    name: a\n    eval:\n        # jq works\n        - id: jq\n          command: jq --version\n          stdout:\n            - matches: \"^jq-\"\n    package:\n        - jq\n";
+    assert_eq!(without(mid), plain);
+    // At the end, flow style on the key's line.
+    let flow = format!("{plain}    eval: [{{file: /x, exists: true}}]\n");
+    assert_eq!(without(&flow), plain);
+    // A box's deploy_eval too.
+    let b = "box:\n    name: b\n    deploy_eval:\n        - addr: 127.0.0.1:80\n          reachable: true\n    base: x\n";
+    assert_eq!(without(b), "box:\n    name: b\n    base: x\n");
+    // Every corpus candy keeps its non-check text and parses without checks.
+    let p = load::load(&corpus(), &LoadOptions::default()).expect("corpus loads");
+    let mut stripped = 0;
+    for c in p.candies.values() {
+        let Some(e) = &c.def.eval else { continue };
+        let src = p.sources.get(c.file).expect("source");
+        let t = charly_rules::check::without_checks(&src.text, &[&e.0]);
+        assert!(t.len() < src.text.len(), "{}: eval removed", src.rel);
+        assert!(!t.contains("\n    eval:"), "{}", src.rel);
+        let docs = parse_stream(charly_rules::FileId(0), &t).expect("still YAML");
+        assert!(docs[0].get("candy").and_then(|c| c.get("eval")).is_none());
+        stripped += 1;
+    }
+    assert!(stripped > 20, "{stripped} corpus candies have checks");
+}
