@@ -494,7 +494,11 @@ fn attempt(
                         Matcher::Matches(r) => match regex::Regex::new(r) {
                             Ok(re) => (re.is_match(text), format!("{stream} matches /{r}/")),
                             Err(e) => {
-                                return fail("invalid regular expression", r.clone(), e.to_string());
+                                return fail(
+                                    "invalid regular expression",
+                                    r.clone(),
+                                    e.to_string(),
+                                );
                             }
                         },
                     };
