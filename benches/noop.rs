@@ -83,6 +83,7 @@ fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summar
         hasher: &hasher,
         dev_local_pkg: false,
         arch: "amd64".into(),
+        remote: None,
     };
     let boxes = boxes_of(&r);
     let graph = engine.graph(goal, &boxes).expect("graph builds");
@@ -226,6 +227,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture) {
         hasher: &hasher,
         dev_local_pkg: false,
         arch: "amd64".into(),
+        remote: None,
     };
     let boxes = boxes_of(&r);
     g.bench_function("graph+keys", |b| {
@@ -261,6 +263,7 @@ fn key_benches(c: &mut Criterion) {
         hasher: &hasher,
         dev_local_pkg: false,
         arch: "amd64".into(),
+        remote: None,
     };
     let boxes = boxes_of(&r);
     let graph = engine.graph(&Goal::Generate, &boxes).expect("graph");

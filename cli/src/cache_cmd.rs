@@ -1,19 +1,38 @@
-//! `charly cache stats|gc|verify`.
+//! `charly cache stats|gc|verify|push|pull`.
 
-use crate::engine_cmd::open_store;
-use crate::{Cli, output};
+use crate::engine_cmd::{open_remote, open_store};
+use crate::{Cli, output, project};
+use anyhow::Context;
+use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
+use charly_engine::graph::Goal;
+use charly_engine::hash::FileHasher;
+use charly_engine::key::NodeKind;
+use charly_engine::runner::FakeRunner;
+use rayon::prelude::*;
+use serde::Serialize;
 use std::io::Write;
 use std::process::ExitCode;
 
 /// Cache subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum CacheCommand {
-    /// Records, blobs, bytes on disk, roots.
+    /// Records, blobs, bytes on disk, roots; with --remote also the remote
+    /// repository (reachable, records it holds).
     Stats {
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
+    /// Upload every local record (with its blobs) that the remote cache
+    /// (--remote) lacks. Source records are not pushed. Exit 1 if any upload fails.
+    Push {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fetch the records of a project's graph from the remote cache
+    /// (--remote) into the local store, verified, without building anything.
+    Pull(PullArgs),
     /// Remove least-recently-used entries down to a size budget (roots are kept).
     Gc {
         /// Budget, e.g. `10G`, `500M`, `0` (everything but roots).
@@ -33,6 +52,73 @@ pub enum CacheCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Arguments of `cache pull`.
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// Boxes whose nodes to pull (default with --all: every enabled box).
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Every enabled box that resolves.
+    #[arg(long)]
+    pub all: bool,
+    /// The `box generate` graph (build directories) instead of `box build`'s.
+    #[arg(long)]
+    pub generate: bool,
+    /// Runner whose image keys to pull (keys of built nodes include it).
+    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    pub runner: String,
+    /// The `--dev-local-pkg` variant of the graph.
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `cache pull` did.
+#[derive(Debug, Default, Serialize)]
+struct PullReport {
+    /// Nodes asked for (sources excluded).
+    nodes: usize,
+    /// In the local store already.
+    local: usize,
+    /// Fetched, verified, stored.
+    pulled: usize,
+    /// The remote had none.
+    missing: usize,
+    /// Refused: the remote's data failed verification.
+    corrupt: usize,
+    /// The remote could not be asked.
+    failed: usize,
+    /// Remote figures (bytes down…, messages).
+    remote: RemoteStats,
+}
+
+/// `cache stats --json` with a remote.
+#[derive(Serialize)]
+struct StatsWithRemote<'a> {
+    #[serde(flatten)]
+    local: &'a charly_cache::Stats,
+    remote: &'a RemoteSummary,
+}
+
+/// The remote part of `cache stats`.
+#[derive(Serialize)]
+struct RemoteSummary {
+    url: String,
+    read_only: bool,
+    reachable: bool,
+    /// Action records in the repository (`k-<key>` tags).
+    records: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+fn need_remote(cli: &Cli) -> anyhow::Result<Remote> {
+    open_remote(cli)?
+        .context("no remote cache: pass --remote oci://HOST[:PORT]/REPO or set CHARLY_REMOTE")
 }
 
 /// Parses `10G`, `512M`, `64K`, `1000` (bytes).
@@ -83,8 +169,27 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
     match c {
         CacheCommand::Stats { json } => {
             let s = store.stats()?;
+            let remote = open_remote(cli)?.map(|r| match r.count_records() {
+                Ok(n) => RemoteSummary {
+                    url: r.url().to_string(),
+                    read_only: r.is_read_only(),
+                    reachable: true,
+                    records: Some(n),
+                    error: None,
+                },
+                Err(e) => RemoteSummary {
+                    url: r.url().to_string(),
+                    read_only: r.is_read_only(),
+                    reachable: false,
+                    records: None,
+                    error: Some(e.to_string()),
+                },
+            });
             if *json {
-                output::json(&s)?;
+                match &remote {
+                    Some(remote) => output::json(&StatsWithRemote { local: &s, remote })?,
+                    None => output::json(&s)?,
+                }
             } else {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "store        {}", store.dir().display())?;
@@ -99,8 +204,62 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
                 writeln!(out, "index        {}", human(s.index_bytes))?;
                 writeln!(out, "roots        {}", s.roots)?;
                 writeln!(out, "quarantined  {}", s.quarantined)?;
+                if let Some(r) = &remote {
+                    writeln!(
+                        out,
+                        "remote       {}{}",
+                        r.url,
+                        if r.read_only { " (read-only)" } else { "" }
+                    )?;
+                    match (&r.records, &r.error) {
+                        (Some(n), _) => writeln!(out, "  records    {n}")?,
+                        (None, Some(e)) => writeln!(out, "  unreachable: {e}")?,
+                        (None, None) => {}
+                    }
+                }
+            }
+            if remote.as_ref().is_some_and(|r| !r.reachable) && cli.remote_required {
+                return Ok(ExitCode::from(1));
             }
         }
+        CacheCommand::Push { json } => {
+            let remote = need_remote(cli)?;
+            if remote.is_read_only() {
+                anyhow::bail!("--remote-read-only: `cache push` would write to the remote");
+            }
+            let report =
+                remote.push_all(&store, &|_, rec| rec.kind != NodeKind::Source.as_str())?;
+            let stats = remote.stats();
+            if *json {
+                output::json(&serde_json::json!({
+                    "url": remote.url(),
+                    "pushed": report.pushed,
+                    "already_present": report.already_present,
+                    "skipped": report.skipped,
+                    "bytes_up": report.bytes_up,
+                    "failures": report.failures.iter().map(|(k, m)| serde_json::json!({"key": k.to_hex(), "error": m})).collect::<Vec<_>>(),
+                    "errors": stats.errors,
+                }))?;
+            } else {
+                writeln!(
+                    std::io::stdout().lock(),
+                    "{}: pushed {} records ({}), {} already there, {} skipped, {} failed",
+                    remote.url(),
+                    report.pushed,
+                    human(report.bytes_up),
+                    report.already_present,
+                    report.skipped,
+                    report.failures.len()
+                )?;
+                for e in &stats.errors {
+                    output::error(&format!("remote: {e}"));
+                }
+            }
+            if !report.ok() {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        CacheCommand::Pull(a) => return pull(cli, &store, a),
         CacheCommand::Gc { max_size, json } => {
             let r = store.gc(*max_size)?;
             if *json {
@@ -165,6 +324,72 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `cache pull`: every non-source node of the graph, fetched in parallel.
+fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
+    let remote = need_remote(cli)?;
+    let o = project::open(cli)?;
+    let names = crate::engine_cmd::select(&o, &a.boxes, a.all)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let runner = FakeRunner::named(&a.runner);
+    let engine = crate::engine_cmd::engine(&o, store, &runner, &hasher, a.dev_local_pkg, None);
+    let goal = if a.generate {
+        Goal::Generate
+    } else {
+        Goal::Build
+    };
+    let g = engine.graph(&goal, &names)?;
+    let _ = hasher.save();
+    let keys: Vec<_> =
+        g.g.node_indices()
+            .map(|i| &g.g[i])
+            .filter(|n| n.kind != NodeKind::Source)
+            .map(|n| n.key)
+            .collect();
+    let outcomes: Vec<Result<PullOutcome, charly_cache::CacheError>> = keys
+        .par_iter()
+        .map(|k| remote.pull_record(store, k))
+        .collect();
+    let _ = store.flush();
+    let mut r = PullReport {
+        nodes: keys.len(),
+        ..PullReport::default()
+    };
+    for o in outcomes {
+        match o? {
+            PullOutcome::Local(_) => r.local += 1,
+            PullOutcome::Pulled(_) => r.pulled += 1,
+            PullOutcome::Miss => r.missing += 1,
+            PullOutcome::Corrupt(_) => r.corrupt += 1,
+            PullOutcome::Failed(_) => r.failed += 1,
+        }
+    }
+    r.remote = remote.stats();
+    if a.json {
+        output::json(&r)?;
+    } else {
+        writeln!(
+            std::io::stdout().lock(),
+            "{}: {} nodes: {} pulled ({}), {} local already, {} not in the remote, {} corrupt, {} failed",
+            remote.url(),
+            r.nodes,
+            r.pulled,
+            human(r.remote.bytes_down),
+            r.local,
+            r.missing,
+            r.corrupt,
+            r.failed
+        )?;
+        for e in &r.remote.errors {
+            output::note(&format!("remote: {e}"));
+        }
+    }
+    Ok(if r.failed > 0 && cli.remote_required {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[cfg(test)]

@@ -80,6 +80,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         hasher: &hasher,
         dev_local_pkg: true,
         arch: crate::engine_cmd::host_arch(),
+        remote: None,
     };
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);

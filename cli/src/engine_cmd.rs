@@ -3,11 +3,12 @@
 
 use crate::{Cli, output, project};
 use anyhow::Context;
-use charly_cache::Store;
+use charly_cache::{Remote, RemoteConfig, Store};
 use charly_engine::api::Engine;
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
 use charly_engine::podman::{PodmanOptions, PodmanRunner};
+use charly_engine::remote::RemoteCache;
 use charly_engine::runner::{FakeRunner, Runner};
 use charly_engine::sched::{State, Summary};
 use std::io::Write;
@@ -125,6 +126,42 @@ pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
     Store::open(&dir).with_context(|| format!("opening the store at {}", dir.display()))
 }
 
+/// The remote cache named by `--remote`/`CHARLY_REMOTE`, if any. With
+/// `--remote-required` the registry is contacted once up front.
+pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
+    let Some(url) = cli.remote.as_deref().filter(|u| !u.is_empty()) else {
+        if cli.remote_read_only || cli.remote_required {
+            anyhow::bail!(
+                "--remote-read-only and --remote-required need --remote (or CHARLY_REMOTE)"
+            );
+        }
+        return Ok(None);
+    };
+    let mut cfg = RemoteConfig::new(url);
+    cfg.read_only = cli.remote_read_only;
+    cfg.required = cli.remote_required;
+    let remote = Remote::open(cfg).with_context(|| format!("remote cache {url}"))?;
+    if cli.remote_required {
+        remote
+            .check()
+            .with_context(|| format!("remote cache {url} (--remote-required)"))?;
+    }
+    Ok(Some(remote))
+}
+
+/// Prints what the remote did, and its problems, on stderr.
+fn report_remote(summary: &Summary) {
+    let Some(r) = &summary.remote else { return };
+    output::note(&r.line());
+    for e in &r.stats.errors {
+        if r.required && r.has_failures() {
+            output::error(&format!("remote: {e}"));
+        } else {
+            output::note(&format!("remote: {e}"));
+        }
+    }
+}
+
 /// The runner chosen on the command line.
 pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
     Ok(match a.runner.as_str() {
@@ -139,12 +176,13 @@ pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result
 }
 
 /// The engine over an opened project.
-fn engine<'a>(
+pub(crate) fn engine<'a>(
     o: &'a project::Opened,
     store: &'a Store,
     runner: &'a dyn Runner,
     hasher: &'a FileHasher,
     dev_local_pkg: bool,
+    remote: Option<&'a dyn RemoteCache>,
 ) -> Engine<'a> {
     Engine {
         project: &o.project,
@@ -154,6 +192,7 @@ fn engine<'a>(
         hasher,
         dev_local_pkg,
         arch: host_arch(),
+        remote,
     }
 }
 
@@ -232,9 +271,13 @@ fn report_failures(summary: &Summary) {
 fn summary_line(verb: &str, s: &Summary) -> String {
     let t = &s.totals;
     let mut line = format!(
-        "{verb}: {} nodes, {} ran, {} cached, {} failed",
-        t.nodes, t.ran, t.cached, t.failed
+        "{verb}: {} nodes, {} ran, {} cached",
+        t.nodes, t.ran, t.cached
     );
+    if s.remote.is_some() {
+        line.push_str(&format!(", {} pulled", t.pulled));
+    }
+    line.push_str(&format!(", {} failed", t.failed));
     if t.not_attempted > 0 {
         line.push_str(&format!(", {} not attempted", t.not_attempted));
     }
@@ -255,7 +298,15 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::new();
-    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg);
+    let remote = open_remote(cli)?;
+    let engine = engine(
+        &o,
+        &store,
+        &runner,
+        &hasher,
+        a.dev_local_pkg,
+        remote.as_ref().map(|r| r as &dyn RemoteCache),
+    );
     let graph = engine.graph(&Goal::Generate, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.stdout);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
@@ -264,6 +315,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     write_reports(&a.run, &summary)?;
     if !summary.ok() {
         report_failures(&summary);
+        report_remote(&summary);
         return Ok(ExitCode::from(1));
     }
     let mut stdout = std::io::stdout().lock();
@@ -292,6 +344,14 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     if !a.run.quiet {
         output::note(&summary_line("generate", &summary));
     }
+    if !a.run.quiet
+        || summary
+            .remote
+            .as_ref()
+            .is_some_and(|r| !r.stats.errors.is_empty())
+    {
+        report_remote(&summary);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -303,7 +363,15 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
-    let engine = engine(&o, &store, runner.as_ref(), &hasher, a.dev_local_pkg);
+    let remote = open_remote(cli)?;
+    let engine = engine(
+        &o,
+        &store,
+        runner.as_ref(),
+        &hasher,
+        a.dev_local_pkg,
+        remote.as_ref().map(|r| r as &dyn RemoteCache),
+    );
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
@@ -340,6 +408,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     if !summary.ok() {
         report_failures(&summary);
         output::note(&summary_line("build", &summary));
+        report_remote(&summary);
         return Ok(ExitCode::from(1));
     }
     if let Some(dir) = &a.output
@@ -352,6 +421,14 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
             if a.dry_run { "dry run" } else { "build" },
             &summary,
         ));
+    }
+    if !a.run.quiet
+        || summary
+            .remote
+            .as_ref()
+            .is_some_and(|r| !r.stats.errors.is_empty())
+    {
+        report_remote(&summary);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -402,7 +479,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::named(&a.runner);
-    let engine = engine(&o, &store, &runner, &hasher, false);
+    let engine = engine(&o, &store, &runner, &hasher, false, None);
     let goal = if a.generate {
         Goal::Generate
     } else {
@@ -477,7 +554,7 @@ pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let runner = FakeRunner::named(&a.runner);
-    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg);
+    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg, None);
     // One graph with every node: build directories and images of all boxes.
     let g = engine.graph_goals(&[(Goal::Generate, names.clone()), (Goal::Build, names)])?;
     let e = engine.explain(&g, &a.node)?;

@@ -49,6 +49,40 @@ pub struct Cli {
     #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
     pub imports: Vec<(String, PathBuf)>,
 
+    /// A shared cache in an OCI registry repository, consulted after the
+    /// local store and fed with new results: `oci://HOST[:PORT]/REPO`
+    /// (HTTPS; plain HTTP for 127.0.0.1/localhost), or `http://…`/`https://…`.
+    /// Credentials come from the environment: CHARLY_REMOTE_TOKEN (a bearer
+    /// token), or CHARLY_REMOTE_USER with CHARLY_REMOTE_PASSWORD (basic
+    /// auth, also exchanged for a token by GHCR/GitLab/Harbor-style
+    /// registries); none means anonymous. Remote failures are reported, never
+    /// fatal, unless --remote-required.
+    #[arg(
+        long = "remote",
+        global = true,
+        env = "CHARLY_REMOTE",
+        value_name = "oci://HOST/REPO"
+    )]
+    pub remote: Option<String>,
+
+    /// Read from the remote cache, never write to it (for untrusted jobs,
+    /// e.g. pull requests).
+    #[arg(
+        long = "remote-read-only",
+        global = true,
+        env = "CHARLY_REMOTE_READ_ONLY"
+    )]
+    pub remote_read_only: bool,
+
+    /// Fail when the remote cache cannot be reached or an upload fails
+    /// (corrupt remote data is still only a miss, and is rebuilt).
+    #[arg(
+        long = "remote-required",
+        global = true,
+        env = "CHARLY_REMOTE_REQUIRED"
+    )]
+    pub remote_required: bool,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -83,7 +117,7 @@ pub enum Command {
     /// image. A bed whose image and checks are unchanged since an all-pass
     /// run is reported as cached without a container (`--force` reruns).
     Check(check_cmd::CheckArgs),
-    /// The local store: stats, gc, verify.
+    /// The local store: stats, gc, verify; push to and pull from the remote cache.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
 }

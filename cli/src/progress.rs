@@ -79,7 +79,7 @@ impl Observer for Progress {
         if let Ok(mut c) = self.counts.lock() {
             match report.state {
                 State::Ran => c.0 += 1,
-                State::Cached => c.1 += 1,
+                State::Cached | State::Pulled => c.1 += 1,
                 State::Failed => c.2 += 1,
                 _ => {}
             }

@@ -50,6 +50,8 @@ pub struct Engine<'a> {
     pub dev_local_pkg: bool,
     /// Target architecture (`amd64`).
     pub arch: String,
+    /// A shared cache behind the local store (`--remote`), or `None`.
+    pub remote: Option<&'a dyn crate::remote::RemoteCache>,
 }
 
 impl<'a> Engine<'a> {
@@ -91,10 +93,13 @@ impl<'a> Engine<'a> {
                 ..EmitOptions::default()
             },
             arch: self.arch.clone(),
+            remote: self.remote,
         }
     }
 
-    /// Runs a graph.
+    /// Runs a graph. With a remote, waits for the uploads the run queued
+    /// and puts the remote's figures in the summary (a dry run only looks
+    /// at the local store and leaves the remote alone).
     pub fn run(
         &self,
         graph: &Graph,
@@ -104,9 +109,16 @@ impl<'a> Engine<'a> {
         obs: &dyn Observer,
     ) -> Summary {
         let ctx = self.ctx(out_root);
-        let s = sched::run(graph, &ctx, jobs, dry_run, obs);
+        let mut s = sched::run(graph, &ctx, jobs, dry_run, obs);
         let _ = self.hasher.save();
         let _ = self.store.flush();
+        if let Some(r) = self.remote
+            && !dry_run
+        {
+            let t = std::time::Instant::now();
+            s.remote = Some(r.finish());
+            s.totals.wall_ms += t.elapsed().as_millis() as u64;
+        }
         s
     }
 

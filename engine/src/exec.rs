@@ -5,6 +5,11 @@
 //! it). On a miss, take the key's lock, look again, run, put every output
 //! blob (durable), then commit the record naming them — so a record is never
 //! visible before its outputs, and a killed process leaves no half record.
+//!
+//! With a remote cache ([`crate::remote::RemoteCache`]), a local miss asks
+//! the remote while holding the key's lock: a remote hit arrives verified
+//! and committed to the local store and the node is `pulled`, never run. A
+//! node that ran is queued for upload once its record is committed.
 
 use crate::graph::{Graph, Node, Work, image_ref};
 use crate::key::NodeKind;
@@ -38,6 +43,19 @@ pub struct Ctx<'a> {
     pub emit: EmitOptions,
     /// Target architecture (`amd64`).
     pub arch: String,
+    /// The shared cache consulted on local misses and fed with new results.
+    pub remote: Option<&'a dyn crate::remote::RemoteCache>,
+}
+
+/// How a node got its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// It ran.
+    Ran,
+    /// The local store had it.
+    Cached,
+    /// The remote cache had it (now also in the local store).
+    Pulled,
 }
 
 /// Why a node failed.
@@ -80,31 +98,38 @@ pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
     ctx.store.get_record(&n.key).ok().flatten().is_some()
 }
 
-/// Runs a node if needed. `Ok(true)`: it ran; `Ok(false)`: cached.
+/// Runs a node if needed, and says whether it ran or where its result came from.
 pub fn execute(
     ctx: &Ctx<'_>,
     graph: &Graph,
     i: NodeIndex,
     obs: &dyn Observer,
-) -> Result<bool, ExecError> {
+) -> Result<Done, ExecError> {
     let n = &graph.g[i];
     if n.kind == NodeKind::Source {
         // Sources are recorded (inputs only) so `explain` can name the file
         // that changed; a new source key counts as "ran" (it was hashed anew).
+        // They carry no outputs, so the remote never sees them.
         if ctx.store.get_record(&n.key)?.is_some() {
-            return Ok(false);
+            return Ok(Done::Cached);
         }
         ctx.store.put_record(&n.key, &source_record(n))?;
-        return Ok(true);
+        return Ok(Done::Ran);
     }
     if let Some(rec) = ctx.store.get_record(&n.key)? {
         restore_if_needed(ctx, n, &rec)?;
-        return Ok(false);
+        return Ok(Done::Cached);
     }
     let _lock = ctx.store.lock_key(&n.key)?;
     if let Some(rec) = ctx.store.get_record(&n.key)? {
         restore_if_needed(ctx, n, &rec)?;
-        return Ok(false);
+        return Ok(Done::Cached);
+    }
+    if let Some(remote) = ctx.remote
+        && let Some(rec) = remote.fetch(ctx.store, &n.key)?
+    {
+        restore_if_needed(ctx, n, &rec)?;
+        return Ok(Done::Pulled);
     }
     obs.started(&n.id, n.kind);
     let t = Instant::now();
@@ -151,7 +176,10 @@ pub fn execute(
         meta: outputs.meta,
     };
     ctx.store.put_record(&n.key, &rec)?;
-    Ok(true)
+    if let Some(remote) = ctx.remote {
+        remote.push(ctx.store, &n.key);
+    }
+    Ok(Done::Ran)
 }
 
 fn source_record(n: &Node) -> Record {

@@ -163,6 +163,9 @@ pub struct FakeRunner {
     /// Delay for every call without its own.
     pub default_delay: Option<Duration>,
     images: Mutex<BTreeSet<String>>,
+    /// A file every call is appended to (`what node`), for tests that drive
+    /// the binary and must see whether the runner was reached.
+    pub log: Option<PathBuf>,
 }
 
 impl FakeRunner {
@@ -173,9 +176,11 @@ impl FakeRunner {
 
     /// A fake configured from the environment, for tests that drive the
     /// `charly` binary: `CHARLY_FAKE_DELAY_MS` (every call sleeps that long)
-    /// and `CHARLY_FAKE_FAIL` (comma-separated node ids that fail).
+    /// `CHARLY_FAKE_FAIL` (comma-separated node ids that fail) and
+    /// `CHARLY_FAKE_LOG` (a file each call is appended to as `what node`).
     pub fn from_env() -> Self {
         let mut f = Self::default();
+        f.log = std::env::var_os("CHARLY_FAKE_LOG").map(PathBuf::from);
         if let Some(ms) = std::env::var("CHARLY_FAKE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -220,6 +225,16 @@ impl FakeRunner {
                 node: node.into(),
                 key: key.into(),
             });
+        }
+        if let Some(log) = &self.log {
+            use std::io::Write;
+            let line = format!("{what} {node}\n");
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+                .map_err(|e| RunError::new(format!("fake runner log {}: {e}", log.display())))?;
         }
         if let Some(d) = self.delay.get(node).or(self.default_delay.as_ref()) {
             std::thread::sleep(*d);

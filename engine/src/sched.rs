@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 pub enum State {
     /// It ran.
     Ran,
-    /// Its result came from the store.
+    /// Its result came from the local store.
     Cached,
+    /// Its result came from the remote cache (verified, now also local).
+    Pulled,
     /// It failed.
     Failed,
     /// It was not started (a failure stopped the schedule).
@@ -69,8 +71,10 @@ pub struct Totals {
     pub nodes: usize,
     /// Ran.
     pub ran: usize,
-    /// Cached.
+    /// Cached (local store).
     pub cached: usize,
+    /// Pulled from the remote cache.
+    pub pulled: usize,
     /// Failed.
     pub failed: usize,
     /// Not attempted.
@@ -88,12 +92,21 @@ pub struct Summary {
     pub nodes: Vec<NodeReport>,
     /// Counts.
     pub totals: Totals,
+    /// What the remote cache did (when there is one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteReport>,
 }
 
 impl Summary {
-    /// Whether nothing failed.
+    /// Whether nothing failed (with `--remote-required`, also nothing
+    /// remote: a failed upload or an unreachable remote fails the build).
     pub fn ok(&self) -> bool {
-        self.totals.failed == 0 && self.totals.not_attempted == 0
+        self.totals.failed == 0
+            && self.totals.not_attempted == 0
+            && !self
+                .remote
+                .as_ref()
+                .is_some_and(|r| r.required && r.has_failures())
     }
 
     /// The report of a node.
@@ -106,7 +119,12 @@ impl Summary {
         let events: Vec<serde_json::Value> = self
             .nodes
             .iter()
-            .filter(|n| matches!(n.state, State::Ran | State::Cached | State::Failed))
+            .filter(|n| {
+                matches!(
+                    n.state,
+                    State::Ran | State::Cached | State::Pulled | State::Failed
+                )
+            })
             .map(|n| {
                 serde_json::json!({
                     "name": n.id,
@@ -229,8 +247,9 @@ pub fn run(
                     let thread = rayon::current_thread_index().unwrap_or(0);
                     let t = Instant::now();
                     let (state, error) = match exec::execute(ctx, graph, i, obs) {
-                        Ok(true) => (State::Ran, None),
-                        Ok(false) => (State::Cached, None),
+                        Ok(exec::Done::Ran) => (State::Ran, None),
+                        Ok(exec::Done::Cached) => (State::Cached, None),
+                        Ok(exec::Done::Pulled) => (State::Pulled, None),
                         Err(e) => (State::Failed, Some(e.to_string())),
                     };
                     let r = NodeReport {
@@ -306,6 +325,7 @@ fn summarize(
             match r.state {
                 State::Ran => t.ran += 1,
                 State::Cached => t.cached += 1,
+                State::Pulled => t.pulled += 1,
                 State::Failed => t.failed += 1,
                 State::NotAttempted => t.not_attempted += 1,
                 State::WouldRun => t.would_run += 1,
@@ -315,5 +335,9 @@ fn summarize(
     }
     t.nodes = nodes.len();
     t.wall_ms = wall.as_millis() as u64;
-    Summary { nodes, totals: t }
+    Summary {
+        nodes,
+        totals: t,
+        remote: None,
+    }
 }

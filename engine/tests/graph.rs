@@ -78,6 +78,7 @@ fn run(
         hasher: &hasher,
         dev_local_pkg: false,
         arch: "amd64".into(),
+        remote: None,
     };
     let names: Vec<String> = boxes.iter().map(|s| s.to_string()).collect();
     let g = engine.graph(goal, &names).expect("graph");
@@ -477,6 +478,7 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
         hasher: &hasher,
         dev_local_pkg: false,
         arch: "amd64".into(),
+        remote: None,
     };
     let g = engine.graph(&Goal::Generate, &all).expect("graph");
     let e = engine

@@ -49,6 +49,12 @@ pub fn tag_for(key: &NodeKey) -> String {
     format!("k-{}", key.to_hex())
 }
 
+/// Whether `tag` is one of [`tag_for`]'s.
+pub fn is_record_tag(tag: &str) -> bool {
+    tag.strip_prefix("k-")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// An OCI content descriptor (only the fields charly uses).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

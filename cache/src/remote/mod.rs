@@ -251,6 +251,17 @@ impl Remote {
         })
     }
 
+    /// How many action records the registry repository holds (its
+    /// `k-<key>` tags), for `charly cache stats`.
+    pub fn count_records(&self) -> Result<u64, CacheError> {
+        let tags = self
+            .inner
+            .registry
+            .list_tags()
+            .map_err(|e| e.into_cache_error(&self.inner.url))?;
+        Ok(tags.iter().filter(|t| manifest::is_record_tag(t)).count() as u64)
+    }
+
     /// Local first: the local record if there is one, else the registry's,
     /// fetched and verified into `local`. `None` on a miss, and also when the
     /// registry failed or served bad data (reported in [`Remote::stats`]);

@@ -217,6 +217,39 @@ impl Registry {
             .map_err(|e| classify(&e).context(format!("fetching blob {digest}")))
     }
 
+    /// Every tag of the repository (paged); none for a repository that
+    /// does not exist yet.
+    pub(crate) fn list_tags(&self) -> Result<Vec<String>, RemoteError> {
+        const PAGE: usize = 1000;
+        let r = self.repo();
+        let mut all: Vec<String> = Vec::new();
+        loop {
+            let last = all.last().cloned();
+            let page = match self.rt.block_on(self.client.list_tags(
+                &r,
+                &self.auth,
+                Some(PAGE),
+                last.as_deref(),
+            )) {
+                Ok(p) => p.tags,
+                Err(e) => match classify(&e) {
+                    err if err.kind == Kind::NotFound => Vec::new(),
+                    err => return Err(err.context("listing tags")),
+                },
+            };
+            let n = page.len();
+            // A registry that ignores `last` would repeat itself: stop.
+            if n == 0 || page.last() == all.last() {
+                break;
+            }
+            all.extend(page);
+            if n < PAGE {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
     /// Checks that the registry answers and accepts the credentials for
     /// reading (a lookup of a tag that never exists).
     pub(crate) fn ping(&self) -> Result<(), RemoteError> {

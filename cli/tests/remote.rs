@@ -1,0 +1,417 @@
+//! The shared remote cache end to end, through the `charly` binary and a
+//! real Docker Distribution registry (Debian's `docker-registry`, started on
+//! a free 127.0.0.1 port by each test and stopped by PID).
+//!
+//! Store A builds the graph fixture (fake runner: builder stages, images)
+//! and pushes; a fresh store B with the same remote gets every node from
+//! the registry without reaching the runner, with outputs byte-identical to
+//! A's. A blob corrupted in the registry's storage is a reported miss and
+//! the node is rebuilt; a registry killed mid-build costs hits, never the
+//! build.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use charly_cache::{NodeKey, Store};
+
+mod registry;
+use registry::Registry;
+
+/// A copy of the graph fixture (builds write into the project).
+fn project(dest: &Path) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph");
+    for e in walkdir::WalkDir::new(&src) {
+        let e = e.expect("walk");
+        let rel = e.path().strip_prefix(&src).expect("rel");
+        if rel.starts_with(".build") {
+            continue;
+        }
+        let t = dest.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&t).expect("mkdir");
+        } else if e.file_type().is_file() {
+            std::fs::copy(e.path(), &t).expect("copy");
+        }
+    }
+    dest.to_path_buf()
+}
+
+/// One machine: a project copy, a store, a fake-runner call log.
+struct Machine {
+    root: PathBuf,
+    store: PathBuf,
+    log: PathBuf,
+}
+
+impl Machine {
+    fn new(t: &Path, name: &str) -> Machine {
+        let root = project(&t.join(name).join("project"));
+        Machine {
+            root,
+            store: t.join(name).join("store"),
+            log: t.join(name).join("runner.log"),
+        }
+    }
+
+    fn cmd(&self, remote: Option<&str>) -> Command {
+        let mut c = Command::new(assert_cmd::cargo::cargo_bin("charly"));
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &self.store)
+            .env("CHARLY_FAKE_LOG", &self.log)
+            .env_remove("CHARLY_REMOTE")
+            .env_remove("CHARLY_REMOTE_READ_ONLY")
+            .env_remove("CHARLY_REMOTE_REQUIRED")
+            .arg("-C")
+            .arg(&self.root);
+        if let Some(r) = remote {
+            c.arg("--remote").arg(r);
+        }
+        c
+    }
+
+    /// `box build left right --runner fake`, with its JSON summary.
+    fn build(&self, remote: Option<&str>, extra: &[&str]) -> (Output, serde_json::Value) {
+        let summary = self.store.with_extension("summary.json");
+        let _ = std::fs::remove_file(&summary);
+        let out = self
+            .cmd(remote)
+            .args([
+                "box", "build", "left", "right", "--runner", "fake", "-j", "2",
+            ])
+            .args(extra)
+            .arg("--summary-json")
+            .arg(&summary)
+            .output()
+            .expect("run charly");
+        let s = std::fs::read(&summary)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (out, s)
+    }
+
+    /// Runner calls so far (`what node`), without image restores.
+    fn builds(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with("restore "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Non-source nodes of a summary: id -> (key, state).
+fn nodes(s: &serde_json::Value) -> BTreeMap<String, (String, String)> {
+    s["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["kind"] != "source")
+        .map(|n| {
+            (
+                n["id"].as_str().expect("id").to_string(),
+                (
+                    n["key"].as_str().expect("key").to_string(),
+                    n["state"].as_str().expect("state").to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Every output of `key`, as bytes, from the store at `dir`.
+fn outputs(dir: &Path, key: &str) -> BTreeMap<String, Vec<u8>> {
+    let store = Store::open(dir).expect("store");
+    let key: NodeKey = key.parse().expect("key");
+    let rec = store
+        .get_record(&key)
+        .expect("lookup")
+        .unwrap_or_else(|| panic!("no record for {key:?} in {}", dir.display()));
+    rec.outputs
+        .iter()
+        .map(|(name, o)| {
+            let bytes = store
+                .get_blob(&o.digest)
+                .expect("blob read")
+                .unwrap_or_else(|| panic!("blob of {name} missing"));
+            (name.clone(), bytes)
+        })
+        .collect()
+}
+
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            (
+                e.path()
+                    .strip_prefix(dir)
+                    .expect("rel")
+                    .display()
+                    .to_string(),
+                std::fs::read(e.path()).expect("read"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_fresh_store_gets_every_node_from_the_remote_byte_identical() {
+    let Some(reg) = Registry::start() else { return };
+    let url = reg.url("charly/e2e");
+    let t = tempfile::tempdir().expect("tmp");
+    let a = Machine::new(t.path(), "a");
+    let b = Machine::new(t.path(), "b");
+
+    let (out, sa) = a.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    let na = nodes(&sa);
+    assert!(na.len() >= 10, "{na:?}");
+    assert!(na.values().all(|(_, s)| s == "ran"), "{na:?}");
+    let ra = &sa["remote"];
+    assert_eq!(ra["pushed"], na.len() as u64, "{ra}");
+    assert_eq!(ra["push_failures"], 0, "{ra}");
+    assert!(ra["bytes_up"].as_u64().unwrap_or(0) > 0, "{ra}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("remote {url}")), "{stderr}");
+    assert!(!a.builds().is_empty());
+
+    let (out, sb) = b.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    let nb = nodes(&sb);
+    assert_eq!(
+        na.iter().map(|(id, (k, _))| (id, k)).collect::<Vec<_>>(),
+        nb.iter().map(|(id, (k, _))| (id, k)).collect::<Vec<_>>(),
+        "the same graph on both machines"
+    );
+    assert!(nb.values().all(|(_, s)| s == "pulled"), "{nb:?}");
+    assert_eq!(sb["totals"]["pulled"], nb.len() as u64);
+    assert!(
+        b.builds().is_empty(),
+        "store B reached the runner: {:?}",
+        b.builds()
+    );
+    let rb = &sb["remote"];
+    assert_eq!(rb["hits"], nb.len() as u64, "{rb}");
+    assert_eq!(rb["misses"], 0, "{rb}");
+    assert_eq!(rb["corrupt"], 0, "{rb}");
+    assert!(rb["bytes_down"].as_u64().unwrap_or(0) > 0, "{rb}");
+    assert_eq!(
+        rb["pushed"], 0,
+        "pulled records are never pushed back: {rb}"
+    );
+    for (id, (key, _)) in &na {
+        let oa = outputs(&a.store, key);
+        assert!(
+            !oa.is_empty() || id.starts_with("plan:"),
+            "{id} has outputs"
+        );
+        assert_eq!(oa, outputs(&b.store, key), "{id}: outputs differ");
+    }
+
+    // The generate graph (build directories) too: written files identical.
+    for m in [&a, &b] {
+        let out = m
+            .cmd(Some(&url))
+            .args(["box", "generate", "--all", "--out"])
+            .arg(m.root.with_file_name("gen"))
+            .output()
+            .expect("generate");
+        assert!(out.status.success(), "{}", show(&out));
+    }
+    let ga = tree(&a.root.with_file_name("gen"));
+    assert!(ga.keys().any(|k| k.ends_with("Containerfile")), "{ga:?}");
+    assert_eq!(ga, tree(&b.root.with_file_name("gen")));
+
+    // The remote holds the records; a second B build is all local.
+    let out = b
+        .cmd(Some(&url))
+        .args(["cache", "stats", "--json"])
+        .output()
+        .expect("stats");
+    assert!(out.status.success(), "{}", show(&out));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["remote"]["reachable"], true, "{st}");
+    assert!(
+        st["remote"]["records"].as_u64().unwrap_or(0) >= na.len() as u64,
+        "{st}"
+    );
+    let (out, s2) = b.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(nodes(&s2).values().all(|(_, s)| s == "cached"), "{s2}");
+    assert_eq!(s2["remote"]["hits"], 0);
+}
+
+#[test]
+fn a_corrupt_registry_blob_is_a_reported_miss_and_the_node_rebuilds() {
+    let Some(reg) = Registry::start() else { return };
+    let url = reg.url("charly/corrupt");
+    let t = tempfile::tempdir().expect("tmp");
+    let a = Machine::new(t.path(), "a");
+    let b = Machine::new(t.path(), "b");
+    let (out, sa) = a.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    let na = nodes(&sa);
+
+    // Corrupt, in place and keeping its size, the registry's copy of the
+    // image archive of `left` (the fake runner's archives are unique).
+    let (key, _) = &na["image:left"];
+    let archive = outputs(&a.store, key).remove("archive").expect("archive");
+    let file = reg
+        .blob_files()
+        .into_iter()
+        .find(|p| std::fs::read(p).is_ok_and(|b| b == archive))
+        .expect("the archive blob in the registry's storage");
+    let mut bad = archive.clone();
+    bad[0] ^= 0xff;
+    std::fs::write(&file, &bad).expect("corrupt");
+
+    let (out, sb) = b.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    let nb = nodes(&sb);
+    assert_eq!(nb["image:left"].1, "ran", "{nb:?}");
+    assert_eq!(b.builds(), vec!["image image:left".to_string()]);
+    assert!(
+        nb.iter()
+            .filter(|(id, _)| *id != "image:left")
+            .all(|(_, (_, s))| s == "pulled"),
+        "{nb:?}"
+    );
+    let rb = &sb["remote"];
+    assert_eq!(rb["corrupt"], 1, "{rb}");
+    let errors = rb["errors"].to_string();
+    assert!(errors.contains("refused"), "{errors}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("1 corrupt (refused)"), "{stderr}");
+    // The rebuilt result is A's, not the registry's garbage.
+    assert_eq!(outputs(&b.store, key)["archive"], archive);
+}
+
+#[test]
+fn a_registry_killed_mid_build_costs_hits_not_the_build() {
+    let Some(mut reg) = Registry::start() else {
+        return;
+    };
+    let url = reg.url("charly/killed");
+    let t = tempfile::tempdir().expect("tmp");
+    let a = Machine::new(t.path(), "a");
+    let summary = t.path().join("a.json");
+    let child = a
+        .cmd(Some(&url))
+        .args([
+            "box", "build", "left", "right", "--runner", "fake", "-j", "2",
+        ])
+        .arg("--summary-json")
+        .arg(&summary)
+        .env("CHARLY_FAKE_DELAY_MS", "300")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Kill the registry once the first command node has run (its upload
+    // is queued; the nodes after it have the registry gone).
+    let t0 = Instant::now();
+    while a.builds().is_empty() && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!a.builds().is_empty(), "the build never reached the runner");
+    reg.stop();
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", show(&out));
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    let n = nodes(&s);
+    assert!(n.values().all(|(_, st)| st == "ran"), "{n:?}");
+    let r = &s["remote"];
+    assert!(
+        r["push_failures"].as_u64().unwrap_or(0) > 0 || r["unavailable"] == true,
+        "{r}"
+    );
+    assert!(!r["errors"].as_array().expect("errors").is_empty(), "{r}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("remote: "), "{stderr}");
+
+    // With --remote-required, an unreachable remote fails at once, clearly.
+    let b = Machine::new(t.path(), "b");
+    let (out, _) = b.build(Some(&url), &["--remote-required"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--remote-required"), "{stderr}");
+    assert!(b.builds().is_empty());
+}
+
+#[test]
+fn read_only_never_writes_and_cache_push_pull_move_records() {
+    let Some(reg) = Registry::start() else { return };
+    let url = reg.url("charly/pushpull");
+    let t = tempfile::tempdir().expect("tmp");
+    let a = Machine::new(t.path(), "a");
+
+    // A read-only build uploads nothing.
+    let (out, sa) = a.build(Some(&url), &["--remote-read-only"]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(sa["remote"]["read_only"], true);
+    assert_eq!(sa["remote"]["pushed"], 0);
+    assert_eq!(sa["remote"]["bytes_up"], 0);
+    let records = |m: &Machine| -> u64 {
+        let out = m
+            .cmd(Some(&url))
+            .args(["cache", "stats", "--json"])
+            .output()
+            .expect("stats");
+        assert!(out.status.success(), "{}", show(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["remote"]["records"].as_u64().expect("records")
+    };
+    assert_eq!(records(&a), 0);
+    let out = a
+        .cmd(Some(&url))
+        .args(["--remote-read-only", "cache", "push"])
+        .output()
+        .expect("push");
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+
+    // `cache push` uploads what the read-only build made.
+    let out = a
+        .cmd(Some(&url))
+        .args(["cache", "push", "--json"])
+        .output()
+        .expect("push");
+    assert!(out.status.success(), "{}", show(&out));
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let n = nodes(&sa).len() as u64;
+    assert_eq!(p["pushed"], n, "{p}");
+    assert_eq!(records(&a), n);
+
+    // `cache pull` fills a fresh store; a build without the remote is then
+    // all cached.
+    let c = Machine::new(t.path(), "c");
+    let out = c
+        .cmd(Some(&url))
+        .args([
+            "cache", "pull", "left", "right", "--runner", "fake", "--json",
+        ])
+        .output()
+        .expect("pull");
+    assert!(out.status.success(), "{}", show(&out));
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(p["pulled"], n, "{p}");
+    let (out, sc) = c.build(None, &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(nodes(&sc).values().all(|(_, s)| s == "cached"), "{sc}");
+    assert!(c.builds().is_empty(), "{:?}", c.builds());
+}
