@@ -71,12 +71,21 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         ca_bundle: a.runner.ca_bundle.clone(),
         jobs,
     })?;
+    let remote = crate::remote_exec::wrap(
+        &a.runner.remote_exec,
+        &podman,
+        &crate::engine_cmd::host_arch(),
+    )?;
+    let runner: &dyn charly_engine::runner::Runner = match &remote {
+        Some(r) => r,
+        None => &podman,
+    };
     // Beds always build local packages from local source.
     let engine = Engine {
         project: &o.project,
         resolution: &o.resolution,
         store: &store,
-        runner: &podman,
+        runner,
         hasher: &hasher,
         dev_local_pkg: true,
         arch: crate::engine_cmd::host_arch(),
