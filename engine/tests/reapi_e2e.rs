@@ -428,7 +428,12 @@ fn measure_round_trips_and_fan_out() {
     let remote = RemoteRunner::connect(&casd.url, &fake, remote_opts(1)).expect("connects");
     let (s, _) = run(&root, &t.path().join("store-a"), &remote, 1);
     assert!(s.ok());
-    let exec: Vec<u64> = remote.stats().values().map(|r| r.ms).collect();
+    let exec: Vec<u64> = remote
+        .stats()
+        .values()
+        .filter(|r| r.place == Place::Remote)
+        .map(|r| r.ms)
+        .collect();
     let hits_runner = RemoteRunner::connect(&casd.url, &fake, remote_opts(1)).expect("connects");
     let (s, _) = run(&root, &t.path().join("store-b"), &hits_runner, 1);
     assert!(s.ok());
