@@ -25,8 +25,9 @@ pub struct RemoteExecArgs {
     /// (never when its command fails remotely).
     #[arg(long, requires = "remote_exec")]
     pub remote_fallback: bool,
-    /// Do not send the `container-image` platform property (for engines that
-    /// only sandbox commands, like buildbox-run, and refuse unknown properties).
+    /// Do not send the `container-image=docker://<build image>` platform
+    /// property (for engines that run commands with their own tools instead
+    /// of pulling the image, e.g. buildbox-run with bubblewrap and no registry).
     #[arg(long, requires = "remote_exec")]
     pub remote_no_image_property: bool,
     /// Timeout of one remote action, in seconds.

@@ -21,10 +21,12 @@
 //! * platform: `OSFamily=linux`, `ISA=x86-64`/`aarch64` and
 //!   `container-image=docker://<the build image>`, the property engines that
 //!   run actions in containers (Buildbarn, BuildBuddy, NativeLink, EngFlow)
-//!   read. An engine that only sandboxes commands (buildbox-run with
-//!   bubblewrap) runs the command with its own host tools instead; there the
-//!   property is not sent ([`RemoteOptions::image_property`] off), because
-//!   buildbox refuses properties it does not know.
+//!   read (buildbox-casd reads it too and pulls the image from its
+//!   registry). Where the engine only sandboxes commands with its own host
+//!   tools (buildbox-run with bubblewrap and no registry, as in CI here),
+//!   the property is not sent ([`RemoteOptions::image_property`] off,
+//!   `--remote-no-image-property`): buildbox would otherwise fail the action
+//!   trying to pull the image.
 //!
 //! Why not the image's root filesystem in the input root: it would add
 //! hundreds of megabytes (tens of thousands of blobs) to every action's
