@@ -71,21 +71,35 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         ca_bundle: a.runner.ca_bundle.clone(),
         jobs,
     })?;
+    let remote_exec = crate::remote_exec::wrap(
+        &a.runner.remote_exec,
+        &podman,
+        &crate::engine_cmd::host_arch(),
+    )?;
+    // Beds share the remote cache like builds do (CI's main use of it).
+    let remote = crate::engine_cmd::open_remote(cli)?;
+    let runner: &dyn charly_engine::runner::Runner = match &remote_exec {
+        Some(r) => r,
+        None => &podman,
+    };
     // Beds always build local packages from local source.
     let engine = Engine {
         project: &o.project,
         resolution: &o.resolution,
         store: &store,
-        runner: &podman,
+        runner,
         hasher: &hasher,
         dev_local_pkg: true,
         arch: crate::engine_cmd::host_arch(),
-        remote: None,
+        remote: remote
+            .as_ref()
+            .map(|r| r as &dyn charly_engine::remote::RemoteCache),
     };
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);
     progress.finish();
+    crate::engine_cmd::report_remote(&summary);
     if let Some(p) = &a.run.summary_json {
         std::fs::write(p, serde_json::to_vec_pretty(&summary)?)
             .with_context(|| format!("writing {}", p.display()))?;

@@ -45,6 +45,8 @@ pub struct RunnerArgs {
     /// mounted read-only into every build step.
     #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote_exec: crate::remote_exec::RemoteExecArgs,
 }
 
 /// Arguments of `box build`.
@@ -150,7 +152,7 @@ pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
 }
 
 /// Prints what the remote did, and its problems, on stderr.
-fn report_remote(summary: &Summary) {
+pub fn report_remote(summary: &Summary) {
     let Some(r) = &summary.remote else { return };
     output::note(&r.line());
     for e in &r.stats.errors {
@@ -363,11 +365,17 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
+    let remote_exec =
+        crate::remote_exec::wrap(&a.runner.remote_exec, runner.as_ref(), &host_arch())?;
+    let runner: &dyn Runner = match &remote_exec {
+        Some(r) => r,
+        None => runner.as_ref(),
+    };
     let remote = open_remote(cli)?;
     let engine = engine(
         &o,
         &store,
-        runner.as_ref(),
+        runner,
         &hasher,
         a.dev_local_pkg,
         remote.as_ref().map(|r| r as &dyn RemoteCache),
@@ -376,7 +384,16 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
     progress.finish();
-    write_reports(&a.run, &summary)?;
+    match &remote_exec {
+        Some(r) => {
+            let stats = r.stats();
+            crate::remote_exec::write_reports(&a.run, &summary, &stats)?;
+            if !a.run.quiet && !a.dry_run {
+                output::note(&crate::remote_exec::line(&stats));
+            }
+        }
+        None => write_reports(&a.run, &summary)?,
+    }
     if a.dry_run {
         let mut out = std::io::stdout().lock();
         for n in &summary.nodes {

@@ -14,6 +14,7 @@ mod engine_cmd;
 mod output;
 mod progress;
 mod project;
+mod remote_exec;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};

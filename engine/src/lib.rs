@@ -19,6 +19,7 @@ pub mod hash;
 pub mod key;
 pub mod oci;
 pub mod podman;
+pub mod reapi;
 pub mod remote;
 pub mod runner;
 pub mod sched;

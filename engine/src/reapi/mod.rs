@@ -1,0 +1,31 @@
+//! Remote execution: a client of the Remote Execution API v2 (REAPI, the
+//! protocol Bazel and buck2 speak to Buildbarn, BuildBuddy, NativeLink,
+//! EngFlow, BuildGrid and buildbox-casd) and the mapping of charly's
+//! command-running nodes to REAPI actions.
+//!
+//! * [`client`]: the gRPC client behind a synchronous API (a private tokio
+//!   runtime, like the OCI remote cache and the SSH deploy): capabilities,
+//!   CAS (FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, ByteStream for
+//!   blobs larger than the batch limit), ActionCache and Execute with its
+//!   long-running operation stream.
+//! * [`tree`]: digests and content-addressed input roots built from local
+//!   directories (Directory messages, deduplicated blobs).
+//! * [`action`]: one command as an Action: upload what the engine is missing,
+//!   look it up in the ActionCache, execute, then download and verify every
+//!   output's digest before anything is written locally.
+//! * [`runner`]: [`RemoteRunner`](runner::RemoteRunner), a
+//!   [`Runner`](crate::runner::Runner) that sends command nodes to the engine
+//!   and leaves the rest (images) to a local runner, so the scheduler and the
+//!   local memoization are reused as they are.
+//!
+//! The protobuf messages and stubs come pre-generated from the
+//! `bazel-remote-apis` crate (no protoc at build time).
+
+pub mod action;
+pub mod client;
+pub mod runner;
+pub mod tree;
+
+pub use action::{ActionOutcome, RemoteCommand};
+pub use client::{Client, DigestFn, RemoteError, RemoteUrl};
+pub use runner::{Place, RemoteNode, RemoteOptions, RemoteRunner, RemoteStats};

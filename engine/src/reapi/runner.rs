@@ -1,0 +1,384 @@
+//! [`RemoteRunner`]: runs command nodes on a REAPI engine.
+//!
+//! It wraps a local runner. Local-package builds become REAPI actions; image
+//! builds, image restores, builder stages and rootfs bootstraps stay with the
+//! local runner (see "What runs where" below). Because it is a
+//! [`Runner`], the scheduler, the node keys and the local store's
+//! memoization are the same as for a local run: a node whose key is in the
+//! local store never reaches the engine, and what comes back from the engine
+//! is verified, then stored locally exactly like a local result. The
+//! runner's [`name`](Runner::name) is the local runner's, because a remote
+//! result is byte-for-byte what the local runner would produce (the
+//! end-to-end test checks that), so both share cache entries.
+//!
+//! ## The action of a local-package build
+//!
+//! * input root: the package source at `src/`, an empty `out/`;
+//! * command: `sh -c <rendered build_template>` (which reads `/src` and
+//!   writes `/out`), working directory the root, environment
+//!   `PATH=/usr/sbin:/usr/bin:/sbin:/bin` and `LC_ALL=C.UTF-8` (sorted);
+//! * output: `out` (a directory);
+//! * platform: `OSFamily=linux`, `ISA=x86-64`/`aarch64` and
+//!   `container-image=docker://<the build image>`, the property engines that
+//!   run actions in containers (Buildbarn, BuildBuddy, NativeLink, EngFlow)
+//!   read (buildbox-casd reads it too and pulls the image from its
+//!   registry). Where the engine only sandboxes commands with its own host
+//!   tools (buildbox-run with bubblewrap and no registry, as in CI here),
+//!   the property is not sent ([`RemoteOptions::image_property`] off,
+//!   `--remote-no-image-property`): buildbox would otherwise fail the action
+//!   trying to pull the image.
+//!
+//! Why not the image's root filesystem in the input root: it would add
+//! hundreds of megabytes (tens of thousands of blobs) to every action's
+//! Merkle tree and make the image part of every action key. The image
+//! reference already enters the node key, so its digest identifies the
+//! toolchain; a container-based engine pulls it once and caches it.
+//!
+//! ## What runs where
+//!
+//! Builder stages are Containerfile builds (`podman build` of a stage with
+//! `COPY`/`RUN` steps against the builder image) and image builds are
+//! podman's own work; REAPI has no notion of either, so they stay local.
+//! Rootfs bootstraps need root and the network (debootstrap), which remote
+//! sandboxes deny. Local-package builds are plain commands over a source
+//! directory and are sent to the engine.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::action::{ActionError, RemoteCommand};
+use super::client::{Client, RemoteError};
+use super::tree::InputRoot;
+use crate::runner::{
+    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+};
+
+/// Settings of remote execution.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// At most this many actions in flight at once.
+    pub jobs: usize,
+    /// Run a node locally when the engine cannot be reached or refuses it
+    /// (never when the command itself fails remotely).
+    pub fallback: bool,
+    /// Send `container-image=docker://<image>` as a platform property.
+    pub image_property: bool,
+    /// Target ISA as REAPI names it (`x86-64`, `aarch64`).
+    pub isa: String,
+    /// Per-action timeout.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            jobs: 8,
+            fallback: false,
+            image_property: true,
+            isa: isa_of(std::env::consts::ARCH).to_string(),
+            timeout: Some(Duration::from_secs(3600)),
+        }
+    }
+}
+
+/// REAPI's ISA name for an architecture (Rust's or Docker's spelling).
+pub fn isa_of(arch: &str) -> &str {
+    match arch {
+        "x86_64" | "amd64" => "x86-64",
+        "aarch64" | "arm64" => "aarch64",
+        other => other,
+    }
+}
+
+/// Where a node ran.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Place {
+    /// Executed on the engine.
+    Remote,
+    /// The engine's ActionCache had the result; nothing was executed.
+    RemoteCached,
+    /// Ran locally after the engine failed (`--remote-fallback`).
+    LocalFallback,
+    /// Ran locally (a kind that is not sent to the engine).
+    Local,
+}
+
+/// What happened to one node.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RemoteNode {
+    /// Where it ran.
+    pub place: Place,
+    /// `hash/size` of its action (empty for local kinds).
+    pub action_digest: String,
+    /// Wall time of the round trip (or the local run).
+    pub ms: u64,
+    /// Bytes uploaded to the engine.
+    pub uploaded_bytes: u64,
+    /// Bytes of outputs downloaded.
+    pub downloaded_bytes: u64,
+    /// Why it fell back to local, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+}
+
+/// Per-node record of a run, by node id.
+pub type RemoteStats = BTreeMap<String, RemoteNode>;
+
+/// A runner that executes command nodes on a REAPI engine (module docs).
+pub struct RemoteRunner<'a> {
+    client: Client,
+    local: &'a dyn Runner,
+    opts: RemoteOptions,
+    in_flight: Mutex<usize>,
+    cv: std::sync::Condvar,
+    peak: AtomicUsize,
+    stats: Mutex<RemoteStats>,
+}
+
+struct Slot<'r, 'a>(&'r RemoteRunner<'a>);
+impl Drop for Slot<'_, '_> {
+    fn drop(&mut self) {
+        if let Ok(mut n) = self.0.in_flight.lock() {
+            *n = n.saturating_sub(1);
+        }
+        self.0.cv.notify_one();
+    }
+}
+
+impl<'a> RemoteRunner<'a> {
+    /// Connects to the engine at `url`; `local` runs what is not sent.
+    /// Fails when the engine is unreachable or cannot execute (unless
+    /// `opts.fallback`, in which case the caller may run locally instead).
+    pub fn connect(
+        url: &str,
+        local: &'a dyn Runner,
+        opts: RemoteOptions,
+    ) -> Result<Self, RemoteError> {
+        let client = Client::connect(url)?;
+        if !client.capabilities().exec_enabled {
+            return Err(RemoteError::new(format!(
+                "{} serves no Execution service (exec_enabled is false in its capabilities)",
+                client.url().display()
+            )));
+        }
+        Ok(Self::with_client(client, local, opts))
+    }
+
+    /// A runner over an existing client.
+    pub fn with_client(client: Client, local: &'a dyn Runner, opts: RemoteOptions) -> Self {
+        RemoteRunner {
+            client,
+            local,
+            opts: RemoteOptions {
+                jobs: opts.jobs.max(1),
+                ..opts
+            },
+            in_flight: Mutex::new(0),
+            cv: std::sync::Condvar::new(),
+            peak: AtomicUsize::new(0),
+            stats: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The client (capabilities, URL).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// What happened to each node so far.
+    pub fn stats(&self) -> RemoteStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The most actions that were in flight at once.
+    pub fn peak_in_flight(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self) -> Slot<'_, 'a> {
+        let mut n = match self.in_flight.lock() {
+            Ok(n) => n,
+            Err(p) => p.into_inner(),
+        };
+        while *n >= self.opts.jobs {
+            n = match self.cv.wait(n) {
+                Ok(n) => n,
+                Err(p) => p.into_inner(),
+            };
+        }
+        *n += 1;
+        self.peak.fetch_max(*n, Ordering::Relaxed);
+        Slot(self)
+    }
+
+    fn record(&self, node: &str, r: RemoteNode) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.insert(node.to_string(), r);
+        }
+    }
+
+    fn local_kind<T>(
+        &self,
+        node: &str,
+        f: impl FnOnce() -> Result<T, RunError>,
+    ) -> Result<T, RunError> {
+        let start = Instant::now();
+        let r = f();
+        self.record(
+            node,
+            RemoteNode {
+                place: Place::Local,
+                action_digest: String::new(),
+                ms: start.elapsed().as_millis() as u64,
+                uploaded_bytes: 0,
+                downloaded_bytes: 0,
+                fallback_reason: None,
+            },
+        );
+        r
+    }
+
+    /// The action of a local-package build (module docs).
+    pub fn local_pkg_action(
+        &self,
+        req: &LocalPkgRequest,
+    ) -> Result<(RemoteCommand, InputRoot), RemoteError> {
+        let mut input = InputRoot::new(self.client.digest_fn());
+        input.add_dir("src", &req.source)?;
+        input.add_empty_dir("out")?;
+        let mut platform = BTreeMap::new();
+        platform.insert("OSFamily".to_string(), "linux".to_string());
+        platform.insert("ISA".to_string(), self.opts.isa.clone());
+        if self.opts.image_property {
+            platform.insert(
+                "container-image".to_string(),
+                format!("docker://{}", req.image),
+            );
+        }
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PATH".to_string(),
+            "/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        );
+        env.insert("LC_ALL".to_string(), "C.UTF-8".to_string());
+        let cmd = RemoteCommand {
+            args: vec!["sh".into(), "-c".into(), req.script.clone()],
+            env,
+            workdir: String::new(),
+            outputs: vec!["out/".into()],
+            platform,
+            timeout: self.opts.timeout,
+        };
+        Ok((cmd, input))
+    }
+
+    fn remote_local_pkg(&self, req: &LocalPkgRequest) -> Result<RemoteNode, ActionError> {
+        let (cmd, input) = self.local_pkg_action(req).map_err(|e| ActionError {
+            message: e.message,
+            action_digest: String::new(),
+            engine_error: false,
+        })?;
+        let _slot = self.slot();
+        // Outputs land in a scratch directory; only the packages move on.
+        let scratch = tempfile::Builder::new()
+            .prefix("charly-remote-out-")
+            .tempdir()
+            .map_err(|e| ActionError {
+                message: format!("scratch directory: {e}"),
+                action_digest: String::new(),
+                engine_error: false,
+            })?;
+        let out = cmd.run(&self.client, input, scratch.path(), false)?;
+        let produced = scratch.path().join("out");
+        copy_files(&produced, &req.out).map_err(|e| ActionError {
+            message: e,
+            action_digest: out.action_digest.clone(),
+            engine_error: false,
+        })?;
+        Ok(RemoteNode {
+            place: if out.cached {
+                Place::RemoteCached
+            } else {
+                Place::Remote
+            },
+            action_digest: out.action_digest,
+            ms: out.elapsed.as_millis() as u64,
+            uploaded_bytes: out.uploaded_bytes,
+            downloaded_bytes: out.downloaded_bytes,
+            fallback_reason: None,
+        })
+    }
+}
+
+fn copy_files(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for e in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let e = e.map_err(|e| format!("{}: {e}", from.display()))?;
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_files(&e.path(), &dest)?;
+        } else {
+            std::fs::copy(e.path(), &dest).map_err(|x| format!("{}: {x}", dest.display()))?;
+        }
+    }
+    Ok(())
+}
+
+impl Runner for RemoteRunner<'_> {
+    fn name(&self) -> &str {
+        self.local.name()
+    }
+
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        self.local_kind(&req.node, || self.local.build_stage(req))
+    }
+
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
+        self.local_kind(&req.node, || self.local.build_image(req))
+    }
+
+    fn has_image(&self, reference: &str) -> bool {
+        self.local.has_image(reference)
+    }
+
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
+        self.local.restore_image(archive, tag)
+    }
+
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        match self.remote_local_pkg(req) {
+            Ok(r) => {
+                self.record(&req.node, r);
+                Ok(())
+            }
+            Err(e) if e.engine_error && self.opts.fallback => {
+                let start = Instant::now();
+                let r = self.local.build_local_pkg(req);
+                self.record(
+                    &req.node,
+                    RemoteNode {
+                        place: Place::LocalFallback,
+                        action_digest: e.action_digest.clone(),
+                        ms: start.elapsed().as_millis() as u64,
+                        uploaded_bytes: 0,
+                        downloaded_bytes: 0,
+                        fallback_reason: Some(e.message.clone()),
+                    },
+                );
+                r
+            }
+            Err(e) => Err(RunError::new(format!(
+                "remote execution of {} failed: {}",
+                req.node, e.message
+            ))),
+        }
+    }
+
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        self.local_kind(&req.node, || self.local.build_rootfs(req))
+    }
+}

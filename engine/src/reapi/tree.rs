@@ -1,0 +1,234 @@
+//! Content-addressed input roots: local directories and inline files
+//! mounted at paths of the action's root, turned into REAPI `Directory`
+//! messages (children sorted by name, as the protocol requires) and the set
+//! of blobs they reference. Equal content is one blob; the engine's
+//! FindMissingBlobs decides what is uploaded, so an unchanged input root
+//! costs one round trip.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+
+use super::client::{DigestFn, RemoteError};
+
+/// Where a blob's bytes come from.
+#[derive(Debug, Clone)]
+pub enum Blob {
+    /// A local file (read at upload time).
+    File(PathBuf),
+    /// Bytes in memory (messages, inline files).
+    Bytes(Vec<u8>),
+}
+
+impl Blob {
+    /// The bytes.
+    pub fn read(&self) -> Result<Vec<u8>, RemoteError> {
+        match self {
+            Blob::Bytes(b) => Ok(b.clone()),
+            Blob::File(p) => std::fs::read(p)
+                .map_err(|e| RemoteError::new(format!("reading {}: {e}", p.display()))),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Dir {
+    files: BTreeMap<String, (re::Digest, bool)>,
+    symlinks: BTreeMap<String, String>,
+    dirs: BTreeMap<String, Dir>,
+}
+
+/// Builds an input root.
+pub struct InputRoot {
+    f: DigestFn,
+    root: Dir,
+    /// Every blob referenced, by hash.
+    pub blobs: BTreeMap<String, (re::Digest, Blob)>,
+}
+
+fn components(path: &str) -> Result<Vec<&str>, RemoteError> {
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(RemoteError::new(format!(
+            "input path `{path}` leaves the input root"
+        )));
+    }
+    Ok(parts)
+}
+
+impl InputRoot {
+    /// An empty root.
+    pub fn new(f: DigestFn) -> Self {
+        InputRoot {
+            f,
+            root: Dir::default(),
+            blobs: BTreeMap::new(),
+        }
+    }
+
+    fn dir_at(&mut self, parts: &[&str]) -> &mut Dir {
+        let mut d = &mut self.root;
+        for p in parts {
+            d = d.dirs.entry((*p).to_string()).or_default();
+        }
+        d
+    }
+
+    /// Adds a file with these bytes at `path` (relative to the root).
+    pub fn add_bytes(&mut self, path: &str, data: Vec<u8>, exec: bool) -> Result<(), RemoteError> {
+        let parts = components(path)?;
+        let Some((name, dirs)) = parts.split_last() else {
+            return Err(RemoteError::new("an input file needs a name"));
+        };
+        let d = self.f.digest(&data);
+        self.blobs
+            .insert(d.hash.clone(), (d.clone(), Blob::Bytes(data)));
+        self.dir_at(dirs)
+            .files
+            .insert((*name).to_string(), (d, exec));
+        Ok(())
+    }
+
+    /// Adds an (empty) directory at `path`.
+    pub fn add_empty_dir(&mut self, path: &str) -> Result<(), RemoteError> {
+        let parts = components(path)?;
+        self.dir_at(&parts);
+        Ok(())
+    }
+
+    /// Adds the contents of a local directory at `path` (files, their
+    /// executable bit, symlinks as links; other file types are refused).
+    pub fn add_dir(&mut self, path: &str, local: &Path) -> Result<(), RemoteError> {
+        let parts: Vec<String> = components(path)?.into_iter().map(String::from).collect();
+        let walker = walkdir::WalkDir::new(local)
+            .follow_links(false)
+            .sort_by_file_name();
+        for entry in walker {
+            let entry = entry.map_err(|e| RemoteError::new(format!("{}: {e}", local.display())))?;
+            let rel = entry
+                .path()
+                .strip_prefix(local)
+                .map_err(|e| RemoteError::new(e.to_string()))?;
+            let mut at: Vec<&str> = parts.iter().map(String::as_str).collect();
+            let rel_parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().to_string())
+                .collect();
+            at.extend(rel_parts.iter().map(String::as_str));
+            let ft = entry.file_type();
+            if ft.is_dir() {
+                self.dir_at(&at);
+                continue;
+            }
+            let Some((name, dirs)) = at.split_last() else {
+                continue;
+            };
+            let (name, dirs) = ((*name).to_string(), dirs.to_vec());
+            if ft.is_symlink() {
+                let target = std::fs::read_link(entry.path())
+                    .map_err(|e| RemoteError::new(format!("{}: {e}", entry.path().display())))?;
+                self.dir_at(&dirs)
+                    .symlinks
+                    .insert(name, target.to_string_lossy().to_string());
+            } else if ft.is_file() {
+                let meta = entry
+                    .metadata()
+                    .map_err(|e| RemoteError::new(format!("{}: {e}", entry.path().display())))?;
+                let data = std::fs::read(entry.path())
+                    .map_err(|e| RemoteError::new(format!("{}: {e}", entry.path().display())))?;
+                let d = self.f.digest(&data);
+                let exec = meta.permissions().mode() & 0o111 != 0;
+                self.blobs.insert(
+                    d.hash.clone(),
+                    (d.clone(), Blob::File(entry.path().to_path_buf())),
+                );
+                self.dir_at(&dirs).files.insert(name, (d, exec));
+            } else {
+                return Err(RemoteError::new(format!(
+                    "{}: only files, directories and symlinks can be sent to a remote engine",
+                    entry.path().display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the tree: the root digest; every Directory message is added
+    /// to the blobs.
+    pub fn finish(mut self) -> (re::Digest, BTreeMap<String, (re::Digest, Blob)>) {
+        let root = std::mem::take(&mut self.root);
+        let d = encode(self.f, &root, &mut self.blobs);
+        (d, self.blobs)
+    }
+}
+
+fn encode(f: DigestFn, d: &Dir, blobs: &mut BTreeMap<String, (re::Digest, Blob)>) -> re::Digest {
+    let msg = re::Directory {
+        files: d
+            .files
+            .iter()
+            .map(|(n, (dg, exec))| re::FileNode {
+                name: n.clone(),
+                digest: Some(dg.clone()),
+                is_executable: *exec,
+                node_properties: None,
+            })
+            .collect(),
+        directories: d
+            .dirs
+            .iter()
+            .map(|(n, child)| re::DirectoryNode {
+                name: n.clone(),
+                digest: Some(encode(f, child, blobs)),
+            })
+            .collect(),
+        symlinks: d
+            .symlinks
+            .iter()
+            .map(|(n, t)| re::SymlinkNode {
+                name: n.clone(),
+                target: t.clone(),
+                node_properties: None,
+            })
+            .collect(),
+        node_properties: None,
+    };
+    let (dg, bytes) = f.message(&msg);
+    blobs.insert(dg.hash.clone(), (dg.clone(), Blob::Bytes(bytes)));
+    dg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_content_same_root_and_sorted_children() {
+        let t = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(t.path().join("b")).expect("mkdir");
+        std::fs::write(t.path().join("b/z"), "same").expect("w");
+        std::fs::write(t.path().join("a"), "same").expect("w");
+        let mut one = InputRoot::new(DigestFn::Sha256);
+        one.add_dir("src", t.path()).expect("add");
+        one.add_bytes("build.sh", b"echo hi".to_vec(), true)
+            .expect("add");
+        let (d1, blobs) = one.finish();
+        // "same" once, "echo hi" once, 3 directories (root, src, src/b).
+        assert_eq!(blobs.len(), 5);
+        let mut two = InputRoot::new(DigestFn::Sha256);
+        two.add_bytes("build.sh", b"echo hi".to_vec(), true)
+            .expect("add");
+        two.add_dir("src/", t.path()).expect("add");
+        assert_eq!(two.finish().0, d1);
+        assert!(
+            InputRoot::new(DigestFn::Sha256)
+                .add_bytes("../x", vec![], false)
+                .is_err()
+        );
+    }
+}
