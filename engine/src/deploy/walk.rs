@@ -1194,6 +1194,12 @@ pub fn retarget_artifact(
 ) -> R<Vec<crate::artifact::Entry>> {
     let entries =
         crate::artifact::read_tar(tar, "").map_err(|e| format!("unreadable artifact tar: {e}"))?;
+    if entries.is_empty() {
+        return Err(format!(
+            "the artifact tar ({} bytes) has no entries; is it a tar? (rebuild it with `charly box build`)",
+            tar.len()
+        ));
+    }
     let from = from_home.trim_matches('/');
     let to = user.home.trim_matches('/');
     let mut out = Vec::with_capacity(entries.len());
