@@ -241,6 +241,17 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
     .expect("dry run");
     assert_eq!(tree(&root), before, "dry run touched nothing");
     assert!(ledger.get("hello-local").expect("get").is_none());
+    let mkdirs: Vec<&String> = dry
+        .steps
+        .iter()
+        .flat_map(|s| s.actions.iter())
+        .filter(|a| a.starts_with("mkdir /opt"))
+        .collect();
+    assert_eq!(
+        mkdirs,
+        ["mkdir /opt", "mkdir /opt/hello"],
+        "each directory once"
+    );
     assert!(
         dry.steps
             .iter()

@@ -330,6 +330,7 @@ struct StepCx<'a> {
     timeout: Duration,
     rooted: bool,
     box_home: String,
+    planned_dirs: &'a mut BTreeSet<String>,
 }
 
 type R<T> = Result<T, String>;
@@ -392,10 +393,14 @@ impl StepCx<'_> {
             // Parents we create for the user's files belong to the user,
             // except above the home.
             let p = privileged || !d.starts_with(&self.user.home);
-            self.actions.push(format!("mkdir {d}"));
             if self.dry() {
+                // A dry run remembers what it would already have created.
+                if self.planned_dirs.insert(d.clone()) {
+                    self.actions.push(format!("mkdir {d}"));
+                }
                 continue;
             }
+            self.actions.push(format!("mkdir {d}"));
             self.undo(
                 &Undo::RemoveDir {
                     path: d.clone(),
@@ -760,6 +765,8 @@ pub fn apply(
     };
     // Bin dirs recorded so far (commands of later steps see them).
     let mut bin_dirs: Vec<String> = Vec::new();
+    // Directories a dry run would have created so far.
+    let mut planned_dirs: BTreeSet<String> = BTreeSet::new();
     for (i, s) in plan.steps.iter().enumerate() {
         let seq = i as u32;
         let h = head(s);
@@ -798,6 +805,7 @@ pub fn apply(
             timeout: o.timeout,
             rooted,
             box_home: o.box_home.clone(),
+            planned_dirs: &mut planned_dirs,
         };
         let res = apply_step(&mut cx, s, arts, &mut bin_dirs);
         let StepCx { facts, actions, .. } = cx;
