@@ -7,6 +7,7 @@
 //! internal error (a bug).
 
 mod box_cmd;
+mod bundle_cmd;
 mod cache_cmd;
 mod candy_cmd;
 mod check_cmd;
@@ -118,6 +119,10 @@ pub enum Command {
     /// image. A bed whose image and checks are unchanged since an all-pass
     /// run is reported as cached without a container (`--force` reruns).
     Check(check_cmd::CheckArgs),
+    /// Deploy a box's candies to a target from the store, and undo it:
+    /// add, del, status (drift), list.
+    #[command(subcommand)]
+    Bundle(bundle_cmd::BundleCommand),
     /// The local store: stats, gc, verify; push to and pull from the remote cache.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
@@ -155,6 +160,7 @@ fn main() -> ExitCode {
         Command::Graph(a) => engine_cmd::graph(&cli, a),
         Command::Explain(a) => engine_cmd::explain(&cli, a),
         Command::Cache(c) => cache_cmd::run(&cli, c),
+        Command::Bundle(c) => bundle_cmd::run(&cli, c),
         Command::Check(a) => check_cmd::run(&cli, a),
     };
     match result {

@@ -12,6 +12,7 @@ pub use charly_rules as rules;
 pub mod api;
 pub mod artifact;
 pub mod check;
+pub mod deploy;
 pub mod exec;
 pub mod generate;
 pub mod graph;

@@ -1,0 +1,463 @@
+//! `charly bundle add|del|status|list`: deploy a box's candies to a target
+//! from the store, undo it, compare, list. The walking is in
+//! `charly_engine::deploy`; this module parses, opens, and prints.
+
+use crate::engine_cmd::host_arch;
+use crate::{Cli, output, project};
+use anyhow::Context;
+use charly_engine::deploy::host::Host;
+use charly_engine::deploy::ledger::{BundleRecord, BundleState, Ledger};
+use charly_engine::deploy::local::LocalHost;
+use charly_engine::deploy::source::StoreArtifacts;
+use charly_engine::deploy::walk::{self, Options};
+use charly_engine::graph::GraphOptions;
+use charly_engine::hash::FileHasher;
+use charly_rules::plan::{Gates, HostContext, InstallPlan, Target};
+use clap::{Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const LEDGER_HELP: &str = "The ledger (what each bundle did, for `del` and `status`) is the SQLite \
+database <cache-dir>/deploy/ledger.sqlite in the charly store (--cache-dir, $CHARLY_CACHE_DIR, \
+else $XDG_CACHE_HOME/charly); a bundle remembers its target (and --root), so `del` and `status` \
+need only its name.";
+
+/// `charly bundle …`
+#[derive(Subcommand, Debug)]
+#[command(after_long_help = LEDGER_HELP)]
+pub enum BundleCommand {
+    /// Apply a box's candies to a target as bundle NAME, from artifacts in the
+    /// store (run `charly box build BOX` first; nothing is rebuilt on the target).
+    #[command(after_long_help = LEDGER_HELP)]
+    Add(AddArgs),
+    /// Undo everything bundle NAME did (last change first) and forget it.
+    /// An interrupted add or del is cleaned up too; a failed del resumes.
+    #[command(after_long_help = LEDGER_HELP)]
+    Del {
+        /// Bundle name.
+        name: String,
+        /// Print what would be undone; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare bundle NAME three ways: the ledger (interrupted or failed
+    /// steps), the disk (files changed behind charly's back) and the
+    /// configuration (the box's plan changed since it was deployed).
+    /// Exit 0 when clean, 3 when anything differs.
+    #[command(after_long_help = LEDGER_HELP)]
+    Status {
+        /// Bundle name.
+        name: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List bundles with box, target and state.
+    #[command(after_long_help = LEDGER_HELP)]
+    List {
+        /// Print the list as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where a bundle goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TargetArg {
+    /// This machine (or a directory with --root).
+    Local,
+    /// A machine over SSH (--host).
+    Vm,
+    /// A podman quadlet unit running the box image.
+    Pod,
+    /// A Kubernetes kustomize tree running the box image.
+    K8s,
+}
+
+/// Arguments of `bundle add`.
+#[derive(clap::Args, Debug)]
+pub struct AddArgs {
+    /// Bundle name (unique in the ledger).
+    pub name: String,
+    /// Box whose candies to apply.
+    #[arg(value_name = "BOX")]
+    pub box_name: String,
+    /// Target kind.
+    #[arg(long, value_enum)]
+    pub target: TargetArg,
+    /// Local target rooted at DIR: every target path lands below DIR, and
+    /// commands, packages and services (which would touch the real system)
+    /// are skipped with a reason.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// vm: USER@HOST[:PORT].
+    #[arg(long, value_name = "USER@HOST[:PORT]")]
+    pub host: Option<String>,
+    /// vm: private key file.
+    #[arg(long, value_name = "FILE")]
+    pub identity: Option<PathBuf>,
+    /// vm: known_hosts file the host key must be in.
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<PathBuf>,
+    /// The user whose home and profile receive user-scope steps (default: the box's user).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Allow steps that add package repositories.
+    #[arg(long)]
+    pub allow_repo_changes: bool,
+    /// Allow commands run as root.
+    #[arg(long)]
+    pub allow_root_tasks: bool,
+    /// Enable and start services.
+    #[arg(long)]
+    pub with_services: bool,
+    /// Open every gate (all three above).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print exactly what would run; touch nothing, record nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Artifacts were built with --dev-local-pkg (local packages from source).
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    /// Runner whose builds fed the store (their keys include it).
+    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    pub runner: String,
+    /// Per-command time limit in seconds.
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub timeout: u64,
+}
+
+/// Runs a bundle command.
+pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
+    match c {
+        BundleCommand::Add(a) => add(cli, a),
+        BundleCommand::Del {
+            name,
+            dry_run,
+            json,
+        } => del(cli, name, *dry_run, *json),
+        BundleCommand::Status { name, json } => status(cli, name, *json),
+        BundleCommand::List { json } => list(cli, *json),
+    }
+}
+
+fn open_ledger(cli: &Cli) -> anyhow::Result<(charly_cache::Store, Ledger)> {
+    let store = crate::engine_cmd::open_store(cli)?;
+    let ledger = Ledger::open(&store.dir().join("deploy"))?;
+    Ok((store, ledger))
+}
+
+fn host_for(conn: &serde_json::Value) -> anyhow::Result<Box<dyn Host>> {
+    match conn.get("kind").and_then(|k| k.as_str()) {
+        Some("local") => Ok(match conn.get("root").and_then(|r| r.as_str()) {
+            Some(r) => Box::new(LocalHost::rooted(std::path::Path::new(r))?),
+            None => Box::new(LocalHost::new()),
+        }),
+        other => anyhow::bail!("cannot reach a target of kind {other:?} (not implemented yet)"),
+    }
+}
+
+fn merged_plan(o: &project::Opened, box_name: &str, target: Target) -> anyhow::Result<InstallPlan> {
+    let b = crate::box_cmd::resolved(o, box_name)?;
+    let ctx = HostContext {
+        target,
+        ..HostContext::default()
+    };
+    Ok(charly_rules::plan::build_merged_plan(
+        &o.project,
+        b,
+        &ctx,
+        &[],
+    )?)
+}
+
+fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
+    let target = match a.target {
+        TargetArg::Local => Target::Local,
+        TargetArg::Vm => anyhow::bail!(
+            "--target vm is not implemented yet (the SSH host is pending); use --target local"
+        ),
+        TargetArg::Pod | TargetArg::K8s => anyhow::bail!(
+            "--target {} is not implemented in `bundle add` yet",
+            if a.target == TargetArg::Pod {
+                "pod"
+            } else {
+                "k8s"
+            }
+        ),
+    };
+    if a.host.is_some() || a.identity.is_some() || a.known_hosts.is_some() {
+        anyhow::bail!("--host, --identity and --known-hosts are for --target vm");
+    }
+    let o = project::open(cli)?;
+    let b = crate::box_cmd::resolved(&o, &a.box_name)?;
+    let plan = merged_plan(&o, &a.box_name, target)?;
+    let (store, mut ledger) = open_ledger(cli)?;
+    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let arts = StoreArtifacts::new(
+        &o.project,
+        &o.resolution,
+        &store,
+        &hasher,
+        GraphOptions {
+            dev_local_pkg: a.dev_local_pkg,
+            runner: a.runner.clone(),
+            arch: host_arch(),
+        },
+        &a.box_name,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut host: Box<dyn Host> = match &a.root {
+        Some(r) => {
+            Box::new(LocalHost::rooted(r).with_context(|| format!("--root {}", r.display()))?)
+        }
+        None => Box::new(LocalHost::new()),
+    };
+    let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
+    let user = walk::resolve_user(host.as_mut(), &user_name, &plan)?;
+    let gates = if a.yes {
+        Gates::all()
+    } else {
+        Gates {
+            allow_repo_changes: a.allow_repo_changes,
+            allow_root_tasks: a.allow_root_tasks,
+            with_services: a.with_services,
+        }
+    };
+    let opts = Options {
+        gates,
+        dry_run: a.dry_run,
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+        target: "local".into(),
+        box_home: b.user.home.clone(),
+    };
+    let root = host.root().map(String::from);
+    let record = BundleRecord {
+        name: a.name.clone(),
+        deploy_id: plan.deploy_id.clone(),
+        box_name: a.box_name.clone(),
+        target: "local".into(),
+        target_key: match &root {
+            Some(r) => format!("local:{r}"),
+            None => "local:/".into(),
+        },
+        connection: serde_json::json!({"kind": "local", "root": root}),
+        user: user.name.clone(),
+        home: user.home.clone(),
+        state: BundleState::Applying,
+        plan: serde_json::to_value(&plan)?,
+        options: serde_json::json!({"gates": gates, "dev_local_pkg": a.dev_local_pkg, "runner": a.runner}),
+        created_unix: 0,
+        updated_unix: 0,
+        error: None,
+    };
+    if !a.dry_run && ledger.get(&a.name)?.is_some() {
+        anyhow::bail!(
+            "bundle `{}` already exists (see `charly bundle status {0}`; `charly bundle del {0}` removes it)",
+            a.name
+        );
+    }
+    let json = a.json;
+    let mut progress = |r: &walk::StepReport| {
+        if json {
+            return;
+        }
+        let mark = match r.state.as_str() {
+            "complete" => "done",
+            "would-run" => "would run",
+            s => s,
+        };
+        let note = r
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        output::note(&format!("[{:>3}] {mark:<9} {}{note}", r.seq, r.title));
+        if r.state == "would-run" {
+            for a in &r.actions {
+                output::note(&format!("        {a}"));
+            }
+        }
+    };
+    let led = if a.dry_run { None } else { Some(&mut ledger) };
+    let res = walk::apply(
+        host.as_mut(),
+        led,
+        &record,
+        &plan,
+        &user,
+        &arts,
+        &opts,
+        &mut progress,
+    );
+    match res {
+        Ok(report) => {
+            if json {
+                output::json(&report)?;
+            } else if a.dry_run {
+                output::note(&format!("dry run: nothing was changed on {}", report.host));
+            } else {
+                let done = report
+                    .steps
+                    .iter()
+                    .filter(|s| s.state == "complete")
+                    .count();
+                let skipped = report.steps.len() - done;
+                output::note(&format!(
+                    "bundle {} applied to {}: {done} steps done, {skipped} skipped",
+                    a.name, report.host
+                ));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            output::error(&e.to_string());
+            if !a.dry_run {
+                output::note(&format!(
+                    "the ledger keeps what was done: `charly bundle status {0}`, `charly bundle del {0}`",
+                    a.name
+                ));
+            }
+            Err(crate::Reported.into())
+        }
+    }
+}
+
+fn del(cli: &Cli, name: &str, dry_run: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let (_store, mut ledger) = open_ledger(cli)?;
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
+    let mut host = host_for(&rec.connection)?;
+    let mut progress = |r: &walk::UndoReport| {
+        if json {
+            return;
+        }
+        let note = r
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        output::note(&format!("[{:>3}] {:<9} {}{note}", r.seq, r.state, r.what));
+    };
+    match walk::remove(host.as_mut(), &mut ledger, name, dry_run, &mut progress) {
+        Ok(reports) => {
+            if json {
+                output::json(
+                    &serde_json::json!({"bundle": name, "dry_run": dry_run, "undone": reports}),
+                )?;
+            } else if !dry_run {
+                output::note(&format!(
+                    "bundle {name} removed ({} changes undone)",
+                    reports.len()
+                ));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            output::error(&e.to_string());
+            Err(crate::Reported.into())
+        }
+    }
+}
+
+fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let (_store, ledger) = open_ledger(cli)?;
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
+    let mut host = host_for(&rec.connection)?;
+    // Config drift needs the project; without it only ledger and disk are compared.
+    let current = project::open(cli)
+        .ok()
+        .and_then(|o| merged_plan(&o, &rec.box_name, Target::Local).ok());
+    let mut drift = walk::drift(host.as_mut(), &ledger, name, current.as_ref())?;
+    let running = matches!(rec.state, BundleState::Applying | BundleState::Removing)
+        && ledger.is_locked(name);
+    if !running && matches!(rec.state, BundleState::Applying | BundleState::Removing) {
+        drift.insert(
+            0,
+            walk::Drift {
+                kind: "ledger".into(),
+                seq: None,
+                subject: format!("bundle {name}"),
+                detail: format!(
+                    "interrupted while {} (no charly process holds it)",
+                    if rec.state == BundleState::Applying {
+                        "applying"
+                    } else {
+                        "removing"
+                    }
+                ),
+            },
+        );
+    }
+    let state = serde_json::to_value(rec.state)?;
+    if json {
+        output::json(&serde_json::json!({
+            "bundle": name, "box": rec.box_name, "target": rec.target_key,
+            "state": state, "running": running, "clean": drift.is_empty(),
+            "config_compared": current.is_some(), "drift": drift,
+        }))?;
+    } else {
+        output::note(&format!(
+            "bundle {name}: box {} on {} ({}){}",
+            rec.box_name,
+            rec.target_key,
+            state.as_str().unwrap_or(""),
+            if running { ", being changed now" } else { "" }
+        ));
+        if current.is_none() {
+            output::note("  (project not found: configuration drift not compared)");
+        }
+        if drift.is_empty() {
+            output::note("  clean: disk and configuration match the ledger");
+        }
+        for d in &drift {
+            let seq = d.seq.map(|s| format!("[{s}] ")).unwrap_or_default();
+            output::note(&format!("  {:<6} {seq}{}: {}", d.kind, d.subject, d.detail));
+        }
+    }
+    Ok(if drift.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
+    let (_store, ledger) = open_ledger(cli)?;
+    let all = ledger.list()?;
+    if json {
+        let v: Vec<serde_json::Value> = all
+            .iter()
+            .map(|r| {
+                serde_json::json!({"name": r.name, "box": r.box_name, "target": r.target,
+                "target_key": r.target_key, "user": r.user, "state": r.state,
+                "deploy_id": r.deploy_id, "updated_unix": r.updated_unix})
+            })
+            .collect();
+        output::json(&v)?;
+    } else {
+        for r in &all {
+            println!(
+                "{}\t{}\t{}\t{}",
+                r.name,
+                r.box_name,
+                r.target_key,
+                serde_json::to_value(r.state)?.as_str().unwrap_or("")
+            );
+        }
+        if all.is_empty() {
+            output::note("no bundles");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,1039 @@
+//! The deploy ledger: what `bundle add` did, durably, so `bundle del` can
+//! undo exactly that and `bundle status` can compare.
+//!
+//! **Write-ahead undo.** A step is recorded `incomplete` (committed) before
+//! it starts. Before each change it makes, the operation that undoes the
+//! change is committed ([`Undo`], with a backup of anything it overwrites).
+//! Only then is the change made. When the step ends it becomes `complete`
+//! (or `failed`) together with the state it left behind ([`Fact`]s, for
+//! drift). So a deploy killed at any instant leaves a ledger whose undo
+//! operations cover every change that may have happened; they are written
+//! to be safe when the change did not happen (removing an absent file,
+//! restoring a file to the content it still has). `del` replays them LIFO
+//! and deletes each one as it succeeds, so an interrupted `del` resumes.
+//!
+//! Every write is its own transaction on a WAL database with
+//! `synchronous=FULL`: committed means on disk. A per-bundle lock file
+//! (`flock` through std) is held while `add` or `del` runs; a bundle in state
+//! `applying` whose lock is free was interrupted.
+//!
+//! Schema (one database for all targets; a bundle is keyed by its name and
+//! is unique per target and deploy id):
+//!
+//! ```text
+//! bundles(name PK, deploy_id, box, target, target_key, connection JSON, user,
+//!         home, state, plan JSON, options JSON, created_unix, updated_unix,
+//!         error, UNIQUE(target_key, deploy_id))
+//! steps(bundle, seq, candy, kind, scope, title, state, note, step JSON,
+//!       started_unix, finished_unix, PK(bundle, seq))
+//! undo(bundle, seq, idx, op JSON, PK(bundle, seq, idx))
+//! facts(bundle, seq, idx, fact JSON, PK(bundle, seq, idx))
+//! blobs(bundle, sha256, data, PK(bundle, sha256))   -- backups
+//! ```
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Ledger failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// SQLite failed.
+    #[error("ledger {path}: {source}")]
+    Sql {
+        /// Database file.
+        path: String,
+        /// Why.
+        source: rusqlite::Error,
+    },
+    /// A file operation failed.
+    #[error("ledger {path}: {message}")]
+    Io {
+        /// Path.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// A bundle with this name exists.
+    #[error(
+        "bundle `{0}` already exists (see `charly bundle status {0}`; `charly bundle del {0}` removes it)"
+    )]
+    Exists(String),
+    /// The same plan is already deployed to this target under another name.
+    #[error(
+        "deploy {deploy_id} of box {box_name} is already applied to {target} as bundle `{other}`"
+    )]
+    Duplicate {
+        /// Deploy id.
+        deploy_id: String,
+        /// Box.
+        box_name: String,
+        /// Target.
+        target: String,
+        /// The existing bundle.
+        other: String,
+    },
+    /// No such bundle.
+    #[error("no bundle named `{0}` (see `charly bundle list`)")]
+    NotFound(String),
+    /// Another charly holds the bundle.
+    #[error("bundle `{0}` is being changed by another charly process")]
+    Busy(String),
+    /// Stored JSON does not parse.
+    #[error("ledger record of bundle `{bundle}` is unreadable: {message}")]
+    Corrupt {
+        /// Bundle.
+        bundle: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// An operation that undoes one change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Undo {
+    /// Remove a file or symlink we created.
+    RemovePath {
+        /// Target path.
+        path: String,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Remove a directory we created (only when empty).
+    RemoveDir {
+        /// Target path.
+        path: String,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Put back a file we overwrote (content in the ledger's blobs).
+    RestoreFile {
+        /// Target path.
+        path: String,
+        /// sha256 of the backup.
+        sha256: String,
+        /// Its mode.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+        /// Its group.
+        gid: u32,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Put back a symlink we replaced.
+    RestoreSymlink {
+        /// Target path.
+        path: String,
+        /// What it pointed to.
+        target: String,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Remove what an artifact created: files and links, then directories
+    /// (only when empty), in reverse of the given order.
+    RemoveTree {
+        /// Paths in creation order (parents first).
+        paths: Vec<String>,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Remove a managed block from a file.
+    RemoveBlock {
+        /// The file.
+        file: String,
+        /// Block marker.
+        marker: String,
+        /// We added a newline before the block (the file did not end in one).
+        added_newline: bool,
+        /// We created the file: remove it when nothing else is left in it.
+        created_file: bool,
+        /// Needs root.
+        privileged: bool,
+    },
+    /// Remove packages we installed (those still installed).
+    RemovePackages {
+        /// Package format (deb, rpm, pac).
+        format: String,
+        /// Packages.
+        packages: Vec<String>,
+        /// The command that removes all of them (rendered at apply time).
+        command: String,
+        /// The host's package root when rooted (`dpkg --root`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<String>,
+    },
+    /// Run a command.
+    Run {
+        /// What it does, for people.
+        what: String,
+        /// Shell script.
+        script: String,
+        /// Needs root.
+        privileged: bool,
+        /// Run as this user.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        as_user: Option<String>,
+        /// Extra environment.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        env: std::collections::BTreeMap<String, String>,
+        /// A failure is a warning (the change may never have happened).
+        ignore_failure: bool,
+    },
+    /// Nothing can undo this; said at `del`.
+    Note {
+        /// The note.
+        text: String,
+    },
+}
+
+impl Undo {
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            Undo::RemovePath { path, .. } => format!("remove {path}"),
+            Undo::RemoveDir { path, .. } => format!("remove directory {path} (if empty)"),
+            Undo::RestoreFile { path, .. } => format!("restore {path} from backup"),
+            Undo::RestoreSymlink { path, target, .. } => {
+                format!("restore symlink {path} -> {target}")
+            }
+            Undo::RemoveTree { paths, .. } => format!(
+                "remove {} artifact entries{}",
+                paths.len(),
+                paths
+                    .first()
+                    .map(|p| format!(" under {p}"))
+                    .unwrap_or_default()
+            ),
+            Undo::RemoveBlock { file, marker, .. } => {
+                format!("remove managed block {marker} from {file}")
+            }
+            Undo::RemovePackages {
+                format, packages, ..
+            } => format!("remove {format} packages {}", packages.join(" ")),
+            Undo::Run { what, .. } => format!("run: {what}"),
+            Undo::Note { text } => format!("note: {text}"),
+        }
+    }
+}
+
+/// What a completed step left on the target (for drift).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Fact {
+    /// A file with this content and mode.
+    File {
+        /// Path.
+        path: String,
+        /// sha256.
+        sha256: String,
+        /// Mode.
+        mode: u32,
+    },
+    /// A symlink.
+    Symlink {
+        /// Path.
+        path: String,
+        /// Target.
+        target: String,
+    },
+    /// A directory.
+    Dir {
+        /// Path.
+        path: String,
+    },
+    /// A managed block with this content.
+    Block {
+        /// File.
+        file: String,
+        /// Marker.
+        marker: String,
+        /// sha256 of the block text.
+        sha256: String,
+    },
+    /// Installed packages.
+    Packages {
+        /// Format.
+        format: String,
+        /// Names.
+        packages: Vec<String>,
+        /// Package root when rooted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<String>,
+    },
+}
+
+impl Fact {
+    /// The path or name it is about.
+    pub fn subject(&self) -> String {
+        match self {
+            Fact::File { path, .. } | Fact::Symlink { path, .. } | Fact::Dir { path } => {
+                path.clone()
+            }
+            Fact::Block { file, marker, .. } => format!("{file} [{marker}]"),
+            Fact::Packages {
+                format, packages, ..
+            } => format!("{format}: {}", packages.join(" ")),
+        }
+    }
+}
+
+/// State of a bundle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BundleState {
+    /// `add` is running (or was killed: see [`Ledger::is_locked`]).
+    Applying,
+    /// Every step ran or was skipped.
+    Applied,
+    /// A step failed; the rest were not attempted.
+    Failed,
+    /// `del` is running (or was interrupted).
+    Removing,
+}
+
+impl BundleState {
+    fn as_str(self) -> &'static str {
+        match self {
+            BundleState::Applying => "applying",
+            BundleState::Applied => "applied",
+            BundleState::Failed => "failed",
+            BundleState::Removing => "removing",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "applying" => BundleState::Applying,
+            "applied" => BundleState::Applied,
+            "failed" => BundleState::Failed,
+            "removing" => BundleState::Removing,
+            _ => return None,
+        })
+    }
+}
+
+/// State of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepState {
+    /// Started, not finished (the process may have died in it).
+    Incomplete,
+    /// Finished.
+    Complete,
+    /// Failed.
+    Failed,
+    /// Not applied (a gate, the target), with the reason.
+    Skipped,
+}
+
+impl StepState {
+    fn as_str(self) -> &'static str {
+        match self {
+            StepState::Incomplete => "incomplete",
+            StepState::Complete => "complete",
+            StepState::Failed => "failed",
+            StepState::Skipped => "skipped",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "incomplete" => StepState::Incomplete,
+            "complete" => StepState::Complete,
+            "failed" => StepState::Failed,
+            "skipped" => StepState::Skipped,
+            _ => return None,
+        })
+    }
+}
+
+/// A bundle's record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BundleRecord {
+    /// Bundle name.
+    pub name: String,
+    /// Deploy id of the plan.
+    pub deploy_id: String,
+    /// Box.
+    #[serde(rename = "box")]
+    pub box_name: String,
+    /// `local`, `vm`, `pod`, `k8s`.
+    pub target: String,
+    /// Identity of the target (host and root).
+    pub target_key: String,
+    /// How to reach the host again.
+    pub connection: serde_json::Value,
+    /// Target user.
+    pub user: String,
+    /// Target home.
+    pub home: String,
+    /// State.
+    pub state: BundleState,
+    /// The (home-resolved) plan that was applied.
+    pub plan: serde_json::Value,
+    /// Gates and options.
+    pub options: serde_json::Value,
+    /// Created.
+    pub created_unix: u64,
+    /// Last change.
+    pub updated_unix: u64,
+    /// The failure, when failed.
+    pub error: Option<String>,
+}
+
+/// A step's record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Position in the plan.
+    pub seq: u32,
+    /// Candy.
+    pub candy: String,
+    /// Kind.
+    pub kind: String,
+    /// Scope.
+    pub scope: String,
+    /// One line for people.
+    pub title: String,
+    /// State.
+    pub state: StepState,
+    /// Skip reason or error.
+    pub note: Option<String>,
+    /// The step as applied (JSON), for config drift.
+    pub step: serde_json::Value,
+    /// Undo operations in the order they were recorded.
+    pub undo: Vec<(u32, Undo)>,
+    /// State left behind.
+    pub facts: Vec<Fact>,
+}
+
+/// The ledger.
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Holds a bundle while `add` or `del` runs.
+pub struct BundleLock {
+    _file: std::fs::File,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Ledger {
+    /// `$CHARLY_STATE_DIR`, else `$XDG_STATE_HOME/charly`, else `~/.local/state/charly`.
+    pub fn default_dir() -> Option<PathBuf> {
+        if let Some(d) = std::env::var_os("CHARLY_STATE_DIR").filter(|d| !d.is_empty()) {
+            return Some(PathBuf::from(d));
+        }
+        if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+            return Some(PathBuf::from(d).join("charly"));
+        }
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/charly"))
+    }
+
+    /// Opens (creating) `<dir>/ledger.sqlite`.
+    pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
+        std::fs::create_dir_all(dir.join("locks")).map_err(|e| LedgerError::Io {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let path = dir.join("ledger.sqlite");
+        let sql = |e| LedgerError::Sql {
+            path: path.display().to_string(),
+            source: e,
+        };
+        let conn = Connection::open(&path).map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=FULL;
+             PRAGMA foreign_keys=ON;
+             CREATE TABLE IF NOT EXISTS bundles(
+               name TEXT PRIMARY KEY, deploy_id TEXT NOT NULL, box TEXT NOT NULL,
+               target TEXT NOT NULL, target_key TEXT NOT NULL, connection TEXT NOT NULL,
+               user TEXT NOT NULL, home TEXT NOT NULL, state TEXT NOT NULL,
+               plan TEXT NOT NULL, options TEXT NOT NULL,
+               created_unix INTEGER NOT NULL, updated_unix INTEGER NOT NULL, error TEXT,
+               UNIQUE(target_key, deploy_id));
+             CREATE TABLE IF NOT EXISTS steps(
+               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+               seq INTEGER NOT NULL, candy TEXT NOT NULL, kind TEXT NOT NULL,
+               scope TEXT NOT NULL, title TEXT NOT NULL, state TEXT NOT NULL, note TEXT,
+               step TEXT NOT NULL, started_unix INTEGER, finished_unix INTEGER,
+               PRIMARY KEY(bundle, seq));
+             CREATE TABLE IF NOT EXISTS undo(
+               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+               seq INTEGER NOT NULL, idx INTEGER NOT NULL, op TEXT NOT NULL,
+               PRIMARY KEY(bundle, seq, idx));
+             CREATE TABLE IF NOT EXISTS facts(
+               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+               seq INTEGER NOT NULL, idx INTEGER NOT NULL, fact TEXT NOT NULL,
+               PRIMARY KEY(bundle, seq, idx));
+             CREATE TABLE IF NOT EXISTS blobs(
+               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+               sha256 TEXT NOT NULL, data BLOB NOT NULL,
+               PRIMARY KEY(bundle, sha256));",
+        )
+        .map_err(sql)?;
+        Ok(Ledger { conn, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn sql(&self) -> impl Fn(rusqlite::Error) -> LedgerError + '_ {
+        move |e| LedgerError::Sql {
+            path: self.path.display().to_string(),
+            source: e,
+        }
+    }
+
+    fn lock_path(&self, name: &str) -> PathBuf {
+        self.path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("locks")
+            .join(format!("{name}.lock"))
+    }
+
+    /// Takes the bundle's lock (fails when another process holds it).
+    pub fn lock(&self, name: &str) -> Result<BundleLock, LedgerError> {
+        let p = self.lock_path(name);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(|e| LedgerError::Io {
+                path: p.display().to_string(),
+                message: e.to_string(),
+            })?;
+        match f.try_lock() {
+            Ok(()) => Ok(BundleLock { _file: f }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(LedgerError::Busy(name.into())),
+            Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::Io {
+                path: p.display().to_string(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Whether another process holds the bundle now.
+    pub fn is_locked(&self, name: &str) -> bool {
+        matches!(self.lock(name), Err(LedgerError::Busy(_)))
+    }
+
+    /// Records a new bundle (state `applying`).
+    pub fn create(&self, r: &BundleRecord) -> Result<(), LedgerError> {
+        if self.get(&r.name)?.is_some() {
+            return Err(LedgerError::Exists(r.name.clone()));
+        }
+        let other: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT name FROM bundles WHERE target_key=?1 AND deploy_id=?2",
+                params![r.target_key, r.deploy_id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(self.sql())?;
+        if let Some(other) = other {
+            return Err(LedgerError::Duplicate {
+                deploy_id: r.deploy_id.clone(),
+                box_name: r.box_name.clone(),
+                target: r.target_key.clone(),
+                other,
+            });
+        }
+        self.conn
+            .execute(
+                "INSERT INTO bundles(name, deploy_id, box, target, target_key, connection, user, home,
+                   state, plan, options, created_unix, updated_unix, error)
+                 VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,NULL)",
+                params![
+                    r.name,
+                    r.deploy_id,
+                    r.box_name,
+                    r.target,
+                    r.target_key,
+                    r.connection.to_string(),
+                    r.user,
+                    r.home,
+                    r.state.as_str(),
+                    r.plan.to_string(),
+                    r.options.to_string(),
+                    now() as i64
+                ],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Sets a bundle's state (and error).
+    pub fn set_state(
+        &self,
+        name: &str,
+        state: BundleState,
+        error: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "UPDATE bundles SET state=?2, error=?3, updated_unix=?4 WHERE name=?1",
+                params![name, state.as_str(), error, now() as i64],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Records a step as started (`incomplete`) or `skipped`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_step(
+        &self,
+        name: &str,
+        seq: u32,
+        head: &StepHead,
+        state: StepState,
+        note: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO steps(bundle, seq, candy, kind, scope, title, state, note, step, started_unix)
+                 VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+                params![
+                    name,
+                    seq,
+                    head.candy,
+                    head.kind,
+                    head.scope,
+                    head.title,
+                    state.as_str(),
+                    note,
+                    head.step.to_string(),
+                    now() as i64
+                ],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Commits an undo operation (and the backups it needs) before the change it undoes.
+    pub fn add_undo(
+        &mut self,
+        name: &str,
+        seq: u32,
+        op: &Undo,
+        blobs: &[(String, Vec<u8>)],
+    ) -> Result<(), LedgerError> {
+        let json = serde_json::to_string(op).map_err(|e| LedgerError::Corrupt {
+            bundle: name.into(),
+            message: e.to_string(),
+        })?;
+        let path = self.path.display().to_string();
+        let sql = |e| LedgerError::Sql {
+            path: path.clone(),
+            source: e,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        for (sha, data) in blobs {
+            tx.execute(
+                "INSERT OR IGNORE INTO blobs(bundle, sha256, data) VALUES(?1,?2,?3)",
+                params![name, sha, data],
+            )
+            .map_err(sql)?;
+        }
+        let idx: i64 = tx
+            .query_row(
+                "SELECT COALESCE(MAX(idx)+1, 0) FROM undo WHERE bundle=?1 AND seq=?2",
+                params![name, seq],
+                |r| r.get(0),
+            )
+            .map_err(sql)?;
+        tx.execute(
+            "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
+            params![name, seq, idx, json],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        Ok(())
+    }
+
+    /// Ends a step: its state, note and the facts it left.
+    pub fn finish_step(
+        &mut self,
+        name: &str,
+        seq: u32,
+        state: StepState,
+        note: Option<&str>,
+        facts: &[Fact],
+    ) -> Result<(), LedgerError> {
+        let path = self.path.display().to_string();
+        let sql = |e| LedgerError::Sql {
+            path: path.clone(),
+            source: e,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        tx.execute(
+            "DELETE FROM facts WHERE bundle=?1 AND seq=?2",
+            params![name, seq],
+        )
+        .map_err(sql)?;
+        for (i, f) in facts.iter().enumerate() {
+            let json = serde_json::to_string(f).map_err(|e| LedgerError::Corrupt {
+                bundle: name.into(),
+                message: e.to_string(),
+            })?;
+            tx.execute(
+                "INSERT INTO facts(bundle, seq, idx, fact) VALUES(?1,?2,?3,?4)",
+                params![name, seq, i as i64, json],
+            )
+            .map_err(sql)?;
+        }
+        tx.execute(
+            "UPDATE steps SET state=?3, note=?4, finished_unix=?5 WHERE bundle=?1 AND seq=?2",
+            params![name, seq, state.as_str(), note, now() as i64],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        Ok(())
+    }
+
+    /// A bundle by name.
+    pub fn get(&self, name: &str) -> Result<Option<BundleRecord>, LedgerError> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT name, deploy_id, box, target, target_key, connection, user, home, state,
+                        plan, options, created_unix, updated_unix, error
+                 FROM bundles WHERE name=?1",
+                params![name],
+                row_to_raw,
+            )
+            .optional()
+            .map_err(self.sql())?;
+        row.map(|r| r.into_record()).transpose()
+    }
+
+    /// Every bundle, by name.
+    pub fn list(&self) -> Result<Vec<BundleRecord>, LedgerError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT name, deploy_id, box, target, target_key, connection, user, home, state,
+                        plan, options, created_unix, updated_unix, error
+                 FROM bundles ORDER BY name",
+            )
+            .map_err(self.sql())?;
+        let rows = st
+            .query_map([], row_to_raw)
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        rows.into_iter().map(|r| r.into_record()).collect()
+    }
+
+    /// A bundle's steps with their undo operations and facts, by seq.
+    pub fn steps(&self, name: &str) -> Result<Vec<StepRecord>, LedgerError> {
+        let corrupt = |m: String| LedgerError::Corrupt {
+            bundle: name.into(),
+            message: m,
+        };
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT seq, candy, kind, scope, title, state, note, step FROM steps
+                 WHERE bundle=?1 ORDER BY seq",
+            )
+            .map_err(self.sql())?;
+        type Row = (
+            u32,
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<String>,
+            String,
+        );
+        let rows: Vec<Row> = st
+            .query_map(params![name], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            })
+            .map_err(self.sql())?
+            .collect::<Result<_, _>>()
+            .map_err(self.sql())?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (seq, candy, kind, scope, title, state, note, step) in rows {
+            let mut u = self
+                .conn
+                .prepare("SELECT idx, op FROM undo WHERE bundle=?1 AND seq=?2 ORDER BY idx")
+                .map_err(self.sql())?;
+            let undo: Vec<(u32, String)> = u
+                .query_map(params![name, seq], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(self.sql())?
+                .collect::<Result<_, _>>()
+                .map_err(self.sql())?;
+            let undo = undo
+                .into_iter()
+                .map(|(i, j)| {
+                    serde_json::from_str(&j)
+                        .map(|op| (i, op))
+                        .map_err(|e| corrupt(format!("undo {seq}.{i}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut f = self
+                .conn
+                .prepare("SELECT fact FROM facts WHERE bundle=?1 AND seq=?2 ORDER BY idx")
+                .map_err(self.sql())?;
+            let facts: Vec<String> = f
+                .query_map(params![name, seq], |r| r.get(0))
+                .map_err(self.sql())?
+                .collect::<Result<_, _>>()
+                .map_err(self.sql())?;
+            let facts = facts
+                .iter()
+                .map(|j| serde_json::from_str(j).map_err(|e| corrupt(format!("fact: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(StepRecord {
+                seq,
+                candy,
+                kind,
+                scope,
+                title,
+                state: StepState::parse(&state)
+                    .ok_or_else(|| corrupt(format!("step {seq} state `{state}`")))?,
+                note,
+                step: serde_json::from_str(&step).unwrap_or(serde_json::Value::Null),
+                undo,
+                facts,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A backup by digest.
+    pub fn blob(&self, name: &str, sha256: &str) -> Result<Option<Vec<u8>>, LedgerError> {
+        self.conn
+            .query_row(
+                "SELECT data FROM blobs WHERE bundle=?1 AND sha256=?2",
+                params![name, sha256],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.sql())
+    }
+
+    /// Deletes one undo operation (it was carried out).
+    pub fn done_undo(&self, name: &str, seq: u32, idx: u32) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "DELETE FROM undo WHERE bundle=?1 AND seq=?2 AND idx=?3",
+                params![name, seq, idx],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Deletes a bundle and everything recorded for it.
+    pub fn remove(&self, name: &str) -> Result<(), LedgerError> {
+        self.conn
+            .execute("DELETE FROM bundles WHERE name=?1", params![name])
+            .map_err(self.sql())?;
+        let _ = std::fs::remove_file(self.lock_path(name));
+        Ok(())
+    }
+}
+
+/// The step fields the ledger keeps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepHead {
+    /// Candy.
+    pub candy: String,
+    /// Kind.
+    pub kind: String,
+    /// Scope.
+    pub scope: String,
+    /// One line for people.
+    pub title: String,
+    /// The step as applied.
+    pub step: serde_json::Value,
+}
+
+struct RawBundle {
+    name: String,
+    deploy_id: String,
+    box_name: String,
+    target: String,
+    target_key: String,
+    connection: String,
+    user: String,
+    home: String,
+    state: String,
+    plan: String,
+    options: String,
+    created: i64,
+    updated: i64,
+    error: Option<String>,
+}
+
+fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawBundle> {
+    Ok(RawBundle {
+        name: r.get(0)?,
+        deploy_id: r.get(1)?,
+        box_name: r.get(2)?,
+        target: r.get(3)?,
+        target_key: r.get(4)?,
+        connection: r.get(5)?,
+        user: r.get(6)?,
+        home: r.get(7)?,
+        state: r.get(8)?,
+        plan: r.get(9)?,
+        options: r.get(10)?,
+        created: r.get(11)?,
+        updated: r.get(12)?,
+        error: r.get(13)?,
+    })
+}
+
+impl RawBundle {
+    fn into_record(self) -> Result<BundleRecord, LedgerError> {
+        let corrupt = |m: String| LedgerError::Corrupt {
+            bundle: self.name.clone(),
+            message: m,
+        };
+        let json = |s: &str| -> Result<serde_json::Value, LedgerError> {
+            serde_json::from_str(s).map_err(|e| corrupt(e.to_string()))
+        };
+        Ok(BundleRecord {
+            deploy_id: self.deploy_id.clone(),
+            box_name: self.box_name.clone(),
+            target: self.target.clone(),
+            target_key: self.target_key.clone(),
+            connection: json(&self.connection)?,
+            user: self.user.clone(),
+            home: self.home.clone(),
+            state: BundleState::parse(&self.state)
+                .ok_or_else(|| corrupt(format!("state `{}`", self.state)))?,
+            plan: json(&self.plan)?,
+            options: json(&self.options)?,
+            created_unix: self.created as u64,
+            updated_unix: self.updated as u64,
+            error: self.error.clone(),
+            name: self.name,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(name: &str) -> BundleRecord {
+        BundleRecord {
+            name: name.into(),
+            deploy_id: "d1".into(),
+            box_name: "b".into(),
+            target: "local".into(),
+            target_key: "local:/r".into(),
+            connection: serde_json::json!({"kind": "local"}),
+            user: "u".into(),
+            home: "/home/u".into(),
+            state: BundleState::Applying,
+            plan: serde_json::json!({}),
+            options: serde_json::json!({}),
+            created_unix: 0,
+            updated_unix: 0,
+            error: None,
+        }
+    }
+
+    fn head() -> StepHead {
+        StepHead {
+            candy: "c".into(),
+            kind: "file".into(),
+            scope: "user".into(),
+            title: "c: write /x".into(),
+            step: serde_json::json!({"k": 1}),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_uniqueness() {
+        let t = tempfile::tempdir().expect("tmp");
+        let mut l = Ledger::open(t.path()).expect("open");
+        l.create(&rec("a")).expect("create");
+        assert!(matches!(l.create(&rec("a")), Err(LedgerError::Exists(_))));
+        assert!(matches!(
+            l.create(&rec("b")),
+            Err(LedgerError::Duplicate { .. })
+        ));
+        l.begin_step("a", 0, &head(), StepState::Incomplete, None)
+            .expect("begin");
+        let op = Undo::RestoreFile {
+            path: "/x".into(),
+            sha256: "ab".into(),
+            mode: 0o644,
+            uid: 1,
+            gid: 1,
+            privileged: false,
+        };
+        l.add_undo("a", 0, &op, &[("ab".into(), b"old".to_vec())])
+            .expect("undo");
+        l.add_undo(
+            "a",
+            0,
+            &Undo::RemovePath {
+                path: "/y".into(),
+                privileged: false,
+            },
+            &[],
+        )
+        .expect("undo");
+        // A second handle (another process) sees the incomplete step at once.
+        let l2 = Ledger::open(t.path()).expect("open 2");
+        let steps = l2.steps("a").expect("steps");
+        assert_eq!(steps[0].state, StepState::Incomplete);
+        assert_eq!(steps[0].undo.len(), 2);
+        assert_eq!(steps[0].undo[0], (0, op));
+        assert_eq!(l2.blob("a", "ab").expect("blob"), Some(b"old".to_vec()));
+        l.finish_step(
+            "a",
+            0,
+            StepState::Complete,
+            None,
+            &[Fact::Dir { path: "/d".into() }],
+        )
+        .expect("finish");
+        let s = &l2.steps("a").expect("steps")[0];
+        assert_eq!(s.state, StepState::Complete);
+        assert_eq!(s.facts, vec![Fact::Dir { path: "/d".into() }]);
+        l.done_undo("a", 0, 1).expect("done");
+        assert_eq!(l2.steps("a").expect("steps")[0].undo.len(), 1);
+        let lock = l.lock("a").expect("lock");
+        assert!(l2.is_locked("a"));
+        drop(lock);
+        assert!(!l2.is_locked("a"));
+        l.remove("a").expect("rm");
+        assert!(l2.get("a").expect("get").is_none());
+        assert!(l2.steps("a").expect("steps").is_empty(), "cascade");
+        assert_eq!(l2.blob("a", "ab").expect("blob"), None);
+    }
+}
