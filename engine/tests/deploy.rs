@@ -177,6 +177,7 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
         hasher: &hasher,
         dev_local_pkg: true,
         arch: "amd64".into(),
+        remote: None,
     };
     let g = engine
         .graph(&Goal::Build, &["hello".into()])

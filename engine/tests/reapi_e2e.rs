@@ -201,6 +201,7 @@ fn run(
         hasher: &hasher,
         dev_local_pkg: true,
         arch: "amd64".into(),
+        remote: None,
     };
     let graph = engine
         .graph(&Goal::Build, &["fan".to_string()])
