@@ -52,7 +52,7 @@ impl Read for Gen {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = buf.len().min(self.left as usize);
         for b in &mut buf[..n] {
-            *b = if (self.pos / 4096) % 2 == 0 {
+            *b = if (self.pos / 4096).is_multiple_of(2) {
                 self.state ^= self.state << 13;
                 self.state ^= self.state >> 7;
                 self.state ^= self.state << 17;
@@ -271,7 +271,7 @@ fn builds(reg: &Registry) {
         for i in 0..3 {
             let t = tempfile::tempdir().expect("tmp");
             let url = reg.url(&format!("bench/build{ci}-{i}"));
-            let mut run = |m: &str, remote: Option<&str>| {
+            let run = |m: &str, remote: Option<&str>| {
                 let project = t.path().join(m).join("project");
                 // The fixture builds in place: a copy each; the corpus is
                 // only read (output goes to --out).

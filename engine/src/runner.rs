@@ -179,8 +179,10 @@ impl FakeRunner {
     /// `CHARLY_FAKE_FAIL` (comma-separated node ids that fail) and
     /// `CHARLY_FAKE_LOG` (a file each call is appended to as `what node`).
     pub fn from_env() -> Self {
-        let mut f = Self::default();
-        f.log = std::env::var_os("CHARLY_FAKE_LOG").map(PathBuf::from);
+        let mut f = FakeRunner {
+            log: std::env::var_os("CHARLY_FAKE_LOG").map(PathBuf::from),
+            ..Self::default()
+        };
         if let Some(ms) = std::env::var("CHARLY_FAKE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())
