@@ -11,8 +11,12 @@
 //!   write the build directories (each already holds its key: checked only).
 //! * `noop-build-dry-run/SIZE`: the same for `box build --all --dry-run`
 //!   (`Goal::Build`, after one real build with the fake runner).
-//! * `noop-phases/1000x100/*`: each phase of the no-op generate alone
-//!   (open, load, resolve, graph, run, write), the others prepared outside.
+//! * `noop-phases/SIZE/*`: each phase of the no-op generate alone
+//!   (open, load, resolve, graph, run, write), the others prepared outside;
+//!   plus `plan-all-boxes` (plan compilation of every box) and
+//!   `containerfile-cold-all-boxes` (rendering every box's Containerfile
+//!   in memory, which is what a cold generate does per box; the memoized
+//!   generate is `noop-generate`).
 //! * `keys/*`: key computation for a graph of about 10,000 nodes
 //!   (3,000×300): `graph` = `Engine::graph` (plans + stat-cached source
 //!   digests + every key), `encode` = `KeyInputs::key()` of every node.
@@ -36,11 +40,15 @@ mod scalegen_lib;
 
 use charly_engine::api::Engine;
 use charly_engine::cache::Store;
+use charly_engine::generate::{image_refs, render};
 use charly_engine::graph::{Goal, Graph};
 use charly_engine::hash::{FileHasher, hash_file};
 use charly_engine::runner::FakeRunner;
 use charly_engine::sched::{Quiet, Summary};
+use charly_rules::emit::EmitOptions;
 use charly_rules::load::{LoadOptions, Project, load};
+use charly_rules::plan::{HostContext, build_merged_plan};
+use charly_rules::resolve::ResolvedBox;
 use charly_rules::resolve::{Resolution, resolve};
 use criterion::{BenchmarkId, Criterion};
 use std::hint::black_box;
@@ -194,15 +202,17 @@ fn noop_benches(c: &mut Criterion) {
             });
         });
         g.finish();
-        if n == 1000 {
-            phase_benches(c, &f);
-        }
+        phase_benches(c, &f, n >= 10_000);
     }
 }
 
-/// Each phase of the no-op generate at one size, alone.
-fn phase_benches(c: &mut Criterion, f: &Fixture) {
+/// Each phase of the no-op generate at one size, alone; plus plan
+/// compilation and cold (in-memory) Containerfile rendering of every box.
+fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
     let mut g = c.benchmark_group(format!("noop-phases/{}", f.label));
+    if huge {
+        g.sample_size(10).measurement_time(Duration::from_secs(10));
+    }
     g.bench_function("open-store+statcache", |b| {
         b.iter(|| {
             let s = Store::open(&f.store).expect("store");
@@ -216,6 +226,26 @@ fn phase_benches(c: &mut Criterion, f: &Fixture) {
     let p: Project = load(&f.root, &LoadOptions::default()).expect("loads");
     g.bench_function("resolve", |b| b.iter(|| black_box(resolve(&p))));
     let r = resolve(&p);
+    let resolved: Vec<&ResolvedBox> = r.boxes.values().filter_map(|b| b.as_ref().ok()).collect();
+    let host = HostContext::default();
+    g.bench_function("plan-all-boxes", |b| {
+        b.iter(|| {
+            for rb in &resolved {
+                black_box(build_merged_plan(&p, rb, &host, &[]).expect("plan compiles"));
+            }
+        });
+    });
+    let opts = EmitOptions {
+        image_refs: image_refs(&r),
+        ..EmitOptions::default()
+    };
+    g.bench_function("containerfile-cold-all-boxes", |b| {
+        b.iter(|| {
+            for rb in &resolved {
+                black_box(render(&p, rb, &opts).expect("renders"));
+            }
+        });
+    });
     let store = Store::open(&f.store).expect("store");
     let hasher = FileHasher::with_cache_file(f.store.join("statcache.json"));
     let runner = FakeRunner::new();
@@ -242,7 +272,13 @@ fn phase_benches(c: &mut Criterion, f: &Fixture) {
         });
     });
     g.bench_function("write-build-dirs-check", |b| {
-        b.iter(|| black_box(engine.write_build_dirs(&graph, &p.root, false).expect("dirs")));
+        b.iter(|| {
+            black_box(
+                engine
+                    .write_build_dirs(&graph, &p.root, false)
+                    .expect("dirs"),
+            )
+        });
     });
     g.finish();
 }

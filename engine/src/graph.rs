@@ -773,16 +773,23 @@ fn source_inputs(
         }
     } else if let Some(name) = id.strip_prefix("source:box/") {
         let _ = r;
+        // Look the box up by its namespace prefix and short name (a scan of
+        // every box here made the graph quadratic in the number of boxes).
         for n in &p.namespaces {
-            for b in n.boxes.values() {
-                if n.qualify(&b.name) == name
-                    && let Some(src) = p.sources.get(b.file)
-                {
-                    k.files.insert(
-                        src.rel.clone(),
-                        definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
-                    );
-                }
+            let short = if n.path.is_empty() {
+                Some(name)
+            } else {
+                name.strip_prefix(n.path.as_str())
+                    .and_then(|s| s.strip_prefix('.'))
+            };
+            if let Some(b) = short.and_then(|s| n.boxes.get(s))
+                && n.qualify(&b.name) == name
+                && let Some(src) = p.sources.get(b.file)
+            {
+                k.files.insert(
+                    src.rel.clone(),
+                    definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
+                );
             }
         }
     }

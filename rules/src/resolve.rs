@@ -651,6 +651,7 @@ impl<'p> Resolver<'p> {
             }
         }
         let mut first_said: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut reach = Reach::new(&used, &succ);
         for (who, list) in &lists {
             let list: Vec<&String> = list.iter().filter(|k| used.contains(*k)).collect();
             for w in list.windows(2) {
@@ -658,10 +659,10 @@ impl<'p> Resolver<'p> {
                 if a == b {
                     continue;
                 }
-                if reaches(&succ, a, b) {
+                if reach.reaches(a, b) {
                     continue;
                 }
-                if reaches(&succ, b, a) {
+                if reach.reaches(b, a) {
                     if let Some(other) = first_said.get(&(b.clone(), a.clone())) {
                         let span = self.box_span(who);
                         self.res.diags.push(Diagnostic::warning(
@@ -672,6 +673,7 @@ impl<'p> Resolver<'p> {
                     continue;
                 }
                 add(&mut succ, a, b);
+                reach.add(a, b);
                 first_said.insert((a.clone(), b.clone()), who.clone());
             }
         }
@@ -1154,22 +1156,82 @@ fn unknown_candy(p: &Project, span: Span, key: &str, what: &str) -> Diagnostic {
     d
 }
 
-/// Whether `to` is reachable from `from`.
-fn reaches(succ: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
-    let mut stack = vec![from.to_string()];
-    let mut seen = BTreeSet::new();
-    while let Some(n) = stack.pop() {
-        if n == to {
-            return true;
+/// Reachability queries over the candy order graph while edges are added.
+///
+/// Nodes are interned to indices and the visited set is a generation-stamped
+/// array, so a query allocates nothing: the global order asks two queries
+/// per adjacent pair of every authored list, which with string sets and
+/// fresh `BTreeSet`s per query dominated resolution of large projects.
+struct Reach<'u> {
+    idx: std::collections::HashMap<&'u str, usize>,
+    adj: Vec<Vec<usize>>,
+    seen: Vec<u32>,
+    generation: u32,
+    stack: Vec<usize>,
+}
+
+impl<'u> Reach<'u> {
+    fn new(used: &'u BTreeSet<String>, succ: &BTreeMap<String, BTreeSet<String>>) -> Self {
+        let idx: std::collections::HashMap<&'u str, usize> = used
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), i))
+            .collect();
+        let mut adj = vec![Vec::new(); idx.len()];
+        for (a, outs) in succ {
+            if let Some(&ia) = idx.get(a.as_str()) {
+                adj[ia].extend(outs.iter().filter_map(|b| idx.get(b.as_str()).copied()));
+            }
         }
-        if !seen.insert(n.clone()) {
-            continue;
-        }
-        if let Some(outs) = succ.get(&n) {
-            stack.extend(outs.iter().cloned());
+        let n = idx.len();
+        Reach {
+            idx,
+            adj,
+            seen: vec![0; n],
+            generation: 0,
+            stack: Vec::new(),
         }
     }
-    false
+
+    /// Adds the edge `a → b` (both must be nodes; others are ignored).
+    fn add(&mut self, a: &str, b: &str) {
+        if let (Some(&ia), Some(&ib)) = (self.idx.get(a), self.idx.get(b))
+            && !self.adj[ia].contains(&ib)
+        {
+            self.adj[ia].push(ib);
+        }
+    }
+
+    /// Whether `to` is reachable from `from` (a node reaches itself).
+    fn reaches(&mut self, from: &str, to: &str) -> bool {
+        if from == to {
+            return true;
+        }
+        let (Some(&f), Some(&t)) = (self.idx.get(from), self.idx.get(to)) else {
+            return false;
+        };
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.seen.fill(0);
+            self.generation = 1;
+        }
+        let g = self.generation;
+        self.stack.clear();
+        self.stack.push(f);
+        self.seen[f] = g;
+        while let Some(n) = self.stack.pop() {
+            for &m in &self.adj[n] {
+                if m == t {
+                    return true;
+                }
+                if self.seen[m] != g {
+                    self.seen[m] = g;
+                    self.stack.push(m);
+                }
+            }
+        }
+        false
+    }
 }
 
 /// Every dependency cycle among candies: each strongly connected component
@@ -1210,4 +1272,34 @@ fn candy_cycles(edges: &[(String, String)]) -> Vec<Vec<String>> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod reach_tests {
+    use super::*;
+
+    #[test]
+    fn reach_follows_initial_and_added_edges_and_survives_cycles() {
+        let used: BTreeSet<String> = ["a", "b", "c", "d", "x"].map(String::from).into();
+        let mut succ: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        succ.entry("a".into()).or_default().insert("b".into());
+        succ.entry("b".into()).or_default().insert("c".into());
+        // A cycle among c and d must not loop forever.
+        succ.entry("c".into()).or_default().insert("d".into());
+        succ.entry("d".into()).or_default().insert("c".into());
+        let mut r = Reach::new(&used, &succ);
+        assert!(r.reaches("a", "d"));
+        assert!(r.reaches("a", "a"));
+        assert!(!r.reaches("d", "a"));
+        assert!(!r.reaches("a", "x"));
+        assert!(!r.reaches("a", "not-a-node"));
+        r.add("d", "x");
+        assert!(r.reaches("a", "x"), "an added edge is followed");
+        assert!(!r.reaches("x", "a"));
+        // Many queries (generation stamps) keep answering the same.
+        for _ in 0..1000 {
+            assert!(r.reaches("b", "x"));
+            assert!(!r.reaches("x", "b"));
+        }
+    }
 }
