@@ -1028,8 +1028,13 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
     if !cx.dry() {
         cx.undo(
             &Undo::Run {
-                what: format!("disable {unit}"),
-                script: format!("systemctl{user_flag} disable --now {u}"),
+                what: format!("{} {unit}", if enable { "disable" } else { "stop" }),
+                // A started (generated, e.g. quadlet) unit cannot be disabled.
+                script: if enable {
+                    format!("systemctl{user_flag} disable --now {u}")
+                } else {
+                    format!("systemctl{user_flag} stop {u}")
+                },
                 privileged: sys,
                 as_user: (!sys).then(|| cx.user.name.clone()),
                 env: c.env.clone(),
