@@ -9,6 +9,7 @@ use charly_engine::deploy::host::Host;
 use charly_engine::deploy::ledger::{BundleRecord, BundleState, Ledger};
 use charly_engine::deploy::local::LocalHost;
 use charly_engine::deploy::source::StoreArtifacts;
+use charly_engine::deploy::ssh::{SshHost, SshTarget};
 use charly_engine::deploy::walk::{self, Options};
 use charly_engine::graph::GraphOptions;
 use charly_engine::hash::FileHasher;
@@ -177,6 +178,20 @@ fn host_for(conn: &serde_json::Value) -> anyhow::Result<Box<dyn Host>> {
             Some(r) => Box::new(LocalHost::rooted(std::path::Path::new(r))?),
             None => Box::new(LocalHost::new()),
         }),
+        Some("ssh") => {
+            let f = |k: &str| conn.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+            let t = SshTarget {
+                user: f("user").into(),
+                host: f("host").into(),
+                port: conn.get("port").and_then(|p| p.as_u64()).unwrap_or(22) as u16,
+                identity: f("identity").into(),
+                known_hosts: f("known_hosts").into(),
+            };
+            Ok(Box::new(SshHost::connect(
+                &t,
+                std::time::Duration::from_secs(30),
+            )?))
+        }
         other => anyhow::bail!("cannot reach a target of kind {other:?} (not implemented yet)"),
     }
 }
@@ -334,15 +349,29 @@ impl walk::Artifacts for NoArtifacts {
 fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let target = match a.target {
         TargetArg::Local => Target::Local,
-        TargetArg::Vm => anyhow::bail!(
-            "--target vm is not implemented yet (the SSH host is pending); use --target local"
-        ),
+        TargetArg::Vm => Target::Vm,
         TargetArg::Pod => Target::Pod,
         TargetArg::K8s => Target::K8s,
     };
-    if a.host.is_some() || a.identity.is_some() || a.known_hosts.is_some() {
-        anyhow::bail!("--host, --identity and --known-hosts are for --target vm");
-    }
+    let ssh = if target == Target::Vm {
+        if a.root.is_some() {
+            anyhow::bail!("--root is for --target local and pod");
+        }
+        let (Some(h), Some(id), Some(kh)) = (&a.host, &a.identity, &a.known_hosts) else {
+            anyhow::bail!(
+                "--target vm needs --host USER@HOST[:PORT], --identity FILE (private key) and --known-hosts FILE (the host's key must be in it)"
+            );
+        };
+        Some(
+            SshTarget::parse(h, &std::path::absolute(id)?, &std::path::absolute(kh)?)
+                .map_err(anyhow::Error::msg)?,
+        )
+    } else {
+        if a.host.is_some() || a.identity.is_some() || a.known_hosts.is_some() {
+            anyhow::bail!("--host, --identity and --known-hosts are for --target vm");
+        }
+        None
+    };
     if a.system && target != Target::Pod {
         anyhow::bail!("--system is for --target pod");
     }
@@ -361,11 +390,12 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let b = crate::box_cmd::resolved(&o, &a.box_name)?;
     let (store, mut ledger) = open_ledger(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
-    let mut host: Box<dyn Host> = match &a.root {
-        Some(r) => {
+    let mut host: Box<dyn Host> = match (&ssh, &a.root) {
+        (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
+        (None, Some(r)) => {
             Box::new(LocalHost::rooted(r).with_context(|| format!("--root {}", r.display()))?)
         }
-        None => Box::new(LocalHost::new()),
+        (None, None) => Box::new(LocalHost::new()),
     };
     let mut emit = EmitArgs {
         system: a.system,
@@ -423,6 +453,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let target_name = match target {
         Target::Pod => "pod",
         Target::K8s => "k8s",
+        Target::Vm => "vm",
         _ => "local",
     };
     let gates = if a.yes {
@@ -448,11 +479,19 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         box_name: a.box_name.clone(),
         target: target_name.into(),
         target_key: match (target, &root) {
+            (Target::Vm, _) => ssh
+                .as_ref()
+                .map(|t| format!("vm:{}@{}:{}", t.user, t.host, t.port))
+                .unwrap_or_default(),
             (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
             (_, Some(r)) => format!("{target_name}:local:{r}"),
             (_, None) => format!("{target_name}:local:/"),
         },
-        connection: serde_json::json!({"kind": "local", "root": root}),
+        connection: match &ssh {
+            Some(t) => serde_json::json!({"kind": "ssh", "user": t.user, "host": t.host,
+                "port": t.port, "identity": t.identity, "known_hosts": t.known_hosts}),
+            None => serde_json::json!({"kind": "local", "root": root}),
+        },
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
