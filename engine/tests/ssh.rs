@@ -46,7 +46,7 @@ fn start(t: &Path) -> (Sshd, u16) {
     std::fs::write(
         &cfg,
         format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n",
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
             t = t.display()
         ),
     )
@@ -56,7 +56,7 @@ fn start(t: &Path) -> (Sshd, u16) {
         .args(["-D", "-e", "-f"])
         .arg(&cfg)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(t.join("sshd.log")).expect("log"))
         .spawn()
         .expect("sshd (openssh-server, see .ci/install)");
     let d = Sshd(child);
@@ -205,11 +205,25 @@ fn ssh_host_runs_writes_stats_extracts_and_refuses_bad_keys() {
 
     // A timeout is an error; the same connection keeps working.
     let t0 = Instant::now();
-    match h.run(&Cmd::sh("sleep 30").timeout(Duration::from_secs(1))) {
+    let pidfile = dir.join("sleep.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    match h.run(&Cmd::sh(script).timeout(Duration::from_secs(1))) {
         Err(HostError::Timeout { secs, .. }) => assert_eq!(secs, 1),
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(t0.elapsed() < Duration::from_secs(10));
+    // The remote command was killed, not left running.
+    let pid = std::fs::read_to_string(&pidfile).expect("pid");
+    let proc_dir = format!("/proc/{}", pid.trim());
+    let t1 = Instant::now();
+    while Path::new(&proc_dir).exists() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "remote sleep still runs; sshd log:\n{}",
+            std::fs::read_to_string(t.join("sshd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(
         h.run(&Cmd::sh("echo still"))
             .expect("run")

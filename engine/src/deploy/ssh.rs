@@ -138,7 +138,10 @@ pub struct SshHost {
 impl SshHost {
     /// Connects and authenticates.
     pub fn connect(target: &SshTarget, timeout: Duration) -> Result<SshHost, HostError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker keeps the session task (keepalives, queued signals and
+        // closes) running between calls.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| conn_err(target, format!("tokio runtime: {e}")))?;
@@ -231,11 +234,32 @@ async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker
     Ok(handle)
 }
 
+/// Why an exec failed.
+enum ExecError {
+    /// The channel or connection failed.
+    Failed(String),
+    /// The time limit passed (the remote command was sent SIGKILL).
+    TimedOut,
+}
+
+impl From<String> for ExecError {
+    fn from(s: String) -> Self {
+        ExecError::Failed(s)
+    }
+}
+
+impl From<&str> for ExecError {
+    fn from(s: &str) -> Self {
+        ExecError::Failed(s.into())
+    }
+}
+
 async fn exec(
     handle: &client::Handle<Checker>,
     line: String,
     stdin: Option<Vec<u8>>,
-) -> Result<CmdOutput, String> {
+    timeout: Option<Duration>,
+) -> Result<CmdOutput, ExecError> {
     let mut ch = handle
         .channel_open_session()
         .await
@@ -251,7 +275,23 @@ async fn exec(
     ch.eof().await.map_err(|e| format!("send eof: {e}"))?;
     let mut out = CmdOutput::default();
     let mut status = None;
-    while let Some(msg) = ch.wait().await {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    loop {
+        let msg = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, ch.wait()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    // Stop the remote command (sshd forwards the signal to
+                    // what it started) and drop the channel; the
+                    // connection stays usable.
+                    let _ = ch.signal(russh::Sig::KILL).await;
+                    let _ = ch.close().await;
+                    return Err(ExecError::TimedOut);
+                }
+            },
+            None => ch.wait().await,
+        };
+        let Some(msg) = msg else { break };
         match msg {
             ChannelMsg::Data { data } => out.stdout.extend_from_slice(&data),
             ChannelMsg::ExtendedData { data, ext: 1 } => out.stderr.extend_from_slice(&data),
@@ -294,8 +334,17 @@ impl Host for SshHost {
         if let Some(l) = &self.login {
             return Ok(l.clone());
         }
-        let out = self.rt.block_on(exec(&self.handle, "id -u".into(), None));
-        let out = out.map_err(|e| self.err(e))?;
+        let out = self.rt.block_on(exec(
+            &self.handle,
+            "id -u".into(),
+            None,
+            Some(Duration::from_secs(60)),
+        ));
+        let out = match out {
+            Ok(o) => o,
+            Err(ExecError::Failed(e)) => return Err(self.err(e)),
+            Err(ExecError::TimedOut) => return Err(self.err("`id -u` timed out after 60 s")),
+        };
         let uid: u32 = out
             .stdout_str()
             .trim()
@@ -315,28 +364,54 @@ impl Host for SshHost {
 
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
         let login = self.login()?;
+        // A command with a time limit carries a marker in its environment,
+        // so a timeout can find and kill it and its children (sshd refuses
+        // `signal` requests for root logins).
+        let mut cmd = cmd.clone();
+        let marker = cmd.timeout.map(|_| {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            format!("{}-{n}-{nanos}", std::process::id())
+        });
+        if let Some(m) = &marker {
+            cmd.env.insert("CHARLY_RUN".into(), m.clone());
+        }
+        let cmd = &cmd;
         let mut line = join_argv(&cmd.argv_for(&login, false));
         if let Some(c) = &cmd.cwd {
             line = format!("cd {} && {line}", sq(c));
         }
-        let fut = exec(&self.handle, line, cmd.stdin.clone());
-        let res = match cmd.timeout {
-            Some(t) => match self
-                .rt
-                .block_on(async { tokio::time::timeout(t, fut).await })
-            {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(HostError::Timeout {
-                        host: self.describe(),
-                        what: cmd.what(),
-                        secs: t.as_secs(),
-                    });
+        let res = self
+            .rt
+            .block_on(exec(&self.handle, line, cmd.stdin.clone(), cmd.timeout));
+        match res {
+            Ok(o) => Ok(o),
+            Err(ExecError::Failed(e)) => Err(self.err(e)),
+            Err(ExecError::TimedOut) => {
+                if let Some(m) = &marker {
+                    let script = format!(
+                        "for e in /proc/[0-9]*/environ; do if grep -qxz {} \"$e\" 2>/dev/null; then p=${{e#/proc/}}; kill -KILL \"${{p%/environ}}\" 2>/dev/null; fi; done; exit 0",
+                        sq(&format!("CHARLY_RUN={m}"))
+                    );
+                    let k = Cmd::sh(script).privileged(cmd.privileged || cmd.as_user.is_some());
+                    let line = join_argv(&k.argv_for(&login, false));
+                    let _ = self.rt.block_on(exec(
+                        &self.handle,
+                        line,
+                        None,
+                        Some(Duration::from_secs(30)),
+                    ));
                 }
-            },
-            None => self.rt.block_on(fut),
-        };
-        res.map_err(|e| self.err(e))
+                Err(HostError::Timeout {
+                    host: self.describe(),
+                    what: cmd.what(),
+                    secs: cmd.timeout.map_or(0, |t| t.as_secs()),
+                })
+            }
+        }
     }
 
     fn read_file(&mut self, path: &str, privileged: bool) -> Result<Option<Vec<u8>>, HostError> {
