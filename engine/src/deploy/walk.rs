@@ -669,7 +669,6 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         StepData::Reboot(_) if o.target == "local" || rooted => {
             Some("warning: this candy asks for a reboot; the local target never reboots".into())
         }
-        StepData::Reboot(_) => Some("reboots are not implemented for this target yet".into()),
         StepData::External(_) => Some("external steps need their plugin".into()),
         StepData::Builder(b) if s.scope == Scope::System => Some(format!(
             "system-scope {} builder artifacts are not applied to hosts yet",
@@ -906,6 +905,7 @@ fn apply_step(
             packages(cx, &p.format, &p.packages, &install, uninstall)
         }
         StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
+        StepData::Reboot(_) => reboot_step(cx),
         _ => Err(format!("{} steps are not applied to hosts", s.kind)),
     }
 }
@@ -1046,6 +1046,76 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
     cx.run(c, &format!("enable {unit}"))?;
     cx.changed();
     Ok(())
+}
+
+/// Reboots the target and waits (up to the step timeout) until it answers
+/// with a new boot_id; the connection is re-established.
+fn reboot_step(cx: &mut StepCx<'_>) -> R<()> {
+    const BOOT_ID: &str = "cat /proc/sys/kernel/random/boot_id";
+    let minute = Duration::from_secs(60);
+    let before = cx.run(Cmd::sh(BOOT_ID).timeout(minute), "read boot_id")?;
+    let before = before.trim().to_string();
+    let reboot = Cmd::sh("systemctl reboot || reboot")
+        .privileged(true)
+        .timeout(minute);
+    let login = cx.host.login().map_err(|e| e.to_string())?;
+    cx.actions.push(reboot.display(&login, cx.rooted));
+    cx.actions
+        .push("reconnect and wait for a new boot_id".into());
+    if cx.dry() {
+        return Ok(());
+    }
+    if before.is_empty() {
+        return Err("the target has no /proc/sys/kernel/random/boot_id".into());
+    }
+    cx.undo(
+        &Undo::Note {
+            text: "a reboot cannot be undone".into(),
+        },
+        &[],
+    )?;
+    // The connection may drop while the command runs: an error is expected.
+    match cx.host.run(&reboot) {
+        Ok(out) if !out.ok() && out.status != 255 => {
+            return Err(format!(
+                "reboot: exit {}: {}",
+                out.status,
+                out.stderr_tail()
+            ));
+        }
+        _ => {}
+    }
+    cx.changed();
+    let deadline = std::time::Instant::now() + cx.timeout;
+    let mut last = String::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "no new boot within {} s (boot_id still {before}){}",
+                cx.timeout.as_secs(),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!("; last error: {last}")
+                }
+            ));
+        }
+        if let Err(e) = cx.host.reconnect(left) {
+            last = e.to_string();
+            continue;
+        }
+        match cx.host.run(&Cmd::sh(BOOT_ID).timeout(minute)) {
+            Ok(o) if o.ok() && !o.stdout_str().trim().is_empty() => {
+                if o.stdout_str().trim() != before {
+                    return Ok(());
+                }
+            }
+            Ok(o) => last = format!("boot_id: exit {}", o.status),
+            Err(e) => last = e.to_string(),
+        }
+    }
 }
 
 /// Installs packages; the undo removes only those that were not installed before.
