@@ -99,13 +99,17 @@ pub struct AddArgs {
     /// are skipped with a reason.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
-    /// vm: USER@HOST[:PORT].
+    /// vm: the machine to log in to, USER@HOST[:PORT] (port 22 by default).
+    /// One SSH connection carries every step; system-scope steps run under
+    /// `sudo -n` unless USER is root.
     #[arg(long, value_name = "USER@HOST[:PORT]")]
     pub host: Option<String>,
-    /// vm: private key file.
+    /// vm: private key file (ed25519 or another OpenSSH key, unencrypted).
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// vm: known_hosts file the host key must be in.
+    /// vm: known_hosts file that must list the host's key (`[HOST]:PORT` for
+    /// ports other than 22). An unknown or changed key is refused, with its
+    /// SHA256 fingerprint; nothing is ever trusted blindly.
     #[arg(long, value_name = "FILE")]
     pub known_hosts: Option<PathBuf>,
     /// pod: install the quadlet unit system-wide (/etc/containers/systemd,
