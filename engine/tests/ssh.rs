@@ -5,9 +5,16 @@
 //! of unknown or changed host keys. All paths are inside the test's dir.
 
 use charly_engine::deploy::host::{Cmd, FileAttrs, Host, HostError, PathKind};
+use charly_engine::deploy::ledger::{BundleRecord, BundleState, Ledger};
 use charly_engine::deploy::ssh::{SshHost, SshTarget};
+use charly_engine::deploy::walk::{self, Artifacts, Options};
+use charly_rules::load::{self, LoadOptions};
+use charly_rules::plan::{Gates, HostContext, Scope, StepData, Target, build_merged_plan};
+use charly_rules::resolve;
+use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,7 +40,9 @@ fn keygen(path: &Path) {
     );
 }
 
-fn start(t: &Path) -> (Sshd, u16) {
+/// Starts sshd; with `bind_home`, every session runs in a private mount
+/// namespace with that directory bound over /root (the root login's home).
+fn start(t: &Path, bind_home: Option<&Path>) -> (Sshd, u16) {
     keygen(&t.join("hostkey"));
     keygen(&t.join("userkey"));
     std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
@@ -43,14 +52,24 @@ fn start(t: &Path) -> (Sshd, u16) {
         .expect("addr")
         .port();
     let cfg = t.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
-            t = t.display()
-        ),
-    )
-    .expect("cfg");
+    let mut text = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
+        t = t.display()
+    );
+    if let Some(home) = bind_home {
+        let wrap = t.join("wrap.sh");
+        std::fs::write(
+            &wrap,
+            format!(
+                "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+                home.display()
+            ),
+        )
+        .expect("wrap");
+        std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        text.push_str(&format!("ForceCommand {}\n", wrap.display()));
+    }
+    std::fs::write(&cfg, text).expect("cfg");
     std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
     let child = std::process::Command::new("/usr/sbin/sshd")
         .args(["-D", "-e", "-f"])
@@ -86,7 +105,7 @@ fn ssh_host_runs_writes_stats_extracts_and_refuses_bad_keys() {
     }
     let tmp = tempfile::tempdir().expect("tmp");
     let t = tmp.path();
-    let (_sshd, port) = start(t);
+    let (_sshd, port) = start(t, None);
     let target = |kh: &str| {
         SshTarget::parse(
             &format!("root@127.0.0.1:{port}"),
@@ -237,4 +256,168 @@ fn ssh_host_runs_writes_stats_extracts_and_refuses_bad_keys() {
             .as_deref(),
         Some("/bin/sh")
     );
+}
+
+/// Builder artifacts as podman would store them: an npm prefix under the
+/// box home `/home/user`.
+struct Arts;
+
+impl Artifacts for Arts {
+    fn builder_tar(&self, _candy: &str, _builder: &str) -> Result<Vec<u8>, String> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, dir, data) in [
+            ("home/user/.npm-global/", true, &b""[..]),
+            ("home/user/.npm-global/bin/", true, &b""[..]),
+            (
+                "home/user/.npm-global/bin/cowsay",
+                false,
+                &b"#!/bin/sh\necho moo\n"[..],
+            ),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(if dir {
+                tar::EntryType::Directory
+            } else {
+                tar::EntryType::Regular
+            });
+            h.set_mode(0o755);
+            h.set_uid(1000);
+            h.set_gid(1000);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, path, data)
+                .map_err(|e| e.to_string())?;
+        }
+        b.into_inner().map_err(|e| e.to_string())
+    }
+    fn local_packages(&self, _: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Err("no local packages in this test".into())
+    }
+    fn candy_file(&self, _: &str, rel: &str) -> Result<Vec<u8>, String> {
+        Err(format!("no candy file {rel} in this test"))
+    }
+}
+
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| {
+            let e = e.expect("walk");
+            let md = e.path().symlink_metadata().expect("meta");
+            let what = if md.is_file() {
+                format!("{:?}", std::fs::read(e.path()).expect("read"))
+            } else {
+                format!("{:?}", md.file_type())
+            };
+            (
+                e.path().display().to_string(),
+                format!("{what} {:o} {}", md.mode(), md.uid()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        eprintln!("skipped: needs root (sshd, mount namespaces)");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let home = t.join("home");
+    std::fs::create_dir(&home).expect("home");
+    let (_sshd, port) = start(t, Some(&home));
+    let target = SshTarget::parse(
+        &format!("root@127.0.0.1:{port}"),
+        &t.join("userkey"),
+        &t.join("known_hosts"),
+    )
+    .expect("target");
+    let mut h = SshHost::connect(&target, Duration::from_secs(10)).expect("connect");
+    // The example box's user-scope steps (its system steps would change this machine).
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello");
+    let p = load::load(&example, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let mut plan = build_merged_plan(
+        &p,
+        r.get("hello").expect("hello"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan");
+    plan.steps.retain(|s| {
+        s.scope != Scope::System
+            && !matches!(&s.data, StepData::Op(o) if o.verb == "cmd")
+            && !matches!(&s.data, StepData::ShellSnippet(_))
+    });
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s.data, StepData::Builder(_))),
+        "the example has a user-scope builder step"
+    );
+    let user = walk::resolve_user(&mut h, "root", &plan).expect("user");
+    assert_eq!(user.home, "/root");
+    let before = tree(&home);
+    let ldir = tempfile::tempdir().expect("ledger");
+    let mut ledger = Ledger::open(ldir.path()).expect("ledger");
+    let rec = BundleRecord {
+        name: "s".into(),
+        deploy_id: plan.deploy_id.clone(),
+        box_name: plan.box_name.clone(),
+        target: "vm".into(),
+        target_key: format!("vm:root@127.0.0.1:{port}"),
+        connection: serde_json::json!({"kind": "test"}),
+        user: user.name.clone(),
+        home: user.home.clone(),
+        state: BundleState::Applying,
+        plan: serde_json::to_value(&plan).expect("json"),
+        options: serde_json::json!({}),
+        created_unix: 0,
+        updated_unix: 0,
+        error: None,
+    };
+    let report = walk::apply(
+        &mut h,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &Arts,
+        &Options {
+            gates: Gates::all(),
+            target: "vm".into(),
+            box_home: "/home/user".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply over ssh");
+    assert!(
+        report.steps.iter().all(|s| s.state == "complete"),
+        "{:#?}",
+        report.steps
+    );
+    // The artifact landed in the guest's home, retargeted from /home/user, owned by root.
+    let tool = home.join(".npm-global/bin/cowsay");
+    assert_eq!(
+        std::fs::read(&tool).expect("artifact"),
+        b"#!/bin/sh\necho moo\n"
+    );
+    assert_eq!(std::fs::metadata(&tool).expect("m").uid(), 0);
+    assert!(
+        walk::drift(&mut h, &ledger, "s", None)
+            .expect("drift")
+            .is_empty()
+    );
+    walk::remove(&mut h, &mut ledger, "s", false, &mut |_| {}).expect("del");
+    assert_eq!(tree(&home), before);
 }
