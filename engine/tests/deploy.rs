@@ -629,3 +629,59 @@ fn vm_reboot_waits_for_a_new_boot_id() {
         "{err}"
     );
 }
+
+#[test]
+fn removing_a_unit_file_reloads_systemd_afterwards() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep {
+        candy: "pod".into(),
+        kind: charly_rules::plan::StepKind::File,
+        scope: charly_rules::plan::Scope::System,
+        venue: charly_rules::plan::Venue::HostNative,
+        gate: charly_rules::plan::Gate::None,
+        phase: None,
+        reverse: Vec::new(),
+        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+            verb: "write".into(),
+            path: "/etc/containers/systemd/charly-x.container".into(),
+            content: Some("[Container]\nImage=x\n".into()),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    }];
+    let mut host = MemHost::new("user", 1000);
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("b", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: "vm".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let n = host.log.len();
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    let after: Vec<&String> = host.log[n..].iter().collect();
+    let rm = after
+        .iter()
+        .position(|l| l.starts_with("remove /etc/containers/systemd/charly-x.container"))
+        .expect("file removed");
+    let reload = after
+        .iter()
+        .position(|l| l.contains("systemctl daemon-reload"))
+        .unwrap_or_else(|| panic!("no reload in {after:#?}"));
+    assert!(rm < reload, "{after:#?}");
+    assert_eq!(host.files, original.files);
+}

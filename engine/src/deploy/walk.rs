@@ -477,6 +477,29 @@ impl StepCx<'_> {
         if self.dry() {
             return Ok(());
         }
+        if !self.rooted && is_unit_file(path) {
+            // Recorded before the file's own undo, so `del` reloads systemd
+            // after the unit (or quadlet) file is gone.
+            let user_flag = if privileged { "" } else { " --user" };
+            let mut env = BTreeMap::new();
+            if !privileged {
+                env.insert(
+                    "XDG_RUNTIME_DIR".to_string(),
+                    format!("/run/user/{}", self.user.uid),
+                );
+            }
+            self.undo(
+                &Undo::Run {
+                    what: format!("systemctl{user_flag} daemon-reload"),
+                    script: format!("systemctl{user_flag} daemon-reload"),
+                    privileged,
+                    as_user: (!privileged).then(|| self.user.name.clone()),
+                    env,
+                    ignore_failure: true,
+                },
+                &[],
+            )?;
+        }
         self.record_replace(path, privileged)?;
         let a = self.attrs(mode, privileged);
         self.host
@@ -610,6 +633,13 @@ impl StepCx<'_> {
         }
         Ok(out.stdout_str())
     }
+}
+
+/// A systemd unit or quadlet file (systemd must reload after it goes).
+fn is_unit_file(path: &str) -> bool {
+    ["/systemd/system/", "/systemd/user/", "/containers/systemd/"]
+        .iter()
+        .any(|d| path.contains(d))
 }
 
 /// Why a step does not run on this target, if it does not.
