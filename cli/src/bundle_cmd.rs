@@ -9,10 +9,16 @@ use charly_engine::deploy::host::Host;
 use charly_engine::deploy::ledger::{BundleRecord, BundleState, Ledger};
 use charly_engine::deploy::local::LocalHost;
 use charly_engine::deploy::source::StoreArtifacts;
+use charly_engine::deploy::ssh::{SshHost, SshTarget};
 use charly_engine::deploy::walk::{self, Options};
 use charly_engine::graph::GraphOptions;
 use charly_engine::hash::FileHasher;
-use charly_rules::plan::{Gates, HostContext, InstallPlan, Target};
+use charly_rules::emit::kustomize::{KustomizeOptions, render_kustomize};
+use charly_rules::emit::quadlet::{QuadletOptions, USER_UNIT_DIR, render_quadlet};
+use charly_rules::plan::{
+    FileStep, Gate, Gates, HostContext, InstallPlan, InstallStep, Scope, ServicePackagedStep,
+    StepData, StepKind, Target, Venue,
+};
 use clap::{Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,7 +35,7 @@ pub enum BundleCommand {
     /// Apply a box's candies to a target as bundle NAME, from artifacts in the
     /// store (run `charly box build BOX` first; nothing is rebuilt on the target).
     #[command(after_long_help = LEDGER_HELP)]
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// Undo everything bundle NAME did (last change first) and forget it.
     /// An interrupted add or del is cleaned up too; a failed del resumes.
     #[command(after_long_help = LEDGER_HELP)]
@@ -93,15 +99,31 @@ pub struct AddArgs {
     /// are skipped with a reason.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
-    /// vm: USER@HOST[:PORT].
+    /// vm: the machine to log in to, USER@HOST[:PORT] (port 22 by default).
+    /// One SSH connection carries every step; system-scope steps run under
+    /// `sudo -n` unless USER is root.
     #[arg(long, value_name = "USER@HOST[:PORT]")]
     pub host: Option<String>,
-    /// vm: private key file.
+    /// vm: private key file (ed25519 or another OpenSSH key, unencrypted).
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// vm: known_hosts file the host key must be in.
+    /// vm: known_hosts file that must list the host's key (`[HOST]:PORT` for
+    /// ports other than 22). An unknown or changed key is refused, with its
+    /// SHA256 fingerprint; nothing is ever trusted blindly.
     #[arg(long, value_name = "FILE")]
     pub known_hosts: Option<PathBuf>,
+    /// pod: install the quadlet unit system-wide (/etc/containers/systemd,
+    /// under --root when given) instead of for the user
+    /// (~/.config/containers/systemd).
+    #[arg(long)]
+    pub system: bool,
+    /// k8s: directory of the kustomize tree (default
+    /// <project>/.build/k8s/<NAME>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// pod, k8s: image to run (default localhost/<box>:<version>).
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// The user whose home and profile receive user-scope steps (default: the box's user).
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
@@ -160,6 +182,20 @@ fn host_for(conn: &serde_json::Value) -> anyhow::Result<Box<dyn Host>> {
             Some(r) => Box::new(LocalHost::rooted(std::path::Path::new(r))?),
             None => Box::new(LocalHost::new()),
         }),
+        Some("ssh") => {
+            let f = |k: &str| conn.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+            let t = SshTarget {
+                user: f("user").into(),
+                host: f("host").into(),
+                port: conn.get("port").and_then(|p| p.as_u64()).unwrap_or(22) as u16,
+                identity: f("identity").into(),
+                known_hosts: f("known_hosts").into(),
+            };
+            Ok(Box::new(SshHost::connect(
+                &t,
+                std::time::Duration::from_secs(30),
+            )?))
+        }
         other => anyhow::bail!("cannot reach a target of kind {other:?} (not implemented yet)"),
     }
 }
@@ -178,50 +214,252 @@ fn merged_plan(o: &project::Opened, box_name: &str, target: Target) -> anyhow::R
     )?)
 }
 
+/// How a pod or k8s bundle was asked for (kept in the record so `status`
+/// can render the same files again for configuration drift).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct EmitArgs {
+    #[serde(default)]
+    system: bool,
+    #[serde(default)]
+    out: Option<String>,
+    #[serde(default)]
+    image: Option<String>,
+}
+
+fn install_step(candy: &str, scope: Scope, gate: Gate, data: StepData) -> InstallStep {
+    InstallStep {
+        candy: candy.into(),
+        kind: match &data {
+            StepData::ServicePackaged(_) => StepKind::ServicePackaged,
+            _ => StepKind::File,
+        },
+        scope,
+        venue: Venue::HostNative,
+        gate,
+        phase: None,
+        reverse: Vec::new(),
+        data,
+    }
+}
+
+fn write_step(candy: &str, scope: Scope, path: String, text: String) -> InstallStep {
+    install_step(
+        candy,
+        scope,
+        Gate::None,
+        StepData::File(FileStep {
+            verb: "write".into(),
+            path,
+            content: Some(text),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    )
+}
+
+/// The plan a pod or k8s bundle walks: the rendered quadlet unit (plus
+/// starting its service, behind --with-services) or the kustomize tree,
+/// as file-write steps, so the ledger records and `del` removes each file.
+fn emitted_plan(
+    o: &project::Opened,
+    box_name: &str,
+    target: Target,
+    e: &EmitArgs,
+    home: &str,
+) -> anyhow::Result<InstallPlan> {
+    let b = crate::box_cmd::resolved(o, box_name)?;
+    let mut plan = merged_plan(o, box_name, target)?;
+    let candy = format!("(box {box_name})");
+    plan.steps = match target {
+        Target::Pod => {
+            let q = render_quadlet(
+                &o.project,
+                b,
+                &plan,
+                &QuadletOptions {
+                    image: e.image.clone(),
+                    ..QuadletOptions::default()
+                },
+            )?;
+            let (scope, dir) = if e.system {
+                (Scope::System, "/etc/containers/systemd".to_string())
+            } else {
+                (
+                    Scope::User,
+                    format!("{}/{USER_UNIT_DIR}", home.trim_end_matches('/')),
+                )
+            };
+            vec![
+                write_step(&candy, scope, format!("{dir}/{}", q.file_name), q.text),
+                install_step(
+                    &candy,
+                    scope,
+                    Gate::WithServices,
+                    StepData::ServicePackaged(ServicePackagedStep {
+                        name: q.container_name.clone(),
+                        unit: q.service.clone(),
+                        // Quadlet services are generated: started, not enabled
+                        // (the unit's [Install] section covers boot).
+                        enable: false,
+                    }),
+                ),
+            ]
+        }
+        Target::K8s => {
+            let t = render_kustomize(
+                &o.project,
+                b,
+                &plan,
+                &KustomizeOptions {
+                    image: e.image.clone(),
+                    ..KustomizeOptions::default()
+                },
+            )?;
+            let out = e.out.clone().unwrap_or_default();
+            t.files
+                .into_iter()
+                .map(|(rel, text)| {
+                    write_step(
+                        &candy,
+                        Scope::User,
+                        format!("{}/{rel}", out.trim_end_matches('/')),
+                        text,
+                    )
+                })
+                .collect()
+        }
+        _ => return Ok(plan),
+    };
+    Ok(plan)
+}
+
+/// Artifacts for plans that only write rendered files.
+struct NoArtifacts;
+
+impl walk::Artifacts for NoArtifacts {
+    fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
+        Err(format!("{candy}: no {builder} artifact for this target"))
+    }
+    fn local_packages(&self, candy: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Err(format!("{candy}: no local packages for this target"))
+    }
+    fn candy_file(&self, candy: &str, rel: &str) -> Result<Vec<u8>, String> {
+        Err(format!("{candy}: no file {rel} for this target"))
+    }
+}
+
 fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let target = match a.target {
         TargetArg::Local => Target::Local,
-        TargetArg::Vm => anyhow::bail!(
-            "--target vm is not implemented yet (the SSH host is pending); use --target local"
-        ),
-        TargetArg::Pod | TargetArg::K8s => anyhow::bail!(
-            "--target {} is not implemented in `bundle add` yet",
-            if a.target == TargetArg::Pod {
-                "pod"
-            } else {
-                "k8s"
-            }
-        ),
+        TargetArg::Vm => Target::Vm,
+        TargetArg::Pod => Target::Pod,
+        TargetArg::K8s => Target::K8s,
     };
-    if a.host.is_some() || a.identity.is_some() || a.known_hosts.is_some() {
-        anyhow::bail!("--host, --identity and --known-hosts are for --target vm");
+    let ssh = if target == Target::Vm {
+        if a.root.is_some() {
+            anyhow::bail!("--root is for --target local and pod");
+        }
+        let (Some(h), Some(id), Some(kh)) = (&a.host, &a.identity, &a.known_hosts) else {
+            anyhow::bail!(
+                "--target vm needs --host USER@HOST[:PORT], --identity FILE (private key) and --known-hosts FILE (the host's key must be in it)"
+            );
+        };
+        Some(
+            SshTarget::parse(h, &std::path::absolute(id)?, &std::path::absolute(kh)?)
+                .map_err(anyhow::Error::msg)?,
+        )
+    } else {
+        if a.host.is_some() || a.identity.is_some() || a.known_hosts.is_some() {
+            anyhow::bail!("--host, --identity and --known-hosts are for --target vm");
+        }
+        None
+    };
+    if a.system && target != Target::Pod {
+        anyhow::bail!("--system is for --target pod");
+    }
+    if a.out.is_some() && target != Target::K8s {
+        anyhow::bail!("--out is for --target k8s");
+    }
+    if a.image.is_some() && !matches!(target, Target::Pod | Target::K8s) {
+        anyhow::bail!("--image is for --target pod and k8s");
+    }
+    if a.root.is_some() && target == Target::K8s {
+        anyhow::bail!(
+            "--root is for --target local and pod (k8s writes under the project or --out)"
+        );
     }
     let o = project::open(cli)?;
     let b = crate::box_cmd::resolved(&o, &a.box_name)?;
-    let plan = merged_plan(&o, &a.box_name, target)?;
     let (store, mut ledger) = open_ledger(cli)?;
     let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
-    let arts = StoreArtifacts::new(
-        &o.project,
-        &o.resolution,
-        &store,
-        &hasher,
-        GraphOptions {
-            dev_local_pkg: a.dev_local_pkg,
-            runner: a.runner.clone(),
-            arch: host_arch(),
-        },
-        &a.box_name,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mut host: Box<dyn Host> = match &a.root {
-        Some(r) => {
+    let mut host: Box<dyn Host> = match (&ssh, &a.root) {
+        (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
+        (None, Some(r)) => {
             Box::new(LocalHost::rooted(r).with_context(|| format!("--root {}", r.display()))?)
         }
-        None => Box::new(LocalHost::new()),
+        (None, None) => Box::new(LocalHost::new()),
     };
-    let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
-    let user = walk::resolve_user(host.as_mut(), &user_name, &plan)?;
+    let mut emit = EmitArgs {
+        system: a.system,
+        out: None,
+        image: a.image.clone(),
+    };
+    let (plan, user, arts): (InstallPlan, walk::TargetUser, Box<dyn walk::Artifacts + '_>) =
+        match target {
+            Target::K8s => {
+                let out = match &a.out {
+                    Some(d) => std::path::absolute(d)?,
+                    None => o.project.root.join(".build/k8s").join(&a.name),
+                };
+                // The tree belongs to whoever owns the project.
+                let md = std::fs::metadata(&o.project.root)
+                    .with_context(|| o.project.root.display().to_string())?;
+                use std::os::unix::fs::MetadataExt;
+                let login = host.login()?;
+                let user = walk::TargetUser {
+                    name: login.name,
+                    uid: md.uid(),
+                    gid: md.gid(),
+                    home: o.project.root.display().to_string(),
+                    shell: "/bin/sh".into(),
+                };
+                emit.out = Some(out.display().to_string());
+                let plan = emitted_plan(&o, &a.box_name, target, &emit, &user.home)?;
+                (plan, user, Box::new(NoArtifacts))
+            }
+            _ => {
+                let base = merged_plan(&o, &a.box_name, target)?;
+                let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
+                let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
+                if target == Target::Pod {
+                    let plan = emitted_plan(&o, &a.box_name, target, &emit, &user.home)?;
+                    (plan, user, Box::new(NoArtifacts))
+                } else {
+                    let arts = StoreArtifacts::new(
+                        &o.project,
+                        &o.resolution,
+                        &store,
+                        &hasher,
+                        GraphOptions {
+                            dev_local_pkg: a.dev_local_pkg,
+                            runner: a.runner.clone(),
+                            arch: host_arch(),
+                        },
+                        &a.box_name,
+                    )
+                    .map_err(anyhow::Error::msg)?;
+                    (base, user, Box::new(arts))
+                }
+            }
+        };
+    let target_name = match target {
+        Target::Pod => "pod",
+        Target::K8s => "k8s",
+        Target::Vm => "vm",
+        _ => "local",
+    };
     let gates = if a.yes {
         Gates::all()
     } else {
@@ -235,7 +473,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         gates,
         dry_run: a.dry_run,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-        target: "local".into(),
+        target: target_name.into(),
         box_home: b.user.home.clone(),
     };
     let root = host.root().map(String::from);
@@ -243,17 +481,27 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         name: a.name.clone(),
         deploy_id: plan.deploy_id.clone(),
         box_name: a.box_name.clone(),
-        target: "local".into(),
-        target_key: match &root {
-            Some(r) => format!("local:{r}"),
-            None => "local:/".into(),
+        target: target_name.into(),
+        target_key: match (target, &root) {
+            (Target::Vm, _) => ssh
+                .as_ref()
+                .map(|t| format!("vm:{}@{}:{}", t.user, t.host, t.port))
+                .unwrap_or_default(),
+            (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
+            (_, Some(r)) => format!("{target_name}:local:{r}"),
+            (_, None) => format!("{target_name}:local:/"),
         },
-        connection: serde_json::json!({"kind": "local", "root": root}),
+        connection: match &ssh {
+            Some(t) => serde_json::json!({"kind": "ssh", "user": t.user, "host": t.host,
+                "port": t.port, "identity": t.identity, "known_hosts": t.known_hosts}),
+            None => serde_json::json!({"kind": "local", "root": root}),
+        },
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
         plan: serde_json::to_value(&plan)?,
-        options: serde_json::json!({"gates": gates, "dev_local_pkg": a.dev_local_pkg, "runner": a.runner}),
+        options: serde_json::json!({"gates": gates, "dev_local_pkg": a.dev_local_pkg,
+            "runner": a.runner, "emit": emit}),
         created_unix: 0,
         updated_unix: 0,
         error: None,
@@ -293,7 +541,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         &record,
         &plan,
         &user,
-        &arts,
+        arts.as_ref(),
         &opts,
         &mut progress,
     );
@@ -377,7 +625,7 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
     // Config drift needs the project; without it only ledger and disk are compared.
     let current = project::open(cli)
         .ok()
-        .and_then(|o| merged_plan(&o, &rec.box_name, Target::Local).ok());
+        .and_then(|o| current_plan(&o, &rec).ok());
     let mut drift = walk::drift(host.as_mut(), &ledger, name, current.as_ref())?;
     let running = matches!(rec.state, BundleState::Applying | BundleState::Removing)
         && ledger.is_locked(name);
@@ -430,6 +678,23 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(3)
     })
+}
+
+/// The plan bundle `rec` would walk now, from the current project.
+fn current_plan(o: &project::Opened, rec: &BundleRecord) -> anyhow::Result<InstallPlan> {
+    let emit: EmitArgs = rec
+        .options
+        .get("emit")
+        .cloned()
+        .map(serde_json::from_value)
+        .transpose()?
+        .unwrap_or_default();
+    match rec.target.as_str() {
+        "pod" => emitted_plan(o, &rec.box_name, Target::Pod, &emit, &rec.home),
+        "k8s" => emitted_plan(o, &rec.box_name, Target::K8s, &emit, &rec.home),
+        "vm" => merged_plan(o, &rec.box_name, Target::Vm),
+        _ => merged_plan(o, &rec.box_name, Target::Local),
+    }
 }
 
 fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {

@@ -270,3 +270,185 @@ fn help_says_where_the_ledger_lives() {
         "{h}"
     );
 }
+
+/// Runs a validator from `.ci/install-validators` when its variable is set.
+fn validator(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).map(PathBuf::from)
+}
+
+#[test]
+fn pod_writes_the_quadlet_unit_and_del_removes_it() {
+    let w = World::new();
+    let before = tree(&w.root);
+    let root = w.root.to_str().expect("utf8");
+    let out = w
+        .cmd()
+        .args([
+            "bundle", "add", "p", "hello", "--target", "pod", "--root", root, "--system", "--yes",
+            "--json",
+        ])
+        .output()
+        .expect("add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep = json(&out);
+    let steps = rep["steps"].as_array().expect("steps");
+    assert_eq!(steps[0]["state"], "complete");
+    // Starting the service would touch the real system: skipped with a reason.
+    assert_eq!(steps[1]["state"], "skipped");
+    assert!(steps[1]["note"].as_str().unwrap_or("").contains("rooted"));
+    let unit = w.root.join("etc/containers/systemd/charly-hello.container");
+    let text = std::fs::read_to_string(&unit).expect("unit written");
+    for line in [
+        "[Container]",
+        "Image=localhost/hello:2026.12.1",
+        "ContainerName=charly-hello",
+        "User=1000",
+        "PublishPort=8080:8080",
+        "Label=ai.opencharly.box=hello",
+        "PodmanArgs=--entrypoint=supervisord",
+        "Exec=-n -c /etc/supervisord.conf",
+        "WantedBy=default.target",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    if let Some(q) = validator("CHARLY_QUADLET") {
+        let dir = tempfile::tempdir().expect("tmp");
+        let o = std::process::Command::new(q)
+            .arg("-dryrun")
+            .env("QUADLET_UNIT_DIRS", unit.parent().expect("dir"))
+            .current_dir(dir.path())
+            .output()
+            .expect("quadlet");
+        let units = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && units.contains("podman run"),
+            "quadlet: {units}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let out = w
+        .cmd()
+        .args(["bundle", "status", "p"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&unit, "tampered\n").expect("tamper");
+    let out = w
+        .cmd()
+        .args(["bundle", "status", "p", "--json"])
+        .output()
+        .expect("status");
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(json(&out)["drift"][0]["kind"], "disk");
+    let out = w.cmd().args(["bundle", "del", "p"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&w.root), before);
+}
+
+#[test]
+fn k8s_writes_the_kustomize_tree_and_del_removes_it() {
+    let w = World::new();
+    let base = w.root.join("work");
+    std::fs::create_dir(&base).expect("dir");
+    let before = tree(&w.root);
+    let out_dir = base.join("k8s/hello");
+    let out = w
+        .cmd()
+        .args(["bundle", "add", "k", "hello", "--target", "k8s", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<String> = walkdir::WalkDir::new(&out_dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            e.path()
+                .strip_prefix(&out_dir)
+                .expect("below")
+                .display()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "base/deployment.yaml",
+            "base/kustomization.yaml",
+            "base/service.yaml",
+            "overlays/default/kustomization.yaml"
+        ]
+    );
+    let dep = std::fs::read_to_string(out_dir.join("base/deployment.yaml")).expect("read");
+    for want in [
+        "kind: Deployment",
+        "name: charly-hello",
+        "image: \"localhost/hello:2026.12.1\"",
+        "runAsUser: 1000",
+        "containerPort: 8080",
+    ] {
+        assert!(dep.contains(want), "{want} missing:\n{dep}");
+    }
+    let k = std::fs::read_to_string(out_dir.join("base/kustomization.yaml")).expect("read");
+    assert!(
+        k.contains("- deployment.yaml") && k.contains("- service.yaml"),
+        "{k}"
+    );
+    if let Some(kz) = validator("CHARLY_KUSTOMIZE") {
+        let o = std::process::Command::new(kz)
+            .arg("build")
+            .arg(out_dir.join("overlays/default"))
+            .output()
+            .expect("kustomize");
+        assert!(
+            o.status.success(),
+            "kustomize build: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let out = w
+        .cmd()
+        .args(["bundle", "status", "k"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // --root makes no sense for k8s: refused, clearly.
+    let out = w
+        .cmd()
+        .args([
+            "bundle", "add", "k2", "hello", "--target", "k8s", "--root", "/tmp",
+        ])
+        .output()
+        .expect("add");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--root is for"));
+    let out = w.cmd().args(["bundle", "del", "k"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&w.root), before);
+}

@@ -577,3 +577,112 @@ fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
     // Gates closed: the root cmd never ran.
     assert!(!host.commands().iter().any(|c| c.contains("jq --version")));
 }
+
+#[test]
+fn vm_reboot_waits_for_a_new_boot_id() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep::reboot("rebooter")];
+    let run = |host: &mut MemHost| {
+        let user = walk::resolve_user(host, "user", &plan).expect("user");
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let res = walk::apply(
+            host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                target: "vm".into(),
+                timeout: std::time::Duration::from_secs(5),
+                ..Options::default()
+            },
+            &mut |_| {},
+        );
+        (res, ledger, t)
+    };
+    let mut host = MemHost::new("user", 1000);
+    let (res, mut ledger, _t) = run(&mut host);
+    let report = res.expect("reboot");
+    assert_eq!(report.steps[0].state, "complete");
+    assert_eq!(host.boots, 2, "one reboot");
+    let log = host.log.join("\n");
+    let at = |s: &str| log.find(s).unwrap_or_else(|| panic!("{s} not in {log}"));
+    assert!(at("systemctl reboot") < at("reconnect"), "{log}");
+    let steps = ledger.steps("b").expect("steps");
+    assert!(
+        steps[0]
+            .undo
+            .iter()
+            .any(|(_, u)| u.describe().contains("cannot be undone"))
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+
+    // A target that never comes back with a new boot: the step fails, named.
+    let mut host = MemHost::new("user", 1000);
+    host.on("systemctl reboot", Response::ok(""));
+    let (res, _l, _t) = run(&mut host);
+    let err = res.expect_err("no new boot").to_string();
+    assert!(
+        err.contains("reboot") && err.contains("no new boot within 5 s"),
+        "{err}"
+    );
+}
+
+#[test]
+fn removing_a_unit_file_reloads_systemd_afterwards() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep {
+        candy: "pod".into(),
+        kind: charly_rules::plan::StepKind::File,
+        scope: charly_rules::plan::Scope::System,
+        venue: charly_rules::plan::Venue::HostNative,
+        gate: charly_rules::plan::Gate::None,
+        phase: None,
+        reverse: Vec::new(),
+        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+            verb: "write".into(),
+            path: "/etc/containers/systemd/charly-x.container".into(),
+            content: Some("[Container]\nImage=x\n".into()),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    }];
+    let mut host = MemHost::new("user", 1000);
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("b", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: "vm".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let n = host.log.len();
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    let after: Vec<&String> = host.log[n..].iter().collect();
+    let rm = after
+        .iter()
+        .position(|l| l.starts_with("remove /etc/containers/systemd/charly-x.container"))
+        .expect("file removed");
+    let reload = after
+        .iter()
+        .position(|l| l.contains("systemctl daemon-reload"))
+        .unwrap_or_else(|| panic!("no reload in {after:#?}"));
+    assert!(rm < reload, "{after:#?}");
+    assert_eq!(host.files, original.files);
+}

@@ -91,6 +91,11 @@ pub struct MemHost {
     pub login: Login,
     /// Name shown in messages.
     pub name: String,
+    /// Boots so far: `reconnect` after a reboot command starts a new one
+    /// (the boot_id changes).
+    pub boots: u32,
+    /// A reboot command ran since the last reconnect.
+    pub reboot_pending: bool,
 }
 
 impl MemHost {
@@ -125,6 +130,8 @@ impl MemHost {
                 uid: 0,
             },
             name: "mem".into(),
+            boots: 1,
+            reboot_pending: false,
         };
         for d in ["/", "/etc", "/home", "/root"] {
             h.files.insert(d.into(), MemNode::Dir { mode: 0o755 });
@@ -198,6 +205,18 @@ impl Host for MemHost {
                     secs: cmd.timeout.map_or(0, |t| t.as_secs()),
                 }),
             };
+        }
+        let script = cmd.argv.last().cloned().unwrap_or_default();
+        if script.contains("/proc/sys/kernel/random/boot_id") {
+            return Ok(CmdOutput {
+                status: 0,
+                stdout: format!("boot-{}\n", self.boots).into_bytes(),
+                stderr: Vec::new(),
+            });
+        }
+        if script.contains("systemctl reboot") {
+            self.reboot_pending = true;
+            return Ok(CmdOutput::default());
         }
         let getent = cmd
             .argv
@@ -390,6 +409,9 @@ impl Host for MemHost {
 
     fn reconnect(&mut self, _timeout: Duration) -> Result<(), HostError> {
         self.log.push("reconnect".into());
+        if std::mem::take(&mut self.reboot_pending) {
+            self.boots += 1;
+        }
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //! * [`mem`] — an in-memory host with scriptable failures (tests);
 //! * [`ledger`] — SQLite, write-ahead undo;
 //! * [`walk`] — the walker (`apply`, `remove`, `drift`);
+//! * [`ssh`] — a machine over SSH (russh);
 //! * [`source`] — builder artifacts and local packages from the store.
 
 pub mod host;
@@ -16,4 +17,5 @@ pub mod mem;
 pub mod pkg;
 pub mod shellops;
 pub mod source;
+pub mod ssh;
 pub mod walk;

@@ -477,6 +477,29 @@ impl StepCx<'_> {
         if self.dry() {
             return Ok(());
         }
+        if !self.rooted && is_unit_file(path) {
+            // Recorded before the file's own undo, so `del` reloads systemd
+            // after the unit (or quadlet) file is gone.
+            let user_flag = if privileged { "" } else { " --user" };
+            let mut env = BTreeMap::new();
+            if !privileged {
+                env.insert(
+                    "XDG_RUNTIME_DIR".to_string(),
+                    format!("/run/user/{}", self.user.uid),
+                );
+            }
+            self.undo(
+                &Undo::Run {
+                    what: format!("systemctl{user_flag} daemon-reload"),
+                    script: format!("systemctl{user_flag} daemon-reload"),
+                    privileged,
+                    as_user: (!privileged).then(|| self.user.name.clone()),
+                    env,
+                    ignore_failure: true,
+                },
+                &[],
+            )?;
+        }
         self.record_replace(path, privileged)?;
         let a = self.attrs(mode, privileged);
         self.host
@@ -612,6 +635,13 @@ impl StepCx<'_> {
     }
 }
 
+/// A systemd unit or quadlet file (systemd must reload after it goes).
+fn is_unit_file(path: &str) -> bool {
+    ["/systemd/system/", "/systemd/user/", "/containers/systemd/"]
+        .iter()
+        .any(|d| path.contains(d))
+}
+
 /// Why a step does not run on this target, if it does not.
 fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) -> Option<String> {
     if s.venue == Venue::Skip {
@@ -669,7 +699,6 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         StepData::Reboot(_) if o.target == "local" || rooted => {
             Some("warning: this candy asks for a reboot; the local target never reboots".into())
         }
-        StepData::Reboot(_) => Some("reboots are not implemented for this target yet".into()),
         StepData::External(_) => Some("external steps need their plugin".into()),
         StepData::Builder(b) if s.scope == Scope::System => Some(format!(
             "system-scope {} builder artifacts are not applied to hosts yet",
@@ -906,6 +935,7 @@ fn apply_step(
             packages(cx, &p.format, &p.packages, &install, uninstall)
         }
         StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
+        StepData::Reboot(_) => reboot_step(cx),
         _ => Err(format!("{} steps are not applied to hosts", s.kind)),
     }
 }
@@ -1028,8 +1058,13 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
     if !cx.dry() {
         cx.undo(
             &Undo::Run {
-                what: format!("disable {unit}"),
-                script: format!("systemctl{user_flag} disable --now {u}"),
+                what: format!("{} {unit}", if enable { "disable" } else { "stop" }),
+                // A started (generated, e.g. quadlet) unit cannot be disabled.
+                script: if enable {
+                    format!("systemctl{user_flag} disable --now {u}")
+                } else {
+                    format!("systemctl{user_flag} stop {u}")
+                },
                 privileged: sys,
                 as_user: (!sys).then(|| cx.user.name.clone()),
                 env: c.env.clone(),
@@ -1041,6 +1076,76 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
     cx.run(c, &format!("enable {unit}"))?;
     cx.changed();
     Ok(())
+}
+
+/// Reboots the target and waits (up to the step timeout) until it answers
+/// with a new boot_id; the connection is re-established.
+fn reboot_step(cx: &mut StepCx<'_>) -> R<()> {
+    const BOOT_ID: &str = "cat /proc/sys/kernel/random/boot_id";
+    let minute = Duration::from_secs(60);
+    let before = cx.run(Cmd::sh(BOOT_ID).timeout(minute), "read boot_id")?;
+    let before = before.trim().to_string();
+    let reboot = Cmd::sh("systemctl reboot || reboot")
+        .privileged(true)
+        .timeout(minute);
+    let login = cx.host.login().map_err(|e| e.to_string())?;
+    cx.actions.push(reboot.display(&login, cx.rooted));
+    cx.actions
+        .push("reconnect and wait for a new boot_id".into());
+    if cx.dry() {
+        return Ok(());
+    }
+    if before.is_empty() {
+        return Err("the target has no /proc/sys/kernel/random/boot_id".into());
+    }
+    cx.undo(
+        &Undo::Note {
+            text: "a reboot cannot be undone".into(),
+        },
+        &[],
+    )?;
+    // The connection may drop while the command runs: an error is expected.
+    match cx.host.run(&reboot) {
+        Ok(out) if !out.ok() && out.status != 255 => {
+            return Err(format!(
+                "reboot: exit {}: {}",
+                out.status,
+                out.stderr_tail()
+            ));
+        }
+        _ => {}
+    }
+    cx.changed();
+    let deadline = std::time::Instant::now() + cx.timeout;
+    let mut last = String::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "no new boot within {} s (boot_id still {before}){}",
+                cx.timeout.as_secs(),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!("; last error: {last}")
+                }
+            ));
+        }
+        if let Err(e) = cx.host.reconnect(left) {
+            last = e.to_string();
+            continue;
+        }
+        match cx.host.run(&Cmd::sh(BOOT_ID).timeout(minute)) {
+            Ok(o) if o.ok() && !o.stdout_str().trim().is_empty() => {
+                if o.stdout_str().trim() != before {
+                    return Ok(());
+                }
+            }
+            Ok(o) => last = format!("boot_id: exit {}", o.status),
+            Err(e) => last = e.to_string(),
+        }
+    }
 }
 
 /// Installs packages; the undo removes only those that were not installed before.

@@ -1,0 +1,294 @@
+//! `charly bundle add --target vm` over a real SSH connection: the test
+//! starts its own sshd on a free 127.0.0.1 port with generated ed25519 keys.
+//! Every session runs in a private mount namespace with a temp directory
+//! bound over /root, so the root login's home (env.d, rc-file block) lives
+//! in the test's directory; system files of the test candy go below it too.
+
+use assert_cmd::Command;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+struct Sshd {
+    child: Child,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sh(cmd: &mut std::process::Command) {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn keygen(path: &Path) {
+    sh(std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn start_sshd(t: &Path, home: &Path) -> (Sshd, u16) {
+    keygen(&t.join("hostkey"));
+    keygen(&t.join("userkey"));
+    std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
+    let wrap = t.join("wrap.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+            home.display()
+        ),
+    )
+    .expect("wrap");
+    std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let port = free_port();
+    let cfg = t.join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nForceCommand {t}/wrap.sh\n",
+            t = t.display()
+        ),
+    )
+    .expect("cfg");
+    std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
+    let child = std::process::Command::new("/usr/sbin/sshd")
+        .args(["-D", "-e", "-f"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sshd (openssh-server, see .ci/install)");
+    let d = Sshd { child };
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
+    std::fs::write(
+        t.join("known_hosts"),
+        format!("[127.0.0.1]:{port} {pubkey}"),
+    )
+    .expect("known_hosts");
+    (d, port)
+}
+
+fn project(t: &Path, sys: &Path) -> PathBuf {
+    let p = t.join("project");
+    let w = |rel: &str, text: String| {
+        let f = p.join(rel);
+        std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+        std::fs::write(f, text).expect("write");
+    };
+    w(
+        "charly.yml",
+        "version: 2026.1.1\ndiscover:\n    - box\n    - candy\ndefaults:\n    distro:\n        - debian:12\n        - debian\n    build:\n        - deb\n".into(),
+    );
+    w(
+        "box/vmt/charly.yml",
+        "box:\n    name: vmt\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - vmfiles\n".into(),
+    );
+    w(
+        "candy/vmfiles/charly.yml",
+        format!(
+            "candy:\n    version: 2026.1.1\n    name: vmfiles\n    description: files and an env over ssh\n    env:\n        VMT_GREETING: \"hi over ssh\"\n    task:\n        - write: {sys}/vmt.conf\n          user: root\n          mode: \"0644\"\n          content: |\n            deployed over ssh\n        - write: \"${{HOME}}/.config/vmt/settings\"\n          user: \"${{USER}}\"\n          mode: \"0600\"\n          content: |\n            user file\n",
+            sys = sys.display()
+        ),
+    );
+    p
+}
+
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| {
+            let e = e.expect("walk");
+            let md = e.path().symlink_metadata().expect("meta");
+            let what = if md.is_file() {
+                format!("{:?}", std::fs::read(e.path()).expect("read"))
+            } else {
+                format!("{:?}", md.file_type())
+            };
+            (
+                e.path().display().to_string(),
+                format!("{what} {:o} {}", md.mode(), md.uid()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        eprintln!("skipped: needs root (sshd, mount namespaces)");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let home = t.join("home");
+    let sys = t.join("sys");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::create_dir_all(&sys).expect("sys");
+    let (_sshd, port) = start_sshd(t, &home);
+    let proj = project(t, &sys);
+    let cache = t.join("cache");
+    let cmd = || {
+        let mut c = Command::cargo_bin("charly").expect("binary");
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &cache)
+            .arg("-C")
+            .arg(&proj);
+        c
+    };
+    let out = cmd()
+        .args(["box", "build", "vmt", "--runner", "fake", "-q"])
+        .output()
+        .expect("build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = (tree(&home), tree(&sys));
+    let host = format!("root@127.0.0.1:{port}");
+    let add = |name: &str, known_hosts: &Path| {
+        cmd()
+            .args([
+                "bundle", "add", name, "vmt", "--target", "vm", "--host", &host, "--user", "root",
+            ])
+            .arg("--identity")
+            .arg(t.join("userkey"))
+            .arg("--known-hosts")
+            .arg(known_hosts)
+            .args(["--runner", "fake", "--json"])
+            .output()
+            .expect("add")
+    };
+
+    // A wrong host key: refused, naming the host and the key's fingerprint.
+    keygen(&t.join("otherkey"));
+    let other = std::fs::read_to_string(t.join("otherkey.pub")).expect("pub");
+    std::fs::write(
+        t.join("wrong_known_hosts"),
+        format!("[127.0.0.1]:{port} {other}"),
+    )
+    .expect("w");
+    let out = add("bad", &t.join("wrong_known_hosts"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("host key verification failed"), "{err}");
+    assert!(
+        err.contains("does NOT match") && err.contains("SHA256:"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    // An unknown host: refused too.
+    std::fs::write(t.join("empty_known_hosts"), "").expect("w");
+    let out = add("bad", &t.join("empty_known_hosts"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not in") && err.contains("SHA256:"),
+        "{err}"
+    );
+    assert_eq!((tree(&home), tree(&sys)), before, "nothing touched");
+
+    let out = add("v", &t.join("known_hosts"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        rep["host"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ssh root@127.0.0.1")
+    );
+    assert_eq!(
+        std::fs::read_to_string(sys.join("vmt.conf")).expect("system file"),
+        "deployed over ssh\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".config/vmt/settings")).expect("user file"),
+        "user file\n"
+    );
+    let envd: Vec<String> = walkdir::WalkDir::new(&home)
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|s| s.contains("VMT_GREETING")))
+        .map(|e| e.path().display().to_string())
+        .collect();
+    assert!(
+        !envd.is_empty(),
+        "no env file in the guest home: {:?}",
+        tree(&home)
+    );
+
+    let out = cmd()
+        .args(["bundle", "status", "v"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(sys.join("vmt.conf"), "changed behind our back\n").expect("tamper");
+    let out = cmd()
+        .args(["bundle", "status", "v", "--json"])
+        .output()
+        .expect("status");
+    assert_eq!(out.status.code(), Some(3));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        st["drift"]
+            .as_array()
+            .expect("drift")
+            .iter()
+            .any(|d| d["kind"] == "disk"
+                && d["subject"].as_str().unwrap_or("").ends_with("vmt.conf")),
+        "{st}"
+    );
+    // Put it back as deployed, then del restores both trees exactly.
+    std::fs::write(sys.join("vmt.conf"), "deployed over ssh\n").expect("untamper");
+    let out = cmd().args(["bundle", "del", "v"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!((tree(&home), tree(&sys)), before);
+    let out = cmd()
+        .args(["bundle", "list", "--json"])
+        .output()
+        .expect("list");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
