@@ -7,6 +7,7 @@ use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
 use charly_engine::key::NodeKind;
+use charly_engine::remote::human_bytes as human;
 use charly_engine::runner::FakeRunner;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -146,21 +147,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err("a size cannot be negative".into());
     }
     Ok((n * mult as f64) as u64)
-}
-
-fn human(n: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
 }
 
 /// Runs a cache subcommand.

@@ -99,7 +99,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);
     progress.finish();
-    crate::engine_cmd::report_remote(&summary);
+    crate::engine_cmd::report_remote_unless_quiet(&summary, a.run.quiet);
     if let Some(p) = &a.run.summary_json {
         std::fs::write(p, serde_json::to_vec_pretty(&summary)?)
             .with_context(|| format!("writing {}", p.display()))?;

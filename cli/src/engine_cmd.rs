@@ -151,6 +151,18 @@ pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
     Ok(Some(remote))
 }
 
+/// [`report_remote`], except that `-q` silences it unless the remote had problems.
+pub fn report_remote_unless_quiet(summary: &Summary, quiet: bool) {
+    if !quiet
+        || summary
+            .remote
+            .as_ref()
+            .is_some_and(|r| !r.stats.errors.is_empty())
+    {
+        report_remote(summary);
+    }
+}
+
 /// Prints what the remote did, and its problems, on stderr.
 pub fn report_remote(summary: &Summary) {
     let Some(r) = &summary.remote else { return };
@@ -346,14 +358,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     if !a.run.quiet {
         output::note(&summary_line("generate", &summary));
     }
-    if !a.run.quiet
-        || summary
-            .remote
-            .as_ref()
-            .is_some_and(|r| !r.stats.errors.is_empty())
-    {
-        report_remote(&summary);
-    }
+    report_remote_unless_quiet(&summary, a.run.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -439,14 +444,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
             &summary,
         ));
     }
-    if !a.run.quiet
-        || summary
-            .remote
-            .as_ref()
-            .is_some_and(|r| !r.stats.errors.is_empty())
-    {
-        report_remote(&summary);
-    }
+    report_remote_unless_quiet(&summary, a.run.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
