@@ -12,10 +12,28 @@ fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
 }
 
+/// A private copy of the example: builds write `.build/` (and k8s bundles
+/// `.build/k8s/`) into the project, and tests run in parallel.
+fn copy_example(to: &Path) {
+    for e in walkdir::WalkDir::new(example()).into_iter().flatten() {
+        let rel = e.path().strip_prefix(example()).expect("prefix");
+        if rel.starts_with(".build") {
+            continue;
+        }
+        let dest = to.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+}
+
 struct World {
     _t: tempfile::TempDir,
     cache: PathBuf,
     root: PathBuf,
+    project: PathBuf,
 }
 
 impl World {
@@ -25,7 +43,14 @@ impl World {
         let root = t.path().join("root");
         std::fs::create_dir_all(root.join("etc")).expect("root");
         std::fs::write(root.join("etc/hostname"), "target\n").expect("hostname");
-        let w = World { _t: t, cache, root };
+        let project = t.path().join("project");
+        copy_example(&project);
+        let w = World {
+            _t: t,
+            cache,
+            root,
+            project,
+        };
         // The store, filled as `box build` fills it (fake runner: no podman).
         let out = w
             .cmd()
@@ -54,7 +79,7 @@ impl World {
             .env("CHARLY_CACHE_DIR", &self.cache)
             .env_remove("CHARLY_TEST_BLOCK_AT_STEP")
             .arg("-C")
-            .arg(example());
+            .arg(&self.project);
         c
     }
 
@@ -136,7 +161,7 @@ fn kill_9_mid_step_then_status_explains_and_del_cleans() {
         .env("CHARLY_CACHE_DIR", &w.cache)
         .env("CHARLY_TEST_BLOCK_AT_STEP", seq.to_string())
         .arg("-C")
-        .arg(example())
+        .arg(&w.project)
         .args(w.add_args("k"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
