@@ -94,9 +94,10 @@ fn busybox_box_builds_and_has_what_its_candies_say() {
     );
     assert_eq!(sh("id -u"), "1000", "runtime user");
     assert!(sh("cat /etc/systemd/system/hello.service").contains("ExecStart=/opt/hello/bin/hello"));
+    // profile.d is read by every login shell: the bash snippet is guarded.
     assert_eq!(
         sh("cat /etc/profile.d/charly-motd-bash.sh"),
-        "export MOTD_SHELL=bash"
+        "if [ -n \"${BASH_VERSION:-}\" ]; then\nexport MOTD_SHELL=bash\nfi"
     );
     assert_eq!(
         sh("cat /etc/fish/conf.d/charly-motd.fish"),
