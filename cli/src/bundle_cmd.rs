@@ -12,7 +12,6 @@ use charly_engine::deploy::source::StoreArtifacts;
 use charly_engine::deploy::ssh::{SshHost, SshTarget};
 use charly_engine::deploy::walk::{self, Options};
 use charly_engine::graph::GraphOptions;
-use charly_engine::hash::FileHasher;
 use charly_rules::emit::kustomize::{KustomizeOptions, render_kustomize};
 use charly_rules::emit::quadlet::{QuadletOptions, USER_UNIT_DIR, render_quadlet};
 use charly_rules::plan::{
@@ -393,7 +392,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
     let b = crate::box_cmd::resolved(&o, &a.box_name)?;
     let (store, mut ledger) = open_ledger(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = crate::engine_cmd::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
         (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
         (None, Some(r)) => {

@@ -5,7 +5,6 @@ use crate::{Cli, output, project};
 use anyhow::Context;
 use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
 use charly_engine::graph::Goal;
-use charly_engine::hash::FileHasher;
 use charly_engine::key::NodeKind;
 use charly_engine::remote::human_bytes as human;
 use charly_engine::runner::FakeRunner;
@@ -317,7 +316,7 @@ fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let remote = need_remote(cli)?;
     let o = project::open(cli)?;
     let names = crate::engine_cmd::select(&o, &a.boxes, a.all)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = crate::engine_cmd::stat_cache(store);
     let runner = FakeRunner::named(&a.runner);
     let engine = crate::engine_cmd::engine(&o, store, &runner, &hasher, a.dev_local_pkg, None);
     let goal = if a.generate {

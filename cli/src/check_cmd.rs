@@ -3,11 +3,8 @@
 use crate::engine_cmd::{RunArgs, RunnerArgs, open_store, select};
 use crate::{Cli, output, project};
 use anyhow::Context;
-use charly_engine::api::Engine;
 use charly_engine::check::{Bed, BedReport, Outcome, box_checks, junit, run_bed};
 use charly_engine::graph::Goal;
-use charly_engine::hash::FileHasher;
-use charly_engine::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::sched::State;
 use rayon::prelude::*;
 use std::io::Write;
@@ -59,18 +56,9 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     output::diagnostics(diags.iter(), &o.project.sources);
 
     let store = open_store(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
-    let jobs = a
-        .run
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .max(1);
-    let podman = PodmanRunner::new(PodmanOptions {
-        root: a.runner.podman_root.clone(),
-        conf_dir: store.dir().to_path_buf(),
-        ca_bundle: a.runner.ca_bundle.clone(),
-        jobs,
-    })?;
+    let hasher = crate::engine_cmd::stat_cache(&store);
+    let jobs = crate::engine_cmd::jobs(&a.run);
+    let podman = crate::engine_cmd::podman_runner(&a.runner, &store, jobs)?;
     let remote_exec = crate::remote_exec::wrap(
         &a.runner.remote_exec,
         &podman,
@@ -83,18 +71,16 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         None => &podman,
     };
     // Beds always build local packages from local source.
-    let engine = Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store: &store,
+    let engine = crate::engine_cmd::engine(
+        &o,
+        &store,
         runner,
-        hasher: &hasher,
-        dev_local_pkg: true,
-        arch: crate::engine_cmd::host_arch(),
-        remote: remote
+        &hasher,
+        true,
+        remote
             .as_ref()
             .map(|r| r as &dyn charly_engine::remote::RemoteCache),
-    };
+    );
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);

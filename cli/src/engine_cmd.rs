@@ -180,13 +180,23 @@ pub fn report_remote(summary: &Summary) {
 pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
     Ok(match a.runner.as_str() {
         "fake" => Box::new(FakeRunner::from_env()),
-        _ => Box::new(PodmanRunner::new(PodmanOptions {
-            root: a.podman_root.clone(),
-            conf_dir: store.dir().to_path_buf(),
-            ca_bundle: a.ca_bundle.clone(),
-            jobs,
-        })?),
+        _ => Box::new(podman_runner(a, store, jobs)?),
     })
+}
+
+/// The podman runner the flags describe, its config kept in the store.
+pub fn podman_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<PodmanRunner> {
+    Ok(PodmanRunner::new(PodmanOptions {
+        root: a.podman_root.clone(),
+        conf_dir: store.dir().to_path_buf(),
+        ca_bundle: a.ca_bundle.clone(),
+        jobs,
+    })?)
+}
+
+/// The file hasher with the store's stat cache.
+pub fn stat_cache(store: &Store) -> FileHasher {
+    FileHasher::with_cache_file(store.dir().join("statcache.json"))
 }
 
 /// The engine over an opened project.
@@ -210,7 +220,7 @@ pub(crate) fn engine<'a>(
     }
 }
 
-fn jobs(a: &RunArgs) -> usize {
+pub fn jobs(a: &RunArgs) -> usize {
     a.jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .max(1)
@@ -310,7 +320,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
     let store = open_store(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = stat_cache(&store);
     let runner = FakeRunner::new();
     let remote = open_remote(cli)?;
     let engine = engine(
@@ -367,7 +377,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all)?;
     let store = open_store(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = stat_cache(&store);
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
     let remote_exec =
@@ -492,7 +502,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.boxes.is_empty())?;
     let store = open_store(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = stat_cache(&store);
     let runner = FakeRunner::named(&a.runner);
     let engine = engine(&o, &store, &runner, &hasher, false, None);
     let goal = if a.generate {
@@ -567,7 +577,7 @@ pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
     let names = select(&o, &[], true)?;
     let store = open_store(cli)?;
-    let hasher = FileHasher::with_cache_file(store.dir().join("statcache.json"));
+    let hasher = stat_cache(&store);
     let runner = FakeRunner::named(&a.runner);
     let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg, None);
     // One graph with every node: build directories and images of all boxes.

@@ -318,28 +318,19 @@ fn run_check(host: &dyn BedHost, id: &str, bed: &Bed<'_>, owner: &str, c: &Check
     }
     let user = format!("{}:{}", u.uid, u.gid);
     let t = Instant::now();
-    let eventually = c
-        .definition
-        .get("eventually")
-        .and_then(|v| v.as_str())
-        .and_then(parse_duration)
-        .unwrap_or(match c.kind {
-            // Services start asynchronously under the init.
-            CheckKind::Service { .. } | CheckKind::Addr { .. } => Duration::from_secs(15),
-            _ => Duration::ZERO,
-        });
-    let interval = c
-        .definition
-        .get("retry_interval")
-        .and_then(|v| v.as_str())
-        .and_then(parse_duration)
-        .unwrap_or(Duration::from_millis(500));
-    let timeout = c
-        .definition
-        .get("timeout")
-        .and_then(|v| v.as_str())
-        .and_then(parse_duration)
-        .unwrap_or(Duration::from_secs(120));
+    let duration = |key: &str| {
+        c.definition
+            .get(key)
+            .and_then(|v| v.as_str())
+            .and_then(parse_duration)
+    };
+    let eventually = duration("eventually").unwrap_or(match c.kind {
+        // Services start asynchronously under the init.
+        CheckKind::Service { .. } | CheckKind::Addr { .. } => Duration::from_secs(15),
+        _ => Duration::ZERO,
+    });
+    let interval = duration("retry_interval").unwrap_or(Duration::from_millis(500));
+    let timeout = duration("timeout").unwrap_or(Duration::from_secs(120));
     loop {
         let r = attempt(host, id, bed, &user, owner, c, timeout);
         if r.outcome != Outcome::Fail || t.elapsed() >= eventually {
