@@ -19,7 +19,12 @@
 #   (c) hashing: charly_engine::hash::hash_file (through the noop bench's
 #       hidden CHARLY_BENCH_HASH_DIR mode) vs b3sum, on one 1 GiB file and
 #       on the same 1 GiB split into 4,096 files of 256 KiB;
-#   (d) the no-op at every size (linear growth?) with peak RSS.
+#   (d) the no-op at every size (linear growth?) with peak RSS, answered by
+#       the no-op journal (the default) and in full (--no-journal: load,
+#       resolve, every key, every record looked up);
+#   (e) podman, when the example was built (the README's main command):
+#       `charly box build hello` no-op vs `podman build` of the same
+#       generated Containerfile with a warm layer cache.
 # Targets (from the issue): no-op 1,000x100 < 50 ms and within 2x of
 # `ninja -n`; 10,000x1,000 < 500 ms with peak RSS < 300 MB; hashing >= 80 %
 # of b3sum.
@@ -131,6 +136,10 @@ prepare() {
     edges=$(grep -c '^build .ninja/' "$dir/build.ninja")
     [ "$edges" = "${nodes#nodes=}" ] \
         || { echo "compare.sh: build.ninja has $edges edges, charly $nodes" >&2; exit 1; }
+    # The no-op journal trusts no file changed in the last 2 s: let the
+    # fresh project age, then one full no-op run records it.
+    sleep 2.1
+    CHARLY_CACHE_DIR=$store "$CHARLY" -C "$dir" box generate --all -q >/dev/null
     if [ "$size" = 1000x100 ]; then # for (a)'s dry run
         CHARLY_CACHE_DIR=$store "$CHARLY" -C "$dir" box build --all --runner fake -q >/dev/null 2>&1
     fi
@@ -161,7 +170,8 @@ if [ -d "$WORK/p$A" ]; then
     time_cmds a-noop "$RUNS" -- \
         "$CHARLY -C $WORK/p$A box generate --all -q" \
         "ninja -C $WORK/p$A -n" \
-        "$CHARLY -C $WORK/p$A box build --all --dry-run --runner fake -q"
+        "$CHARLY -C $WORK/p$A box build --all --dry-run --runner fake -q" \
+        "$CHARLY -C $WORK/p$A box generate --all -q --no-journal"
     unset CHARLY_CACHE_DIR
 fi
 
@@ -222,11 +232,28 @@ for size in $SIZES; do
     export CHARLY_CACHE_DIR=$WORK/store-$size
     time_cmds "d-noop-$size" "$runs" -- \
         "$CHARLY -C $WORK/p$size box generate --all -q" \
-        "ninja -C $WORK/p$size -n"
+        "ninja -C $WORK/p$size -n" \
+        "$CHARLY -C $WORK/p$size box generate --all -q --no-journal"
     peak_rss_mb "$CHARLY" -C "$WORK/p$size" box generate --all -q >"$OUT/d-rss-charly-$size"
+    peak_rss_mb "$CHARLY" -C "$WORK/p$size" box generate --all -q --no-journal >"$OUT/d-rss-full-$size"
     peak_rss_mb ninja -C "$WORK/p$size" -n >"$OUT/d-rss-ninja-$size"
     unset CHARLY_CACHE_DIR
 done
+
+# --- (e) podman -------------------------------------------------------------
+EX=$ROOT/examples/hello
+E_CA=()
+[ -f /etc/ssl/certs/ca-certificates.crt ] && E_CA=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+if have podman && [ -f "$EX/.build/hello/Containerfile" ] \
+    && CONTAINERS_CONF=${CONTAINERS_CONF:-$HOME/.cache/charly/podman/containers.conf} podman image exists localhost/hello:2026.12.1; then
+    say "(e) example box no-op: charly box build hello vs podman build (warm layer cache)"
+    export CONTAINERS_CONF=${CONTAINERS_CONF:-$HOME/.cache/charly/podman/containers.conf}
+    time_cmds e-podman 5 -- \
+        "$CHARLY -C $EX box build hello --dev-local-pkg -q" \
+        "podman build -q --layers=true --pull=never -f $EX/.build/hello/Containerfile ${E_CA[*]} $EX"
+else
+    say "(e) skipped: build the example first (README: box build --all --dev-local-pkg)"
+fi
 
 # --- report -----------------------------------------------------------------
 {
@@ -242,6 +269,7 @@ done
         echo "| charly box generate --all | $(ms "$cm") | $(ms "$cmin") | $(ms "$(field a-noop 1 mean)") | $(cpu_ms a-noop 1) |"
         echo "| ninja -n | $(ms "$nm") | $(ms "$nmin") | $(ms "$(field a-noop 2 mean)") | $(cpu_ms a-noop 2) |"
         echo "| charly box build --all --dry-run (fake) | $(ms "$dm") | $(ms "$(field a-noop 3 min)") | $(ms "$(field a-noop 3 mean)") | $(cpu_ms a-noop 3) |"
+        echo "| charly box generate --all --no-journal | $(ms "$(field a-noop 4 median)") | $(ms "$(field a-noop 4 min)") | $(ms "$(field a-noop 4 mean)") | $(cpu_ms a-noop 4) |"
         echo
         echo "charly / ninja -n: $(ratio "$cm" "$nm")x (median), $(ratio "$cmin" "$nmin")x (min). Target: < 50 ms and <= 2x."
         echo
@@ -277,14 +305,25 @@ done
     done
     echo
     echo "## (d) no-op by size (median; peak RSS of one run)"
-    echo "| size | generate-graph nodes | charly ms | ninja -n ms | charly / ninja | charly CPU ms | ninja CPU ms | charly peak RSS MB | ninja peak RSS MB | cold charly ms | cold ninja ms |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| size | generate-graph nodes | charly ms | ninja -n ms | charly / ninja | charly CPU ms | ninja CPU ms | charly peak RSS MB | ninja peak RSS MB | --no-journal ms | --no-journal peak RSS MB | cold charly ms | cold ninja ms |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for size in $SIZES; do
         [ -f "$OUT/d-noop-$size.csv" ] || continue
         c=$(field "d-noop-$size" 1 median); n=$(field "d-noop-$size" 2 median)
         nodes=$(grep -o '[0-9]* nodes' "$OUT/cold-$size.txt" | head -1 | cut -d' ' -f1)
-        echo "| $size | $nodes | $(ms "$c") | $(ms "$n") | $(ratio "$c" "$n")x | $(cpu_ms "d-noop-$size" 1) | $(cpu_ms "d-noop-$size" 2) | $(cat "$OUT/d-rss-charly-$size") | $(cat "$OUT/d-rss-ninja-$size") | $(cat "$OUT/cold-ms-$size") | $(cat "$OUT/ninja-cold-ms-$size") |"
+        echo "| $size | $nodes | $(ms "$c") | $(ms "$n") | $(ratio "$c" "$n")x | $(cpu_ms "d-noop-$size" 1) | $(cpu_ms "d-noop-$size" 2) | $(cat "$OUT/d-rss-charly-$size") | $(cat "$OUT/d-rss-ninja-$size") | $(ms "$(field "d-noop-$size" 3 median)") | $(cat "$OUT/d-rss-full-$size") | $(cat "$OUT/cold-ms-$size") | $(cat "$OUT/ninja-cold-ms-$size") |"
     done
     echo
+    if [ -f "$OUT/e-podman.csv" ]; then
+        c=$(field e-podman 1 median); p=$(field e-podman 2 median)
+        echo "## (e) example box no-op (median of 5)"
+        echo "| command | median ms |"
+        echo "|---|---:|"
+        echo "| charly box build hello | $(ms "$c") |"
+        echo "| podman build (warm layer cache) | $(ms "$p") |"
+        echo
+        echo "podman / charly: $(ratio "$p" "$c")x. Target: >= 10x."
+        echo
+    fi
     echo "Raw hyperfine output and CSVs: $OUT"
 } | tee "$OUT/report.md"

@@ -9,6 +9,9 @@
 //!   library, as the CLI does it: open the store and the stat cache, load,
 //!   resolve, build the graph (plans, keys), run it (every node cached) and
 //!   write the build directories (each already holds its key: checked only).
+//! * `noop-journal/SIZE`: what the CLI's no-op actually costs: the no-op
+//!   journal's check (stat every input and output, compare, replay) over
+//!   the same project, recorded once after a full no-op run.
 //! * `noop-build-dry-run/SIZE`: the same for `box build --all --dry-run`
 //!   (`Goal::Build`, after one real build with the fake runner).
 //! * `noop-phases/SIZE/*`: each phase of the no-op generate alone
@@ -43,6 +46,7 @@ use charly_engine::cache::Store;
 use charly_engine::generate::{image_refs, render};
 use charly_engine::graph::{Goal, Graph};
 use charly_engine::hash::{FileHasher, hash_file};
+use charly_engine::journal::{Journal, Scope};
 use charly_engine::runner::FakeRunner;
 use charly_engine::sched::{Quiet, Summary};
 use charly_rules::emit::EmitOptions;
@@ -188,6 +192,27 @@ fn noop_benches(c: &mut Criterion) {
                 assert_eq!(s.totals.ran, 0);
                 black_box(s)
             });
+        });
+        g.finish();
+        // The no-op journal (what `charly box generate --all` does when
+        // nothing changed): record once after a full no-op run, then time
+        // the check that replays it.
+        let journal = {
+            let mut j = Journal::new(&f.store, &format!("bench generate {}", f.label));
+            j.racy_ns = 0; // the project was generated moments ago
+            let scope = Scope::project(&f.root, &[], &f.store);
+            let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+            let s = run_once(&f.root, &f.store, &Goal::Generate, false);
+            let outputs = vec![f.root.join(".build"), f.root.join(".containerignore")];
+            assert!(
+                j.record(rec, &outputs, &[], s.outcome(Vec::new()))
+                    .expect("journal written")
+            );
+            j
+        };
+        let mut g = c.benchmark_group("noop-journal");
+        g.bench_function(BenchmarkId::from_parameter(&f.label), |b| {
+            b.iter(|| black_box(journal.check().expect("replayed")));
         });
         g.finish();
         let mut g = c.benchmark_group("noop-build-dry-run");

@@ -324,6 +324,7 @@ impl Store {
     /// to `quarantine/` and drops its index row. Records naming it become
     /// misses. Does nothing if the path meanwhile names another file.
     pub(crate) fn quarantine(&self, d: &BlobDigest, id: FileId) -> Result<(), CacheError> {
+        self.bump_epoch()?;
         let path = self.blob_path(d);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -53,6 +53,7 @@ impl Store {
     /// `max_bytes` on disk; see the module docs for the order.
     pub fn gc(&self, max_bytes: u64) -> Result<GcReport, CacheError> {
         self.flush()?;
+        self.bump_epoch()?;
         let grace_cutoff = self.now().saturating_sub(PENDING_GRACE_SECS);
         let mut report = self.with_conn(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;

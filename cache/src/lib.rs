@@ -41,6 +41,7 @@
 //! locks/<key hex>.lock      per-node build locks (Store::lock_key)
 //! quarantine/               blobs that failed verification, kept for inspection
 //! init.lock                 serializes index creation and migration
+//! epoch                     replaced before anything is deleted (see read_epoch)
 //! ```
 //!
 //! Anything else in the directory (the engine keeps scratch space there) is
@@ -93,6 +94,7 @@
 
 mod blob;
 mod digest;
+mod epoch;
 mod error;
 mod frames;
 mod gc;
@@ -103,6 +105,7 @@ mod store;
 mod verify;
 
 pub use digest::{BlobDigest, NodeKey};
+pub use epoch::read_epoch;
 pub use error::CacheError;
 pub use gc::{GcReport, PENDING_GRACE_SECS};
 pub use lock::KeyLock;

@@ -84,6 +84,9 @@ impl Store {
     /// something changed in between.
     pub fn verify(&self, repair: bool) -> Result<VerifyReport, CacheError> {
         self.flush()?;
+        if repair {
+            self.bump_epoch()?;
+        }
         let mut report = VerifyReport {
             repaired: repair,
             ..VerifyReport::default()

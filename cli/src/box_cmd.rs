@@ -58,6 +58,13 @@ pub struct GenerateArgs {
     /// Print the Containerfile of the one named box on stdout; write nothing.
     #[arg(long)]
     pub stdout: bool,
+    /// Always load the project and look up every node. By default a run
+    /// whose inputs (every file and directory of the project, by stat), outputs,
+    /// store and charly binary are unchanged since the last identical run
+    /// replays that run's result without loading anything (the no-op
+    /// journal, kept in the store).
+    #[arg(long, env = "CHARLY_NO_JOURNAL")]
+    pub no_journal: bool,
     #[command(flatten)]
     pub run: crate::engine_cmd::RunArgs,
 }

@@ -7,13 +7,15 @@ use charly_cache::{Remote, RemoteConfig, Store};
 use charly_engine::api::Engine;
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
+use charly_engine::journal::{Journal, Scope, normalize};
 use charly_engine::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::remote::RemoteCache;
 use charly_engine::runner::{FakeRunner, Runner};
 use charly_engine::sched::{State, Summary};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 /// Options shared by commands that run the graph.
 #[derive(clap::Args, Debug, Clone)]
@@ -312,9 +314,86 @@ fn summary_line(verb: &str, s: &Summary) -> String {
     line
 }
 
+/// The no-op journal of this `box generate`, when one applies: the
+/// default output directory, no `--stdout`, no remote cache (whose
+/// traffic a replay would skip), a known store, no `--no-journal`.
+fn generate_journal(
+    cli: &Cli,
+    a: &crate::box_cmd::GenerateArgs,
+    root: &Path,
+) -> Option<(Journal, Scope)> {
+    if a.no_journal
+        || a.out.is_some()
+        || a.stdout
+        || cli.remote.as_deref().is_some_and(|r| !r.is_empty())
+    {
+        return None;
+    }
+    let store_dir = cli.cache_dir.clone().or_else(Store::default_dir)?;
+    let imports: Vec<PathBuf> = cli.imports.iter().map(|(_, d)| d.clone()).collect();
+    let scope = Scope::project(root, &imports, &store_dir);
+    let mut boxes = a.boxes.clone();
+    boxes.sort();
+    let command = serde_json::json!({
+        "command": "box generate",
+        "version": env!("CARGO_PKG_VERSION"),
+        "root": scope.roots[0],
+        // The printed paths are spelled from these.
+        "dir": cli.dir,
+        "cwd": std::env::current_dir().ok(),
+        "imports": cli.imports,
+        "boxes": boxes,
+        "all": a.all,
+        "dev_local_pkg": a.dev_local_pkg,
+    })
+    .to_string();
+    let mut journal = Journal::new(&store_dir, &command);
+    // Test hook: how recent an input may be and still be trusted by stat
+    // (tests shrink it instead of waiting out the file system's clock).
+    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        journal.racy_ns = ms.saturating_mul(1_000_000);
+    }
+    Some((journal, scope))
+}
+
+/// Prints what a replayed `box generate` printed the first time.
+fn replay_generate(
+    a: &crate::box_cmd::GenerateArgs,
+    outcome: &charly_engine::journal::Outcome,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    let summary = Summary::replayed(outcome, started.elapsed().as_millis() as u64);
+    write_reports(&a.run, &summary)?;
+    let mut stdout = std::io::stdout().lock();
+    for line in &outcome.stdout {
+        writeln!(stdout, "{line}")?;
+    }
+    if !a.run.quiet {
+        output::note(&format!(
+            "{} (nothing changed since the last run)",
+            summary_line("generate", &summary)
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `box generate` on the engine.
 pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let started = Instant::now();
+    let root = project::root(cli)?;
+    let journal = generate_journal(cli, a, &root);
+    if let Some((j, _)) = &journal
+        && let Ok(outcome) = j.check()
+    {
+        return replay_generate(a, &outcome, started);
+    }
+    let recorder = journal
+        .as_ref()
+        .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
+    let o = project::open_at(cli, root)?;
     let names = select(&o, &a.boxes, a.all)?;
     if a.stdout && names.len() != 1 {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
@@ -362,14 +441,46 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         return Ok(ExitCode::SUCCESS);
     }
     let written = engine.write_build_dirs(&graph, &out_root, a.out.is_some())?;
-    for p in written {
-        writeln!(stdout, "{}", p.display())?;
+    let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    for line in &lines {
+        writeln!(stdout, "{line}")?;
     }
     if !a.run.quiet {
         output::note(&summary_line("generate", &summary));
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
+    if let (Some((j, _)), Some(mut rec)) = (journal, recorder) {
+        if !rec.covers_project(&o.project) {
+            rec.spoil();
+        }
+        let (outputs, skip) = generate_outputs(&out_root, &written);
+        if let Err(e) = j.record(rec, &outputs, &skip, summary.outcome(lines)) {
+            output::note(&format!("could not write the no-op journal: {e}"));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `box generate` leaves on disk, for the journal: each box's build
+/// directory (minus what builds put there), the shared layer copies and the
+/// root ignore files.
+fn generate_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut outputs = Vec::new();
+    let mut skip = Vec::new();
+    for cf in written {
+        if let Some(dir) = cf.parent() {
+            let dir = normalize(dir);
+            for sub in ["_artifacts", "_localpkg", "_rootfs"] {
+                skip.push(dir.join(sub));
+            }
+            outputs.push(dir);
+        }
+    }
+    let root = normalize(out_root);
+    outputs.push(root.join(".build/_layers"));
+    outputs.push(root.join(".containerignore"));
+    outputs.push(root.join(".dockerignore"));
+    (outputs, skip)
 }
 
 /// `box build`.

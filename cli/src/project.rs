@@ -15,7 +15,12 @@ pub struct Opened {
 
 /// Loads and resolves the project.
 pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
-    let root = match &cli.dir {
+    open_at(cli, root(cli)?)
+}
+
+/// The project's root directory: `-C DIR`, or found upwards from the cwd.
+pub fn root(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
+    Ok(match &cli.dir {
         Some(d) => {
             if !d.join("charly.yml").is_file() {
                 anyhow::bail!(
@@ -31,7 +36,11 @@ pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
                 "not inside a charly project; run from a directory with a charly.yml or pass -C DIR"
             })?
         }
-    };
+    })
+}
+
+/// Loads and resolves the project at `root`.
+pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
     };

@@ -617,8 +617,19 @@ pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, Exec
         .to_string();
     let marker = root.join(&dir).join(KEY_MARKER);
     let key = cf.key.to_hex();
+    // The marker alone is not trusted: every file must still hold what the
+    // record says (a hand edit of a generated file is undone).
     if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
         && root.join(&dir).join("Containerfile").is_file()
+        && rec.outputs.iter().all(|(name, o)| {
+            name.strip_prefix("file:").is_none_or(|path| {
+                let p = root.join(path);
+                std::fs::metadata(&p).is_ok_and(|m| {
+                    m.len() == o.size
+                        && crate::hash::hash_file(&p, m.len()).is_ok_and(|d| d == o.digest.to_hex())
+                })
+            })
+        })
     {
         return Ok(dir);
     }

@@ -17,6 +17,7 @@ pub mod exec;
 pub mod generate;
 pub mod graph;
 pub mod hash;
+pub mod journal;
 pub mod key;
 pub mod oci;
 pub mod podman;

@@ -1,0 +1,658 @@
+//! The no-op journal: "nothing to do" without loading the project.
+//!
+//! A no-op `box generate` would load and resolve every YAML file, compile
+//! every plan and compute every key only to find every record present. Like
+//! ninja's log, the journal short-cuts that: after a successful run it
+//! records the stat fingerprint (size, mtime, ctime, inode, mode) of every
+//! file and directory the run could have read, of every output it left on
+//! disk, the charly binary's own fingerprint and the store's deletion epoch
+//! ([`charly_cache::read_epoch`]), together with the run's outcome (its nodes
+//! and keys, the lines it printed). The next run with the same command stats
+//! the same paths; when every fingerprint and the epoch match, the outcome is
+//! the same as last time — every node cached under the same key, every output
+//! file already right — and it is replayed. Any difference (a byte, a new
+//! file, a touched file, a removed output, a GC, a new charly binary) falls
+//! back to the full run, which is always correct; the journal can only make
+//! a run faster, never change its result.
+//!
+//! What counts as read: every file and directory under each walked root (the
+//! project and its imports, skipping `.git` and the build output directory),
+//! plus single files (e.g. `charly.yml` in each directory above the project,
+//! which the loader may consult, recorded as absent when absent). A
+//! directory's mtime changes when an entry is added, removed or renamed, so
+//! new files are seen without listing directories. The caller checks after
+//! its run that everything the loader used lies inside the walked roots
+//! ([`Recorder::covers`]); if not, nothing is recorded.
+//!
+//! Timestamps are coarse (a kernel tick; a second or two on some file
+//! systems), so a file changed in the same tick as it was fingerprinted could
+//! keep its fingerprint ("racy git"). Inputs are fingerprinted *before* the
+//! run reads them, and a run whose inputs changed within [`RACY_NS`] of that
+//! walk records nothing. Outputs are written by the run itself and are
+//! always recent, so the journal also stores their content digest and
+//! verifies racy outputs by content; once they are old enough, a replay
+//! drops those digests and rewrites the journal, as git refreshes its index.
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Version of the journal file format; a different one is ignored.
+pub const JOURNAL_SCHEMA: u32 = 1;
+
+/// Files modified this close (nanoseconds) to a fingerprint are not trusted
+/// by stat alone.
+pub const RACY_NS: i64 = 2_000_000_000;
+
+/// A path's stat fingerprint: `[kind, size, mtime_ns, ctime_ns, inode,
+/// mode]`, kind 0 = absent, 1 = file, 2 = directory, 3 = other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fp(u8, u64, i64, i64, u64, u32);
+
+impl Fp {
+    const ABSENT: Fp = Fp(0, 0, 0, 0, 0, 0);
+
+    fn of_meta(m: &std::fs::Metadata) -> Fp {
+        let kind = if m.is_file() {
+            1
+        } else if m.is_dir() {
+            2
+        } else {
+            3
+        };
+        // Directory sizes are file-system bookkeeping, not content.
+        let size = if kind == 1 { m.len() } else { 0 };
+        Fp(
+            kind,
+            size,
+            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            m.ino(),
+            m.mode(),
+        )
+    }
+
+    /// Fingerprints a path (following symlinks, as the loader does).
+    pub fn of(path: &Path) -> Fp {
+        match std::fs::metadata(path) {
+            Ok(m) => Fp::of_meta(&m),
+            Err(_) => Fp::ABSENT,
+        }
+    }
+
+    fn is_file(&self) -> bool {
+        self.0 == 1
+    }
+
+    /// The later of mtime and ctime.
+    fn changed_ns(&self) -> i64 {
+        self.2.max(self.3)
+    }
+}
+
+/// One output file or directory: fingerprint, and the content digest while
+/// the fingerprint is too recent to trust.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct OutputEntry(String, Fp, Option<String>);
+
+/// What a successful run did, replayed by a matching later run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Every node: id, kind, key hex.
+    pub nodes: Vec<(String, crate::key::NodeKind, String)>,
+    /// The lines the run printed on stdout.
+    pub stdout: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    schema: u32,
+    /// The command the entry answers (for people reading the file).
+    command: String,
+    exe: Fp,
+    epoch: String,
+    /// When the outputs were fingerprinted (unix ns).
+    recorded_ns: i64,
+    inputs: Vec<(String, Fp)>,
+    outputs: Vec<OutputEntry>,
+    outcome: Outcome,
+}
+
+/// Why a journal did not answer (for `--explain`-style reporting and tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Miss {
+    /// No entry for this command (or an unreadable / older-format one).
+    NoEntry,
+    /// The charly binary changed.
+    Binary,
+    /// Something was deleted from the store.
+    StoreEpoch,
+    /// An input's fingerprint changed.
+    Input(String),
+    /// An output was changed, removed or added to.
+    Output(String),
+}
+
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Miss::NoEntry => write!(f, "no journal entry for this command"),
+            Miss::Binary => write!(f, "the charly binary changed"),
+            Miss::StoreEpoch => write!(f, "the store deleted entries since"),
+            Miss::Input(p) => write!(f, "input changed: {p}"),
+            Miss::Output(p) => write!(f, "output changed: {p}"),
+        }
+    }
+}
+
+/// The journal of one command in one store (`<store>/journal/<id>.json`).
+pub struct Journal {
+    store_dir: PathBuf,
+    file: PathBuf,
+    command: String,
+    /// How recent a change must be to count as racy ([`RACY_NS`]; tests
+    /// shrink it instead of waiting).
+    pub racy_ns: i64,
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn exe_fp() -> Fp {
+    std::env::current_exe()
+        .map(|p| Fp::of(&p))
+        .unwrap_or(Fp::ABSENT)
+}
+
+fn path_str(p: &Path) -> Option<String> {
+    p.to_str().map(str::to_string)
+}
+
+fn digest_of(path: &Path) -> Option<String> {
+    let m = std::fs::metadata(path).ok()?;
+    crate::hash::hash_file(path, m.len()).ok()
+}
+
+impl Journal {
+    /// The journal for `command` (every argument that can change the
+    /// result, e.g. `generate --all` plus the project's absolute root) in
+    /// the store at `store_dir`. Opens nothing.
+    pub fn new(store_dir: &Path, command: &str) -> Journal {
+        let id = blake3::hash(command.as_bytes()).to_hex();
+        Journal {
+            store_dir: store_dir.to_path_buf(),
+            file: store_dir
+                .join("journal")
+                .join(format!("{}.json", &id[..32])),
+            command: command.to_string(),
+            racy_ns: RACY_NS,
+        }
+    }
+
+    fn read(&self) -> Option<Entry> {
+        let bytes = std::fs::read(&self.file).ok()?;
+        let e: Entry = serde_json::from_slice(&bytes).ok()?;
+        (e.schema == JOURNAL_SCHEMA && e.command == self.command).then_some(e)
+    }
+
+    fn write(&self, e: &Entry) -> std::io::Result<()> {
+        let dir = self.file.parent().unwrap_or(&self.store_dir);
+        std::fs::create_dir_all(dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        serde_json::to_writer(std::io::BufWriter::new(tmp.as_file_mut()), e)
+            .map_err(std::io::Error::other)?;
+        tmp.persist(&self.file).map_err(|e| e.error)?;
+        Ok(())
+    }
+
+    /// Forgets this command's entry.
+    pub fn clear(&self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+
+    /// The recorded outcome, when nothing it depends on changed.
+    pub fn check(&self) -> Result<Outcome, Miss> {
+        let mut e = self.read().ok_or(Miss::NoEntry)?;
+        if e.exe != exe_fp() {
+            return Err(Miss::Binary);
+        }
+        if e.epoch != charly_cache::read_epoch(&self.store_dir) {
+            return Err(Miss::StoreEpoch);
+        }
+        if let Some((p, _)) = e
+            .inputs
+            .par_iter()
+            .find_any(|(p, fp)| Fp::of(Path::new(p)) != *fp)
+        {
+            return Err(Miss::Input(p.clone()));
+        }
+        if let Some(OutputEntry(p, ..)) = e.outputs.par_iter().find_any(|OutputEntry(p, fp, d)| {
+            let path = Path::new(p);
+            Fp::of(path) != *fp
+                || d.as_ref()
+                    .is_some_and(|d| digest_of(path).as_ref() != Some(d))
+        }) {
+            return Err(Miss::Output(p.clone()));
+        }
+        // Outputs verified by content that are now old enough to trust by
+        // stat: drop their digests so later replays only stat.
+        let cutoff = now_ns() - self.racy_ns;
+        if e.outputs
+            .iter()
+            .any(|OutputEntry(_, fp, d)| d.is_some() && fp.changed_ns() < cutoff)
+        {
+            for OutputEntry(_, fp, d) in &mut e.outputs {
+                if fp.changed_ns() < cutoff {
+                    *d = None;
+                }
+            }
+            let _ = self.write(&e);
+        }
+        Ok(e.outcome)
+    }
+
+    /// Fingerprints the inputs before a full run: every file and directory
+    /// under `roots` (skipping `.git` and the paths in `skip`), and each of
+    /// `files`. The epoch is read first, so a deletion during the run
+    /// invalidates what it records.
+    pub fn begin(&self, roots: &[PathBuf], files: &[PathBuf], skip: &[PathBuf]) -> Recorder {
+        let epoch = charly_cache::read_epoch(&self.store_dir);
+        let started_ns = now_ns();
+        let mut inputs = Vec::new();
+        let mut ok = true;
+        for root in roots {
+            for e in walkdir::WalkDir::new(root)
+                .follow_links(true)
+                .into_iter()
+                .filter_entry(|e| {
+                    !(e.file_type().is_dir()
+                        && (e.file_name() == ".git" || skip.iter().any(|s| s == e.path())))
+                })
+            {
+                let Ok(e) = e else {
+                    ok = false;
+                    continue;
+                };
+                let Some(p) = path_str(e.path()) else {
+                    ok = false;
+                    continue;
+                };
+                // Followed: the fingerprint of what a symlink points at.
+                let fp = e.metadata().map(|m| Fp::of_meta(&m)).unwrap_or(Fp::ABSENT);
+                inputs.push((p, fp));
+            }
+        }
+        for f in files {
+            match path_str(f) {
+                Some(p) => inputs.push((p, Fp::of(f))),
+                None => ok = false,
+            }
+        }
+        let racy = inputs
+            .iter()
+            .any(|(_, fp)| fp.0 != 0 && fp.changed_ns() > started_ns - self.racy_ns);
+        Recorder {
+            roots: roots.to_vec(),
+            skip: skip.to_vec(),
+            epoch,
+            inputs,
+            usable: ok && !racy,
+        }
+    }
+
+    /// Records a successful run: `outputs` are walked (files and
+    /// directories, skipping `skip_outputs`) and fingerprinted now. Returns
+    /// whether an entry was written (not when the inputs were racy or the
+    /// caller found the run used something outside the walked roots).
+    pub fn record(
+        &self,
+        rec: Recorder,
+        outputs: &[PathBuf],
+        skip_outputs: &[PathBuf],
+        outcome: Outcome,
+    ) -> std::io::Result<bool> {
+        if !rec.usable {
+            self.clear();
+            return Ok(false);
+        }
+        let recorded_ns = now_ns();
+        let mut outs = Vec::new();
+        for root in outputs {
+            for e in walkdir::WalkDir::new(root)
+                .into_iter()
+                .filter_entry(|e| !skip_outputs.iter().any(|s| s == e.path()))
+            {
+                let (path, fp) = match e {
+                    Ok(e) => (e.path().to_path_buf(), Fp::of(e.path())),
+                    // A missing output root is recorded as absent.
+                    Err(_) => (root.clone(), Fp::ABSENT),
+                };
+                let Some(p) = path_str(&path) else {
+                    self.clear();
+                    return Ok(false);
+                };
+                let digest = (fp.is_file() && fp.changed_ns() > recorded_ns - self.racy_ns)
+                    .then(|| digest_of(&path))
+                    .flatten();
+                outs.push(OutputEntry(p, fp, digest));
+            }
+        }
+        self.write(&Entry {
+            schema: JOURNAL_SCHEMA,
+            command: self.command.clone(),
+            exe: exe_fp(),
+            epoch: rec.epoch,
+            recorded_ns,
+            inputs: rec.inputs,
+            outputs: outs,
+            outcome,
+        })?;
+        Ok(true)
+    }
+}
+
+/// Input fingerprints taken before a full run ([`Journal::begin`]).
+pub struct Recorder {
+    roots: Vec<PathBuf>,
+    skip: Vec<PathBuf>,
+    epoch: String,
+    inputs: Vec<(String, Fp)>,
+    usable: bool,
+}
+
+impl Recorder {
+    /// Whether `path` lies inside a walked root (and not in a skipped part).
+    pub fn covers(&self, path: &Path) -> bool {
+        let path = normalize(path);
+        self.roots.iter().any(|r| path.starts_with(r))
+            && !self.skip.iter().any(|s| path.starts_with(s))
+            && !path.components().any(|c| c.as_os_str() == ".git")
+    }
+
+    /// Marks the run as not recordable (it used something the walk did not
+    /// see).
+    pub fn spoil(&mut self) {
+        self.usable = false;
+    }
+
+    /// Whether [`Journal::record`] would write an entry.
+    pub fn usable(&self) -> bool {
+        self.usable
+    }
+}
+
+/// `p` made absolute and lexically normalized (`.` and `..` resolved
+/// without touching the disk), so paths compare by prefix.
+pub fn normalize(p: &Path) -> PathBuf {
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// What a full run over a project may read, for [`Journal::begin`].
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Directories walked: the project root and every `--import` directory.
+    pub roots: Vec<PathBuf>,
+    /// Single files: `charly.yml` in every directory above the root (the
+    /// loader looks for an enclosing checkout there).
+    pub files: Vec<PathBuf>,
+    /// Not walked: the root's `.build/` (outputs) and the store, when it
+    /// lives inside the project.
+    pub skip: Vec<PathBuf>,
+}
+
+impl Scope {
+    /// The scope of a project at `root` with `imports`, using the store at
+    /// `store_dir`.
+    pub fn project(root: &Path, imports: &[PathBuf], store_dir: &Path) -> Scope {
+        let root = normalize(root);
+        let mut roots = vec![root.clone()];
+        for d in imports {
+            let d = normalize(d);
+            if !roots.iter().any(|r| d.starts_with(r)) {
+                roots.push(d);
+            }
+        }
+        let files = root
+            .ancestors()
+            .skip(1)
+            .map(|d| d.join("charly.yml"))
+            .collect();
+        Scope {
+            roots,
+            files,
+            skip: vec![root.join(".build"), normalize(store_dir)],
+        }
+    }
+}
+
+impl Recorder {
+    /// Whether everything the loaded project was read from (namespaces,
+    /// candy directories, every source file but the embedded ones, offline
+    /// repos) lies inside the walked roots.
+    pub fn covers_project(&self, p: &charly_rules::load::Project) -> bool {
+        let sources = (0..p.sources.len()).filter_map(|i| {
+            u32::try_from(i)
+                .ok()
+                .and_then(|i| p.sources.path(charly_rules::source::FileId(i)))
+        });
+        p.namespaces
+            .iter()
+            .map(|n| n.dir.as_path())
+            .chain(p.candies.values().map(|c| c.dir.as_path()))
+            .chain(p.repos.values().map(PathBuf::as_path))
+            .chain(sources.filter(|f| !f.starts_with("<embedded>")))
+            .all(|d| self.covers(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome() -> Outcome {
+        Outcome {
+            nodes: vec![(
+                "source:a".into(),
+                crate::key::NodeKind::Source,
+                "ab".repeat(32),
+            )],
+            stdout: vec!["out/x".into()],
+        }
+    }
+
+    struct Fix {
+        t: tempfile::TempDir,
+        proj: PathBuf,
+        out: PathBuf,
+        store: PathBuf,
+    }
+
+    impl Fix {
+        fn new() -> Fix {
+            let t = tempfile::tempdir().expect("tmp");
+            let proj = t.path().join("p");
+            std::fs::create_dir_all(proj.join("candy/a")).expect("mkdir");
+            std::fs::write(proj.join("charly.yml"), "version: 1\n").expect("write");
+            std::fs::write(proj.join("candy/a/charly.yml"), "candy: a\n").expect("write");
+            let out = proj.join(".build/x");
+            std::fs::create_dir_all(&out).expect("mkdir");
+            std::fs::write(out.join("Containerfile"), "FROM a\n").expect("write");
+            let store = t.path().join("store");
+            Fix {
+                proj,
+                out,
+                store,
+                t,
+            }
+        }
+
+        /// A journal trusting any timestamp (the racy window is tested
+        /// separately), recorded over the fixture.
+        fn recorded(&self) -> Journal {
+            let mut j = Journal::new(&self.store, "generate");
+            j.racy_ns = 0;
+            let scope = Scope::project(&self.proj, &[], &self.store);
+            let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+            assert!(rec.usable());
+            assert!(
+                j.record(rec, std::slice::from_ref(&self.out), &[], outcome())
+                    .expect("record")
+            );
+            j
+        }
+    }
+
+    #[test]
+    fn an_unchanged_project_replays_the_outcome() {
+        let f = Fix::new();
+        let j = f.recorded();
+        let o = j.check().expect("replay");
+        assert_eq!(o.nodes, outcome().nodes);
+        assert_eq!(o.stdout, outcome().stdout);
+        // Another command has its own entry.
+        assert_eq!(
+            Journal::new(&f.store, "generate a").check().unwrap_err(),
+            Miss::NoEntry
+        );
+    }
+
+    #[test]
+    fn any_input_change_misses_and_names_the_path() {
+        let f = Fix::new();
+        let file = f.proj.join("candy/a/charly.yml");
+        // Same size, different bytes.
+        let j = f.recorded();
+        std::fs::write(&file, "candy: b\n").expect("write");
+        assert_eq!(
+            j.check().unwrap_err(),
+            Miss::Input(file.display().to_string())
+        );
+        // A new file: its directory changed.
+        let j = f.recorded();
+        std::fs::write(f.proj.join("candy/a/extra.sh"), "echo\n").expect("write");
+        assert_eq!(
+            j.check().unwrap_err(),
+            Miss::Input(f.proj.join("candy/a").display().to_string())
+        );
+        // A removed directory.
+        let j = f.recorded();
+        std::fs::remove_dir_all(f.proj.join("candy/a")).expect("rm");
+        assert!(matches!(j.check().unwrap_err(), Miss::Input(_)));
+        // A charly.yml appearing above the project (an enclosing checkout).
+        let j = f.recorded();
+        std::fs::write(f.t.path().join("charly.yml"), "repo: x\n").expect("write");
+        assert_eq!(
+            j.check().unwrap_err(),
+            Miss::Input(f.t.path().join("charly.yml").display().to_string())
+        );
+    }
+
+    #[test]
+    fn build_dirs_and_git_are_not_inputs() {
+        let f = Fix::new();
+        std::fs::create_dir_all(f.proj.join(".git")).expect("mkdir");
+        let j = f.recorded();
+        std::fs::write(f.proj.join(".git/index"), "x").expect("write");
+        std::fs::write(f.proj.join(".build/other"), "x").expect("write");
+        j.check().expect("still a replay");
+    }
+
+    #[test]
+    fn output_changes_miss() {
+        let f = Fix::new();
+        let j = f.recorded();
+        std::fs::write(f.out.join("Containerfile"), "FROM b\n").expect("write");
+        assert!(matches!(j.check().unwrap_err(), Miss::Output(_)));
+        let j = f.recorded();
+        std::fs::write(f.out.join("stray"), "x").expect("write");
+        assert!(matches!(j.check().unwrap_err(), Miss::Output(_)));
+        let j = f.recorded();
+        std::fs::remove_dir_all(&f.out).expect("rm");
+        assert!(matches!(j.check().unwrap_err(), Miss::Output(_)));
+    }
+
+    #[test]
+    fn a_store_deletion_misses() {
+        let f = Fix::new();
+        let store = charly_cache::Store::open(&f.store).expect("store");
+        let j = f.recorded();
+        j.check().expect("replay");
+        store.gc(u64::MAX).expect("gc");
+        assert_eq!(j.check().unwrap_err(), Miss::StoreEpoch);
+    }
+
+    #[test]
+    fn uncovered_or_racy_runs_record_nothing() {
+        let f = Fix::new();
+        // Everything was just written: inside the real racy window.
+        let j = Journal::new(&f.store, "generate");
+        let scope = Scope::project(&f.proj, &[], &f.store);
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        assert!(!rec.usable(), "files written just now must be racy");
+        assert!(!j.record(rec, &[], &[], outcome()).expect("record"));
+        assert_eq!(j.check().unwrap_err(), Miss::NoEntry);
+
+        let mut j = Journal::new(&f.store, "generate");
+        j.racy_ns = 0;
+        let mut rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        assert!(rec.covers(&f.proj.join("candy/a/charly.yml")));
+        assert!(rec.covers(&f.proj.join("candy/../candy/a")));
+        assert!(!rec.covers(&f.proj.join("../elsewhere/candy")));
+        assert!(!rec.covers(&f.proj.join(".build/x")));
+        rec.spoil();
+        assert!(!j.record(rec, &[], &[], outcome()).expect("record"));
+        assert_eq!(j.check().unwrap_err(), Miss::NoEntry);
+    }
+
+    #[test]
+    fn recent_outputs_are_verified_by_content_until_they_age() {
+        let f = Fix::new();
+        let mut j = Journal::new(&f.store, "generate");
+        // Inputs trusted; outputs written "just now" relative to a huge window.
+        j.racy_ns = 0;
+        let rec = j.begin(&[], &[], &[]);
+        j.racy_ns = i64::MAX / 2;
+        assert!(
+            j.record(rec, std::slice::from_ref(&f.out), &[], outcome())
+                .expect("record")
+        );
+        let entry = j.read().expect("entry");
+        let cf = entry
+            .outputs
+            .iter()
+            .find(|o| o.0.ends_with("Containerfile"))
+            .expect("output");
+        assert_eq!(
+            cf.2.as_deref(),
+            Some(blake3::hash(b"FROM a\n").to_hex().as_str())
+        );
+        j.check().expect("content matches");
+        // Old enough now: the replay drops the digest and rewrites the entry.
+        j.racy_ns = 0;
+        j.check().expect("replay");
+        assert!(
+            j.read()
+                .expect("entry")
+                .outputs
+                .iter()
+                .all(|o| o.2.is_none())
+        );
+    }
+}
