@@ -9,6 +9,7 @@ use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
 use charly_engine::journal::{Journal, Scope, normalize};
 use charly_engine::podman::{PodmanOptions, PodmanRunner};
+use charly_engine::reapi::GrpcCache;
 use charly_engine::remote::RemoteCache;
 use charly_engine::runner::{FakeRunner, Runner};
 use charly_engine::sched::{State, Summary};
@@ -133,6 +134,12 @@ pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
 /// The remote cache named by `--remote`/`CHARLY_REMOTE`, if any. With
 /// `--remote-required` the registry is contacted once up front.
 pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
+    if let Some(url) = cli.remote.as_deref().filter(|u| is_grpc(u)) {
+        anyhow::bail!(
+            "{url}: `charly cache push|pull|stats` work with OCI registries; a grpc:// remote \
+             serves `box build`, `box generate` and `check`"
+        );
+    }
     let Some(url) = cli.remote.as_deref().filter(|u| !u.is_empty()) else {
         if cli.remote_read_only || cli.remote_required {
             anyhow::bail!(
@@ -151,6 +158,23 @@ pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
             .with_context(|| format!("remote cache {url} (--remote-required)"))?;
     }
     Ok(Some(remote))
+}
+
+fn is_grpc(url: &str) -> bool {
+    url.starts_with("grpc://") || url.starts_with("grpcs://")
+}
+
+/// The shared cache of a run named by `--remote`/`CHARLY_REMOTE`: an OCI
+/// registry (`oci://`, `http(s)://`) or a REAPI engine's CAS and
+/// ActionCache (`grpc://`, `grpcs://`).
+pub fn open_remote_cache(cli: &Cli) -> anyhow::Result<Option<Box<dyn RemoteCache>>> {
+    if let Some(url) = cli.remote.as_deref().filter(|u| is_grpc(u)) {
+        let c = GrpcCache::open(url, cli.remote_read_only, cli.remote_required)
+            .map_err(|e| anyhow::anyhow!(e.message))
+            .with_context(|| format!("remote cache {url}"))?;
+        return Ok(Some(Box::new(c)));
+    }
+    Ok(open_remote(cli)?.map(|r| Box::new(r) as Box<dyn RemoteCache>))
 }
 
 /// [`report_remote`], except that `-q` silences it unless the remote had problems.
@@ -401,14 +425,14 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
     let runner = FakeRunner::new();
-    let remote = open_remote(cli)?;
+    let remote = open_remote_cache(cli)?;
     let engine = engine(
         &o,
         &store,
         &runner,
         &hasher,
         a.dev_local_pkg,
-        remote.as_ref().map(|r| r as &dyn RemoteCache),
+        remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Generate, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.stdout);
@@ -497,14 +521,14 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         Some(r) => r,
         None => runner.as_ref(),
     };
-    let remote = open_remote(cli)?;
+    let remote = open_remote_cache(cli)?;
     let engine = engine(
         &o,
         &store,
         runner,
         &hasher,
         a.dev_local_pkg,
-        remote.as_ref().map(|r| r as &dyn RemoteCache),
+        remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);

@@ -51,19 +51,22 @@ pub struct Cli {
     #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
     pub imports: Vec<(String, PathBuf)>,
 
-    /// A shared cache in an OCI registry repository, consulted after the
-    /// local store and fed with new results: `oci://HOST[:PORT]/REPO`
-    /// (HTTPS; plain HTTP for 127.0.0.1/localhost), or `http://…`/`https://…`.
-    /// Credentials come from the environment: CHARLY_REMOTE_TOKEN (a bearer
-    /// token), or CHARLY_REMOTE_USER with CHARLY_REMOTE_PASSWORD (basic
-    /// auth, also exchanged for a token by GHCR/GitLab/Harbor-style
-    /// registries); none means anonymous. Remote failures are reported, never
-    /// fatal, unless --remote-required.
+    /// A shared cache, consulted after the local store and fed with new
+    /// results. Either an OCI registry repository: `oci://HOST[:PORT]/REPO`
+    /// (HTTPS; plain HTTP for 127.0.0.1/localhost), or `http://…`/`https://…`;
+    /// credentials from CHARLY_REMOTE_TOKEN (a bearer token), or
+    /// CHARLY_REMOTE_USER with CHARLY_REMOTE_PASSWORD (basic auth, also
+    /// exchanged for a token by GHCR/GitLab/Harbor-style registries); none
+    /// means anonymous. Or the CAS and ActionCache of a Remote Execution API
+    /// v2 engine (Buildbarn, BuildBuddy, NativeLink, buildbox-casd):
+    /// `grpc://HOST:PORT[/INSTANCE]`, `grpcs://…` for TLS, bearer token from
+    /// CHARLY_REMOTE_TOKEN or the file named by CHARLY_REMOTE_TOKEN_FILE.
+    /// Remote failures are reported, never fatal, unless --remote-required.
     #[arg(
         long = "remote",
         global = true,
         env = "CHARLY_REMOTE",
-        value_name = "oci://HOST/REPO"
+        value_name = "URL"
     )]
     pub remote: Option<String>,
 

@@ -13,6 +13,9 @@
 //! * [`action`]: one command as an Action: upload what the engine is missing,
 //!   look it up in the ActionCache, execute, then download and verify every
 //!   output's digest before anything is written locally.
+//! * [`cache`]: [`GrpcCache`](cache::GrpcCache), the engine's CAS and
+//!   ActionCache as a shared cache of node records (`--remote grpc://…`),
+//!   beside the OCI-registry backend.
 //! * [`runner`]: [`RemoteRunner`](runner::RemoteRunner), a
 //!   [`Runner`](crate::runner::Runner) that sends command nodes to the engine
 //!   and leaves the rest (images) to a local runner, so the scheduler and the
@@ -22,10 +25,12 @@
 //! `bazel-remote-apis` crate (no protoc at build time).
 
 pub mod action;
+pub mod cache;
 pub mod client;
 pub mod runner;
 pub mod tree;
 
 pub use action::{ActionOutcome, RemoteCommand};
+pub use cache::GrpcCache;
 pub use client::{Client, DigestFn, RemoteError, RemoteUrl};
 pub use runner::{Place, RemoteNode, RemoteOptions, RemoteRunner, RemoteStats};
