@@ -297,8 +297,15 @@ fn help_says_where_the_ledger_lives() {
 }
 
 /// Runs a validator from `.ci/install-validators` when its variable is set.
+/// A real validator named by `var` (`.ci/install-validators` prints them);
+/// with CHARLY_REQUIRE_VALIDATORS=1 (CI) its absence is a failure.
 fn validator(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var).map(PathBuf::from)
+    let v = std::env::var_os(var).map(PathBuf::from);
+    assert!(
+        v.is_some() || std::env::var("CHARLY_REQUIRE_VALIDATORS").as_deref() != Ok("1"),
+        "{var} is required (CHARLY_REQUIRE_VALIDATORS=1): run .ci/install-validators"
+    );
+    v
 }
 
 #[test]
