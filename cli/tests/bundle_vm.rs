@@ -45,19 +45,30 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_sshd(t: &Path, home: &Path) -> (Sshd, u16) {
+/// Every session in a private mount namespace with `home` bound over /root.
+fn home_wrap(home: &Path) -> String {
+    format!(
+        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+        home.display()
+    )
+}
+
+/// Every session chrooted into the guest root filesystem `guest` (its own
+/// /etc, package database and /root), with /proc and /dev mounted in a
+/// private mount namespace: a separate system as far as a deploy can tell.
+fn guest_wrap(guest: &Path) -> String {
+    format!(
+        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot \"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+        guest.display()
+    )
+}
+
+fn start_sshd(t: &Path, wrap_script: &str) -> (Sshd, u16) {
     keygen(&t.join("hostkey"));
     keygen(&t.join("userkey"));
     std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
     let wrap = t.join("wrap.sh");
-    std::fs::write(
-        &wrap,
-        format!(
-            "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
-            home.display()
-        ),
-    )
-    .expect("wrap");
+    std::fs::write(&wrap, wrap_script).expect("wrap");
     std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let port = free_port();
     let cfg = t.join("sshd_config");
@@ -153,7 +164,7 @@ fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
     let sys = t.join("sys");
     std::fs::create_dir_all(&home).expect("home");
     std::fs::create_dir_all(&sys).expect("sys");
-    let (_sshd, port) = start_sshd(t, &home);
+    let (_sshd, port) = start_sshd(t, &home_wrap(&home));
     let proj = project(t, &sys);
     let cache = t.join("cache");
     let cmd = || {
@@ -291,4 +302,154 @@ fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
         .output()
         .expect("list");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+/// The Debian mirror this machine uses (falls back to deb.debian.org).
+fn debian_mirror() -> String {
+    std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("URIs:").map(|u| u.trim().to_string()))
+        })
+        .unwrap_or_else(|| "http://deb.debian.org/debian".into())
+}
+
+fn guest_pkg_status(guest: &Path, pkg: &str) -> String {
+    let out = std::process::Command::new("chroot")
+        .arg(guest)
+        .args(["dpkg-query", "-W", "-f=${Status}", pkg])
+        .output()
+        .expect("chroot dpkg-query");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A package install over SSH on a guest that can do one: a Debian
+/// bookworm minbase root filesystem (debootstrap from the mirror, apt lists
+/// fetched) that every SSH session is chrooted into. `bundle add` installs
+/// GNU hello there with apt-get (not on this machine), `status` is clean,
+/// `del` removes it again.
+#[test]
+fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        eprintln!("skipped: needs root (sshd, chroot, mount namespaces)");
+        return;
+    }
+    if !Path::new("/usr/sbin/debootstrap").exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "debootstrap is not installed (.ci/install)"
+        );
+        eprintln!("skipped: debootstrap is not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let guest = t.join("guest");
+    sh(std::process::Command::new("/usr/sbin/debootstrap")
+        .args(["--variant=minbase", "bookworm"])
+        .arg(&guest)
+        .arg(debian_mirror()));
+    std::fs::copy("/etc/resolv.conf", guest.join("etc/resolv.conf")).expect("resolv.conf");
+    sh(std::process::Command::new("chroot")
+        .arg(&guest)
+        .args(["apt-get", "update", "-qq"]));
+    assert_eq!(guest_pkg_status(&guest, "hello"), "", "hello starts absent");
+    let host_had_hello = std::process::Command::new("dpkg-query")
+        .args(["-W", "hello"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+
+    let (_sshd, port) = start_sshd(t, &guest_wrap(&guest));
+    let p = t.join("project");
+    let w = |rel: &str, text: &str| {
+        let f = p.join(rel);
+        std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+        std::fs::write(f, text).expect("write");
+    };
+    w(
+        "charly.yml",
+        "version: 2026.1.1\ndiscover:\n    - box\n    - candy\ndefaults:\n    distro:\n        - debian:12\n        - debian\n    build:\n        - deb\n",
+    );
+    w(
+        "box/guestbox/charly.yml",
+        "box:\n    name: guestbox\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - greeting\n",
+    );
+    w(
+        "candy/greeting/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: greeting\n    description: GNU hello from the distro\n    package:\n        - hello\n",
+    );
+    let cache = t.join("cache");
+    let cmd = || {
+        let mut c = Command::cargo_bin("charly").expect("binary");
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &cache)
+            .arg("-C")
+            .arg(&p);
+        c
+    };
+    let out = cmd()
+        .args(["box", "build", "guestbox", "--runner", "fake", "-q"])
+        .output()
+        .expect("build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = format!("root@127.0.0.1:{port}");
+    let out = cmd()
+        .args([
+            "bundle", "add", "g", "guestbox", "--target", "vm", "--host", &host, "--user", "root",
+            "--yes",
+        ])
+        .arg("--identity")
+        .arg(t.join("userkey"))
+        .arg("--known-hosts")
+        .arg(t.join("known_hosts"))
+        .args(["--runner", "fake", "--json"])
+        .output()
+        .expect("add");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        guest_pkg_status(&guest, "hello"),
+        "install ok installed",
+        "installed on the guest"
+    );
+    let host_has_hello = std::process::Command::new("dpkg-query")
+        .args(["-W", "hello"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert_eq!(host_has_hello, host_had_hello, "this machine is untouched");
+
+    let out = cmd()
+        .args(["bundle", "status", "g"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cmd().args(["bundle", "del", "g"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = guest_pkg_status(&guest, "hello");
+    assert!(
+        !status.contains("installed") || status.contains("not-installed"),
+        "removed again: {status:?}"
+    );
 }
