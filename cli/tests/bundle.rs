@@ -232,7 +232,18 @@ fn kill_9_mid_step_then_status_explains_and_del_cleans() {
 fn a_failing_step_stops_with_its_name_and_del_cleans() {
     let w = World::new();
     let before = tree(&w.root);
-    // The fake runner's builder artifact is not a tar: the npm step fails.
+    // The npm builder artifact is gone from the store (its blob file
+    // deleted behind the store's back): the npm step fails.
+    let store = charly_cache::Store::open(&w.cache).expect("store");
+    let (_, rec) = store
+        .last_record_for("builder-stage:cowsay/npm@node-builder")
+        .expect("read")
+        .expect("the npm stage was built");
+    for o in rec.outputs.values() {
+        let hex = o.digest.to_hex();
+        std::fs::remove_file(w.cache.join("blobs").join(&hex[..2]).join(&hex)).expect("rm blob");
+    }
+    drop(store);
     let out = w.cmd().args(w.add_args("f")).output().expect("add");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);

@@ -452,4 +452,96 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         !status.contains("installed") || status.contains("not-installed"),
         "removed again: {status:?}"
     );
+
+    // A builder artifact from the store, extracted into the guest's home:
+    // box `left` of the graph fixture (an npm builder stage, system files
+    // from its base chain), built with the fake runner, whose stage writes
+    // a real artifact tar.
+    let graph = t.join("graph");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph");
+    for e in walkdir::WalkDir::new(&src).into_iter().flatten() {
+        let rel = e.path().strip_prefix(&src).expect("rel");
+        if rel.starts_with(".build") {
+            continue;
+        }
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(graph.join(rel)).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), graph.join(rel)).expect("copy");
+        }
+    }
+    let gcmd = || {
+        let mut c = Command::cargo_bin("charly").expect("binary");
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &cache)
+            .arg("-C")
+            .arg(&graph);
+        c
+    };
+    let out = gcmd()
+        .args(["box", "build", "left", "--runner", "fake", "-q"])
+        .output()
+        .expect("build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = tree(&guest.join("root"));
+    let out = gcmd()
+        .args([
+            "bundle", "add", "l", "left", "--target", "vm", "--host", &host, "--user", "root",
+            "--yes",
+        ])
+        .arg("--identity")
+        .arg(t.join("userkey"))
+        .arg("--known-hosts")
+        .arg(t.join("known_hosts"))
+        .args(["--runner", "fake", "--json"])
+        .output()
+        .expect("add");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(guest.join("etc/common2.conf")).expect("system file"),
+        "common2\n"
+    );
+    let artifacts: Vec<PathBuf> = walkdir::WalkDir::new(guest.join("root"))
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_name() == charly_engine::runner::FAKE_ARTIFACT_FILE)
+        .map(|e| e.into_path())
+        .collect();
+    assert!(
+        !artifacts.is_empty(),
+        "no artifact in the guest home: {:?}",
+        tree(&guest.join("root"))
+    );
+    let body = std::fs::read_to_string(&artifacts[0]).expect("artifact");
+    assert!(body.contains("a-npm"), "{body}");
+    let out = gcmd()
+        .args(["bundle", "status", "l"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = gcmd().args(["bundle", "del", "l"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!guest.join("etc/common2.conf").exists());
+    assert_eq!(
+        tree(&guest.join("root")),
+        before,
+        "the guest home as it was"
+    );
 }

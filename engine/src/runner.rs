@@ -248,6 +248,9 @@ impl FakeRunner {
     }
 }
 
+/// The file the fake runner puts in every exported directory of a stage.
+pub const FAKE_ARTIFACT_FILE: &str = "FAKE-ARTIFACT";
+
 fn write_fake(out: &Path, body: &str) -> Result<(), RunError> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p).map_err(|e| RunError::new(e.to_string()))?;
@@ -262,10 +265,35 @@ impl Runner for FakeRunner {
 
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
         self.record("stage", &req.node, &req.key)?;
-        write_fake(
-            &req.out,
-            &format!("fake artifact of {} ({})\n", req.node, req.key),
-        )
+        // A real artifact tar, as the podman runner writes it: each export
+        // path as a directory holding one deterministic file, owned by the
+        // stage's user, so walkers can extract it like a real one.
+        let (uid, gid) = (u64::from(req.owner.0), u64::from(req.owner.1));
+        let mut entries = Vec::new();
+        for src in &req.export {
+            let dir = src.trim_matches('/').to_string();
+            if dir.is_empty() {
+                continue;
+            }
+            entries.push(crate::artifact::Entry {
+                path: dir.clone(),
+                kind: crate::artifact::Kind::Dir,
+                mode: 0o755,
+                uid,
+                gid,
+            });
+            entries.push(crate::artifact::Entry {
+                path: format!("{dir}/{FAKE_ARTIFACT_FILE}"),
+                kind: crate::artifact::Kind::File(
+                    format!("fake artifact of {} ({})\n", req.node, req.key).into_bytes(),
+                ),
+                mode: 0o644,
+                uid,
+                gid,
+            });
+        }
+        crate::artifact::write_tar(&req.out, entries, Some(req.owner))
+            .map_err(|e| RunError::new(format!("writing the fake artifact: {e}")))
     }
 
     fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
