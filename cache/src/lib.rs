@@ -111,5 +111,5 @@ pub use gc::{GcReport, PENDING_GRACE_SECS};
 pub use lock::KeyLock;
 pub use record::{Output, Record};
 pub use remote::{PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats};
-pub use store::{Stats, Store};
+pub use store::{Stats, Store, StoreHandles};
 pub use verify::VerifyReport;

@@ -15,7 +15,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
@@ -631,6 +631,26 @@ pub(crate) fn default_dir_from(
         return Some(xdg.join("charly"));
     }
     set("HOME").map(|home| home.join(".cache").join("charly"))
+}
+
+/// Owned handles on local stores, one per directory, for work that must
+/// outlive the `&Store` it was given (background uploads of a remote
+/// cache). Several handles on one directory are as safe as several
+/// processes.
+#[derive(Debug, Default)]
+pub struct StoreHandles(Mutex<HashMap<PathBuf, Arc<Store>>>);
+
+impl StoreHandles {
+    /// A handle on the store in `local`'s directory, opened once.
+    pub fn get(&self, local: &Store) -> Result<Arc<Store>, CacheError> {
+        let mut stores = lock_ignoring_poison(&self.0);
+        if let Some(s) = stores.get(local.dir()) {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(Store::open(local.dir())?);
+        stores.insert(local.dir().to_path_buf(), Arc::clone(&s));
+        Ok(s)
+    }
 }
 
 #[cfg(test)]

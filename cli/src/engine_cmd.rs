@@ -7,7 +7,7 @@ use charly_cache::{Remote, RemoteConfig, Store};
 use charly_engine::api::Engine;
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
-use charly_engine::journal::{Journal, Scope, normalize};
+use charly_engine::journal::{Journal, Scope};
 use charly_engine::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::reapi::GrpcCache;
 use charly_engine::remote::RemoteCache;
@@ -477,34 +477,12 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         if !rec.covers_project(&o.project) {
             rec.spoil();
         }
-        let (outputs, skip) = generate_outputs(&out_root, &written);
+        let (outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
         if let Err(e) = j.record(rec, &outputs, &skip, summary.outcome(lines)) {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What `box generate` leaves on disk, for the journal: each box's build
-/// directory (minus what builds put there), the shared layer copies and the
-/// root ignore files.
-fn generate_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
-    let mut outputs = Vec::new();
-    let mut skip = Vec::new();
-    for cf in written {
-        if let Some(dir) = cf.parent() {
-            let dir = normalize(dir);
-            for sub in ["_artifacts", "_localpkg", "_rootfs"] {
-                skip.push(dir.join(sub));
-            }
-            outputs.push(dir);
-        }
-    }
-    let root = normalize(out_root);
-    outputs.push(root.join(".build/_layers"));
-    outputs.push(root.join(".containerignore"));
-    outputs.push(root.join(".dockerignore"));
-    (outputs, skip)
 }
 
 /// `box build`.

@@ -384,42 +384,57 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         "candy:\n    version: 2026.1.1\n    name: greeting\n    description: GNU hello from the distro\n    package:\n        - hello\n",
     );
     let cache = t.join("cache");
-    let cmd = || {
-        let mut c = Command::cargo_bin("charly").expect("binary");
-        c.env("NO_COLOR", "1")
+    let host = format!("root@127.0.0.1:{port}");
+    // `charly -C proj ARGS…`, which must succeed.
+    let ok = |proj: &Path, args: &[&str]| {
+        let out = Command::cargo_bin("charly")
+            .expect("binary")
+            .env("NO_COLOR", "1")
             .env("CHARLY_CACHE_DIR", &cache)
             .arg("-C")
-            .arg(&p);
-        c
+            .arg(proj)
+            .args(args)
+            .output()
+            .expect("charly runs");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
     };
-    let out = cmd()
-        .args(["box", "build", "guestbox", "--runner", "fake", "-q"])
-        .output()
-        .expect("build");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let host = format!("root@127.0.0.1:{port}");
-    let out = cmd()
-        .args([
-            "bundle", "add", "g", "guestbox", "--target", "vm", "--host", &host, "--user", "root",
-            "--yes",
-        ])
-        .arg("--identity")
-        .arg(t.join("userkey"))
-        .arg("--known-hosts")
-        .arg(t.join("known_hosts"))
-        .args(["--runner", "fake", "--json"])
-        .output()
-        .expect("add");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Build BOX with the fake runner, then deploy it as NAME to the guest.
+    let build_and_add = |proj: &Path, name: &str, bx: &str| {
+        ok(proj, &["box", "build", bx, "--runner", "fake", "-q"]);
+        let identity = t.join("userkey");
+        let known_hosts = t.join("known_hosts");
+        ok(
+            proj,
+            &[
+                "bundle",
+                "add",
+                name,
+                bx,
+                "--target",
+                "vm",
+                "--host",
+                &host,
+                "--user",
+                "root",
+                "--yes",
+                "--identity",
+                identity.to_str().expect("utf8"),
+                "--known-hosts",
+                known_hosts.to_str().expect("utf8"),
+                "--runner",
+                "fake",
+                "--json",
+            ],
+        );
+    };
+
+    build_and_add(&p, "g", "guestbox");
     assert_eq!(
         guest_pkg_status(&guest, "hello"),
         "install ok installed",
@@ -430,23 +445,8 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         .output()
         .is_ok_and(|o| o.status.success());
     assert_eq!(host_has_hello, host_had_hello, "this machine is untouched");
-
-    let out = cmd()
-        .args(["bundle", "status", "g"])
-        .output()
-        .expect("status");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = cmd().args(["bundle", "del", "g"]).output().expect("del");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&p, &["bundle", "status", "g"]);
+    ok(&p, &["bundle", "del", "g"]);
     let status = guest_pkg_status(&guest, "hello");
     assert!(
         !status.contains("installed") || status.contains("not-installed"),
@@ -470,42 +470,8 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
             std::fs::copy(e.path(), graph.join(rel)).expect("copy");
         }
     }
-    let gcmd = || {
-        let mut c = Command::cargo_bin("charly").expect("binary");
-        c.env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &cache)
-            .arg("-C")
-            .arg(&graph);
-        c
-    };
-    let out = gcmd()
-        .args(["box", "build", "left", "--runner", "fake", "-q"])
-        .output()
-        .expect("build");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let before = tree(&guest.join("root"));
-    let out = gcmd()
-        .args([
-            "bundle", "add", "l", "left", "--target", "vm", "--host", &host, "--user", "root",
-            "--yes",
-        ])
-        .arg("--identity")
-        .arg(t.join("userkey"))
-        .arg("--known-hosts")
-        .arg(t.join("known_hosts"))
-        .args(["--runner", "fake", "--json"])
-        .output()
-        .expect("add");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build_and_add(&graph, "l", "left");
     assert_eq!(
         std::fs::read_to_string(guest.join("etc/common2.conf")).expect("system file"),
         "common2\n"
@@ -523,21 +489,8 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     );
     let body = std::fs::read_to_string(&artifacts[0]).expect("artifact");
     assert!(body.contains("a-npm"), "{body}");
-    let out = gcmd()
-        .args(["bundle", "status", "l"])
-        .output()
-        .expect("status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let out = gcmd().args(["bundle", "del", "l"]).output().expect("del");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&graph, &["bundle", "status", "l"]);
+    ok(&graph, &["bundle", "del", "l"]);
     assert!(!guest.join("etc/common2.conf").exists());
     assert_eq!(
         tree(&guest.join("root")),

@@ -11,127 +11,8 @@
 #[path = "../../engine/tests/common_reapi/mod.rs"]
 mod common_reapi;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use charly_cache::{NodeKey, Store};
-
-fn project(dest: &Path) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph");
-    for e in walkdir::WalkDir::new(&src) {
-        let e = e.expect("walk");
-        let rel = e.path().strip_prefix(&src).expect("rel");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        let t = dest.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&t).expect("mkdir");
-        } else if e.file_type().is_file() {
-            std::fs::copy(e.path(), &t).expect("copy");
-        }
-    }
-    dest.to_path_buf()
-}
-
-struct Machine {
-    root: PathBuf,
-    store: PathBuf,
-    log: PathBuf,
-}
-
-impl Machine {
-    fn new(t: &Path, name: &str) -> Machine {
-        Machine {
-            root: project(&t.join(name).join("project")),
-            store: t.join(name).join("store"),
-            log: t.join(name).join("runner.log"),
-        }
-    }
-
-    fn build(&self, remote: &str, extra: &[&str]) -> (Output, serde_json::Value) {
-        let summary = self.store.with_extension("summary.json");
-        let _ = std::fs::remove_file(&summary);
-        let out = Command::new(assert_cmd::cargo::cargo_bin("charly"))
-            .env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
-            .env("CHARLY_FAKE_LOG", &self.log)
-            .env_remove("CHARLY_REMOTE")
-            .env_remove("CHARLY_REMOTE_READ_ONLY")
-            .env_remove("CHARLY_REMOTE_REQUIRED")
-            .env_remove("CHARLY_REMOTE_TOKEN")
-            .arg("-C")
-            .arg(&self.root)
-            .args(["--remote", remote])
-            .args([
-                "box", "build", "left", "right", "--runner", "fake", "-j", "2",
-            ])
-            .args(extra)
-            .arg("--summary-json")
-            .arg(&summary)
-            .output()
-            .expect("run charly");
-        let s = std::fs::read(&summary)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(serde_json::Value::Null);
-        (out, s)
-    }
-
-    fn builds(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| !l.starts_with("restore "))
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Non-source nodes: id -> (key, state).
-fn nodes(s: &serde_json::Value) -> BTreeMap<String, (String, String)> {
-    s["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .filter(|n| n["kind"] != "source")
-        .map(|n| {
-            (
-                n["id"].as_str().expect("id").to_string(),
-                (
-                    n["key"].as_str().expect("key").to_string(),
-                    n["state"].as_str().expect("state").to_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
-/// A record's outputs: name -> bytes.
-fn outputs(store: &Path, key: &str) -> BTreeMap<String, Vec<u8>> {
-    let s = Store::open(store).expect("store");
-    let k: NodeKey = key.parse().expect("key");
-    let rec = s.get_record(&k).expect("read").expect("record");
-    rec.outputs
-        .iter()
-        .map(|(n, o)| {
-            (
-                n.clone(),
-                s.get_blob(&o.digest).expect("blob").expect("present"),
-            )
-        })
-        .collect()
-}
+mod machine;
+use machine::{Machine, nodes, outputs, show};
 
 #[test]
 fn a_fresh_store_gets_every_node_from_the_engine_byte_identical() {
@@ -144,7 +25,7 @@ fn a_fresh_store_gets_every_node_from_the_engine_byte_identical() {
     let a = Machine::new(t.path(), "a");
     let b = Machine::new(t.path(), "b");
 
-    let (out, sa) = a.build(&url, &[]);
+    let (out, sa) = a.build(Some(&url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     let na = nodes(&sa);
     assert!(na.len() >= 10, "{na:?}");
@@ -159,7 +40,7 @@ fn a_fresh_store_gets_every_node_from_the_engine_byte_identical() {
         show(&out)
     );
 
-    let (out, sb) = b.build(&url, &[]);
+    let (out, sb) = b.build(Some(&url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     let nb = nodes(&sb);
     assert_eq!(
@@ -181,7 +62,7 @@ fn a_fresh_store_gets_every_node_from_the_engine_byte_identical() {
     }
 
     // A's second run: all local, nothing asked of the engine.
-    let (out, s2) = a.build(&url, &[]);
+    let (out, s2) = a.build(Some(&url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     assert!(nodes(&s2).values().all(|(_, s)| s == "cached"));
     assert_eq!(s2["remote"]["hits"], 0);
@@ -196,7 +77,7 @@ fn a_truncated_blob_is_refused_and_the_node_rebuilt() {
     let casd = common_reapi::start(1);
     let t = tempfile::tempdir().expect("tmp");
     let a = Machine::new(t.path(), "a");
-    let (out, sa) = a.build(&casd.url, &[]);
+    let (out, sa) = a.build(Some(&casd.url), &[]);
     assert!(out.status.success(), "{}", show(&out));
 
     // The largest output of any node, found by content in casd's storage.
@@ -224,7 +105,7 @@ fn a_truncated_blob_is_refused_and_the_node_rebuilt() {
     assert!(hit > 0, "{victim}'s output not found in casd's storage");
 
     let b = Machine::new(t.path(), "b");
-    let (out, sb) = b.build(&casd.url, &[]);
+    let (out, sb) = b.build(Some(&casd.url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     let nb = nodes(&sb);
     let rb = &sb["remote"];
@@ -250,7 +131,7 @@ fn an_unreachable_engine_costs_hits_not_the_build_unless_required() {
     let url = format!("grpc://127.0.0.1:{port}");
     let t = tempfile::tempdir().expect("tmp");
     let a = Machine::new(t.path(), "a");
-    let (out, s) = a.build(&url, &[]);
+    let (out, s) = a.build(Some(&url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(s["remote"]["unavailable"], true, "{}", s["remote"]);
     assert!(nodes(&s).values().all(|(_, st)| st == "ran"));
@@ -258,7 +139,7 @@ fn an_unreachable_engine_costs_hits_not_the_build_unless_required() {
     assert!(stderr.contains("unreachable"), "{stderr}");
 
     let b = Machine::new(t.path(), "b");
-    let (out, _) = b.build(&url, &["--remote-required"]);
+    let (out, _) = b.build(Some(&url), &["--remote-required"]);
     assert!(!out.status.success(), "{}", show(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

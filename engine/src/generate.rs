@@ -114,17 +114,39 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     Ok(written)
 }
 
+/// Subdirectories of a box's build directory that builds (not generation)
+/// fill: generation leaves them alone.
+pub const BUILD_OUTPUT_DIRS: [&str; 3] = ["_artifacts", "_localpkg", "_rootfs"];
+
 /// Files that builds (not generation) put in the build directory.
 fn is_build_output(dir: &Path, p: &Path) -> bool {
     p.strip_prefix(dir)
         .ok()
         .and_then(|r| r.components().next())
-        .is_some_and(|c| {
-            matches!(
-                c.as_os_str().to_str(),
-                Some("_artifacts" | "_localpkg" | "_rootfs")
-            )
-        })
+        .and_then(|c| c.as_os_str().to_str())
+        .is_some_and(|c| BUILD_OUTPUT_DIRS.contains(&c))
+}
+
+/// What generation leaves on disk under `out_root`, for the no-op journal
+/// ([`crate::journal::Journal::record`]): each written box's build
+/// directory (the Containerfile paths in `written`) minus what builds put
+/// there, the shared layer copies and the root ignore files. Returns the
+/// paths to fingerprint and the ones to skip.
+pub fn journal_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut outputs = Vec::new();
+    let mut skip = Vec::new();
+    for cf in written {
+        if let Some(dir) = cf.parent() {
+            let dir = crate::journal::normalize(dir);
+            skip.extend(BUILD_OUTPUT_DIRS.iter().map(|sub| dir.join(sub)));
+            outputs.push(dir);
+        }
+    }
+    let root = crate::journal::normalize(out_root);
+    outputs.push(root.join(".build/_layers"));
+    outputs.push(root.join(".containerignore"));
+    outputs.push(root.join(".dockerignore"));
+    (outputs, skip)
 }
 
 /// Writes atomically (temp + rename), skipping identical content so mtimes

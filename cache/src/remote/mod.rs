@@ -45,7 +45,6 @@ mod registry;
 mod stats;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,7 +54,7 @@ pub use config::{ENV_PASSWORD, ENV_TOKEN, ENV_USER, RemoteAuth, RemoteConfig};
 pub use stats::{PushReport, RemoteStats};
 
 use crate::store::lock_ignoring_poison;
-use crate::{BlobDigest, CacheError, NodeKey, Record, Store};
+use crate::{BlobDigest, CacheError, NodeKey, Record, Store, StoreHandles};
 use error::{Kind, RemoteError};
 use pull::{Fetched, PullFail};
 use push::Pushed;
@@ -171,9 +170,8 @@ struct Pusher {
     workers: Mutex<Vec<JoinHandle<()>>>,
     state: Arc<(Mutex<PushState>, Condvar)>,
     /// Our own handles on the local stores pushed from (the caller's
-    /// `&Store` cannot outlive the call; several handles on one directory
-    /// are as safe as several processes).
-    stores: Mutex<HashMap<PathBuf, Arc<Store>>>,
+    /// `&Store` cannot outlive the call).
+    stores: StoreHandles,
     /// Keys queued or pushed already in this process.
     seen: Mutex<HashSet<NodeKey>>,
 }
@@ -221,7 +219,7 @@ impl Remote {
                 receiver: Arc::new(Mutex::new(rx)),
                 workers: Mutex::new(Vec::new()),
                 state: Arc::new((Mutex::new(PushState::default()), Condvar::new())),
-                stores: Mutex::new(HashMap::new()),
+                stores: StoreHandles::default(),
                 seen: Mutex::new(HashSet::new()),
             },
         })
@@ -336,7 +334,7 @@ impl Remote {
         if !lock_ignoring_poison(&self.pusher.seen).insert(*key) {
             return;
         }
-        let store = match self.store_handle(local) {
+        let store = match self.pusher.stores.get(local) {
             Ok(s) => s,
             Err(e) => {
                 let msg = format!("opening the local store for uploads: {e}");
@@ -420,16 +418,6 @@ impl Remote {
     /// and what went wrong.
     pub fn stats(&self) -> RemoteStats {
         self.inner.counters.snapshot(self.inner.is_down())
-    }
-
-    fn store_handle(&self, local: &Store) -> Result<Arc<Store>, CacheError> {
-        let mut stores = lock_ignoring_poison(&self.pusher.stores);
-        if let Some(s) = stores.get(local.dir()) {
-            return Ok(Arc::clone(s));
-        }
-        let s = Arc::new(Store::open(local.dir())?);
-        stores.insert(local.dir().to_path_buf(), Arc::clone(&s));
-        Ok(s)
     }
 
     fn ensure_workers(&self) {

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use charly_cache::{CacheError, NodeKey, Record, RemoteStats, Store};
+use charly_cache::{CacheError, NodeKey, Record, RemoteStats, Store, StoreHandles};
 
 use super::client::{Client, RemoteError, RemoteUrl, digest_str};
 use crate::remote::{RemoteCache, RemoteReport};
@@ -275,7 +275,7 @@ type Job = (Arc<Store>, NodeKey);
 pub struct GrpcCache {
     inner: Arc<Inner>,
     seen: Mutex<HashSet<NodeKey>>,
-    stores: Mutex<HashMap<PathBuf, Arc<Store>>>,
+    stores: StoreHandles,
     tx: Mutex<Option<Sender<Job>>>,
     rx: Arc<Mutex<Receiver<Job>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
@@ -320,7 +320,7 @@ impl GrpcCache {
                 from_remote: Mutex::new(HashSet::new()),
             }),
             seen: Mutex::new(HashSet::new()),
-            stores: Mutex::new(HashMap::new()),
+            stores: StoreHandles::default(),
             tx: Mutex::new(Some(tx)),
             rx: Arc::new(Mutex::new(rx)),
             workers: Mutex::new(Vec::new()),
@@ -330,16 +330,6 @@ impl GrpcCache {
     /// The figures so far.
     pub fn stats(&self) -> RemoteStats {
         lock(&self.inner.stats).clone()
-    }
-
-    fn store_handle(&self, local: &Store) -> Result<Arc<Store>, CacheError> {
-        let mut stores = lock(&self.stores);
-        if let Some(s) = stores.get(local.dir()) {
-            return Ok(Arc::clone(s));
-        }
-        let s = Arc::new(Store::open(local.dir())?);
-        stores.insert(local.dir().to_path_buf(), Arc::clone(&s));
-        Ok(s)
     }
 
     fn ensure_workers(&self) {
@@ -445,7 +435,7 @@ impl RemoteCache for GrpcCache {
         {
             return;
         }
-        let store = match self.store_handle(local) {
+        let store = match self.stores.get(local) {
             Ok(s) => s,
             Err(e) => {
                 lock(&inner.stats).push_failures += 1;
