@@ -104,6 +104,7 @@ pub mod remote;
 mod store;
 mod verify;
 
+pub use blob::BlobBuf;
 pub use digest::{BlobDigest, NodeKey};
 pub use epoch::read_epoch;
 pub use error::CacheError;

@@ -193,7 +193,7 @@ fn four_processes_share_one_store() {
             .expect("get")
             .expect("shared record present");
         let blob = store.get_blob(&rec.outputs["main"].digest).expect("get");
-        assert_eq!(blob, Some(shared_blob(i)));
+        assert_eq!(blob.map(Vec::from), Some(shared_blob(i)));
     }
     for id in 0..4 {
         for i in 0..OWN {
@@ -202,7 +202,10 @@ fn four_processes_share_one_store() {
                 .expect("get")
                 .expect("own record present");
             assert_eq!(
-                store.get_blob(&rec.outputs["main"].digest).expect("get"),
+                store
+                    .get_blob(&rec.outputs["main"].digest)
+                    .expect("get")
+                    .map(Vec::from),
                 Some(own_blob(id, i))
             );
         }
@@ -360,7 +363,7 @@ fn processes_killed_mid_write_leave_a_usable_store() {
             assert_eq!(k, key(&format!("crash/{i}")));
             let main = store.get_blob(&rec.outputs["main"].digest).expect("get");
             assert_eq!(
-                main,
+                main.map(Vec::from),
                 Some(crash_blob(i)),
                 "round {round}: record {i} content"
             );

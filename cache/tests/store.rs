@@ -55,8 +55,15 @@ fn store_is_send_and_sync() {
 fn blobs_round_trip_and_puts_are_idempotent() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let store = Store::open(tmp.path()).expect("open");
-    // Empty, small, and several streaming chunks long.
-    for data in [Vec::new(), b"hello".to_vec(), text(1, 3 * 1024 * 1024 + 17)] {
+    // Empty, small, several streaming chunks long, and past the size from
+    // which reads land in a huge-page mapping instead of a `Vec`.
+    let huge = text(2, 9 * 1024 * 1024 + 5);
+    for data in [
+        Vec::new(),
+        b"hello".to_vec(),
+        text(1, 3 * 1024 * 1024 + 17),
+        huge.clone(),
+    ] {
         let d = store.put_blob(&data).expect("put");
         assert_eq!(d, BlobDigest::of(&data));
         assert!(store.has_blob(&d));
@@ -72,8 +79,8 @@ fn blobs_round_trip_and_puts_are_idempotent() {
     }
     let big = text(1, 3 * 1024 * 1024 + 17);
     let stats = store.stats().expect("stats");
-    assert_eq!(stats.blobs, 3);
-    assert_eq!(stats.logical_bytes, 5 + big.len() as u64);
+    assert_eq!(stats.blobs, 4);
+    assert_eq!(stats.logical_bytes, 5 + (big.len() + huge.len()) as u64);
     assert!(
         stats.compressed_bytes < stats.logical_bytes / 2,
         "{stats:?}"
@@ -136,53 +143,56 @@ fn tamper(store: &Store, d: &BlobDigest, f: impl FnOnce(&mut Vec<u8>)) {
 
 #[test]
 fn corrupt_blobs_are_quarantined_and_read_as_misses() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(tmp.path()).expect("open");
-    let data = text(3, 200_000);
-    type Damage = fn(&mut Vec<u8>);
-    let damages: [(&str, Damage); 4] = [
-        ("flipped byte", |b| {
-            let mid = b.len() / 2;
-            b[mid] ^= 0x40;
-        }),
-        ("truncated", |b| b.truncate(b.len() - 10)),
-        ("not zstd", |b| *b = b"plain text".to_vec()),
-        // A perfectly valid frame, of the wrong content: only the digest
-        // check can catch this one.
-        ("valid frame, wrong content", |b| {
-            let mut other = zstd::decode_all(&b[..]).expect("decode");
-            other[0] ^= 1;
-            *b = zstd::encode_all(&other[..], 3).expect("encode");
-        }),
-    ];
-    for (i, (what, damage)) in damages.into_iter().enumerate() {
-        let d = store.put_blob(&data).expect("put");
-        let rec = record(&store, &format!("n{i}"), &[&data]);
-        assert!(store.put_record(&key(what), &rec).expect("put record"));
-        tamper(&store, &d, damage);
+    // Small reads decode into a `Vec`, large ones into a huge-page mapping.
+    for len in [200_000, 5 * 1024 * 1024 + 3] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(tmp.path()).expect("open");
+        let data = text(3, len);
+        type Damage = fn(&mut Vec<u8>);
+        let damages: [(&str, Damage); 4] = [
+            ("flipped byte", |b| {
+                let mid = b.len() / 2;
+                b[mid] ^= 0x40;
+            }),
+            ("truncated", |b| b.truncate(b.len() - 10)),
+            ("not zstd", |b| *b = b"plain text".to_vec()),
+            // A perfectly valid frame, of the wrong content: only the digest
+            // check can catch this one.
+            ("valid frame, wrong content", |b| {
+                let mut other = zstd::decode_all(&b[..]).expect("decode");
+                other[0] ^= 1;
+                *b = zstd::encode_all(&other[..], 3).expect("encode");
+            }),
+        ];
+        for (i, (what, damage)) in damages.into_iter().enumerate() {
+            let d = store.put_blob(&data).expect("put");
+            let rec = record(&store, &format!("n{i}"), &[&data]);
+            assert!(store.put_record(&key(what), &rec).expect("put record"));
+            tamper(&store, &d, damage);
 
-        assert_eq!(
-            store.get_blob(&d).expect("get"),
-            None,
-            "{what}: bad bytes served"
-        );
-        assert!(!store.has_blob(&d), "{what}: not quarantined");
-        assert_eq!(
-            store.stats().expect("stats").quarantined,
-            i as u64 + 1,
-            "{what}"
-        );
-        assert_eq!(
-            store.get_record(&key(what)).expect("get record"),
-            None,
-            "{what}: record with a quarantined blob must be a miss"
-        );
-        let dest = tmp.path().join("out.bin");
-        assert!(!store.copy_blob_to(&d, &dest).expect("copy"), "{what}");
+            assert_eq!(
+                store.get_blob(&d).expect("get"),
+                None,
+                "{what}: bad bytes served"
+            );
+            assert!(!store.has_blob(&d), "{what}: not quarantined");
+            assert_eq!(
+                store.stats().expect("stats").quarantined,
+                i as u64 + 1,
+                "{what}"
+            );
+            assert_eq!(
+                store.get_record(&key(what)).expect("get record"),
+                None,
+                "{what}: record with a quarantined blob must be a miss"
+            );
+            let dest = tmp.path().join("out.bin");
+            assert!(!store.copy_blob_to(&d, &dest).expect("copy"), "{what}");
+        }
+        // Storing the content again heals the store.
+        let d = store.put_blob(&data).expect("put");
+        assert_eq!(store.get_blob(&d).expect("get").as_deref(), Some(&data[..]));
     }
-    // Storing the content again heals the store.
-    let d = store.put_blob(&data).expect("put");
-    assert_eq!(store.get_blob(&d).expect("get").as_deref(), Some(&data[..]));
 }
 
 #[test]
@@ -411,7 +421,10 @@ fn many_threads_share_one_store() {
                             .expect("put")
                     );
                     assert_eq!(
-                        store.get_blob(&BlobDigest::of(&own)).expect("get"),
+                        store
+                            .get_blob(&BlobDigest::of(&own))
+                            .expect("get")
+                            .map(Vec::from),
                         Some(own)
                     );
                 }
@@ -500,7 +513,10 @@ fn verify_finds_and_repairs_damage() {
     assert_eq!(store.stats().expect("stats").quarantined, 1);
     assert_eq!(store.get_record(&key("good")).expect("get"), Some(good));
     assert_eq!(store.get_record(&key("victim")).expect("get"), None);
-    assert_eq!(store.get_blob(&foreign_d).expect("get"), Some(foreign));
+    assert_eq!(
+        store.get_blob(&foreign_d).expect("get").map(Vec::from),
+        Some(foreign)
+    );
     assert!(store.has_blob(&orphan));
 }
 
@@ -565,7 +581,10 @@ proptest! {
         prop_assert_eq!(d, BlobDigest::of(&data));
         prop_assert_eq!(len, data.len() as u64);
         prop_assert_eq!(store.put_blob(&data).expect("put"), d);
-        prop_assert_eq!(store.get_blob(&d).expect("get"), Some(data.clone()));
+        prop_assert_eq!(
+            store.get_blob(&d).expect("get").map(Vec::from),
+            Some(data.clone())
+        );
         let dest = tmp.path().join("copy");
         prop_assert!(store.copy_blob_to(&d, &dest).expect("copy"));
         prop_assert_eq!(fs::read(&dest).expect("read"), data);

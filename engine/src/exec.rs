@@ -278,6 +278,7 @@ fn dep_output(ctx: &Ctx<'_>, dep: &Node, name: &str) -> Result<Vec<u8>, ExecErro
         })?;
     ctx.store
         .get_blob(&out.digest)?
+        .map(Vec::from)
         .ok_or_else(|| ExecError::MissingOutput {
             node: dep.id.clone(),
             output: name.into(),
@@ -353,7 +354,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                                 output: name.clone(),
                             }
                         })?;
-                        files.insert(path.to_string(), bytes);
+                        files.insert(path.to_string(), bytes.into_vec());
                     }
                 }
                 fragments.push(Fragment {
@@ -651,7 +652,8 @@ pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, Exec
         if path == format!("{dir}/Containerfile") {
             d.containerfile = String::from_utf8_lossy(&bytes).into_owned();
         } else {
-            d.files.insert(path.to_string(), Staged::Bytes(bytes));
+            d.files
+                .insert(path.to_string(), Staged::Bytes(bytes.into_vec()));
         }
     }
     // Candy directories outside the project are copied in fresh.

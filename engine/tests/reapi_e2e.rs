@@ -217,7 +217,7 @@ fn run(
         if let Some(rec) = store.get_record(&node.key).expect("record") {
             for (name, o) in &rec.outputs {
                 let b = store.get_blob(&o.digest).expect("blob").expect("present");
-                pkgs.insert(format!("{} {name}", n.id), b);
+                pkgs.insert(format!("{} {name}", n.id), b.into_vec());
             }
         }
     }

@@ -153,10 +153,15 @@ impl Registry {
     }
 
     /// Uploads a small blob held in memory.
-    pub(crate) fn push_bytes(&self, digest: &str, data: Vec<u8>) -> Result<(), RemoteError> {
+    pub(crate) fn push_bytes(
+        &self,
+        digest: &str,
+        data: impl Into<Bytes>,
+    ) -> Result<(), RemoteError> {
         let r = self.repo();
+        let data: Bytes = data.into();
         let size = data.len() as u64;
-        let body = futures_util::stream::iter([Ok(Bytes::from(data))]);
+        let body = futures_util::stream::iter([Ok(data)]);
         self.rt
             .block_on(self.client.push_blob_stream(&r, body, digest, Some(size)))
             .map(|_| ())

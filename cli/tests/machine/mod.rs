@@ -138,7 +138,7 @@ pub fn outputs(dir: &Path, key: &str) -> BTreeMap<String, Vec<u8>> {
                 .get_blob(&o.digest)
                 .expect("blob read")
                 .unwrap_or_else(|| panic!("blob of {name} missing"));
-            (name.clone(), bytes)
+            (name.clone(), bytes.into_vec())
         })
         .collect()
 }

@@ -80,7 +80,7 @@ impl<'a> StoreArtifacts<'a> {
                 .get_blob(&o.digest)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(missing)?;
-            out.push((name.clone(), data));
+            out.push((name.clone(), data.into_vec()));
         }
         Ok(out)
     }

@@ -225,7 +225,7 @@ impl Inner {
                 digest: Some(bd.clone()),
                 ..Default::default()
             });
-            blobs.push((bd, bytes));
+            blobs.push((bd, bytes.into_vec()));
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
         files.dedup_by(|a, b| a.path == b.path);
