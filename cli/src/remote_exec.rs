@@ -9,13 +9,16 @@ use std::time::Duration;
 /// Options of remote execution.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct RemoteExecArgs {
-    /// Run command nodes (local-package builds) on a Remote Execution API v2
-    /// engine (Buildbarn, BuildBuddy, NativeLink, EngFlow, BuildGrid,
-    /// buildbox-casd): `grpc://HOST:PORT[/INSTANCE]`, or `grpcs://…` for TLS.
-    /// A bearer token is sent from $CHARLY_REMOTE_TOKEN or the file named by
-    /// $CHARLY_REMOTE_TOKEN_FILE. Results are verified digest by digest,
-    /// then stored locally like local results. Image builds and builder
-    /// stages stay local.
+    /// Run command nodes (builder stages and local-package builds) on a
+    /// Remote Execution API v2 engine (Buildbarn, BuildBuddy, NativeLink,
+    /// EngFlow, BuildGrid, buildbox-casd): `grpc://HOST:PORT[/INSTANCE]`, or
+    /// `grpcs://…` for TLS. A bearer token is sent from $CHARLY_REMOTE_TOKEN
+    /// or the file named by $CHARLY_REMOTE_TOKEN_FILE. Results are verified
+    /// digest by digest, then stored locally like local results. Image
+    /// builds and rootfs bootstraps stay local; builder stages run in their
+    /// builder image (the `container-image` property, or
+    /// --remote-stage-rootfs) and stay local with --remote-no-image-property
+    /// alone.
     #[arg(long, value_name = "URL", env = "CHARLY_REMOTE_EXEC")]
     pub remote_exec: Option<String>,
     /// At most N actions on the engine at once.
@@ -30,6 +33,13 @@ pub struct RemoteExecArgs {
     /// of pulling the image, e.g. buildbox-run with bubblewrap and no registry).
     #[arg(long, requires = "remote_exec")]
     pub remote_no_image_property: bool,
+    /// Send builder stages with the builder image's root filesystem as the
+    /// action's input root instead of naming the image: for engines that
+    /// only sandbox commands (buildbox-run with bubblewrap) and must not
+    /// bind host directories over it. The image's files are uploaded once
+    /// per engine.
+    #[arg(long, requires = "remote_exec")]
+    pub remote_stage_rootfs: bool,
     /// Timeout of one remote action, in seconds.
     #[arg(
         long,
@@ -57,6 +67,7 @@ pub fn wrap<'a>(
         jobs: a.remote_jobs,
         fallback: a.remote_fallback,
         image_property: !a.remote_no_image_property,
+        stage_rootfs: a.remote_stage_rootfs,
         isa: charly_engine::reapi::runner::isa_of(arch).to_string(),
         timeout: Some(Duration::from_secs(a.remote_timeout.max(1))),
     };

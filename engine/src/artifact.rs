@@ -34,6 +34,17 @@ pub struct Entry {
     pub gid: u64,
 }
 
+/// The entries of an exported path: `tar` holds `src` as `podman cp
+/// ctr:SRC -` writes it (entries start with `src`'s last component); they
+/// are placed under `src`'s parent.
+pub fn read_export(tar: &[u8], src: &str) -> std::io::Result<Vec<Entry>> {
+    let parent = Path::new(src.trim_end_matches('/'))
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    read_tar(tar, &parent)
+}
+
 /// Reads a tar stream (as `podman cp ctr:/a/b -` writes it: entries start
 /// with `b/`) and places the entries under `parent` (`/a`).
 pub fn read_tar(bytes: &[u8], parent: &str) -> std::io::Result<Vec<Entry>> {

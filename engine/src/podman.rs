@@ -19,7 +19,8 @@
 //!   usual system path in every RUN and points npm/node, pip and curl at it.
 
 use crate::runner::{
-    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+    ImageConfig, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -351,12 +352,8 @@ impl Runner for PodmanRunner {
                     &format!("podman cp {src}"),
                     self.cmd().arg("cp").arg(format!("{ctr}:{src}")).arg("-"),
                 )?;
-                let parent = Path::new(src)
-                    .parent()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default();
                 files.extend(
-                    crate::artifact::read_tar(&out.stdout, &parent)
+                    crate::artifact::read_export(&out.stdout, src)
                         .map_err(|e| RunError::new(format!("reading {src}: {e}")))?,
                 );
             }
@@ -509,6 +506,50 @@ impl Runner for PodmanRunner {
             return Err(RunError::new("packing the root filesystem failed"));
         }
         Ok(())
+    }
+
+    fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct Config {
+            env: Option<Vec<String>>,
+            user: Option<String>,
+            working_dir: Option<String>,
+        }
+        let out = self.run(
+            &format!("podman image inspect {image}"),
+            self.cmd()
+                .args(["image", "inspect", "--format", "{{json .Config}}", image]),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let cfg: Config = match text.trim() {
+            "" | "null" => Config::default(),
+            t => serde_json::from_str(t)
+                .map_err(|e| RunError::new(format!("podman image inspect {image}: {e}")))?,
+        };
+        if let Some(dest) = rootfs {
+            let ctr = format!(
+                "charly-rootfs-{}-{}",
+                std::process::id(),
+                &blake3::hash(image.as_bytes()).to_hex()[..16]
+            );
+            let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+            self.run(
+                "create export container",
+                self.cmd().args(["create", "--name", &ctr, image, "true"]),
+            )?;
+            let r = self.run(
+                &format!("podman export {image}"),
+                self.cmd().arg("export").arg("-o").arg(dest).arg(&ctr),
+            );
+            let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+            r?;
+        }
+        Ok(ImageConfig {
+            env: cfg.env.unwrap_or_default(),
+            user: cfg.user.unwrap_or_default(),
+            workdir: cfg.working_dir.unwrap_or_default(),
+        })
     }
 }
 

@@ -136,6 +136,28 @@ pub trait Runner: Send + Sync {
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError>;
     /// Bootstraps a root filesystem tar into `req.out`.
     fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError>;
+    /// The configuration of a local image (environment, user, working
+    /// directory) and, when `rootfs` is given, its root filesystem written
+    /// there as a tar: what running a builder stage elsewhere needs
+    /// (remote execution). Runners without images refuse.
+    fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
+        let _ = rootfs;
+        Err(RunError::new(format!(
+            "the {} runner cannot export image {image}",
+            self.name()
+        )))
+    }
+}
+
+/// What a container started from an image inherits from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageConfig {
+    /// `KEY=VALUE` entries.
+    pub env: Vec<String>,
+    /// `USER` (empty: root).
+    pub user: String,
+    /// `WORKDIR` (empty: `/`).
+    pub workdir: String,
 }
 
 /// One call the fake runner received.

@@ -13,7 +13,7 @@ mod common_reapi;
 use charly_engine::api::Engine;
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
-use charly_engine::podman::{PodmanOptions, PodmanRunner};
+use charly_engine::podman::PodmanRunner;
 use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner};
 use charly_engine::runner::{
     FakeRunner, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
@@ -23,71 +23,14 @@ use charly_engine::sched::{Quiet, State, Summary};
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::resolve;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-mod common {
-    //! Small helpers (the workspace root's tests/common has the same).
-    use super::*;
-
-    pub fn write(root: &Path, rel: &str, body: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(p, body).expect("write");
-    }
-
-    /// Whether podman runs; under CI its absence is a failure.
-    pub fn podman_available() -> bool {
-        let ok = Command::new("podman")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            assert!(
-                std::env::var("CI").is_err(),
-                "podman is not installed (.ci/install)"
-            );
-            eprintln!("skipping: podman is not installed");
-        }
-        ok
-    }
-
-    /// A busybox-static root filesystem tar (the local reference's image).
-    pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
-        let root = dir.join("bbroot");
-        for d in ["bin", "etc", "tmp", "root"] {
-            std::fs::create_dir_all(root.join(d)).expect("mkdir");
-        }
-        std::fs::copy("/bin/busybox", root.join("bin/busybox"))
-            .expect("busybox-static is installed (apt install busybox-static)");
-        let list = Command::new("/bin/busybox")
-            .arg("--list")
-            .output()
-            .expect("busybox --list");
-        for applet in String::from_utf8_lossy(&list.stdout).lines() {
-            let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
-        }
-        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
-        let tar = dir.join("busybox.tar");
-        let st = Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .args(["--numeric-owner", "-cf"])
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .expect("tar");
-        assert!(st.success());
-        tar
-    }
-}
+use std::path::Path;
 
 const BASE: &str = "localhost/charly-reapi-base:1";
 
 /// A project: one box over an external base with `n` candies, each a local
 /// .deb-format package built by a shell script (busybox and dash alike).
 fn project(root: &Path, n: usize, sleep: &str, fail: Option<usize>) {
-    common::write(
+    common_reapi::write(
         root,
         "charly.yml",
         &format!(
@@ -122,7 +65,7 @@ distro:
         ),
     );
     let names: Vec<String> = (0..n).map(|i| format!("pkg{i}")).collect();
-    common::write(
+    common_reapi::write(
         root,
         "box/fan/charly.yml",
         &format!(
@@ -134,21 +77,21 @@ distro:
         ),
     );
     for (i, c) in names.iter().enumerate() {
-        common::write(
+        common_reapi::write(
             root,
             &format!("candy/{c}/charly.yml"),
             &format!(
                 "candy:\n    version: 1.0.{i}\n    name: {c}\n    localpkg:\n        deb: src\n"
             ),
         );
-        common::write(root, &format!("candy/{c}/src/NAME"), c);
-        common::write(
+        common_reapi::write(root, &format!("candy/{c}/src/NAME"), c);
+        common_reapi::write(
             root,
             &format!("candy/{c}/src/data.txt"),
             &format!("payload of {c}\n{}\n", "z".repeat(i * 100)),
         );
         if fail == Some(i) {
-            common::write(root, &format!("candy/{c}/src/FAIL"), "");
+            common_reapi::write(root, &format!("candy/{c}/src/FAIL"), "");
         }
     }
 }
@@ -233,25 +176,7 @@ fn local_pkg_nodes(s: &Summary) -> Vec<String> {
 }
 
 fn podman_runner(dir: &Path) -> PodmanRunner {
-    let podman = PodmanRunner::new(PodmanOptions {
-        root: Some(dir.join("podman")),
-        conf_dir: dir.to_path_buf(),
-        ca_bundle: None,
-        jobs: 1,
-    })
-    .expect("podman");
-    let tar = common::busybox_rootfs_tar(dir);
-    let out = podman
-        .cmd()
-        .args(["import", "-q", tar.to_str().expect("utf8"), BASE])
-        .output()
-        .expect("podman import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    podman
+    common_reapi::podman_with_image(dir, BASE, &[])
 }
 
 fn remote_opts(jobs: usize) -> RemoteOptions {
@@ -265,7 +190,7 @@ fn remote_opts(jobs: usize) -> RemoteOptions {
 
 #[test]
 fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
-    if !common_reapi::available() || !common::podman_available() {
+    if !common_reapi::available() || !common_reapi::podman_available() {
         return;
     }
     let t = tempfile::tempdir().expect("tmp");

@@ -175,13 +175,13 @@ impl RemoteCommand {
         let ad = digest_str(&action_digest);
         blobs.insert(
             cmd_digest.hash.clone(),
-            (cmd_digest, super::tree::Blob::Bytes(cmd_bytes)),
+            (cmd_digest, super::tree::Blob::Bytes(cmd_bytes.into())),
         );
         blobs.insert(
             action_digest.hash.clone(),
             (
                 action_digest.clone(),
-                super::tree::Blob::Bytes(action_bytes),
+                super::tree::Blob::Bytes(action_bytes.into()),
             ),
         );
 

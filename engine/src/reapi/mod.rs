@@ -28,6 +28,7 @@ pub mod action;
 pub mod cache;
 pub mod client;
 pub mod runner;
+pub mod stage;
 pub mod tree;
 
 pub use action::{ActionOutcome, RemoteCommand};

@@ -1,8 +1,8 @@
 //! [`RemoteRunner`]: runs command nodes on a REAPI engine.
 //!
-//! It wraps a local runner. Local-package builds become REAPI actions; image
-//! builds, image restores, builder stages and rootfs bootstraps stay with the
-//! local runner (see "What runs where" below). Because it is a
+//! It wraps a local runner. Builder stages and local-package builds become
+//! REAPI actions; image builds, image restores and rootfs bootstraps stay
+//! with the local runner (see "What runs where" below). Because it is a
 //! [`Runner`], the scheduler, the node keys and the local store's
 //! memoization are the same as for a local run: a node whose key is in the
 //! local store never reaches the engine, and what comes back from the engine
@@ -34,27 +34,69 @@
 //! reference already enters the node key, so its digest identifies the
 //! toolchain; a container-based engine pulls it once and caches it.
 //!
+//! ## The action of a builder stage
+//!
+//! A stage is a one-stage Containerfile run against the builder image; its
+//! instructions are interpreted into one shell script (see
+//! [`super::stage`]), which ends by writing a tar of every export path to
+//! the output directory `charly-out/`. The artifact is then written from
+//! those tars exactly as the podman runner writes it from `podman cp`, so
+//! both are byte for byte the same (tested against podman).
+//!
+//! * input root: the COPY sources under `charly-ctx/` (only those, not the
+//!   whole project), plus the builder image's root filesystem when it
+//!   travels in the input root (below);
+//! * command: `/bin/sh -c <script>`, environment the image's (`ENV` of the
+//!   image config, with the default `PATH` when it has none), starting in
+//!   the image's `WORKDIR` as its `USER`;
+//! * output: `charly-out` (a directory);
+//! * platform: `OSFamily`, `ISA`, and how the image is provided
+//!   ([`StageMode`]): `container-image=docker://<builder image>` for engines
+//!   that run actions in containers (the default; the image must be
+//!   pullable by the engine), or, with [`RemoteOptions::stage_rootfs`]
+//!   (`--remote-stage-rootfs`), the image's root filesystem as the input
+//!   root itself, so the sandbox's `/` is the image. That is the only way an
+//!   engine that merely sandboxes commands (buildbox-run with bubblewrap, as
+//!   in CI here) can run a stage in its image. Unlike a local-package build,
+//!   a stage's toolchain *is* the image (npm, pixi, makepkg), so host tools
+//!   will not do. The cost is the image's files in every stage's input
+//!   root: they are exported and hashed once per image per process, and
+//!   the engine's CAS stores them once. With `--remote-no-image-property`
+//!   and no `--remote-stage-rootfs`, stages stay local.
+//!
+//! A stage whose Containerfile uses an instruction the interpreter does not
+//! carry out (`ARG`, `ADD`, `COPY --from`, …) is never sent: it fails
+//! naming the line, or runs locally with `--remote-fallback`.
+//!
 //! ## What runs where
 //!
-//! Builder stages are Containerfile builds (`podman build` of a stage with
-//! `COPY`/`RUN` steps against the builder image) and image builds are
-//! podman's own work; REAPI has no notion of either, so they stay local.
-//! Rootfs bootstraps need root and the network (debootstrap), which remote
-//! sandboxes deny. Local-package builds are plain commands over a source
-//! directory and are sent to the engine.
+//! Image builds are podman's own work (layers, an image store); REAPI has no
+//! notion of them, so they stay local. Rootfs bootstraps need root and the
+//! network (debootstrap), which remote sandboxes deny. Builder stages and
+//! local-package builds are commands over content-addressed inputs and are
+//! sent to the engine.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::action::{ActionError, RemoteCommand};
+use super::action::{ActionError, ActionOutcome, RemoteCommand};
 use super::client::{Client, RemoteError};
+use super::stage::{self, StageMode, Step};
 use super::tree::InputRoot;
 use crate::runner::{
-    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+    ImageConfig, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
 };
+
+/// A builder image as stage actions need it: its configuration and the
+/// input root to start from (its root filesystem, or empty), made once.
+type BuilderBase = Arc<(InputRoot, ImageConfig)>;
+
+/// Per builder image, the base made once (or why it could not be).
+type BuilderCell = Arc<OnceLock<Result<BuilderBase, String>>>;
 
 /// Settings of remote execution.
 #[derive(Debug, Clone)]
@@ -66,6 +108,9 @@ pub struct RemoteOptions {
     pub fallback: bool,
     /// Send `container-image=docker://<image>` as a platform property.
     pub image_property: bool,
+    /// Send builder stages with the builder image's root filesystem as the
+    /// input root (for engines that only sandbox commands).
+    pub stage_rootfs: bool,
     /// Target ISA as REAPI names it (`x86-64`, `aarch64`).
     pub isa: String,
     /// Per-action timeout.
@@ -78,6 +123,7 @@ impl Default for RemoteOptions {
             jobs: 8,
             fallback: false,
             image_property: true,
+            stage_rootfs: false,
             isa: isa_of(std::env::consts::ARCH).to_string(),
             timeout: Some(Duration::from_secs(3600)),
         }
@@ -137,6 +183,7 @@ pub struct RemoteRunner<'a> {
     cv: std::sync::Condvar,
     peak: AtomicUsize,
     stats: Mutex<RemoteStats>,
+    builders: Mutex<BTreeMap<String, BuilderCell>>,
 }
 
 struct Slot<'r, 'a>(&'r RemoteRunner<'a>);
@@ -181,6 +228,7 @@ impl<'a> RemoteRunner<'a> {
             cv: std::sync::Condvar::new(),
             peak: AtomicUsize::new(0),
             stats: Mutex::new(BTreeMap::new()),
+            builders: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -277,13 +325,143 @@ impl<'a> RemoteRunner<'a> {
     }
 
     fn remote_local_pkg(&self, req: &LocalPkgRequest) -> Result<RemoteNode, ActionError> {
-        let (cmd, input) = self.local_pkg_action(req).map_err(|e| ActionError {
-            message: e.message,
-            action_digest: String::new(),
+        let (cmd, input) = self.local_pkg_action(req).map_err(unsent)?;
+        let (scratch, out) = self.execute(cmd, input)?;
+        // Only the packages move on.
+        copy_files(&scratch.path().join("out"), &req.out).map_err(|e| ActionError {
+            message: e,
+            action_digest: out.action_digest.clone(),
             engine_error: false,
         })?;
+        Ok(node_of(out))
+    }
+
+    /// How builder stages are sent, or `None` if they stay local.
+    pub fn stage_mode(&self) -> Option<StageMode> {
+        if self.opts.stage_rootfs {
+            Some(StageMode::Rootfs)
+        } else if self.opts.image_property {
+            Some(StageMode::ImageProperty)
+        } else {
+            None
+        }
+    }
+
+    /// The builder image's configuration and base input root, exported
+    /// from the local runner once per image.
+    fn builder_base(&self, image: &str, mode: StageMode) -> Result<BuilderBase, RemoteError> {
+        let cell = match self.builders.lock() {
+            Ok(mut m) => m.entry(image.to_string()).or_default().clone(),
+            Err(p) => p.into_inner().entry(image.to_string()).or_default().clone(),
+        };
+        cell.get_or_init(|| {
+            let mut input = InputRoot::new(self.client.digest_fn());
+            let cfg = if mode == StageMode::Rootfs {
+                let tmp = tempfile::Builder::new()
+                    .prefix("charly-rootfs-")
+                    .tempfile()
+                    .map_err(|e| format!("scratch file: {e}"))?;
+                let cfg = self
+                    .local
+                    .export_image(image, Some(tmp.path()))
+                    .map_err(|e| e.to_string())?;
+                let file = std::fs::File::open(tmp.path()).map_err(|e| e.to_string())?;
+                input
+                    .add_tar("", std::io::BufReader::new(file))
+                    .map_err(|e| e.message)?;
+                cfg
+            } else {
+                self.local
+                    .export_image(image, None)
+                    .map_err(|e| e.to_string())?
+            };
+            Ok(Arc::new((input, cfg)))
+        })
+        .clone()
+        .map_err(|e| RemoteError::new(format!("builder image {image}: {e}")))
+    }
+
+    /// The action of a builder stage (see [`super::stage`]).
+    pub fn stage_action(
+        &self,
+        req: &StageRequest,
+        mode: StageMode,
+    ) -> Result<(RemoteCommand, InputRoot), RemoteError> {
+        let parsed = stage::parse(&req.containerfile).map_err(|e| {
+            RemoteError::new(format!("its Containerfile cannot run as an action: {e}"))
+        })?;
+        let base = self.builder_base(&req.builder_image, mode)?;
+        let (root, cfg) = (&base.0, &base.1);
+        // A stage starts where its image leaves off: its WORKDIR and USER.
+        let mut steps = Vec::new();
+        if !cfg.workdir.is_empty() {
+            steps.push(Step::Workdir(stage::shell_quote(&cfg.workdir)));
+        }
+        if !cfg.user.is_empty() {
+            steps.push(Step::User(cfg.user.clone()));
+        }
+        steps.extend(parsed.steps);
+        let parsed = stage::Stage {
+            from: parsed.from,
+            steps,
+        };
+        let mut input = root.clone();
+        stage::add_sources(&parsed, &req.context, &mut input)?;
+        let mut platform = BTreeMap::new();
+        platform.insert("OSFamily".to_string(), "linux".to_string());
+        platform.insert("ISA".to_string(), self.opts.isa.clone());
+        if mode == StageMode::ImageProperty {
+            platform.insert(
+                "container-image".to_string(),
+                format!("docker://{}", req.builder_image),
+            );
+        }
+        let cmd = RemoteCommand {
+            args: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                stage::script(&parsed, &req.export),
+            ],
+            env: stage::environment(&cfg.env),
+            workdir: String::new(),
+            outputs: vec![format!("{}/", stage::OUT_DIR)],
+            platform,
+            timeout: self.opts.timeout,
+        };
+        Ok((cmd, input))
+    }
+
+    fn remote_stage(&self, req: &StageRequest, mode: StageMode) -> Result<RemoteNode, ActionError> {
+        let (cmd, input) = self.stage_action(req, mode).map_err(unsent)?;
+        let (scratch, out) = self.execute(cmd, input)?;
+        let bad = |message: String| ActionError {
+            message,
+            action_digest: out.action_digest.clone(),
+            engine_error: false,
+        };
+        let mut files = Vec::new();
+        for (i, src) in req.export.iter().enumerate() {
+            let tar_path = scratch.path().join(stage::OUT_DIR).join(format!("{i}.tar"));
+            let tar = std::fs::read(&tar_path)
+                .map_err(|e| bad(format!("export of {src} missing from the outputs: {e}")))?;
+            files.extend(
+                crate::artifact::read_export(&tar, src)
+                    .map_err(|e| bad(format!("reading the export of {src}: {e}")))?,
+            );
+        }
+        crate::artifact::write_tar(&req.out, files, Some(req.owner))
+            .map_err(|e| bad(format!("writing artifact: {e}")))?;
+        Ok(node_of(out))
+    }
+
+    /// Runs an action (within the `--remote-jobs` bound); its outputs are
+    /// in the returned scratch directory.
+    fn execute(
+        &self,
+        cmd: RemoteCommand,
+        input: InputRoot,
+    ) -> Result<(tempfile::TempDir, ActionOutcome), ActionError> {
         let _slot = self.slot();
-        // Outputs land in a scratch directory; only the packages move on.
         let scratch = tempfile::Builder::new()
             .prefix("charly-remote-out-")
             .tempdir()
@@ -293,24 +471,68 @@ impl<'a> RemoteRunner<'a> {
                 engine_error: false,
             })?;
         let out = cmd.run(&self.client, input, scratch.path(), false)?;
-        let produced = scratch.path().join("out");
-        copy_files(&produced, &req.out).map_err(|e| ActionError {
-            message: e,
-            action_digest: out.action_digest.clone(),
-            engine_error: false,
-        })?;
-        Ok(RemoteNode {
-            place: if out.cached {
-                Place::RemoteCached
-            } else {
-                Place::Remote
-            },
-            action_digest: out.action_digest,
-            ms: out.elapsed.as_millis() as u64,
-            uploaded_bytes: out.uploaded_bytes,
-            downloaded_bytes: out.downloaded_bytes,
-            fallback_reason: None,
-        })
+        Ok((scratch, out))
+    }
+
+    /// Runs `remote`; when the engine (not the command) fails and
+    /// `--remote-fallback` is set, runs `local` instead. Records the node.
+    fn remote_or_local(
+        &self,
+        node: &str,
+        remote: impl FnOnce() -> Result<RemoteNode, ActionError>,
+        local: impl FnOnce() -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        match remote() {
+            Ok(r) => {
+                self.record(node, r);
+                Ok(())
+            }
+            Err(e) if e.engine_error && self.opts.fallback => {
+                let start = Instant::now();
+                let r = local();
+                self.record(
+                    node,
+                    RemoteNode {
+                        place: Place::LocalFallback,
+                        action_digest: e.action_digest.clone(),
+                        ms: start.elapsed().as_millis() as u64,
+                        uploaded_bytes: 0,
+                        downloaded_bytes: 0,
+                        fallback_reason: Some(e.message.clone()),
+                    },
+                );
+                r
+            }
+            Err(e) => Err(RunError::new(format!(
+                "remote execution of {node} failed: {}",
+                e.message
+            ))),
+        }
+    }
+}
+
+/// An action that could not be built, so was never sent: like an
+/// unreachable engine, `--remote-fallback` runs the node locally.
+fn unsent(e: RemoteError) -> ActionError {
+    ActionError {
+        message: e.message,
+        action_digest: String::new(),
+        engine_error: true,
+    }
+}
+
+fn node_of(out: ActionOutcome) -> RemoteNode {
+    RemoteNode {
+        place: if out.cached {
+            Place::RemoteCached
+        } else {
+            Place::Remote
+        },
+        action_digest: out.action_digest,
+        ms: out.elapsed.as_millis() as u64,
+        uploaded_bytes: out.uploaded_bytes,
+        downloaded_bytes: out.downloaded_bytes,
+        fallback_reason: None,
     }
 }
 
@@ -334,7 +556,14 @@ impl Runner for RemoteRunner<'_> {
     }
 
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
-        self.local_kind(&req.node, || self.local.build_stage(req))
+        match self.stage_mode() {
+            Some(mode) => self.remote_or_local(
+                &req.node,
+                || self.remote_stage(req, mode),
+                || self.local.build_stage(req),
+            ),
+            None => self.local_kind(&req.node, || self.local.build_stage(req)),
+        }
     }
 
     fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
@@ -350,35 +579,18 @@ impl Runner for RemoteRunner<'_> {
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
-        match self.remote_local_pkg(req) {
-            Ok(r) => {
-                self.record(&req.node, r);
-                Ok(())
-            }
-            Err(e) if e.engine_error && self.opts.fallback => {
-                let start = Instant::now();
-                let r = self.local.build_local_pkg(req);
-                self.record(
-                    &req.node,
-                    RemoteNode {
-                        place: Place::LocalFallback,
-                        action_digest: e.action_digest.clone(),
-                        ms: start.elapsed().as_millis() as u64,
-                        uploaded_bytes: 0,
-                        downloaded_bytes: 0,
-                        fallback_reason: Some(e.message.clone()),
-                    },
-                );
-                r
-            }
-            Err(e) => Err(RunError::new(format!(
-                "remote execution of {} failed: {}",
-                req.node, e.message
-            ))),
-        }
+        self.remote_or_local(
+            &req.node,
+            || self.remote_local_pkg(req),
+            || self.local.build_local_pkg(req),
+        )
     }
 
     fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
         self.local_kind(&req.node, || self.local.build_rootfs(req))
+    }
+
+    fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
+        self.local.export_image(image, rootfs)
     }
 }

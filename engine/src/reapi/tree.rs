@@ -18,29 +18,30 @@ use super::client::{DigestFn, RemoteError};
 pub enum Blob {
     /// A local file (read at upload time).
     File(PathBuf),
-    /// Bytes in memory (messages, inline files).
-    Bytes(Vec<u8>),
+    /// Bytes in memory (messages, inline files), shared by clones.
+    Bytes(std::sync::Arc<[u8]>),
 }
 
 impl Blob {
     /// The bytes.
     pub fn read(&self) -> Result<Vec<u8>, RemoteError> {
         match self {
-            Blob::Bytes(b) => Ok(b.clone()),
+            Blob::Bytes(b) => Ok(b.to_vec()),
             Blob::File(p) => std::fs::read(p)
                 .map_err(|e| RemoteError::new(format!("reading {}: {e}", p.display()))),
         }
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Dir {
     files: BTreeMap<String, (re::Digest, bool)>,
     symlinks: BTreeMap<String, String>,
     dirs: BTreeMap<String, Dir>,
 }
 
-/// Builds an input root.
+/// Builds an input root. Clones share blob bytes.
+#[derive(Clone)]
 pub struct InputRoot {
     f: DigestFn,
     root: Dir,
@@ -87,7 +88,7 @@ impl InputRoot {
         };
         let d = self.f.digest(&data);
         self.blobs
-            .insert(d.hash.clone(), (d.clone(), Blob::Bytes(data)));
+            .insert(d.hash.clone(), (d.clone(), Blob::Bytes(data.into())));
         self.dir_at(dirs)
             .files
             .insert((*name).to_string(), (d, exec));
@@ -158,6 +159,79 @@ impl InputRoot {
         Ok(())
     }
 
+    /// Adds the contents of a tar archive (a root filesystem) at `path`:
+    /// directories, files with their executable bit, symlinks, and hard
+    /// links as copies of their target. Devices and fifos are left out (a
+    /// sandbox provides its own `/dev`); ownership is not part of REAPI's
+    /// tree. Paths that would leave `path` are refused.
+    pub fn add_tar(&mut self, path: &str, tar: impl std::io::Read) -> Result<(), RemoteError> {
+        use std::io::Read as _;
+        let base: Vec<String> = components(path)?.into_iter().map(String::from).collect();
+        let err = |e: std::io::Error| RemoteError::new(format!("reading root filesystem tar: {e}"));
+        let mut files: BTreeMap<String, (re::Digest, bool)> = BTreeMap::new();
+        let mut ar = tar::Archive::new(tar);
+        for entry in ar.entries().map_err(err)? {
+            let mut entry = entry.map_err(err)?;
+            let rel = entry.path().map_err(err)?.to_string_lossy().into_owned();
+            let rel = rel
+                .trim_start_matches("./")
+                .trim_end_matches('/')
+                .to_string();
+            if rel.is_empty() || rel == "." {
+                continue;
+            }
+            let mut at: Vec<&str> = base.iter().map(String::as_str).collect();
+            at.extend(components(&rel)?);
+            let kind = entry.header().entry_type();
+            if kind.is_dir() {
+                self.dir_at(&at);
+                continue;
+            }
+            let Some((name, dirs)) = at.split_last() else {
+                continue;
+            };
+            let (name, dirs) = ((*name).to_string(), dirs.to_vec());
+            match kind {
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name()
+                        .map_err(err)?
+                        .map(|l| l.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    self.dir_at(&dirs).symlinks.insert(name, target);
+                }
+                tar::EntryType::Link => {
+                    let target = entry
+                        .link_name()
+                        .map_err(err)?
+                        .map(|l| l.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let target = target.trim_start_matches("./").to_string();
+                    let Some(file) = files.get(&target).cloned() else {
+                        return Err(RemoteError::new(format!(
+                            "root filesystem tar: hard link {rel} to {target}, which is not a file before it"
+                        )));
+                    };
+                    self.dir_at(&dirs).files.insert(name, file.clone());
+                    files.insert(rel.clone(), file);
+                }
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let exec = entry.header().mode().map_err(err)? & 0o111 != 0;
+                    let mut data = Vec::new();
+                    entry.read_to_end(&mut data).map_err(err)?;
+                    let d = self.f.digest(&data);
+                    self.blobs
+                        .entry(d.hash.clone())
+                        .or_insert_with(|| (d.clone(), Blob::Bytes(data.into())));
+                    self.dir_at(&dirs).files.insert(name, (d.clone(), exec));
+                    files.insert(rel.clone(), (d, exec));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Encodes the tree: the root digest; every Directory message is added
     /// to the blobs.
     pub fn finish(mut self) -> (re::Digest, BTreeMap<String, (re::Digest, Blob)>) {
@@ -199,7 +273,7 @@ fn encode(f: DigestFn, d: &Dir, blobs: &mut BTreeMap<String, (re::Digest, Blob)>
         node_properties: None,
     };
     let (dg, bytes) = f.message(&msg);
-    blobs.insert(dg.hash.clone(), (dg.clone(), Blob::Bytes(bytes)));
+    blobs.insert(dg.hash.clone(), (dg.clone(), Blob::Bytes(bytes.into())));
     dg
 }
 

@@ -65,8 +65,25 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// Starts buildbox-casd with local execution (`jobs` actions at once).
+/// The host's tools, read-only, for actions that bring no root filesystem:
+/// Debian 12 has a merged /usr, so /bin, /lib and /lib64 are /usr's.
+pub const HOST_TOOLS: &[&str] = &[
+    "/usr:/usr",
+    "/usr/bin:/bin",
+    "/usr/lib:/lib",
+    "/usr/lib64:/lib64",
+];
+
+/// Starts buildbox-casd with local execution (`jobs` actions at once),
+/// actions seeing the host's tools ([`HOST_TOOLS`]).
 pub fn start(jobs: usize) -> Casd {
+    start_with(jobs, HOST_TOOLS)
+}
+
+/// Starts buildbox-casd whose sandbox bind-mounts `mounts` (`HOST:SANDBOX`)
+/// into every action; with none, an action sees only its input root (which
+/// then carries a whole root filesystem).
+pub fn start_with(jobs: usize, mounts: &[&str]) -> Casd {
     let bin = buildbox_dir().expect("buildbox binaries");
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cas");
@@ -80,14 +97,7 @@ pub fn start(jobs: usize) -> Casd {
             bin.join("buildbox-run").display()
         ))
         .arg(format!("--jobs={jobs}"));
-    // Actions see the host's tools read-only: Debian 12 has a merged /usr,
-    // so /bin, /lib and /lib64 are /usr's.
-    for m in [
-        "/usr:/usr",
-        "/usr/bin:/bin",
-        "/usr/lib:/lib",
-        "/usr/lib64:/lib64",
-    ] {
+    for m in mounts {
         cmd.arg(format!("--runner-arg=--bind-mount={m}"));
     }
     cmd.arg(&dir)
@@ -107,4 +117,97 @@ pub fn start(jobs: usize) -> Casd {
         std::thread::sleep(Duration::from_millis(50));
     }
     casd
+}
+
+/// Writes `body` at `root/rel`, creating directories.
+pub fn write(root: &Path, rel: &str, body: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(p, body).expect("write");
+}
+
+/// Whether podman runs; under CI its absence is a failure.
+pub fn podman_available() -> bool {
+    let ok = Command::new("podman")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "podman is not installed (.ci/install)"
+        );
+        eprintln!("skipping: podman is not installed");
+    }
+    ok
+}
+
+/// A busybox-static root filesystem tar (an image for local reference
+/// runs, and a root filesystem for remote ones): busybox and its applets in
+/// /bin, users root and `user` (1000), a world-writable /tmp.
+pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let root = dir.join("bbroot");
+    for d in ["bin", "etc", "tmp", "root"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod /tmp");
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed (apt install busybox-static)");
+    let list = Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
+    }
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .expect("passwd");
+    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").expect("group");
+    let tar = dir.join("busybox.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["--numeric-owner", "-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    tar
+}
+
+/// A podman runner with its own storage under `dir`, and the busybox root
+/// filesystem imported as image `tag` (`changes`: `podman import --change`
+/// instructions such as `ENV A=b`).
+pub fn podman_with_image(
+    dir: &Path,
+    tag: &str,
+    changes: &[&str],
+) -> charly_engine::podman::PodmanRunner {
+    use charly_engine::podman::{PodmanOptions, PodmanRunner};
+    let podman = PodmanRunner::new(PodmanOptions {
+        root: Some(dir.join("podman")),
+        conf_dir: dir.to_path_buf(),
+        ca_bundle: None,
+        jobs: 1,
+    })
+    .expect("podman");
+    let tar = busybox_rootfs_tar(dir);
+    let mut cmd = podman.cmd();
+    cmd.args(["import", "-q"]);
+    for c in changes {
+        cmd.arg("--change").arg(c);
+    }
+    let out = cmd.arg(&tar).arg(tag).output().expect("podman import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    podman
 }

@@ -1,0 +1,270 @@
+//! End to end: builder stages run as REAPI actions on a real engine
+//! (buildbox-casd + buildbox-run, bubblewrap sandbox, no host directories
+//! bound in) with the builder image's root filesystem as the input root
+//! (`--remote-stage-rootfs`). The artifact is byte for byte the one the
+//! podman runner builds from the same stage locally; a second runner gets
+//! it from the ActionCache without executing; a stage that fails remotely
+//! is reported with its node and action and leaves no artifact; a stage the
+//! interpreter cannot run is refused with its line, or runs locally with
+//! `--remote-fallback`.
+
+mod common_reapi;
+
+use charly_engine::podman::PodmanRunner;
+use charly_engine::reapi::stage::StageMode;
+use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner};
+use charly_engine::runner::{Runner, StageRequest};
+use std::path::Path;
+
+const BUILDER: &str = "localhost/charly-stage-builder:1";
+
+/// Like a rendered stage template: WORKDIR, ENV, COPY (a file with
+/// --chown, a directory, an executable), USER switches, a cache mount, a
+/// symlink, an environment value from the image and HOME from passwd.
+fn stage_text(run_extra: &str) -> String {
+    format!(
+        r#"FROM {BUILDER} AS stage-demo
+USER root
+WORKDIR /work
+ENV OUT=/tmp/out CACHE=/tmp/demo-cache
+COPY --chown=1000:1000 candy/demo/package.json /tmp/charly-demo/package.json
+COPY candy/demo/data ./data/
+COPY candy/demo/tool /usr/local/bin/
+# Build as the box user, like the npm and pixi stages.
+USER 1000
+RUN --mount=type=cache,dst=/tmp/demo-cache,uid=1000,gid=1000 mkdir -p "$OUT/bin" && \
+    cp /tmp/charly-demo/package.json "$OUT/" && \
+    echo "$GREETING from $(pwd), home $HOME" > "$OUT/greeting" && \
+    cp -R data "$OUT/" && tool > "$OUT/tool.out" && \
+    printf '#!/bin/sh\necho hi\n' > "$OUT/bin/hi" && chmod 755 "$OUT/bin/hi" && \
+    ln -s bin/hi "$OUT/link" && echo junk > "$CACHE/junk"{run_extra}
+LABEL org.example.demo=1
+"#
+    )
+}
+
+fn context(root: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    common_reapi::write(root, "candy/demo/package.json", "{\"name\":\"demo\"}\n");
+    common_reapi::write(root, "candy/demo/data/a.txt", "a\n");
+    common_reapi::write(root, "candy/demo/data/sub/b.txt", "b\n");
+    common_reapi::write(root, "candy/demo/tool", "#!/bin/sh\necho tool ran\n");
+    for (p, mode) in [
+        ("candy/demo/package.json", 0o644),
+        ("candy/demo/data/a.txt", 0o644),
+        ("candy/demo/data/sub/b.txt", 0o644),
+        ("candy/demo/tool", 0o755),
+    ] {
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(mode))
+            .expect("chmod");
+    }
+}
+
+fn request(dir: &Path, ctx: &Path, node: &str, text: String) -> StageRequest {
+    StageRequest {
+        node: node.to_string(),
+        key: blake3::hash(text.as_bytes()).to_hex().to_string(),
+        containerfile: text,
+        context: ctx.to_path_buf(),
+        builder_image: BUILDER.to_string(),
+        export: vec!["/tmp/out/".to_string()],
+        owner: (1000, 1000),
+        out: dir.join(format!("{node}.tar")),
+    }
+}
+
+fn opts(fallback: bool) -> RemoteOptions {
+    RemoteOptions {
+        jobs: 2,
+        fallback,
+        image_property: false,
+        stage_rootfs: true,
+        ..RemoteOptions::default()
+    }
+}
+
+fn names(tar: &[u8]) -> Vec<String> {
+    charly_engine::artifact::read_tar(tar, "")
+        .expect("artifact tar")
+        .into_iter()
+        .map(|e| e.path)
+        .collect()
+}
+
+fn setup(dir: &Path) -> PodmanRunner {
+    let ctx = dir.join("ctx");
+    context(&ctx);
+    common_reapi::podman_with_image(
+        dir,
+        BUILDER,
+        &[
+            "ENV GREETING=hello",
+            "ENV PATH=/usr/local/bin:/bin",
+            "WORKDIR /srv",
+        ],
+    )
+}
+
+#[test]
+fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
+    if !common_reapi::available() || !common_reapi::podman_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let podman = setup(dir);
+    let ctx = dir.join("ctx");
+
+    // The reference: podman builds the stage.
+    let local_req = request(dir, &ctx, "local", stage_text(""));
+    podman
+        .build_stage(&local_req)
+        .expect("podman runs the stage");
+    let local = std::fs::read(&local_req.out).expect("local artifact");
+
+    // The same stage on the engine.
+    let casd = common_reapi::start_with(2, &[]);
+    let remote = RemoteRunner::connect(&casd.url, &podman, opts(false)).expect("connects");
+    let remote_req = request(dir, &ctx, "remote", stage_text(""));
+    remote.build_stage(&remote_req).expect("runs remotely");
+    let got = std::fs::read(&remote_req.out).expect("remote artifact");
+    let stats = remote.stats();
+    assert_eq!(stats["remote"].place, Place::Remote, "{stats:?}");
+    assert!(!stats["remote"].action_digest.is_empty());
+    let files = names(&got);
+    for want in [
+        "tmp/out/greeting",
+        "tmp/out/package.json",
+        "tmp/out/data/sub/b.txt",
+        "tmp/out/tool.out",
+        "tmp/out/link",
+    ] {
+        assert!(files.iter().any(|f| f == want), "{want} in {files:?}");
+    }
+    let entries = charly_engine::artifact::read_tar(&got, "").expect("tar");
+    let greeting = entries
+        .iter()
+        .find(|e| e.path == "tmp/out/greeting")
+        .expect("greeting");
+    assert_eq!(
+        greeting.kind,
+        charly_engine::artifact::Kind::File(b"hello from /work, home /home/user\n".to_vec())
+    );
+    assert!(entries.iter().all(|e| (e.uid, e.gid) == (1000, 1000)));
+    assert_eq!(
+        got,
+        local,
+        "the remote artifact differs from podman's: remote {files:?}, local {:?}",
+        names(&local)
+    );
+
+    // A second runner (another machine, a fresh store) gets it from the
+    // engine's ActionCache: nothing is executed.
+    let again = RemoteRunner::connect(&casd.url, &podman, opts(false)).expect("connects");
+    let again_req = request(dir, &ctx, "again", stage_text(""));
+    again.build_stage(&again_req).expect("cache hit");
+    assert_eq!(again.stats()["again"].place, Place::RemoteCached);
+    assert_eq!(
+        again.stats()["again"].action_digest,
+        stats["remote"].action_digest
+    );
+    assert_eq!(std::fs::read(&again_req.out).expect("artifact"), local);
+
+    // For engines that run containers, the image is named, not sent: the
+    // input root holds only the COPY sources.
+    let named = RemoteRunner::connect(
+        &casd.url,
+        &podman,
+        RemoteOptions {
+            jobs: 1,
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("connects");
+    assert_eq!(named.stage_mode(), Some(StageMode::ImageProperty));
+    let (cmd, input) = named
+        .stage_action(&remote_req, StageMode::ImageProperty)
+        .expect("action");
+    assert_eq!(
+        cmd.platform.get("container-image").map(String::as_str),
+        Some(format!("docker://{BUILDER}").as_str())
+    );
+    let busybox = std::fs::read("/bin/busybox").expect("busybox");
+    let busybox = named.client().digest_fn().digest(&busybox).hash;
+    let (_, blobs) = input.finish();
+    assert!(!blobs.contains_key(&busybox), "the image's files were sent");
+    let (_, input) = remote
+        .stage_action(&remote_req, StageMode::Rootfs)
+        .expect("action");
+    assert!(input.finish().1.contains_key(&busybox));
+    // Neither property nor root filesystem: stages stay local.
+    let plain = RemoteRunner::connect(
+        &casd.url,
+        &podman,
+        RemoteOptions {
+            image_property: false,
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("connects");
+    assert_eq!(plain.stage_mode(), None);
+
+    // For the issue's notes (`-- --nocapture`).
+    eprintln!(
+        "stage: remote run {} ms (uploaded {} bytes, downloaded {}), action-cache hit {} ms",
+        stats["remote"].ms,
+        stats["remote"].uploaded_bytes,
+        stats["remote"].downloaded_bytes,
+        again.stats()["again"].ms
+    );
+}
+
+#[test]
+fn stage_failures_name_node_and_action_and_leave_no_artifact() {
+    if !common_reapi::available() || !common_reapi::podman_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let podman = setup(dir);
+    let ctx = dir.join("ctx");
+    let casd = common_reapi::start_with(2, &[]);
+
+    // The command fails on the engine: never a fallback, never stored.
+    let remote = RemoteRunner::connect(&casd.url, &podman, opts(true)).expect("connects");
+    let req = request(
+        dir,
+        &ctx,
+        "failing",
+        stage_text(" && echo 'demo broke' >&2 && false"),
+    );
+    let e = remote.build_stage(&req).expect_err("fails").to_string();
+    assert!(e.contains("failing"), "{e}");
+    assert!(e.contains("action "), "{e}");
+    assert!(
+        e.contains("demo broke"),
+        "the command's stderr is shown: {e}"
+    );
+    assert!(!req.out.exists());
+
+    // A Containerfile the interpreter cannot run is refused up front with
+    // its line, and runs locally when fallback is allowed.
+    let text = stage_text("").replace("USER root\n", "USER root\nARG VERSION=1\n");
+    let strict = RemoteRunner::connect(&casd.url, &podman, opts(false)).expect("connects");
+    let req = request(dir, &ctx, "unsupported", text.clone());
+    let e = strict.build_stage(&req).expect_err("refused").to_string();
+    assert!(e.contains("line 3: ARG is not supported"), "{e}");
+    assert!(!req.out.exists());
+    let req = request(dir, &ctx, "fallback", text);
+    remote.build_stage(&req).expect("runs locally");
+    let stats = remote.stats();
+    assert_eq!(stats["fallback"].place, Place::LocalFallback);
+    assert!(
+        stats["fallback"]
+            .fallback_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("ARG")),
+        "{stats:?}"
+    );
+    assert!(req.out.exists());
+}
