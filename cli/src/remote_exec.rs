@@ -40,6 +40,12 @@ pub struct RemoteExecArgs {
     /// per engine.
     #[arg(long, requires = "remote_exec")]
     pub remote_stage_rootfs: bool,
+    /// An extra platform property of every action, `KEY=VALUE`
+    /// (repeatable): what the engine needs to run them, e.g. `network=on`
+    /// for buildbox-run or `dockerNetwork=bridge` for BuildBuddy. Part of
+    /// each action's digest.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_property, requires = "remote_exec")]
+    pub remote_platform: Vec<(String, String)>,
     /// Timeout of one remote action, in seconds.
     #[arg(
         long,
@@ -48,6 +54,13 @@ pub struct RemoteExecArgs {
         requires = "remote_exec"
     )]
     pub remote_timeout: u64,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not KEY=VALUE")),
+    }
 }
 
 /// The runner: remote over `local` when `--remote-exec` is given. With
@@ -68,6 +81,7 @@ pub fn wrap<'a>(
         fallback: a.remote_fallback,
         image_property: !a.remote_no_image_property,
         stage_rootfs: a.remote_stage_rootfs,
+        platform: a.remote_platform.iter().cloned().collect(),
         isa: charly_engine::reapi::runner::isa_of(arch).to_string(),
         timeout: Some(Duration::from_secs(a.remote_timeout.max(1))),
     };

@@ -268,3 +268,35 @@ fn stage_failures_name_node_and_action_and_leave_no_artifact() {
     );
     assert!(req.out.exists());
 }
+
+/// `--remote-platform` properties reach the engine: buildbox-run runs the
+/// action as `unixUID`/`unixGID` (in a user namespace).
+#[test]
+fn platform_properties_reach_the_engine() {
+    if !common_reapi::available() || !common_reapi::podman_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let podman = setup(dir);
+    let ctx = dir.join("ctx");
+    let casd = common_reapi::start_with(1, &[]);
+    let mut o = opts(false);
+    o.platform.insert("unixUID".into(), "1000".into());
+    o.platform.insert("unixGID".into(), "1000".into());
+    let remote = RemoteRunner::connect(&casd.url, &podman, o).expect("connects");
+    let text = format!("FROM {BUILDER} AS ids\nRUN mkdir -p /tmp/out && id -u > /tmp/out/uid\n");
+    let req = request(dir, &ctx, "ids", text);
+    remote.build_stage(&req).expect("runs");
+    let entries =
+        charly_engine::artifact::read_tar(&std::fs::read(&req.out).expect("artifact"), "")
+            .expect("tar");
+    let uid = entries
+        .iter()
+        .find(|e| e.path == "tmp/out/uid")
+        .expect("uid");
+    assert_eq!(
+        uid.kind,
+        charly_engine::artifact::Kind::File(b"1000\n".to_vec())
+    );
+}

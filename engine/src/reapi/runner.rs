@@ -64,6 +64,14 @@
 //!   the engine's CAS stores them once. With `--remote-no-image-property`
 //!   and no `--remote-stage-rootfs`, stages stay local.
 //!
+//! Engine-specific needs go in [`RemoteOptions::platform`]
+//! (`--remote-platform KEY=VALUE`), added to every action: buildbox-run
+//! shares the host's network only with `network=on` (then the image needs
+//! its own `/etc/resolv.conf`) and runs the action as another user with
+//! `unixUID`/`unixGID`; BuildBuddy reads `dockerNetwork`, and so on. Not
+//! carried: `--ca-bundle` (a remote worker trusts what its own image and
+//! host trust).
+//!
 //! A stage whose Containerfile uses an instruction the interpreter does not
 //! carry out (`ARG`, `ADD`, `COPY --from`, …) is never sent: it fails
 //! naming the line, or runs locally with `--remote-fallback`.
@@ -113,6 +121,11 @@ pub struct RemoteOptions {
     pub stage_rootfs: bool,
     /// Target ISA as REAPI names it (`x86-64`, `aarch64`).
     pub isa: String,
+    /// Extra platform properties of every action (`--remote-platform`):
+    /// what a particular engine needs, e.g. `network=on` for buildbox-run
+    /// or `dockerNetwork=bridge` for BuildBuddy. They are part of the
+    /// action, so of its ActionCache entry.
+    pub platform: BTreeMap<String, String>,
     /// Per-action timeout.
     pub timeout: Option<Duration>,
 }
@@ -124,6 +137,7 @@ impl Default for RemoteOptions {
             fallback: false,
             image_property: true,
             stage_rootfs: false,
+            platform: BTreeMap::new(),
             isa: isa_of(std::env::consts::ARCH).to_string(),
             timeout: Some(Duration::from_secs(3600)),
         }
@@ -290,6 +304,20 @@ impl<'a> RemoteRunner<'a> {
         r
     }
 
+    /// An action's platform: `OSFamily`, `ISA`, the image when it is named
+    /// (`container-image=docker://…`), then `--remote-platform` entries,
+    /// which win.
+    fn platform(&self, image: Option<&str>) -> BTreeMap<String, String> {
+        let mut platform = BTreeMap::new();
+        platform.insert("OSFamily".to_string(), "linux".to_string());
+        platform.insert("ISA".to_string(), self.opts.isa.clone());
+        if let Some(image) = image {
+            platform.insert("container-image".to_string(), format!("docker://{image}"));
+        }
+        platform.extend(self.opts.platform.clone());
+        platform
+    }
+
     /// The action of a local-package build (module docs).
     pub fn local_pkg_action(
         &self,
@@ -298,15 +326,8 @@ impl<'a> RemoteRunner<'a> {
         let mut input = InputRoot::new(self.client.digest_fn());
         input.add_dir("src", &req.source)?;
         input.add_empty_dir("out")?;
-        let mut platform = BTreeMap::new();
-        platform.insert("OSFamily".to_string(), "linux".to_string());
-        platform.insert("ISA".to_string(), self.opts.isa.clone());
-        if self.opts.image_property {
-            platform.insert(
-                "container-image".to_string(),
-                format!("docker://{}", req.image),
-            );
-        }
+        let image = self.opts.image_property.then_some(req.image.as_str());
+        let platform = self.platform(image);
         let mut env = BTreeMap::new();
         env.insert(
             "PATH".to_string(),
@@ -407,15 +428,8 @@ impl<'a> RemoteRunner<'a> {
         };
         let mut input = root.clone();
         stage::add_sources(&parsed, &req.context, &mut input)?;
-        let mut platform = BTreeMap::new();
-        platform.insert("OSFamily".to_string(), "linux".to_string());
-        platform.insert("ISA".to_string(), self.opts.isa.clone());
-        if mode == StageMode::ImageProperty {
-            platform.insert(
-                "container-image".to_string(),
-                format!("docker://{}", req.builder_image),
-            );
-        }
+        let image = (mode == StageMode::ImageProperty).then_some(req.builder_image.as_str());
+        let platform = self.platform(image);
         let cmd = RemoteCommand {
             args: vec![
                 "/bin/sh".into(),
