@@ -19,6 +19,8 @@
 #[path = "../tests/registry/mod.rs"]
 mod registry;
 
+#[path = "../tests/project_copy/mod.rs"]
+mod project_copy;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -224,22 +226,6 @@ fn charly(store: &Path, project: &Path, remote: Option<&str>, args: &[&str]) -> 
     d
 }
 
-fn copy_tree(src: &Path, dest: &Path) {
-    for e in walkdir::WalkDir::new(src) {
-        let e = e.expect("walk");
-        let rel = e.path().strip_prefix(src).expect("rel");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        let t = dest.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&t).expect("mkdir");
-        } else if e.file_type().is_file() {
-            std::fs::copy(e.path(), &t).expect("copy");
-        }
-    }
-}
-
 fn builds(reg: &Registry) {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let fixture = manifest.join("../tests/fixtures/graph");
@@ -276,7 +262,7 @@ fn builds(reg: &Registry) {
                 // The fixture builds in place: a copy each; the corpus is
                 // only read (output goes to --out).
                 let project = if ci == 0 {
-                    copy_tree(&src, &project);
+                    project_copy::copy_project(&src, &project);
                     project
                 } else {
                     src.clone()

@@ -2,32 +2,13 @@
 //! directory: kill -9 in the middle of a step, then `status` and `del`;
 //! a failing step; `--help` says where the ledger lives.
 
+mod project_copy;
 use assert_cmd::Command;
+use project_copy::example;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-fn example() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
-}
-
-/// A private copy of the example: builds write `.build/` (and k8s bundles
-/// `.build/k8s/`) into the project, and tests run in parallel.
-fn copy_example(to: &Path) {
-    for e in walkdir::WalkDir::new(example()).into_iter().flatten() {
-        let rel = e.path().strip_prefix(example()).expect("prefix");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        let dest = to.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
-}
 
 struct World {
     _t: tempfile::TempDir,
@@ -44,7 +25,7 @@ impl World {
         std::fs::create_dir_all(root.join("etc")).expect("root");
         std::fs::write(root.join("etc/hostname"), "target\n").expect("hostname");
         let project = t.path().join("project");
-        copy_example(&project);
+        project_copy::copy_project(&example(), &project);
         let w = World {
             _t: t,
             cache,

@@ -4,6 +4,7 @@
 //! bound over /root, so the root login's home (env.d, rc-file block) lives
 //! in the test's directory; system files of the test candy go below it too.
 
+mod project_copy;
 use assert_cmd::Command;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -458,18 +459,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     // from its base chain), built with the fake runner, whose stage writes
     // a real artifact tar.
     let graph = t.join("graph");
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph");
-    for e in walkdir::WalkDir::new(&src).into_iter().flatten() {
-        let rel = e.path().strip_prefix(&src).expect("rel");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(graph.join(rel)).expect("mkdir");
-        } else {
-            std::fs::copy(e.path(), graph.join(rel)).expect("copy");
-        }
-    }
+    project_copy::copy_project(&project_copy::graph_fixture(), &graph);
     let before = tree(&guest.join("root"));
     build_and_add(&graph, "l", "left");
     assert_eq!(

@@ -9,28 +9,11 @@
 //! the npm registry (`.ci/install` installs the tools). Behind an
 //! intercepting proxy the host's CA bundle is passed with `--ca-bundle`.
 
+mod project_copy;
+use project_copy::{copy_project, example};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
-
-fn example() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
-        let rel = e.path().strip_prefix(from).expect("prefix");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        let dest = to.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
-}
 
 struct Env {
     _tmp: tempfile::TempDir,
@@ -167,7 +150,7 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         summaries: tmp.path().to_path_buf(),
         _tmp: tmp,
     };
-    copy_tree(&example(), &env.project);
+    copy_project(&example(), &env.project);
 
     // Cold build.
     let cold = env.build("cold", &["hello"]);

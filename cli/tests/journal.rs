@@ -8,26 +8,12 @@
 //! seconds. These tests set `CHARLY_JOURNAL_RACY_MS=0` rather than wait; the
 //! window itself is unit-tested in `engine/src/journal.rs`.
 
+mod project_copy;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 fn corpus() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
-        let rel = e.path().strip_prefix(from).expect("prefix");
-        if rel.starts_with(".build") || rel.starts_with(".git") {
-            continue;
-        }
-        let dest = to.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-        } else if e.file_type().is_file() {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
 }
 
 struct Env {
@@ -48,7 +34,7 @@ impl Env {
     fn new() -> Env {
         let tmp = tempfile::tempdir().expect("tmp");
         let project = tmp.path().join("project");
-        copy_tree(&corpus(), &project);
+        project_copy::copy_project(&corpus(), &project);
         let store = tmp.path().join("store");
         Env {
             tmp,

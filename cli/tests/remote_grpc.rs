@@ -12,6 +12,7 @@
 mod common_reapi;
 
 mod machine;
+mod project_copy;
 use machine::{Machine, nodes, outputs, show};
 
 #[test]

@@ -11,7 +11,8 @@
 mod common_reapi;
 
 mod machine;
-use machine::{nodes, outputs, show};
+mod project_copy;
+use machine::{nodes, outputs, show, summary_json};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -98,11 +99,7 @@ impl Env {
             .args(args)
             .output()
             .expect("run charly");
-        let s = std::fs::read(&summary)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(serde_json::Value::Null);
-        (out, s)
+        (out, summary_json(&summary))
     }
 }
 

@@ -105,15 +105,45 @@ fn setup(dir: &Path) -> PodmanRunner {
     )
 }
 
-#[test]
-fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
+/// A test's world: a scratch directory with the build context, podman
+/// with the builder image, and an engine with nothing bound in.
+struct World {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    ctx: std::path::PathBuf,
+    podman: PodmanRunner,
+    casd: common_reapi::Casd,
+}
+
+fn world() -> Option<World> {
     if !common_reapi::available() || !common_reapi::podman_available() {
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().expect("tmp");
-    let dir = tmp.path();
-    let podman = setup(dir);
-    let ctx = dir.join("ctx");
+    let dir = tmp.path().to_path_buf();
+    let podman = setup(&dir);
+    Some(World {
+        ctx: dir.join("ctx"),
+        dir,
+        podman,
+        casd: common_reapi::start_with(2, &[]),
+        _tmp: tmp,
+    })
+}
+
+#[test]
+fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
+    let Some(World {
+        dir,
+        ctx,
+        podman,
+        casd,
+        _tmp,
+    }) = world()
+    else {
+        return;
+    };
+    let dir = dir.as_path();
 
     // The reference: podman builds the stage.
     let local_req = request(dir, &ctx, "local", stage_text(""));
@@ -123,7 +153,6 @@ fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
     let local = std::fs::read(&local_req.out).expect("local artifact");
 
     // The same stage on the engine.
-    let casd = common_reapi::start_with(2, &[]);
     let remote = RemoteRunner::connect(&casd.url, &podman, opts(false)).expect("connects");
     let remote_req = request(dir, &ctx, "remote", stage_text(""));
     remote.build_stage(&remote_req).expect("runs remotely");
@@ -221,14 +250,17 @@ fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
 
 #[test]
 fn stage_failures_name_node_and_action_and_leave_no_artifact() {
-    if !common_reapi::available() || !common_reapi::podman_available() {
+    let Some(World {
+        dir,
+        ctx,
+        podman,
+        casd,
+        _tmp,
+    }) = world()
+    else {
         return;
-    }
-    let tmp = tempfile::tempdir().expect("tmp");
-    let dir = tmp.path();
-    let podman = setup(dir);
-    let ctx = dir.join("ctx");
-    let casd = common_reapi::start_with(2, &[]);
+    };
+    let dir = dir.as_path();
 
     // The command fails on the engine: never a fallback, never stored.
     let remote = RemoteRunner::connect(&casd.url, &podman, opts(true)).expect("connects");
@@ -273,14 +305,17 @@ fn stage_failures_name_node_and_action_and_leave_no_artifact() {
 /// action as `unixUID`/`unixGID` (in a user namespace).
 #[test]
 fn platform_properties_reach_the_engine() {
-    if !common_reapi::available() || !common_reapi::podman_available() {
+    let Some(World {
+        dir,
+        ctx,
+        podman,
+        casd,
+        _tmp,
+    }) = world()
+    else {
         return;
-    }
-    let tmp = tempfile::tempdir().expect("tmp");
-    let dir = tmp.path();
-    let podman = setup(dir);
-    let ctx = dir.join("ctx");
-    let casd = common_reapi::start_with(1, &[]);
+    };
+    let dir = dir.as_path();
     let mut o = opts(false);
     o.platform.insert("unixUID".into(), "1000".into());
     o.platform.insert("unixGID".into(), "1000".into());

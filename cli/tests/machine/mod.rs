@@ -12,21 +12,7 @@ use charly_cache::{NodeKey, Store};
 
 /// A copy of the graph fixture (builds write into the project).
 pub fn project(dest: &Path) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph");
-    for e in walkdir::WalkDir::new(&src) {
-        let e = e.expect("walk");
-        let rel = e.path().strip_prefix(&src).expect("rel");
-        if rel.starts_with(".build") {
-            continue;
-        }
-        let t = dest.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&t).expect("mkdir");
-        } else if e.file_type().is_file() {
-            std::fs::copy(e.path(), &t).expect("copy");
-        }
-    }
-    dest.to_path_buf()
+    crate::project_copy::copy_project(&crate::project_copy::graph_fixture(), dest)
 }
 
 /// One machine: a project copy, a store, a fake-runner call log.
@@ -77,11 +63,7 @@ impl Machine {
             .arg(&summary)
             .output()
             .expect("run charly");
-        let s = std::fs::read(&summary)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(serde_json::Value::Null);
-        (out, s)
+        (out, summary_json(&summary))
     }
 
     /// Runner calls so far (`what node`), without image restores.
@@ -93,6 +75,14 @@ impl Machine {
             .map(str::to_string)
             .collect()
     }
+}
+
+/// A `--summary-json` file, or `null` if the run wrote none.
+pub fn summary_json(path: &Path) -> serde_json::Value {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null)
 }
 
 pub fn show(o: &Output) -> String {

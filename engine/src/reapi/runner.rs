@@ -288,17 +288,31 @@ impl<'a> RemoteRunner<'a> {
         node: &str,
         f: impl FnOnce() -> Result<T, RunError>,
     ) -> Result<T, RunError> {
+        self.run_locally(node, Place::Local, None, f)
+    }
+
+    /// Runs `f` locally, recording the node at `place` (with the action
+    /// and the reason when it is a fallback).
+    fn run_locally<T>(
+        &self,
+        node: &str,
+        place: Place,
+        fallback: Option<&ActionError>,
+        f: impl FnOnce() -> Result<T, RunError>,
+    ) -> Result<T, RunError> {
         let start = Instant::now();
         let r = f();
         self.record(
             node,
             RemoteNode {
-                place: Place::Local,
-                action_digest: String::new(),
+                place,
+                action_digest: fallback
+                    .map(|e| e.action_digest.clone())
+                    .unwrap_or_default(),
                 ms: start.elapsed().as_millis() as u64,
                 uploaded_bytes: 0,
                 downloaded_bytes: 0,
-                fallback_reason: None,
+                fallback_reason: fallback.map(|e| e.message.clone()),
             },
         );
         r
@@ -502,20 +516,7 @@ impl<'a> RemoteRunner<'a> {
                 Ok(())
             }
             Err(e) if e.engine_error && self.opts.fallback => {
-                let start = Instant::now();
-                let r = local();
-                self.record(
-                    node,
-                    RemoteNode {
-                        place: Place::LocalFallback,
-                        action_digest: e.action_digest.clone(),
-                        ms: start.elapsed().as_millis() as u64,
-                        uploaded_bytes: 0,
-                        downloaded_bytes: 0,
-                        fallback_reason: Some(e.message.clone()),
-                    },
-                );
-                r
+                self.run_locally(node, Place::LocalFallback, Some(&e), local)
             }
             Err(e) => Err(RunError::new(format!(
                 "remote execution of {node} failed: {}",

@@ -601,15 +601,14 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                     s.push_str(&format!(
                         "if [ -d {from} ]; then\n    mkdir -p \"$charly_dst\" && cp -R {from}/. \"$charly_dst\"/\n    charly_new=\"$charly_dst\"\n"
                     ));
-                    if into_dir {
-                        s.push_str(&format!(
-                            "else\n    mkdir -p \"$charly_dst\" && cp {from} \"$charly_dst\"/ && charly_new=\"$charly_dst\"/{base}\n"
-                        ));
-                    } else {
-                        s.push_str(&format!(
-                            "else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n"
-                        ));
-                    }
+                    // A file goes into the destination when it ends in `/`,
+                    // there are several sources, or it is a directory
+                    // already (`COPY x .`), as BuildKit does.
+                    let into = if into_dir { "true" } else { "false" };
+                    s.push_str(&format!(
+                        "elif {into} || [ -d \"$charly_dst\" ]; then\n    mkdir -p \"$charly_dst\" && cp {from} \"$charly_dst\"/ && charly_new=\"$charly_dst\"/{base}\n\
+                         else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n"
+                    ));
                     s.push_str("fi\n");
                     if let Some(owner) = chown {
                         s.push_str(&format!(
@@ -901,7 +900,7 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         std::fs::write(root.join("cache/kept"), "image content").expect("write");
         let text = format!(
             "FROM img AS s\nWORKDIR {r}/work\nENV OUT={r}/out GREETING=\"hello there\"\n\
-             COPY pkg/a.json pkg/sub ./in/\nCOPY pkg/a.json {r}/single.json\n\
+             COPY pkg/a.json pkg/sub ./in/\nCOPY pkg/a.json {r}/single.json\nCOPY pkg/a.json .\n\
              RUN --mount=type=cache,target={r}/cache mkdir -p \"$OUT\" && echo \"$GREETING\" > \"$OUT/greeting\" \
              && cp in/a.json in/b \"$OUT/\" && ln -s greeting \"$OUT/link\" && echo x > {r}/cache/junk && pwd > \"$OUT/pwd\"\n\
              RUN --mount=type=bind,source=pkg,target={r}/bound cp {r}/bound/sub/b \"$OUT/bound\"\n"
@@ -925,6 +924,7 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         assert_eq!(read("out/a.json"), "{}");
         assert_eq!(read("out/b"), "b");
         assert_eq!(read("single.json"), "{}");
+        assert_eq!(read("work/a.json"), "{}");
         assert_eq!(read("out/pwd"), format!("{r}/work\n"));
         // The cache mount's contents are gone and what was there is back.
         assert_eq!(read("cache/kept"), "image content");
