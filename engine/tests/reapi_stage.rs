@@ -13,7 +13,10 @@ mod common_reapi;
 use charly_engine::podman::PodmanRunner;
 use charly_engine::reapi::stage::StageMode;
 use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner};
-use charly_engine::runner::{Runner, StageRequest};
+use charly_engine::runner::{
+    FakeRunner, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
+};
 use std::path::Path;
 
 const BUILDER: &str = "localhost/charly-stage-builder:1";
@@ -334,4 +337,112 @@ fn platform_properties_reach_the_engine() {
         uid.kind,
         charly_engine::artifact::Kind::File(b"1000\n".to_vec())
     );
+}
+
+/// Records every stage Containerfile the engine hands out; the rest fake.
+#[derive(Default)]
+struct Recorder {
+    fake: FakeRunner,
+    stages: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl Runner for Recorder {
+    fn name(&self) -> &str {
+        self.fake.name()
+    }
+    fn build_stage(&self, r: &StageRequest) -> Result<(), RunError> {
+        if let Ok(mut s) = self.stages.lock() {
+            s.push((r.node.clone(), r.containerfile.clone()));
+        }
+        self.fake.build_stage(r)
+    }
+    fn build_image(&self, r: &ImageRequest) -> Result<ImageResult, RunError> {
+        self.fake.build_image(r)
+    }
+    fn has_image(&self, r: &str) -> bool {
+        self.fake.has_image(r)
+    }
+    fn restore_image(&self, a: &Path, t: &str) -> Result<String, RunError> {
+        self.fake.restore_image(a, t)
+    }
+    fn build_local_pkg(&self, r: &LocalPkgRequest) -> Result<(), RunError> {
+        self.fake.build_local_pkg(r)
+    }
+    fn build_rootfs(&self, r: &RootfsRequest) -> Result<(), RunError> {
+        self.fake.build_rootfs(r)
+    }
+}
+
+/// Every builder stage of the real corpus and of the bundled example (npm,
+/// pixi, aur, …, as the engine renders them) is one the interpreter can
+/// send: the stage text parses, with its layer stage.
+#[test]
+fn every_corpus_and_example_stage_can_be_sent() {
+    use charly_engine::api::Engine;
+    use charly_engine::graph::Goal;
+    use charly_engine::hash::FileHasher;
+    use charly_rules::load::{self, LoadOptions};
+    use charly_rules::resolve;
+    let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut seen = 0;
+    // The example's local .deb is built from source (--dev-local-pkg); the
+    // corpus has no sources for its local packages.
+    for (src, dev_local_pkg) in [
+        (here.join("../../shared/corpus/overthink"), false),
+        (here.join("../examples/hello"), true),
+    ] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path().join("project");
+        for e in walkdir::WalkDir::new(&src).into_iter().flatten() {
+            let rel = e.path().strip_prefix(&src).expect("rel");
+            if rel.starts_with(".build") {
+                continue;
+            }
+            if e.file_type().is_dir() {
+                std::fs::create_dir_all(root.join(rel)).expect("mkdir");
+            } else if e.file_type().is_file() {
+                std::fs::copy(e.path(), root.join(rel)).expect("copy");
+            }
+        }
+        let p = load::load(&root, &LoadOptions::default()).expect("loads");
+        let r = resolve::resolve(&p);
+        let store = charly_engine::cache::Store::open(&tmp.path().join("store")).expect("store");
+        let recorder = Recorder::default();
+        let engine = Engine {
+            project: &p,
+            resolution: &r,
+            store: &store,
+            runner: &recorder,
+            hasher: &FileHasher::in_memory(),
+            dev_local_pkg,
+            arch: "amd64".into(),
+            remote: None,
+        };
+        let boxes: Vec<String> = r
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.is_ok())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let graph = engine.graph(&Goal::Build, &boxes).expect("graph");
+        let summary = engine.run(&graph, &root, 2, false, &charly_engine::sched::Quiet);
+        let failed: Vec<String> = summary
+            .nodes
+            .iter()
+            .filter(|n| n.state == charly_engine::sched::State::Failed)
+            .map(|n| format!("{} {:?}", n.id, n.error))
+            .collect();
+        assert!(failed.is_empty(), "{}: {failed:?}", src.display());
+        let stages = recorder.stages.into_inner().expect("stages");
+        for (node, text) in &stages {
+            if let Err(e) = charly_engine::reapi::stage::parse(text) {
+                panic!("{node} ({}): {e}\n{text}", src.display());
+            }
+        }
+        seen += stages.len();
+    }
+    // chrome-devtools-mcp (npm, pixi), jupyter, openwebui, python (pixi),
+    // openclaw (npm) in the corpus; cowsay (npm) in the example.
+    assert!(seen >= 7, "only {seen} stages");
+    eprintln!("{seen} stages parsed");
 }

@@ -25,7 +25,11 @@
 //!   without that privilege (bubblewrap, as in CI here), the step runs as
 //!   the sandbox's user and a note goes to the action's stderr. Ownership
 //!   of the artifact never depends on it: every file is given the box
-//!   user's uid:gid when the tar is written.
+//!   user's uid:gid when the tar is written. A `RUN` that itself needs
+//!   root's privileges (`install -o`, `chown` to another user, a package
+//!   manager) fails in such a sandbox, as the default npm stage's first
+//!   `RUN` does on buildbox-run: those stages need an engine that runs
+//!   actions in containers, or `--remote-fallback` to build them locally.
 //! * `COPY [--chown=u:g] src… dst`: the sources (files or directories
 //!   relative to the build context) travel in the input root under
 //!   `charly-ctx/` and are copied with Docker's rules (a directory's
