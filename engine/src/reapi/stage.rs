@@ -29,7 +29,10 @@
 //!   root's privileges (`install -o`, `chown` to another user, a package
 //!   manager) fails in such a sandbox, as the default npm stage's first
 //!   `RUN` does on buildbox-run: those stages need an engine that runs
-//!   actions in containers, or `--remote-fallback` to build them locally.
+//!   actions in containers. The failure is the command's, so it is reported
+//!   and never retried locally; to keep stages local on such an engine,
+//!   leave out `--remote-stage-rootfs` (with `--remote-no-image-property`,
+//!   stages are not sent).
 //! * `COPY [--chown=u:g] src… dst`: the sources (files or directories
 //!   relative to the build context) travel in the input root under
 //!   `charly-ctx/` and are copied with Docker's rules (a directory's
