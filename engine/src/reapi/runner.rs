@@ -73,7 +73,7 @@
 //! host trust).
 //!
 //! A stage whose Containerfile uses an instruction the interpreter does not
-//! carry out (`ARG`, `ADD`, `COPY --from`, …) is never sent: it fails
+//! carry out (`ARG`, `ADD`, a second real stage, …) is never sent: it fails
 //! naming the line, or runs locally with `--remote-fallback`.
 //!
 //! ## What runs where
@@ -385,9 +385,10 @@ impl<'a> RemoteRunner<'a> {
     /// The builder image's configuration and base input root, exported
     /// from the local runner once per image.
     fn builder_base(&self, image: &str, mode: StageMode) -> Result<BuilderBase, RemoteError> {
+        let key = format!("{mode:?} {image}");
         let cell = match self.builders.lock() {
-            Ok(mut m) => m.entry(image.to_string()).or_default().clone(),
-            Err(p) => p.into_inner().entry(image.to_string()).or_default().clone(),
+            Ok(mut m) => m.entry(key).or_default().clone(),
+            Err(p) => p.into_inner().entry(key).or_default().clone(),
         };
         cell.get_or_init(|| {
             let mut input = InputRoot::new(self.client.digest_fn());

@@ -43,11 +43,17 @@
 //!   in the working directory; a cache mount is an empty directory for the
 //!   duration of the step, and whatever was at that path before is put back
 //!   afterwards, so cache contents never reach the artifact, as with podman.
+//! * `RUN --mount=type=bind,[from=<layer>,]source=…,target=…`: a copy of
+//!   that path of the context (or of the layer stage) at the target for the
+//!   duration of the step.
+//! * Earlier stages: only layer stages as charly writes them for a candy's
+//!   files (`FROM scratch AS <candy>` + `COPY <dir>/ /`); `COPY --from=` and
+//!   bind mounts `from=` them read that directory of the context.
 //! * `LABEL`, `EXPOSE`, `CMD`, `ENTRYPOINT`, `VOLUME`, `STOPSIGNAL`,
 //!   `HEALTHCHECK`, `MAINTAINER`: image metadata, no effect on files; skipped.
-//! * Anything else (`ARG`, `ADD`, `SHELL`, `ONBUILD`, `COPY --from`, other
-//!   mount types, a second `FROM`) is refused with the line it is on, and
-//!   the stage is not sent.
+//! * Anything else (`ARG`, `ADD`, `SHELL`, `ONBUILD`, `COPY --from` an
+//!   image, other mount types, an earlier stage that is not a layer) is
+//!   refused with the line it is on, and the stage is not sent.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -528,6 +534,13 @@ charly_chown() { # owner path...
     u=$1; g=$2; shift 3
     chown -R "$u:$g" "$@" 2>/dev/null || echo "charly: could not chown $* to $u:$g in this sandbox (the artifact's owner is set when it is written)" >&2
 }
+charly_modes() { # source-dir dest-dir: 0755/0644 for what was copied
+    for p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        q="$2/${p##*/}"
+        if [ -L "$q" ] || [ ! -e "$q" ]; then continue; fi
+        chmod -R u=rwX,go=rX "$q"
+    done
+}
 charly_run() { # command
     (
         cd "$charly_wd"
@@ -606,15 +619,15 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                         .map(|b| shell_quote(&b.to_string_lossy()))
                         .unwrap_or_default();
                     s.push_str(&format!(
-                        "if [ -d {from} ]; then\n    mkdir -p \"$charly_dst\" && cp -R {from}/. \"$charly_dst\"/\n    charly_new=\"$charly_dst\"\n"
+                        "if [ -d {from} ]; then\n    mkdir -p \"$charly_dst\" && cp -R {from}/. \"$charly_dst\"/\n    charly_new=\"$charly_dst\"\n    charly_modes {from} \"$charly_dst\"\n"
                     ));
                     // A file goes into the destination when it ends in `/`,
                     // there are several sources, or it is a directory
                     // already (`COPY x .`), as BuildKit does.
                     let into = if into_dir { "true" } else { "false" };
                     s.push_str(&format!(
-                        "elif {into} || [ -d \"$charly_dst\" ]; then\n    mkdir -p \"$charly_dst\" && cp {from} \"$charly_dst\"/ && charly_new=\"$charly_dst\"/{base}\n\
-                         else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n"
+                        "elif {into} || [ -d \"$charly_dst\" ]; then\n    mkdir -p \"$charly_dst\" && cp {from} \"$charly_dst\"/ && charly_new=\"$charly_dst\"/{base}\n    chmod u=rw,go=r \"$charly_new\" && if [ -x {from} ]; then chmod a+x \"$charly_new\"; fi\n\
+                         else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n    chmod u=rw,go=r \"$charly_new\" && if [ -x {from} ]; then chmod a+x \"$charly_new\"; fi\n"
                     ));
                     s.push_str("fi\n");
                     if let Some(owner) = chown {
@@ -903,6 +916,15 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         std::fs::create_dir_all(root.join(CTX_DIR).join("pkg/sub")).expect("mkdir");
         std::fs::write(root.join(CTX_DIR).join("pkg/a.json"), "{}").expect("write");
         std::fs::write(root.join(CTX_DIR).join("pkg/sub/b"), "b").expect("write");
+        {
+            // Modes the context happens to have are not what a COPY gives.
+            use std::os::unix::fs::PermissionsExt;
+            let ctx = root.join(CTX_DIR);
+            std::fs::set_permissions(ctx.join("pkg/a.json"), PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            std::fs::set_permissions(ctx.join("pkg/sub/b"), PermissionsExt::from_mode(0o700))
+                .expect("chmod");
+        }
         std::fs::create_dir_all(root.join("cache")).expect("mkdir");
         std::fs::write(root.join("cache/kept"), "image content").expect("write");
         let text = format!(
@@ -932,6 +954,17 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         assert_eq!(read("out/b"), "b");
         assert_eq!(read("single.json"), "{}");
         assert_eq!(read("work/a.json"), "{}");
+        let mode = |p: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(root.join(p))
+                .expect(p)
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("single.json"), 0o644);
+        assert_eq!(mode("work/in/a.json"), 0o644);
+        assert_eq!(mode("work/in/b"), 0o755);
         assert_eq!(read("out/pwd"), format!("{r}/work\n"));
         // The cache mount's contents are gone and what was there is back.
         assert_eq!(read("cache/kept"), "image content");
