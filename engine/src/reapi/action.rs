@@ -199,15 +199,16 @@ impl RemoteCommand {
             None => {
                 let all: Vec<re::Digest> = blobs.values().map(|(d, _)| d.clone()).collect();
                 let missing = client.find_missing(&all).map_err(|e| engine(&ad, e))?;
-                let mut up = Vec::with_capacity(missing.len());
-                for d in &missing {
-                    if let Some((_, b)) = blobs.get(&d.hash) {
-                        let data = b.read().map_err(|e| engine(&ad, e))?;
+                // Read as they are sent: a root filesystem in the input
+                // root is never in memory at once.
+                let up = missing.iter().filter_map(|d| {
+                    let (_, b) = blobs.get(&d.hash)?;
+                    Some(b.read().map(|data| {
                         uploaded += data.len() as u64;
-                        up.push((d.clone(), data));
-                    }
-                }
-                client.upload(up).map_err(|e| engine(&ad, e))?;
+                        (d.clone(), data)
+                    }))
+                });
+                client.upload_each(up).map_err(|e| engine(&ad, e))?;
                 let ex = client
                     .execute(&action_digest, skip_cache)
                     .map_err(|e| engine(&ad, e))?;

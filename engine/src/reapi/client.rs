@@ -363,9 +363,19 @@ impl Client {
     /// Uploads blobs: small ones in batches, large ones over ByteStream.
     /// Each blob's digest must be the digest of its bytes.
     pub fn upload(&self, blobs: Vec<(re::Digest, Vec<u8>)>) -> Result<(), RemoteError> {
+        self.upload_each(blobs.into_iter().map(Ok))
+    }
+
+    /// [`Client::upload`] of blobs produced one at a time (read from disk as
+    /// they are sent), so memory holds one batch rather than every blob.
+    pub fn upload_each(
+        &self,
+        blobs: impl Iterator<Item = Result<(re::Digest, Vec<u8>), RemoteError>>,
+    ) -> Result<(), RemoteError> {
         let mut batch: Vec<re::batch_update_blobs_request::Request> = Vec::new();
         let mut batch_bytes = 0usize;
-        for (d, data) in blobs {
+        for blob in blobs {
+            let (d, data) = blob?;
             if data.len() + 200 > self.batch_limit {
                 self.bytestream_write(&d, data)?;
                 continue;

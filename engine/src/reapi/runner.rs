@@ -99,9 +99,17 @@ use crate::runner::{
     StageRequest,
 };
 
-/// A builder image as stage actions need it: its configuration and the
-/// input root to start from (its root filesystem, or empty), made once.
-type BuilderBase = Arc<(InputRoot, ImageConfig)>;
+/// A builder image as stage actions need it, made once per image.
+struct BuilderImage {
+    /// The input root to start from: its root filesystem, or empty.
+    input: InputRoot,
+    /// Its environment, user and working directory.
+    cfg: ImageConfig,
+    /// The root filesystem tar the input root's blobs are read from.
+    _rootfs: Option<tempfile::TempPath>,
+}
+
+type BuilderBase = Arc<BuilderImage>;
 
 /// Per builder image, the base made once (or why it could not be).
 type BuilderCell = Arc<OnceLock<Result<BuilderBase, String>>>;
@@ -392,6 +400,7 @@ impl<'a> RemoteRunner<'a> {
         };
         cell.get_or_init(|| {
             let mut input = InputRoot::new(self.client.digest_fn());
+            let mut rootfs = None;
             let cfg = if mode == StageMode::Rootfs {
                 let tmp = tempfile::Builder::new()
                     .prefix("charly-rootfs-")
@@ -401,17 +410,21 @@ impl<'a> RemoteRunner<'a> {
                     .local
                     .export_image(image, Some(tmp.path()))
                     .map_err(|e| e.to_string())?;
-                let file = std::fs::File::open(tmp.path()).map_err(|e| e.to_string())?;
-                input
-                    .add_tar("", std::io::BufReader::new(file))
-                    .map_err(|e| e.message)?;
+                input.add_tar("", tmp.path()).map_err(|e| e.message)?;
+                // The blobs are read from the tar at upload time: it lives
+                // as long as the runner.
+                rootfs = Some(tmp.into_temp_path());
                 cfg
             } else {
                 self.local
                     .export_image(image, None)
                     .map_err(|e| e.to_string())?
             };
-            Ok(Arc::new((input, cfg)))
+            Ok(Arc::new(BuilderImage {
+                input,
+                cfg,
+                _rootfs: rootfs,
+            }))
         })
         .clone()
         .map_err(|e| RemoteError::new(format!("builder image {image}: {e}")))
@@ -427,7 +440,7 @@ impl<'a> RemoteRunner<'a> {
             RemoteError::new(format!("its Containerfile cannot run as an action: {e}"))
         })?;
         let base = self.builder_base(&req.builder_image, mode)?;
-        let (root, cfg) = (&base.0, &base.1);
+        let (root, cfg) = (&base.input, &base.cfg);
         // A stage starts where its image leaves off: its WORKDIR and USER.
         let mut steps = Vec::new();
         if !cfg.workdir.is_empty() {

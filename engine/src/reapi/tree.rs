@@ -20,6 +20,16 @@ pub enum Blob {
     File(PathBuf),
     /// Bytes in memory (messages, inline files), shared by clones.
     Bytes(std::sync::Arc<[u8]>),
+    /// `len` bytes at `offset` of a local file (a member of a tar), read at
+    /// upload time, so a root filesystem is never held in memory.
+    Range {
+        /// The file.
+        file: std::sync::Arc<Path>,
+        /// Where the bytes start.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
 }
 
 impl Blob {
@@ -29,6 +39,17 @@ impl Blob {
             Blob::Bytes(b) => Ok(b.to_vec()),
             Blob::File(p) => std::fs::read(p)
                 .map_err(|e| RemoteError::new(format!("reading {}: {e}", p.display()))),
+            Blob::Range { file, offset, len } => {
+                use std::io::{Read, Seek, SeekFrom};
+                let err = |e: std::io::Error| {
+                    RemoteError::new(format!("reading {} at {offset}: {e}", file.display()))
+                };
+                let mut f = std::fs::File::open(file).map_err(err)?;
+                f.seek(SeekFrom::Start(*offset)).map_err(err)?;
+                let mut data = vec![0; *len as usize];
+                f.read_exact(&mut data).map_err(err)?;
+                Ok(data)
+            }
         }
     }
 }
@@ -180,12 +201,22 @@ impl InputRoot {
     /// links as copies of their target. Devices and fifos are left out (a
     /// sandbox provides its own `/dev`); ownership is not part of REAPI's
     /// tree. Paths that would leave `path` are refused.
-    pub fn add_tar(&mut self, path: &str, tar: impl std::io::Read) -> Result<(), RemoteError> {
+    /// File contents are not kept: each blob is read back from `tar` (which
+    /// must stay in place until the upload) at its offset.
+    pub fn add_tar(&mut self, path: &str, tar: &Path) -> Result<(), RemoteError> {
         use std::io::Read as _;
         let base: Vec<String> = components(path)?.into_iter().map(String::from).collect();
-        let err = |e: std::io::Error| RemoteError::new(format!("reading root filesystem tar: {e}"));
+        let err = |e: std::io::Error| {
+            RemoteError::new(format!(
+                "reading root filesystem tar {}: {e}",
+                tar.display()
+            ))
+        };
+        let file: std::sync::Arc<Path> = std::sync::Arc::from(tar);
         let mut files: BTreeMap<String, (re::Digest, bool)> = BTreeMap::new();
-        let mut ar = tar::Archive::new(tar);
+        let mut ar = tar::Archive::new(std::io::BufReader::new(
+            std::fs::File::open(tar).map_err(err)?,
+        ));
         for entry in ar.entries().map_err(err)? {
             let mut entry = entry.map_err(err)?;
             let rel = entry.path().map_err(err)?.to_string_lossy().into_owned();
@@ -220,12 +251,18 @@ impl InputRoot {
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
                     let exec = entry.header().mode().map_err(err)? & 0o111 != 0;
+                    let offset = entry.raw_file_position();
                     let mut data = Vec::new();
                     entry.read_to_end(&mut data).map_err(err)?;
                     let d = self.f.digest(&data);
+                    let blob = Blob::Range {
+                        file: file.clone(),
+                        offset,
+                        len: data.len() as u64,
+                    };
                     self.blobs
                         .entry(d.hash.clone())
-                        .or_insert_with(|| (d.clone(), Blob::Bytes(data.into())));
+                        .or_insert_with(|| (d.clone(), blob));
                     self.put(&at, Item::File(d.clone(), exec));
                     files.insert(rel.clone(), (d, exec));
                 }
@@ -368,9 +405,14 @@ mod tests {
             std::io::empty(),
         )
         .expect("device");
-        let bytes = b.into_inner().expect("tar");
+        let tar_file = t.path().join("root.tar");
+        std::fs::write(&tar_file, b.into_inner().expect("tar")).expect("write tar");
         let mut from_tar = InputRoot::new(DigestFn::Sha256);
-        from_tar.add_tar("", &bytes[..]).expect("add tar");
+        from_tar.add_tar("", &tar_file).expect("add tar");
+        // Every blob reads back as the bytes its digest names.
+        for (d, blob) in from_tar.blobs.values() {
+            assert_eq!(DigestFn::Sha256.digest(&blob.read().expect("read")), *d);
+        }
         // The device is left out but its directory stays; the directory
         // tree has no dev/ at all, so add it there for the comparison.
         from_dir.add_empty_dir("dev").expect("dev");
@@ -383,9 +425,10 @@ mod tests {
         h.set_size(0);
         h.set_cksum();
         evil.append(&h, std::io::empty()).expect("append");
-        let evil = evil.into_inner().expect("tar");
+        let evil_file = t.path().join("evil.tar");
+        std::fs::write(&evil_file, evil.into_inner().expect("tar")).expect("write tar");
         let e = InputRoot::new(DigestFn::Sha256)
-            .add_tar("", &evil[..])
+            .add_tar("", &evil_file)
             .expect_err("refused");
         assert!(e.message.contains("leaves the input root"), "{}", e.message);
     }
