@@ -510,49 +510,53 @@ charly_root=$(pwd)
 charly_wd=/
 charly_user=
 charly_home_set=${HOME:+1}
+# Helpers keep their variables under charly_ (none is exported), so a
+# stage's own ENV names are never touched.
 charly_ids() { # user[:group] -> "uid gid home"
-    u=${1%%:*}; g=; case $1 in *:*) g=${1#*:};; esac
-    line=$(awk -F: -v u="$u" '$1 == u || $3 == u { print; exit }' /etc/passwd 2>/dev/null || :)
-    if [ -n "$line" ]; then
-        uid=$(echo "$line" | cut -d: -f3); gid=$(echo "$line" | cut -d: -f4); home=$(echo "$line" | cut -d: -f6)
+    charly_u=${1%%:*}; charly_g=; case $1 in *:*) charly_g=${1#*:};; esac
+    charly_line=$(awk -F: -v u="$charly_u" '$1 == u || $3 == u { print; exit }' /etc/passwd 2>/dev/null || :)
+    if [ -n "$charly_line" ]; then
+        charly_uid=$(echo "$charly_line" | cut -d: -f3)
+        charly_gid=$(echo "$charly_line" | cut -d: -f4)
+        charly_home=$(echo "$charly_line" | cut -d: -f6)
     else
-        case $u in *[!0-9]*|'') echo "charly: user $u is not in /etc/passwd" >&2; exit 1;; esac
-        uid=$u; gid=0; home=/
+        case $charly_u in *[!0-9]*|'') echo "charly: user $charly_u is not in /etc/passwd" >&2; exit 1;; esac
+        charly_uid=$charly_u; charly_gid=0; charly_home=/
     fi
-    if [ -n "$g" ]; then
-        case $g in
-        *[!0-9]*) gid=$(awk -F: -v g="$g" '$1 == g { print $3; exit }' /etc/group 2>/dev/null || :)
-                  [ -n "$gid" ] || { echo "charly: group $g is not in /etc/group" >&2; exit 1; };;
-        *) gid=$g;;
+    if [ -n "$charly_g" ]; then
+        case $charly_g in
+        *[!0-9]*) charly_gid=$(awk -F: -v g="$charly_g" '$1 == g { print $3; exit }' /etc/group 2>/dev/null || :)
+                  [ -n "$charly_gid" ] || { echo "charly: group $charly_g is not in /etc/group" >&2; exit 1; };;
+        *) charly_gid=$charly_g;;
         esac
     fi
-    echo "$uid $gid ${home:-/}"
+    echo "$charly_uid $charly_gid ${charly_home:-/}"
 }
 charly_chown() { # owner path...
-    o=$1; shift
-    set -- $(charly_ids "$o") "$@"
-    u=$1; g=$2; shift 3
-    chown -R "$u:$g" "$@" 2>/dev/null || echo "charly: could not chown $* to $u:$g in this sandbox (the artifact's owner is set when it is written)" >&2
+    charly_o=$1; shift
+    set -- $(charly_ids "$charly_o") "$@"
+    charly_og="$1:$2"; shift 3
+    chown -R "$charly_og" "$@" 2>/dev/null || echo "charly: could not chown $* to $charly_og in this sandbox (the artifact's owner is set when it is written)" >&2
 }
 charly_modes() { # source-dir dest-dir: 0755/0644 for what was copied
-    for p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
-        q="$2/${p##*/}"
-        if [ -L "$q" ] || [ ! -e "$q" ]; then continue; fi
-        chmod -R u=rwX,go=rX "$q"
+    for charly_p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        charly_q="$2/${charly_p##*/}"
+        if [ -L "$charly_q" ] || [ ! -e "$charly_q" ]; then continue; fi
+        chmod -R u=rwX,go=rX "$charly_q"
     done
 }
 charly_run() { # command
     (
         cd "$charly_wd"
-        uid=$(id -u)
+        charly_me=$(id -u)
         if [ -n "$charly_user" ]; then
             set -- "$1" $(charly_ids "$charly_user")
             [ -n "$charly_home_set" ] || { HOME=$4; export HOME; }
-            if [ "$2" != "$uid" ]; then
+            if [ "$2" != "$charly_me" ]; then
                 if command -v setpriv >/dev/null 2>&1 && setpriv --reuid="$2" --regid="$3" --clear-groups true 2>/dev/null; then
                     exec setpriv --reuid="$2" --regid="$3" --clear-groups /bin/sh -c "$1"
                 fi
-                echo "charly: cannot switch to user $charly_user in this sandbox; running as uid $uid" >&2
+                echo "charly: cannot switch to user $charly_user in this sandbox; running as uid $charly_me" >&2
             fi
         elif [ -z "$charly_home_set" ]; then
             HOME=/root; export HOME
@@ -995,6 +999,37 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         ] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }
+    }
+
+    /// The helpers never touch a stage's own variables, even ones with
+    /// short common names.
+    #[test]
+    fn stage_variables_survive_the_helpers() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join(CTX_DIR)).expect("mkdir");
+        std::fs::write(root.join(CTX_DIR).join("f"), "x").expect("write");
+        let r = root.display().to_string();
+        let text = format!(
+            "FROM x\nENV u=mine g=ours uid=7 home=/h line=l p=q\nUSER 0:0\n\
+             COPY --chown=0:0 f {r}/f\nCOPY f {r}/d/\n\
+             RUN echo \"$u $g $uid $home $line $p\" > {r}/vars\n"
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script(&parse(&text).expect("parses"), &[]))
+            .current_dir(root)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("vars")).expect("vars"),
+            "mine ours 7 /h l q\n"
+        );
     }
 
     #[test]
