@@ -245,7 +245,8 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn find_def<'a>(
+/// The definition of a box by qualified name, resolved or not.
+pub fn find_def<'a>(
     p: &'a charly_rules::load::Project,
     qualified: &str,
 ) -> Option<&'a charly_rules::model::BoxDef> {

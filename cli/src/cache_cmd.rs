@@ -315,7 +315,8 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
 fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let remote = need_remote(cli)?;
     let o = project::open(cli)?;
-    let names = crate::engine_cmd::select(&o, &a.boxes, a.all)?;
+    let names =
+        crate::engine_cmd::select(&o, &a.boxes, a.all, crate::engine_cmd::Unresolved::Warn)?;
     let hasher = crate::engine_cmd::stat_cache(store);
     let runner = FakeRunner::named(&a.runner);
     let engine = crate::engine_cmd::engine(&o, store, &runner, &hasher, a.dev_local_pkg, None);

@@ -1,6 +1,6 @@
 //! `charly check`: build disposable beds of boxes and run their `eval:` checks.
 
-use crate::engine_cmd::{RunArgs, RunnerArgs, open_store, select};
+use crate::engine_cmd::{RunArgs, RunnerArgs, Unresolved, open_store, select};
 use crate::{Cli, output, project};
 use anyhow::Context;
 use charly_engine::check::{Bed, BedReport, Outcome, box_checks, junit, run_bed};
@@ -41,7 +41,7 @@ pub struct CheckArgs {
 /// Runs `charly check`.
 pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.all)?;
+    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     // Every check definition must parse before anything is built.
     let mut diags = Vec::new();
     let mut beds_checks = Vec::new();

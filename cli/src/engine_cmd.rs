@@ -33,6 +33,11 @@ pub struct RunArgs {
     /// No progress bars.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// With `--all`: go on with the boxes that resolve when others do not
+    /// (each dropped box is still named, with its first error). Without it,
+    /// an enabled box that does not resolve stops the run with exit 1.
+    #[arg(long, short = 'k')]
+    pub keep_going: bool,
 }
 
 /// Options for builders (podman).
@@ -261,19 +266,80 @@ pub fn host_arch() -> String {
     }
 }
 
-/// Boxes named, or every enabled resolvable box with `--all`.
-pub fn select(o: &project::Opened, names: &[String], all: bool) -> anyhow::Result<Vec<String>> {
+/// What to do with enabled boxes that do not resolve when `--all` selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// Name each with its first error and stop (exit 1).
+    Fail,
+    /// Name each with its first error and go on with the rest.
+    Warn,
+    /// Leave them out quietly (`explain`, which looks at one node).
+    Ignore,
+}
+
+impl Unresolved {
+    /// `Fail`, or `Warn` with `--keep-going`.
+    pub fn unless(keep_going: bool) -> Self {
+        if keep_going { Self::Warn } else { Self::Fail }
+    }
+}
+
+/// Boxes named, or every enabled box with `--all`. A named box that does not
+/// resolve is always an error. With `--all`, an enabled box that does not
+/// resolve is never dropped silently: `policy` says whether it stops the run.
+pub fn select(
+    o: &project::Opened,
+    names: &[String],
+    all: bool,
+    policy: Unresolved,
+) -> anyhow::Result<Vec<String>> {
     if all || names.is_empty() {
         if !all && names.is_empty() {
             anyhow::bail!("name the boxes, or pass --all");
         }
-        return Ok(o
-            .resolution
-            .boxes
-            .iter()
-            .filter(|(_, b)| b.as_ref().is_ok_and(|b| b.enabled))
-            .map(|(n, _)| n.clone())
-            .collect());
+        let mut chosen = Vec::new();
+        let mut dropped = Vec::new();
+        for (n, b) in &o.resolution.boxes {
+            match b {
+                Ok(b) if b.enabled => chosen.push(n.clone()),
+                Ok(_) => {}
+                Err(errs) => {
+                    if crate::box_cmd::find_def(&o.project, n)
+                        .is_some_and(|d| d.enabled == Some(false))
+                    {
+                        continue;
+                    }
+                    dropped.push((n, errs));
+                }
+            }
+        }
+        if policy != Unresolved::Ignore {
+            for (n, errs) in &dropped {
+                let first = errs
+                    .iter()
+                    .find(|d| d.is_error())
+                    .or(errs.first())
+                    .map(|d| d.one_line(&o.project.sources))
+                    .unwrap_or_else(|| "no reason recorded".into());
+                let line = format!("box `{n}` does not resolve: {first}");
+                match policy {
+                    Unresolved::Fail => output::error(&line),
+                    _ => output::note(&format!("warning: {line} (left out)")),
+                }
+            }
+            if policy == Unresolved::Fail && !dropped.is_empty() {
+                anyhow::bail!(
+                    "{} of {} enabled boxes do not resolve (`charly box list` says why; \
+                     --keep-going builds the rest)",
+                    dropped.len(),
+                    dropped.len() + chosen.len()
+                );
+            }
+        }
+        if chosen.is_empty() {
+            output::note("no boxes: the project defines no enabled box that resolves");
+        }
+        return Ok(chosen);
     }
     for n in names {
         crate::box_cmd::resolved(o, n)?;
@@ -418,7 +484,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         .as_ref()
         .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
     let o = project::open_at(cli, root)?;
-    let names = select(&o, &a.boxes, a.all)?;
+    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     if a.stdout && names.len() != 1 {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
@@ -488,7 +554,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
 /// `box build`.
 pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.all)?;
+    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
@@ -613,7 +679,7 @@ fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {
 /// `graph`.
 pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.boxes.is_empty())?;
+    let names = select(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
     let runner = FakeRunner::named(&a.runner);
@@ -688,7 +754,7 @@ fn shape(k: charly_engine::key::NodeKind) -> &'static str {
 /// `explain`.
 pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
-    let names = select(&o, &[], true)?;
+    let names = select(&o, &[], true, Unresolved::Ignore)?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
     let runner = FakeRunner::named(&a.runner);
