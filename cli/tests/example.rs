@@ -25,9 +25,16 @@ struct Env {
 
 impl Env {
     fn charly(&self, args: &[&str]) -> Output {
+        self.charly_cmd(&self.store, args)
+            .output()
+            .expect("charly runs")
+    }
+
+    /// A charly command on the shared podman storage, with a given store.
+    fn charly_cmd(&self, store: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(assert_cmd::cargo::cargo_bin("charly"));
         c.env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
+            .env("CHARLY_CACHE_DIR", store)
             .env("CHARLY_PODMAN_ROOT", &self.podman_root)
             .arg("-C")
             .arg(&self.project)
@@ -36,7 +43,7 @@ impl Env {
         if ca.is_file() {
             c.env("CHARLY_CA_BUNDLE", ca);
         }
-        c.output().expect("charly runs")
+        c
     }
 
     fn build(&self, name: &str, boxes: &[&str]) -> serde_json::Value {
@@ -152,9 +159,43 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
     };
     copy_project(&example(), &env.project);
 
-    // Cold build.
+    // Cold build, while another charly process on the same host (its own
+    // store, so no key lock keeps them apart; the same podman storage)
+    // builds a different box that also installs Debian packages: both
+    // `apt-get` RUNs overlap, and neither may die on apt's cache lock.
+    let other = env.summaries.join("other.json");
+    let other_child = env
+        .charly_cmd(
+            &env.summaries.join("store-2"),
+            &[
+                "box",
+                "build",
+                "--dev-local-pkg",
+                "-q",
+                "--summary-json",
+                other.to_str().expect("utf8"),
+                "node-builder",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("second charly");
     let cold = env.build("cold", &["hello"]);
     assert_eq!(cold["totals"]["failed"], 0);
+    let out = other_child.wait_with_output().expect("second charly");
+    assert!(
+        out.status.success(),
+        "the concurrent build of node-builder failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&other).expect("summary")).expect("json");
+    assert!(
+        ran(&other).contains(&"image:node-builder".to_string()),
+        "the second process built node-builder itself: {:?}",
+        ran(&other)
+    );
     for id in [
         "rootfs:base",
         "image:base",

@@ -47,6 +47,8 @@ pub struct PodmanRunner {
     /// version Debian 12 ships). Package managers lock their own caches, so
     /// such builds use `sharing=shared` instead.
     shared_caches: bool,
+    /// Where builds on shared caches take their cache slot (see [`CacheSlot`]).
+    slot_dir: PathBuf,
 }
 
 /// Where the CA bundle is mounted inside build containers.
@@ -92,15 +94,28 @@ impl PodmanRunner {
             opts,
             conf,
             shared_caches: false,
+            slot_dir: PathBuf::new(),
         };
-        let v = r
+        let info = r
             .cmd()
-            .args(["info", "--format", "{{.Host.BuildahVersion}}"])
+            .args([
+                "info",
+                "--format",
+                "{{.Host.BuildahVersion}}\n{{.Store.GraphRoot}}",
+            ])
             .output()
             .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
             .unwrap_or_default();
-        r.shared_caches = buildah_before(&v, (1, 29));
+        let mut lines = info.lines().map(str::trim);
+        r.shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
+        // Cache mounts live in podman's storage, so every charly process
+        // that builds into the same storage must see the same slots.
+        r.slot_dir = match (&r.opts.root, lines.next().filter(|g| !g.is_empty())) {
+            (Some(root), _) => root.join("charly-cache-slots"),
+            (None, Some(graph)) => Path::new(graph).join("charly-cache-slots"),
+            (None, None) => r.opts.conf_dir.join("podman").join("cache-slots"),
+        };
         Ok(r)
     }
 
@@ -166,13 +181,19 @@ impl PodmanRunner {
         let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
         let iid = tmp.path().join("iid");
         let mut file = b.file.to_path_buf();
+        // Held until the build ends: no other build on this storage uses
+        // the same cache ids meanwhile.
+        let mut _slot = None;
         if self.shared_caches {
             let text = std::fs::read_to_string(b.file)
                 .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?;
-            if text.contains("sharing=locked") {
+            if text.contains("--mount=type=cache") {
+                let slot = CacheSlot::take(&self.slot_dir)
+                    .map_err(|e| RunError::new(format!("{}: {e}", self.slot_dir.display())))?;
                 file = tmp.path().join("Containerfile");
-                std::fs::write(&file, text.replace("sharing=locked", "sharing=shared"))
+                std::fs::write(&file, slot.rewrite(&text))
                     .map_err(|e| RunError::new(e.to_string()))?;
+                _slot = Some(slot);
             }
         }
         let mut c = self.cmd();
@@ -271,6 +292,96 @@ impl crate::check::BedHost for PodmanRunner {
     fn remove(&self, id: &str) {
         let _ = self.cmd().args(["rm", "-f", "-t", "0", id]).output();
     }
+}
+
+/// A cache slot: on buildah before 1.29, cache mounts are `sharing=shared`
+/// (see [`PodmanRunner`]), so two builds running `apt-get` at once on one
+/// storage would share `/var/cache/apt` and the second dies on apt's lock
+/// ("Could not get lock /var/cache/apt/archives/lock"). Each build that
+/// mounts caches therefore holds a slot, an exclusive lock on
+/// `slot-N.lock` in a directory shared by every charly process on that
+/// storage, and the cache ids of slot N > 0 carry the suffix `-sN`. The
+/// first build takes slot 0 and keeps the generated ids (so its RUN lines,
+/// and podman's layer cache, are those of the Containerfile); a concurrent
+/// build gets its own caches instead of failing. Slots are per storage and
+/// reused, so each slot's caches stay warm.
+struct CacheSlot {
+    n: usize,
+    _lock: std::fs::File,
+}
+
+/// Slots tried before waiting for slot 0.
+const CACHE_SLOTS: usize = 16;
+
+impl CacheSlot {
+    /// Takes the first free slot, or waits for slot 0 when all are busy.
+    fn take(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let open = |n: usize| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(format!("slot-{n}.lock")))
+        };
+        for n in 0..CACHE_SLOTS {
+            let f = open(n)?;
+            match f.try_lock() {
+                Ok(()) => return Ok(CacheSlot { n, _lock: f }),
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+        }
+        let f = open(0)?;
+        f.lock()?;
+        Ok(CacheSlot { n: 0, _lock: f })
+    }
+
+    /// The Containerfile with `sharing=shared` mounts and this slot's ids.
+    fn rewrite(&self, text: &str) -> String {
+        slot_text(text, self.n)
+    }
+}
+
+/// `sharing=locked` becomes `shared`; cache `id=charly-…` gains `-sN` for
+/// slot N > 0.
+fn slot_text(text: &str, n: usize) -> String {
+    let text = text.replace("sharing=locked", "sharing=shared");
+    if n == 0 {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("--mount=type=cache,") {
+        let (head, mount) = rest.split_at(i);
+        out.push_str(head);
+        let end = mount
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(mount.len());
+        let (spec, tail) = mount.split_at(end);
+        let mut parts: Vec<String> = spec
+            .split(',')
+            .map(|p| match p.strip_prefix("id=") {
+                Some(id) => format!("id={id}-s{n}"),
+                None => p.to_string(),
+            })
+            .collect();
+        // Without an id, buildah keys the cache by its target path.
+        if !parts.iter().any(|p| p.starts_with("id=")) {
+            let dst = parts.iter().find_map(|p| {
+                ["dst=", "target=", "destination="]
+                    .iter()
+                    .find_map(|k| p.strip_prefix(k))
+            });
+            if let Some(dst) = dst {
+                parts.push(format!("id={dst}-s{n}"));
+            }
+        }
+        out.push_str(&parts.join(","));
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The last `n` lines of command output.
@@ -564,5 +675,50 @@ mod tests {
         assert!(!buildah_before("1.33.7", (1, 29)));
         assert!(!buildah_before("2.0.0", (1, 29)));
         assert!(!buildah_before("", (1, 29)), "unknown: assume fixed");
+    }
+
+    const RUN: &str = "FROM x\nRUN --mount=type=cache,id=charly-apt,dst=/var/cache/apt,sharing=locked \\\n    --mount=type=cache,dst=/root/.npm apt-get update\nRUN echo id=charly-x\n";
+
+    #[test]
+    fn slot_zero_keeps_the_generated_ids() {
+        let t = slot_text(RUN, 0);
+        assert!(
+            t.contains("id=charly-apt,dst=/var/cache/apt,sharing=shared "),
+            "{t}"
+        );
+        assert!(!t.contains("sharing=locked"));
+        assert!(
+            t.contains("--mount=type=cache,dst=/root/.npm apt-get"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn other_slots_get_their_own_cache_ids() {
+        let t = slot_text(RUN, 3);
+        assert!(
+            t.contains("id=charly-apt-s3,dst=/var/cache/apt,sharing=shared "),
+            "{t}"
+        );
+        assert!(
+            t.contains("--mount=type=cache,dst=/root/.npm,id=/root/.npm-s3 apt-get"),
+            "{t}"
+        );
+        assert!(
+            t.contains("RUN echo id=charly-x\n"),
+            "only mount options change: {t}"
+        );
+        assert!(t.contains("\\\n    --mount"), "continuations kept: {t}");
+    }
+
+    #[test]
+    fn concurrent_builds_take_different_slots() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = CacheSlot::take(dir.path()).expect("a");
+        let b = CacheSlot::take(dir.path()).expect("b");
+        assert_eq!((a.n, b.n), (0, 1));
+        drop(a);
+        let c = CacheSlot::take(dir.path()).expect("c");
+        assert_eq!(c.n, 0, "a freed slot is reused, so its caches stay warm");
     }
 }
