@@ -12,7 +12,7 @@ const BOX: &[u8] = b"box:\n  name: b\n  version: 1.0.0\n  base: quay.io/fedora/f
 const CANDY: &[u8] = b"candy:\n  version: 1.0.0\n  package: [curl]\n";
 
 /// One hostile variant: its name, the file's bytes, and the line an error
-/// must name (`None`: any line; encoding problems name line 1).
+/// must name (`None`: any line).
 struct Variant {
     name: &'static str,
     bytes: Vec<u8>,
@@ -55,11 +55,12 @@ fn variants() -> Vec<Variant> {
             b"version: 2026.160.1301\ndefaults:\n\tbuild: [rpm]\n",
             3,
         ),
-        v("NUL bytes", b"version: 2026.160.1301\nfoo: a\0b\n", 1),
+        // Encoding problems point at the first bad byte.
+        v("NUL bytes", b"version: 2026.160.1301\nfoo: a\0b\n", 2),
         v(
             "invalid UTF-8",
             b"version: 2026.160.1301\nfoo: \xff\xfebar\n",
-            1,
+            2,
         ),
         v(
             "binary file",

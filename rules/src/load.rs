@@ -363,16 +363,44 @@ impl Loader<'_> {
         let text: Arc<str> = match yaml::check_text(&bytes) {
             Ok(t) => Arc::from(t),
             Err(msg) => {
+                // Point at the byte the message is about (the first NUL, else
+                // the first invalid UTF-8 byte). The valid text before it is
+                // kept as the file's source, so the report shows its line.
+                let bad = if bytes.len() > yaml::node::MAX_FILE_BYTES {
+                    0
+                } else if let Some(nul) = bytes.iter().position(|&b| b == 0) {
+                    nul
+                } else {
+                    std::str::from_utf8(&bytes)
+                        .err()
+                        .map_or(0, |e| e.valid_up_to())
+                };
+                let before = &bytes[..bad];
+                let prefix = match std::str::from_utf8(before) {
+                    Ok(t) => t,
+                    Err(e) => std::str::from_utf8(&before[..e.valid_up_to()]).unwrap_or(""),
+                };
+                let line_start = before
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |i| i + 1);
                 let id = self
                     .p
                     .sources
-                    .add(path.to_path_buf(), rel.clone(), Arc::from(""));
+                    .add(path.to_path_buf(), rel.clone(), Arc::from(prefix));
                 self.diag(Diagnostic::error(
                     Span {
                         file: id,
-                        line: 1,
-                        col: 1,
-                        ..Span::default()
+                        offset: u32::try_from(prefix.len()).unwrap_or(0),
+                        len: 0,
+                        line: u32::try_from(before.iter().filter(|&&b| b == b'\n').count() + 1)
+                            .unwrap_or(1),
+                        col: u32::try_from(
+                            std::str::from_utf8(&before[line_start..])
+                                .map_or(bad - line_start, |t| t.chars().count())
+                                + 1,
+                        )
+                        .unwrap_or(1),
                     },
                     format!("{rel}: {msg}"),
                 ));
