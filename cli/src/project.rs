@@ -1,6 +1,6 @@
 //! Opening the project named by `-C` (or found upwards from the cwd).
 
-use crate::Cli;
+use crate::{Cli, output};
 use anyhow::Context;
 use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::resolve::{self, Resolution};
@@ -13,9 +13,16 @@ pub struct Opened {
     pub resolution: Resolution,
 }
 
-/// Loads and resolves the project.
+/// Loads and resolves the project; a project whose root file is unusable
+/// (see [`open_at`]) is an error.
 pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
     open_at(cli, root(cli)?)
+}
+
+/// Loads and resolves the project, whatever state its root file is in:
+/// for `validate`, which reports every diagnostic itself.
+pub fn open_lenient(cli: &Cli) -> anyhow::Result<Opened> {
+    load_at(cli, root(cli)?)
 }
 
 /// The project's root directory: `-C DIR`, or found upwards from the cwd.
@@ -39,8 +46,22 @@ pub fn root(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
     })
 }
 
-/// Loads and resolves the project at `root`.
+/// Loads and resolves the project at `root`. When its root `charly.yml` or
+/// vocabulary file cannot be used as a whole (not YAML, not UTF-8, empty, not
+/// a project document), the load errors are printed and opening fails:
+/// acting on what is left would mean "no boxes" and a silent success.
 pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
+    let o = load_at(cli, root)?;
+    if o.project.root_unusable {
+        output::diagnostics(o.project.diags.errors(), &o.project.sources);
+        anyhow::bail!(
+            "the project file cannot be used; fix the errors above (`charly validate` lists every problem)"
+        );
+    }
+    Ok(o)
+}
+
+fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
     };

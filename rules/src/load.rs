@@ -181,10 +181,18 @@ pub struct Project {
     pub repos: BTreeMap<String, PathBuf>,
     /// Problems found while loading.
     pub diags: Diagnostics,
+    /// The root's own `charly.yml` or vocabulary file (`charly/build.yml`,
+    /// `build.yml`) could not be used as a whole: unreadable, not YAML, not
+    /// UTF-8, empty, or a document that is not a valid project document.
+    /// The reason is an error in [`Project::diags`]. The project still
+    /// loads (namespace 0 always exists) so `validate` can report
+    /// everything; commands that act on the project refuse to run.
+    pub root_unusable: bool,
 }
 
 impl Project {
-    /// The root namespace.
+    /// The root namespace (always present in a project [`load`] returns,
+    /// even when the root file is unusable).
     pub fn root_ns(&self) -> &Namespace {
         &self.namespaces[0]
     }
@@ -298,7 +306,13 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
         in_progress: Vec::new(),
         loaded_dirs: BTreeMap::new(),
     };
-    l.load_namespace(&root, String::new(), None, None);
+    if l.load_namespace(&root, String::new(), None, None).is_none() {
+        // The root file is unusable (read_docs diagnosed why). Namespace 0
+        // exists anyway, empty, so nothing below or downstream (resolve,
+        // validate, emitters) ever indexes a root that is not there.
+        l.p.root_unusable = true;
+        l.new_ns(&root, String::new(), None);
+    }
     l.load_remote_candies();
     l.fill_vocab();
     l.check_schema_version();
@@ -349,16 +363,44 @@ impl Loader<'_> {
         let text: Arc<str> = match yaml::check_text(&bytes) {
             Ok(t) => Arc::from(t),
             Err(msg) => {
+                // Point at the byte the message is about (the first NUL, else
+                // the first invalid UTF-8 byte). The valid text before it is
+                // kept as the file's source, so the report shows its line.
+                let bad = if bytes.len() > yaml::node::MAX_FILE_BYTES {
+                    0
+                } else if let Some(nul) = bytes.iter().position(|&b| b == 0) {
+                    nul
+                } else {
+                    std::str::from_utf8(&bytes)
+                        .err()
+                        .map_or(0, |e| e.valid_up_to())
+                };
+                let before = &bytes[..bad];
+                let prefix = match std::str::from_utf8(before) {
+                    Ok(t) => t,
+                    Err(e) => std::str::from_utf8(&before[..e.valid_up_to()]).unwrap_or(""),
+                };
+                let line_start = before
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |i| i + 1);
                 let id = self
                     .p
                     .sources
-                    .add(path.to_path_buf(), rel.clone(), Arc::from(""));
+                    .add(path.to_path_buf(), rel.clone(), Arc::from(prefix));
                 self.diag(Diagnostic::error(
                     Span {
                         file: id,
-                        line: 1,
-                        col: 1,
-                        ..Span::default()
+                        offset: u32::try_from(prefix.len()).unwrap_or(0),
+                        len: 0,
+                        line: u32::try_from(before.iter().filter(|&&b| b == b'\n').count() + 1)
+                            .unwrap_or(1),
+                        col: u32::try_from(
+                            std::str::from_utf8(&before[line_start..])
+                                .map_or(bad - line_start, |t| t.chars().count())
+                                + 1,
+                        )
+                        .unwrap_or(1),
                     },
                     format!("{rel}: {msg}"),
                 ));
@@ -372,15 +414,25 @@ impl Loader<'_> {
         match yaml::parse_stream(id, &text) {
             Ok(docs) => {
                 if docs.iter().all(Node::is_null) {
-                    self.diag(Diagnostic::warning(
-                        Span {
-                            file: id,
-                            line: 1,
-                            col: 1,
-                            ..Span::default()
-                        },
-                        format!("{rel} is empty; it defines nothing"),
-                    ));
+                    let at = Span {
+                        file: id,
+                        line: 1,
+                        col: 1,
+                        ..Span::default()
+                    };
+                    if path == self.p.root.join("charly.yml") {
+                        // An empty project file is no project: without it the
+                        // commands would act on "no boxes" and succeed.
+                        self.p.root_unusable = true;
+                        self.diag(Diagnostic::error(at, format!("{rel} is empty")).with_hint(
+                            format!("a project file needs at least `version: {SCHEMA_VERSION}`"),
+                        ));
+                    } else {
+                        self.diag(Diagnostic::warning(
+                            at,
+                            format!("{rel} is empty; it defines nothing"),
+                        ));
+                    }
                 }
                 Some((id, docs))
             }
@@ -486,6 +538,30 @@ impl Loader<'_> {
         }
     }
 
+    /// [`Loader::classify`], and a document of the root's own `charly.yml`
+    /// or vocabulary file refused with an error makes the root unusable: the
+    /// project's settings would be silently incomplete.
+    fn classify_root_aware(&mut self, doc: Node, file: FileId, discovered: bool) -> Option<Doc> {
+        let before = self.p.diags.len();
+        let d = self.classify(doc, file, discovered);
+        if d.is_none()
+            && self.is_root_project_file(file)
+            && self.p.diags.iter().skip(before).any(Diagnostic::is_error)
+        {
+            self.p.root_unusable = true;
+        }
+        d
+    }
+
+    /// The root's `charly.yml`, `charly/build.yml` or `build.yml`.
+    fn is_root_project_file(&self, file: FileId) -> bool {
+        self.p.sources.path(file).is_some_and(|p| {
+            ["charly.yml", "charly/build.yml", "build.yml"]
+                .iter()
+                .any(|f| p == self.p.root.join(f))
+        })
+    }
+
     fn unknown_top_key(&mut self, k: &Node, name: &str) {
         let known = ROOT_KEYS.iter().chain(KIND_KEYS.iter()).copied();
         let mut d = Diagnostic::warning(
@@ -577,7 +653,7 @@ impl Loader<'_> {
     ) -> Vec<RootDoc> {
         let mut roots = Vec::new();
         for doc in docs {
-            match self.classify(doc, fid, discovered) {
+            match self.classify_root_aware(doc, fid, discovered) {
                 Some(Doc::Root(r)) => roots.push(*r),
                 Some(Doc::Kind { kind, key, value }) => {
                     self.register_kind(ns, fid, dir, &kind, &key, &value, discovered);
@@ -1191,17 +1267,23 @@ impl Loader<'_> {
                 if f.is_file() && self.p.sources.path_is_loaded(&f).is_none() {
                     if let Some((fid, docs)) = self.read_docs(&f, None) {
                         for doc in docs {
-                            if let Some(Doc::Root(r)) = self.classify(doc, fid, false) {
+                            if let Some(Doc::Root(r)) = self.classify_root_aware(doc, fid, false) {
                                 merge_vocab(&mut self.p.namespaces[i], *r, fid);
                             }
                         }
+                    } else if i == 0 {
+                        self.p.root_unusable = true;
                     }
                     break;
                 }
             }
         }
-        let root_vocab = self.p.namespaces[0].vocab.clone();
-        let root_origin = self.p.namespaces[0].vocab_origin.clone();
+        let (root_vocab, root_origin) = self
+            .p
+            .namespaces
+            .first()
+            .map(|n| (n.vocab.clone(), n.vocab_origin.clone()))
+            .unwrap_or_default();
         for i in 0..self.p.namespaces.len() {
             let n = &mut self.p.namespaces[i];
             if i != 0 {
@@ -1243,6 +1325,10 @@ impl Loader<'_> {
 
     fn check_schema_version(&mut self) {
         let Some(v) = self.p.namespaces.first().and_then(|n| n.version.clone()) else {
+            if self.p.root_unusable {
+                // Already an error; "declares no version" would only mislead.
+                return;
+            }
             let root_file = self.p.sources.find_rel("charly.yml");
             self.diag(
                 Diagnostic::warning(

@@ -109,11 +109,25 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
         }
     }
     for p in &def.port {
-        if parse_port(&p.value).is_none() {
-            out.push(Diagnostic::error(
+        match parse_port(&p.value) {
+            None => out.push(Diagnostic::error(
                 p.span,
-                format!("port `{}` must be a number 1-65535, optionally with a protocol (`tcp:2222`, `udp:53`)", p.value),
-            ));
+                format!("port `{}` must be a number 1-65535, optionally with a protocol (`tcp:2222`, `udp:53`, `https+insecure:3000`)", p.value),
+            )),
+            Some((proto, _)) if !PORT_PROTOCOLS.contains(&proto.as_str()) => {
+                let mut d = Diagnostic::warning(
+                    p.span,
+                    format!(
+                        "unknown port protocol `{proto}`; it is published over TCP (known: {})",
+                        PORT_PROTOCOLS.join(", ")
+                    ),
+                );
+                if let Some(n) = nearest(&proto, PORT_PROTOCOLS.iter().copied()) {
+                    d = d.with_hint(format!("did you mean `{n}`?"));
+                }
+                out.push(d);
+            }
+            Some(_) => {}
         }
     }
     for v in &def.volume {
@@ -394,15 +408,43 @@ fn is_kebab(s: &str) -> bool {
         })
 }
 
-/// Parses `8080` or `tcp:2222` into (protocol, port).
+/// Port protocols charly knows (the original's `http`, `https`,
+/// `https+insecure`, `tcp`, `udp`; `sctp`; and the backend schemes its
+/// tunnel plugin reads from the `port_proto` label). Every one but `udp` and
+/// `sctp` is published over TCP.
+pub const PORT_PROTOCOLS: &[&str] = &[
+    "http",
+    "https",
+    "https+insecure",
+    "tcp",
+    "udp",
+    "sctp",
+    "tls-terminated-tcp",
+    "ssh",
+    "rdp",
+    "smb",
+];
+
+/// Parses `8080` or `proto:2222` into (protocol, port), with the original
+/// schema's syntax: a port 1-65535, the protocol `[a-z+-]+`
+/// (`https+insecure:3000`). Whether the protocol is known is
+/// [`PORT_PROTOCOLS`]' business: an unknown one parses (the original
+/// accepts it) and `validate` warns.
 pub fn parse_port(s: &str) -> Option<(String, u16)> {
     let (proto, num) = match s.split_once(':') {
         Some((p, n)) => (p.to_string(), n),
         None => ("tcp".to_string(), s),
     };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let n: u16 = num.parse().ok()?;
-    (n > 0 && !proto.is_empty() && proto.bytes().all(|b| b.is_ascii_lowercase()))
-        .then_some((proto, n))
+    (n > 0
+        && !proto.is_empty()
+        && proto
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b'+' || b == b'-'))
+    .then_some((proto, n))
 }
 
 /// Valid `user:` values: root, ${USER}, ${UID}:${GID}, N:M, a name, a number.
@@ -480,6 +522,25 @@ mod tests {
         assert_eq!(parse_port("udp:53"), Some(("udp".into(), 53)));
         assert_eq!(parse_port("0"), None);
         assert_eq!(parse_port("http"), None);
+        assert_eq!(
+            parse_port("https+insecure:3000"),
+            Some(("https+insecure".into(), 3000))
+        );
+        assert_eq!(
+            parse_port("tls-terminated-tcp:443"),
+            Some(("tls-terminated-tcp".into(), 443))
+        );
+        for bad in [
+            "tcp:+80",
+            "tcp:",
+            ":80",
+            "TCP:80",
+            "tcp:65536",
+            "a b:1",
+            "tcp:0",
+        ] {
+            assert_eq!(parse_port(bad), None, "{bad}");
+        }
     }
 
     #[test]
