@@ -13,9 +13,18 @@ pub struct Opened {
     pub resolution: Resolution,
 }
 
-/// Loads and resolves the project.
+/// Loads and resolves the project, refusing it when a name or token breaks
+/// the identifier rules ([`charly_rules::names`]): such a name could become a
+/// path outside the project or an instruction the YAML never asked for, so
+/// no command but `validate` uses the project at all.
 pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
     open_at(cli, root(cli)?)
+}
+
+/// Loads and resolves the project without refusing it (`validate` lists the
+/// problems instead).
+pub fn open_lenient(cli: &Cli) -> anyhow::Result<Opened> {
+    open_unchecked(cli, root(cli)?)
 }
 
 /// The project's root directory: `-C DIR`, or found upwards from the cwd.
@@ -39,8 +48,24 @@ pub fn root(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
     })
 }
 
-/// Loads and resolves the project at `root`.
+/// Loads and resolves the project at `root`; refuses a project with names
+/// the identifier rules reject (see [`open`]).
 pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
+    let o = open_unchecked(cli, root)?;
+    let refused = charly_rules::names::check_project(&o.project);
+    if !refused.is_empty() {
+        crate::output::diagnostics(refused.iter(), &o.project.sources);
+        crate::output::error(&format!(
+            "the project has {} name{} charly refuses to use (see above); nothing was done",
+            refused.len(),
+            if refused.len() == 1 { "" } else { "s" }
+        ));
+        return Err(crate::Reported.into());
+    }
+    Ok(o)
+}
+
+fn open_unchecked(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
     };

@@ -29,7 +29,7 @@ pub fn collect(o: &project::Opened) -> Diagnostics {
 
 /// Runs the command.
 pub fn run(cli: &Cli, a: &Args) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let o = project::open_lenient(cli)?;
     let all = collect(&o);
     let sources = &o.project.sources;
     if a.json {

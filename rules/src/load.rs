@@ -302,6 +302,8 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
     l.load_remote_candies();
     l.fill_vocab();
     l.check_schema_version();
+    let refused = crate::names::check_project(&l.p);
+    l.p.diags.extend(refused);
     Ok(l.p)
 }
 
