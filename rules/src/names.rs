@@ -27,6 +27,7 @@
 //! | [`path_segment`] | `^[A-Za-z0-9._+-]+$`, not `.` or `..` | each directory of a candy's path in the project |
 //! | [`image_ref`] | `[A-Za-z0-9._:/@+-]` (and `${…}`), no `..` segment | external `base:`, `registry:`, `tag:` |
 //! | [`token`] | no whitespace, no `\`, no control character, no Unicode line break | paths, URLs, package names, modes, caps: a single Containerfile/shell token |
+//! | [`path`] | a token without quotes, backticks or `$(` | task paths, `path_append:`, volume paths, home |
 //! | [`single_line`] | no control character (tab allowed), no Unicode line break, no trailing `\` | free text written on one line (comments, repo fields, service fields) |
 //!
 //! Free text that is meant to span lines (`cmd:`, `content:`, shell `init:`)
@@ -234,6 +235,18 @@ pub fn token(s: &str) -> Result<(), Why> {
     }
 }
 
+/// A path: a [`token`] that is also safe inside shell double quotes (the
+/// PATH lines of shell snippets, `export PATH="…"`): no quote, no backtick,
+/// no `$(`. `$VAR` and `${VAR}` stay (they are expanded on purpose).
+pub fn path(s: &str) -> Result<(), Why> {
+    token(s)?;
+    if s.contains(['"', '\'', '`']) || s.contains("$(") {
+        Err("must be a path: no quotes, backticks or `$(`")
+    } else {
+        Ok(())
+    }
+}
+
 /// Text written on one line: no control character but tab, no Unicode line
 /// break.
 pub fn single_line(s: &str) -> Result<(), Why> {
@@ -332,7 +345,7 @@ impl Checker {
             self.spanned(u, "user", user_name);
         }
         if let Some(h) = &d.home {
-            self.check(at, "home", h, token);
+            self.check(at, "home", h, path);
         }
         for p in &d.port {
             self.spanned(p, "port", token);
@@ -398,7 +411,7 @@ impl Checker {
             self.spanned(k, "var", var_name);
         }
         for p in &d.path_append {
-            self.spanned(p, "path_append entry", token);
+            self.spanned(p, "path_append entry", path);
         }
         for pk in &d.package {
             self.spanned(&pk.name, "package", token);
@@ -486,11 +499,11 @@ impl Checker {
         if let Some(sh) = &d.shell {
             let at = e.span;
             for p in sh.path_append.iter().chain(sh.path.iter()) {
-                self.check(at, "shell path", p, token);
+                self.check(at, "shell path", p, path);
             }
             for o in [&sh.bash, &sh.zsh, &sh.fish, &sh.sh].into_iter().flatten() {
                 for p in o.path_append.iter().chain(o.path.iter()) {
-                    self.check(at, "shell path", p, token);
+                    self.check(at, "shell path", p, path);
                 }
             }
         }
@@ -499,7 +512,7 @@ impl Checker {
         }
         for v in &d.volume {
             self.spanned(&v.name, "volume name", entity);
-            self.check(v.name.span, "volume path", &v.path, token);
+            self.check(v.name.span, "volume path", &v.path, path);
         }
         if let Some(lp) = &d.localpkg {
             for (k, v) in lp.value.0.iter() {
@@ -513,8 +526,8 @@ impl Checker {
             for it in items {
                 for (field, rule) in [
                     ("volume", entity as fn(&str) -> Result<(), Why>),
-                    ("src", token),
-                    ("dest", token),
+                    ("src", path),
+                    ("dest", path),
                 ] {
                     if let Some(v) = it.get(field)
                         && let Some(s) = v.as_str()
@@ -531,25 +544,26 @@ impl Checker {
             match verb {
                 "cmd" => {}
                 "download" => self.spanned(v, "download", token),
-                _ => self.spanned(v, verb, token),
+                "copy" | "build" => self.spanned(v, verb, token),
+                _ => self.spanned(v, verb, path),
             }
         }
-        for (what, v) in [
-            ("user", &t.user),
-            ("mode", &t.mode),
-            ("to", &t.to),
-            ("target", &t.target),
-            ("extract", &t.extract),
+        for (what, v, rule) in [
+            ("user", &t.user, token as fn(&str) -> Result<(), Why>),
+            ("mode", &t.mode, token),
+            ("to", &t.to, path),
+            ("target", &t.target, path),
+            ("extract", &t.extract, token),
         ] {
             if let Some(v) = v {
-                self.spanned(v, what, token);
+                self.spanned(v, what, rule);
             }
         }
         if let Some(c) = &t.caps {
             self.spanned(c, "caps", single_line);
         }
         for c in &t.cache.0 {
-            self.spanned(c, "cache", token);
+            self.spanned(c, "cache", path);
         }
         for (k, v) in t.env.iter() {
             self.spanned(k, "env key", env_key);
@@ -557,7 +571,7 @@ impl Checker {
             self.spanned(v, "env value", single_line);
         }
         for s in t.include.iter().chain(&t.uninstall) {
-            self.check(at, "path", s, token);
+            self.check(at, "path", s, path);
         }
         if let Some(c) = &t.comment {
             self.check(at, "comment", c, single_line);
@@ -633,6 +647,8 @@ mod tests {
         assert!(path_segment("..").is_err() && path_segment("evil\nRUN touch pwned").is_err());
         assert!(token("/opt/x").is_ok() && token("/opt/a b").is_err());
         assert!(token("/opt/\u{2028}x").is_err());
+        assert!(path("${HOME}/.local/bin").is_ok() && path("/opt/\"x").is_err());
+        assert!(path("/opt/$(id)").is_err() && path("/opt/`id`").is_err());
         assert!(single_line("a b\tc").is_ok() && single_line("a\rb").is_err());
     }
 }
