@@ -219,3 +219,22 @@ fn a_clean_project_still_generates() {
     );
     assert!(p.join(".build/good/Containerfile").is_file());
 }
+
+#[test]
+fn vocabulary_paths_and_stage_names_are_refused() {
+    refused(
+        &[
+            ("candy/ok/charly.yml", CANDY_OK),
+            (
+                "box/good/charly.yml",
+                "box:\n    name: good\n    candy:\n        - ok\n",
+            ),
+            (
+                "build.yml",
+                "init:\n    evil:\n        model: fragment_assembly\n        fragment_dir: ../../escape\n        stage_name: \"x\\nRUN touch /pwned\"\n",
+            ),
+        ],
+        "build.yml:1:1",
+        "fragment_dir `..`",
+    );
+}

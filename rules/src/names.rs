@@ -295,6 +295,7 @@ impl Checker {
             self.check(span, "box name", name, entity);
             self.box_def(&b.def, b.span);
         }
+        self.vocab(n);
         for alias in n.imports.keys() {
             // Aliases are checked where they are bound (load); a bound alias
             // is always an entity, this only guards later additions.
@@ -303,6 +304,50 @@ impl Checker {
                     None,
                     format!("import alias `{}` {}", shown(alias), "is not a plain name"),
                 ));
+            }
+        }
+    }
+
+    /// The vocabulary's names: builder types, distros, formats, inits (they
+    /// become stage names and paths). Entries carry no position of their
+    /// own; the error points at the start of the file that defined them.
+    fn vocab(&mut self, n: &Namespace) {
+        let at = |kind: &str, name: &str| Span {
+            file: n
+                .vocab_origin
+                .get(&format!("{kind}/{name}"))
+                .copied()
+                .unwrap_or_default(),
+            line: 1,
+            col: 1,
+            ..Span::default()
+        };
+        for name in n.vocab.builder.keys() {
+            self.check(at("builder", name), "builder", name, entity);
+        }
+        for (name, d) in &n.vocab.distro {
+            let span = at("distro", name);
+            self.check(span, "distro", name, entity);
+            for f in d.format.keys() {
+                self.check(span, "format", f, entity);
+            }
+            if let Some(i) = &d.inherits {
+                self.spanned(i, "inherits", entity);
+            }
+        }
+        for (name, i) in &n.vocab.init {
+            let span = at("init", name);
+            self.check(span, "init", name, entity);
+            if let Some(s) = &i.stage_name {
+                self.check(span, "stage_name", s, entity);
+            }
+            if let Some(f) = &i.fragment_dir {
+                for seg in f.split('/') {
+                    self.check(span, "fragment_dir", seg, path_segment);
+                }
+            }
+            if let Some(h) = &i.header_file {
+                self.check(span, "header_file", h, path);
             }
         }
     }
