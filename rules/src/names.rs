@@ -27,6 +27,7 @@
 //! | [`path_segment`] | `^[A-Za-z0-9._+-]+$`, not `.` or `..` | each directory of a candy's path in the project |
 //! | [`image_ref`] | `[A-Za-z0-9._:/@+-]` (and `${…}`), no `..` segment | external `base:`, `registry:`, `tag:` |
 //! | [`token`] | no whitespace, no `\`, no control character, no Unicode line break | paths, URLs, package names, modes, caps: a single Containerfile/shell token |
+//! | [`package`] | `[A-Za-z0-9@_][A-Za-z0-9@_+.:=<>*~/-]*` | packages, copr projects, modules, excludes, keys |
 //! | [`path`] | a token without quotes, backticks or `$(` | task paths, `path_append:`, volume paths, home |
 //! | [`single_line`] | no control character (tab allowed), no Unicode line break, no trailing `\` | free text written on one line (comments, repo fields, service fields) |
 //!
@@ -232,6 +233,40 @@ pub fn token(s: &str) -> Result<(), Why> {
         Err("must be one word: no spaces, backslashes, line breaks or control characters")
     } else {
         Ok(())
+    }
+}
+
+/// A package name (or a copr project, a module, a key): a [`token`] of
+/// `[A-Za-z0-9@_][A-Za-z0-9@_+.:=<>*~/-]*`. Package lists are rendered one
+/// per continuation line by the vocabulary's templates, where a leading `#`
+/// would turn the line into a comment and a shell character would change
+/// the command.
+pub fn package(s: &str) -> Result<(), Why> {
+    let mut b = s.bytes();
+    if matches!(b.next(), Some(c) if c.is_ascii_alphanumeric() || c == b'@' || c == b'_')
+        && b.all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(
+                    c,
+                    b'@' | b'_'
+                        | b'+'
+                        | b'.'
+                        | b':'
+                        | b'='
+                        | b'<'
+                        | b'>'
+                        | b'*'
+                        | b'~'
+                        | b'/'
+                        | b'-'
+                )
+        })
+    {
+        Ok(())
+    } else {
+        Err(
+            "must be a package name: letters, digits and `@_+.:=<>*~/-`, starting with a letter, digit, `@` or `_`",
+        )
     }
 }
 
@@ -459,14 +494,14 @@ impl Checker {
             self.spanned(p, "path_append entry", path);
         }
         for pk in &d.package {
-            self.spanned(&pk.name, "package", token);
+            self.spanned(&pk.name, "package", package);
         }
         for (key, sec) in d.distro.iter() {
             for t in crate::cascade::section_tags(&key.value) {
                 self.check(key.span, "distro key", &t, distro_tag);
             }
             for pk in &sec.package {
-                self.spanned(&pk.name, "package", token);
+                self.spanned(&pk.name, "package", package);
             }
             for r in &sec.repo {
                 for (k, v) in r.value.iter() {
@@ -481,17 +516,17 @@ impl Checker {
                 .chain(&sec.module)
                 .chain(&sec.keys)
             {
-                self.check(key.span, "package entry", s, token);
+                self.check(key.span, "package entry", s, package);
             }
             for s in &sec.option {
                 self.check(key.span, "option", s, single_line);
             }
             if let Some(a) = &sec.aur {
                 for pk in &a.package {
-                    self.spanned(&pk.name, "package", token);
+                    self.spanned(&pk.name, "package", package);
                 }
                 for s in a.replace.iter() {
-                    self.check(key.span, "package entry", s, token);
+                    self.check(key.span, "package entry", s, package);
                 }
                 for s in &a.option {
                     self.check(key.span, "option", s, single_line);
@@ -693,6 +728,8 @@ mod tests {
         assert!(token("/opt/x").is_ok() && token("/opt/a b").is_err());
         assert!(token("/opt/\u{2028}x").is_err());
         assert!(path("${HOME}/.local/bin").is_ok() && path("/opt/\"x").is_err());
+        assert!(package("python3-dev").is_ok() && package("@development-tools").is_ok());
+        assert!(package("#").is_err() && package("a;b").is_err());
         assert!(path("/opt/$(id)").is_err() && path("/opt/`id`").is_err());
         assert!(single_line("a b\tc").is_ok() && single_line("a\rb").is_err());
     }

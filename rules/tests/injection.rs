@@ -27,7 +27,7 @@ const ROOT: &str = "version: 2026.160.1301\ndiscover:\n    - box\n    - candy\nd
 
 /// The fields under test: name, and how the value is placed (`{}` is the
 /// YAML double-quoted value).
-const FIELDS: [(&str, &str); 17] = [
+const FIELDS: [(&str, &str); 19] = [
     ("description", "candy"),
     ("env value", "candy"),
     ("var value", "candy"),
@@ -43,6 +43,8 @@ const FIELDS: [(&str, &str); 17] = [
     ("volume path", "candy"),
     ("shell init", "candy"),
     ("port", "candy"),
+    ("service exec", "candy"),
+    ("service env", "candy"),
     ("box description", "box"),
     ("box env", "box"),
 ];
@@ -99,6 +101,13 @@ fn manifests(field: &str, v: &str) -> (String, String) {
           path: {volp}
     shell:
         init: {init}
+    require:
+        - supervisord
+    service:
+        - name: svc
+          exec: {exec}
+          env:
+              SV: {senv}
 ",
         desc = f("description", "a candy"),
         pkg = f("package", "curl"),
@@ -115,6 +124,8 @@ fn manifests(field: &str, v: &str) -> (String, String) {
         tenv = f("download env", "v"),
         volp = f("volume path", "/data"),
         init = f("shell init", "echo init"),
+        exec = f("service exec", "/usr/bin/svc --flag"),
+        senv = f("service env", "v"),
     );
     let bx = format!(
         "box:
@@ -151,6 +162,10 @@ fn run(dir: &Path, field: &str, v: &str) -> Outcome {
     let (candy, bx) = manifests(field, v);
     for (rel, text) in [
         ("charly.yml", ROOT.to_string()),
+        (
+            "candy/supervisord/charly.yml",
+            "candy:\n    version: 2026.1.1\n    package:\n        - supervisor\n".to_string(),
+        ),
         ("candy/c/charly.yml", candy),
         ("box/b/charly.yml", bx),
     ] {
@@ -174,9 +189,17 @@ fn run(dir: &Path, field: &str, v: &str) -> Outcome {
         image_refs: [("b".to_string(), default_image_ref("b", &b.version))].into(),
         ..EmitOptions::default()
     };
-    let containerfile = render_box(&p, b, &plans, &opts)
-        .expect("renders")
-        .containerfile;
+    let dir_out = render_box(&p, b, &plans, &opts).expect("renders");
+    let containerfile = dir_out.containerfile;
+    // Service fragments (supervisord INI) are checked like units.
+    let mut fragments = String::new();
+    for (path, f) in &dir_out.files {
+        if path.contains("/supervisor/")
+            && let charly_rules::emit::Staged::Bytes(bytes) = f
+        {
+            fragments.push_str(&String::from_utf8_lossy(bytes));
+        }
+    }
     let plan = |target| {
         let ctx = HostContext {
             target,
@@ -186,7 +209,8 @@ fn run(dir: &Path, field: &str, v: &str) -> Outcome {
     };
     let quadlet = render_quadlet(&p, b, &plan(Target::Pod), &QuadletOptions::default())
         .map(|q| q.text)
-        .unwrap_or_else(|e| format!("# refused: {e}\n").replace('\n', " ") + "\n");
+        .unwrap_or_else(|e| format!("# refused: {e}\n").replace('\n', " ") + "\n")
+        + &fragments;
     let kustomize = render_kustomize(&p, b, &plan(Target::K8s), &KustomizeOptions::default())
         .map(|k| k.files.into_iter().collect())
         .unwrap_or_default();
@@ -254,8 +278,9 @@ const KEYWORDS: [&str; 17] = [
     "ONBUILD",
 ];
 
-/// Every line of a unit is a section header, a comment, blank, or `Key=Value`
-/// with a plain key; returns the keys in order.
+/// Every line of a unit (or a supervisord INI fragment) is a section header,
+/// a comment, blank, or `Key=Value` with a plain key; returns the keys in
+/// order.
 fn unit_keys(text: &str) -> Vec<String> {
     let mut keys = Vec::new();
     for line in text.lines() {
@@ -270,7 +295,7 @@ fn unit_keys(text: &str) -> Vec<String> {
             .split_once('=')
             .unwrap_or_else(|| panic!("not Key=Value: {line:?}\n{text}"));
         assert!(
-            !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric()),
+            !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
             "bad key {k:?} in {text}"
         );
         keys.push(k.to_string());
@@ -451,6 +476,8 @@ fn tokens_with_line_breaks_are_refused() {
         "package",
         "volume path",
         "port",
+        "service exec",
+        "service env",
     ] {
         let v = "/opt/x\nRUN touch /pwned";
         assert!(
