@@ -331,16 +331,8 @@ impl Checker {
             self.box_def(&b.def, b.span);
         }
         self.vocab(n);
-        for alias in n.imports.keys() {
-            // Aliases are checked where they are bound (load); a bound alias
-            // is always an entity, this only guards later additions.
-            if entity(alias).is_err() {
-                self.out.push(Diagnostic::error(
-                    None,
-                    format!("import alias `{}` {}", shown(alias), "is not a plain name"),
-                ));
-            }
-        }
+        // Import aliases are checked where they are bound (`load`): an
+        // alias that is not an entity is never bound.
     }
 
     /// The vocabulary's names: builder types, distros, formats, inits (they
