@@ -13,14 +13,17 @@ pub struct Opened {
     pub resolution: Resolution,
 }
 
-/// Loads and resolves the project; a project whose root file is unusable
-/// (see [`open_at`]) is an error.
+/// Loads and resolves the project. Refused (the errors printed, exit 1)
+/// when its root file cannot be used as a whole, or when a name or token
+/// breaks the identifier rules ([`charly_rules::names`]): such a name could
+/// become a path outside the project or an instruction the YAML never asked
+/// for, so no command but `validate` uses the project at all.
 pub fn open(cli: &Cli) -> anyhow::Result<Opened> {
     open_at(cli, root(cli)?)
 }
 
-/// Loads and resolves the project, whatever state its root file is in:
-/// for `validate`, which reports every diagnostic itself.
+/// Loads and resolves the project without refusing it: for `validate`,
+/// which reports every diagnostic itself.
 pub fn open_lenient(cli: &Cli) -> anyhow::Result<Opened> {
     load_at(cli, root(cli)?)
 }
@@ -46,10 +49,10 @@ pub fn root(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
     })
 }
 
-/// Loads and resolves the project at `root`. When its root `charly.yml` or
-/// vocabulary file cannot be used as a whole (not YAML, not UTF-8, empty, not
-/// a project document), the load errors are printed and opening fails:
-/// acting on what is left would mean "no boxes" and a silent success.
+/// Loads and resolves the project at `root`; refused as [`open`] says.
+/// A root `charly.yml` or vocabulary file that cannot be used as a whole (not
+/// YAML, not UTF-8, empty, not a project document) would otherwise mean "no
+/// boxes" and a silent success.
 pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let o = load_at(cli, root)?;
     if o.project.root_unusable {
@@ -57,6 +60,16 @@ pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         anyhow::bail!(
             "the project file cannot be used; fix the errors above (`charly validate` lists every problem)"
         );
+    }
+    let refused = charly_rules::names::check_project(&o.project);
+    if !refused.is_empty() {
+        output::diagnostics(refused.iter(), &o.project.sources);
+        output::error(&format!(
+            "the project has {} name{} charly refuses to use (see above); nothing was done",
+            refused.len(),
+            if refused.len() == 1 { "" } else { "s" }
+        ));
+        return Err(crate::Reported.into());
     }
     Ok(o)
 }

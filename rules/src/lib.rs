@@ -11,6 +11,7 @@ pub mod diag;
 pub mod emit;
 pub mod load;
 pub mod model;
+pub mod names;
 pub mod plan;
 pub mod resolve;
 pub mod source;

@@ -316,6 +316,8 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
     l.load_remote_candies();
     l.fill_vocab();
     l.check_schema_version();
+    let refused = crate::names::check_project(&l.p);
+    l.p.diags.extend(refused);
     Ok(l.p)
 }
 
@@ -994,13 +996,7 @@ impl Loader<'_> {
         reference: &Spanned<String>,
     ) {
         let a = alias.value.as_str();
-        let valid = !a.is_empty()
-            && a.split('-').all(|p| {
-                !p.is_empty()
-                    && p.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            });
-        if !valid {
+        if crate::names::entity(a).is_err() {
             self.diag(Diagnostic::error(
                 alias.span,
                 format!("import alias `{a}` must be lowercase words joined by `-` (e.g. `my-lib`)"),

@@ -65,11 +65,8 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
         _ => {}
     }
     for (k, _) in def.var.iter() {
-        if !is_var_name(&k.value) {
-            out.push(Diagnostic::error(
-                k.span,
-                format!("var `{}` must match [A-Z_][A-Z0-9_]*", k.value),
-            ));
+        if crate::names::var_name(&k.value).is_err() {
+            // Reported at load by `names::check_project`.
         } else if AUTO_VARS.contains(&k.value.as_str()) {
             out.push(Diagnostic::error(
                 k.span,
@@ -130,17 +127,7 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
             Some(_) => {}
         }
     }
-    for v in &def.volume {
-        if !is_kebab(&v.name.value) {
-            out.push(Diagnostic::error(
-                v.name.span,
-                format!(
-                    "volume name `{}` must be lowercase words joined by `-`",
-                    v.name.value
-                ),
-            ));
-        }
-    }
+    // Volume names, env and var keys are checked at load (`crate::names`).
     for s in &def.service {
         if s.name.value.is_empty() {
             out.push(Diagnostic::error(s.name.span, "a service needs a `name:`"));
@@ -391,21 +378,6 @@ fn is_version(v: &str) -> bool {
     !v.is_empty()
         && v.split('.')
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
-fn is_var_name(s: &str) -> bool {
-    let mut b = s.bytes();
-    matches!(b.next(), Some(c) if c.is_ascii_uppercase() || c == b'_')
-        && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
-}
-
-fn is_kebab(s: &str) -> bool {
-    !s.is_empty()
-        && s.split('-').all(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        })
 }
 
 /// Port protocols charly knows (the original's `http`, `https`,

@@ -19,6 +19,18 @@
 //! builder layer caches invalidate exactly when the content changes, and no
 //! content can collide with a heredoc marker.
 //!
+//! **No injected instructions.** Every value lands in the Containerfile one
+//! of three ways, so no value of the YAML can start an instruction of its
+//! own: identifiers and single tokens (names, paths, users, modes, URLs,
+//! package names, keys) are checked at load by [`crate::names`] (no
+//! whitespace, no control character, no Unicode line break, no backslash);
+//! `ENV`/`LABEL` values are double-quoted with every control character and
+//! line break escaped ([`dq`]), JSON labels are single-quoted JSON (which
+//! escapes them itself); multi-line text (`cmd:`, `content:`, shell snippets)
+//! is staged as a file, never written inline; comments have control
+//! characters replaced by spaces. A line continuation is never produced from
+//! a value: a token cannot end with `\`.
+//!
 //! Output is deterministic: no timestamps, no absolute paths, sorted maps.
 
 use crate::cascade;
@@ -142,7 +154,9 @@ fn safe_id(dst: &str) -> String {
     dst.trim_start_matches('/').replace('/', "-")
 }
 
-/// Go `%q`-style quoting for ENV/LABEL values: `\` and `"` escaped.
+/// Go `%q`-style quoting for ENV/LABEL values: `\` and `"` escaped, and
+/// every control character or Unicode line break written as an escape
+/// (`\n`, `\r`, `\x01`, `\u2028`), so a value never ends its line.
 fn dq(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -152,11 +166,32 @@ fn dq(s: &str) -> String {
             '"' => out.push_str("\\\""),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if crate::names::is_line_break_like(c) => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
             c => out.push(c),
         }
     }
     out.push('"');
     out
+}
+
+/// Text for a `# …` comment line: control characters and Unicode line
+/// breaks become spaces, so a comment is always one line.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if crate::names::is_line_break_like(c) {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// Single-quote for a shell.
@@ -1055,7 +1090,7 @@ impl Emitter<'_> {
                     let (dir, _) = user_directive(&o.user, u.uid, u.gid, &u.name);
                     self.switch_user(running, &dir);
                     if let Some(cm) = &o.comment {
-                        self.line(&format!("# {cm}"));
+                        self.line(&format!("# {}", comment_text(cm)));
                     }
                     self.line(&group_run(&group));
                     i = j;
@@ -1083,7 +1118,7 @@ impl Emitter<'_> {
             "cmd" => {
                 self.switch_user(running, &dir);
                 if let Some(cm) = &o.comment {
-                    self.line(&format!("# {cm}"));
+                    self.line(&format!("# {}", comment_text(cm)));
                 }
                 let mut script = String::from(CMD_PREAMBLE);
                 for (k, v) in &o.env {
@@ -1109,7 +1144,7 @@ impl Emitter<'_> {
                     .unwrap_or("")
                     .trim();
                 let first: String = first.chars().take(100).collect();
-                self.line(&format!("# cmd: {first}"));
+                self.line(&format!("# cmd: {}", comment_text(&first)));
                 self.line(&format!(
                     "RUN {} \\\n    bash /tmp/charly-{hash8}.sh",
                     mounts.join(" \\\n    ")
