@@ -273,9 +273,12 @@ impl Root {
                             ));
                         }
                         let tb = target.as_bytes();
-                        let rest: &[u8] = if tb.starts_with(b"/") {
+                        let root = self.path.as_os_str().as_bytes();
+                        let rest: &[u8] = if tb.starts_with(b"/") && root == b"/" {
+                            stack.truncate(1);
+                            tb
+                        } else if tb.starts_with(b"/") {
                             // Absolute: only a path below this very root.
-                            let root = self.path.as_os_str().as_bytes();
                             match tb.strip_prefix(root) {
                                 Some(r) if r.is_empty() || r.starts_with(b"/") => {
                                     stack.truncate(1);
