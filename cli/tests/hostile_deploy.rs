@@ -228,3 +228,64 @@ fn sane_paths_still_deploy_and_del_cleans() {
     assert!(!w.root.join("opt/app").exists());
     assert_eq!(before, w.sentinel());
 }
+
+/// Issue 18, finding 9: temp files a killed `add`/`del` left in the deploy
+/// root (what a SIGKILL between "temp written" and "renamed" leaves) are
+/// removed by the next `status`/`del`; a live writer's (lock held) stay.
+#[test]
+fn temp_files_of_a_killed_deploy_are_removed_by_status_and_del() {
+    let w = world("        - write: /opt/app/conf\n          content: ok\n");
+    let out = w.add("t");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = w.root.join("opt/app");
+    let dead = [dir.join(".charly-AbC123"), dir.join(".charly-tmp-999999-1")];
+    for d in &dead {
+        std::fs::write(d, "half").expect("leftover");
+    }
+    let live = dir.join(".charly-tmp-1-live");
+    std::fs::write(&live, "being written").expect("live");
+    let mut holder = std::process::Command::new("flock")
+        .args(["-x", "-o"])
+        .arg(&live)
+        .args(["sleep", "60"])
+        .spawn()
+        .expect("flock");
+    for _ in 0..100 {
+        let f = std::fs::File::open(&live).expect("open");
+        if matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
+            break;
+        }
+        drop(f);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let st = w
+        .cmd()
+        .args(["bundle", "status", "t"])
+        .output()
+        .expect("status");
+    let live_kept = live.exists();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        st.status.success(),
+        "status clean once the leftovers are gone: {}{}",
+        String::from_utf8_lossy(&st.stdout),
+        String::from_utf8_lossy(&st.stderr)
+    );
+    for d in &dead {
+        assert!(!d.exists(), "{} left", d.display());
+    }
+    assert!(live_kept, "a live writer's temp file was removed");
+    // `del` sweeps too (the live one is now dead).
+    let del = w.cmd().args(["bundle", "del", "t"]).output().expect("del");
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    assert!(!w.root.join("opt/app").exists(), "del removed everything");
+}
