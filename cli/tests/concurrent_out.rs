@@ -7,7 +7,7 @@
 mod project_copy;
 use project_copy::example;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn charly(project: &Path, cache: &Path, args: &[&str]) -> Command {
