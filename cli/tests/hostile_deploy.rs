@@ -289,3 +289,17 @@ fn temp_files_of_a_killed_deploy_are_removed_by_status_and_del() {
     );
     assert!(!w.root.join("opt/app").exists(), "del removed everything");
 }
+
+/// `copy:` reads only inside the candy directory: a symlink there to a file
+/// outside is not followed (nothing from outside lands in the root).
+#[test]
+fn copy_source_symlinked_out_of_the_candy_is_refused() {
+    let w = world("        - copy: leak\n          to: /opt/leak\n");
+    std::os::unix::fs::symlink(
+        w.outside.join("precious"),
+        w.project.join("candy/evil/leak"),
+    )
+    .expect("ln");
+    refused(&w, &["leak", "leads out of"]);
+    assert!(!w.root.join("opt/leak").exists());
+}
