@@ -168,10 +168,10 @@ impl Root {
             Mode::empty(),
         )
         .map_err(|e| err(from_rustix(e).kind(), format!("{}: {e}", path.display())))?;
-        Ok(Root {
-            path: std::path::absolute(path)?,
-            fd,
-        })
+        // The canonical path, so an absolute link to a path below the root
+        // is recognised whatever way the root was named.
+        let path = std::fs::canonicalize(path).or_else(|_| std::path::absolute(path))?;
+        Ok(Root { path, fd })
     }
 
     /// Creates the directory (and its parents) if needed, then opens it.
