@@ -76,7 +76,7 @@ fn two_concurrent_generates_both_succeed_and_agree_with_one_run() {
     let reference = tree(&single.join(".build"));
     assert!(reference.keys().any(|k| k.ends_with("Containerfile")));
     let project = project_copy::copy_project(&example(), &t.path().join("project"));
-    for round in 0..6 {
+    for round in 0..10 {
         let _ = std::fs::remove_dir_all(project.join(".build"));
         let a = charly(&project, &cache, &GEN).spawn().expect("spawn a");
         let b = charly(&project, &cache, &GEN).spawn().expect("spawn b");
