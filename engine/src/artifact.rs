@@ -62,6 +62,18 @@ pub fn read_tar(bytes: &[u8], parent: &str) -> std::io::Result<Vec<Entry>> {
         if rel.is_empty() {
             continue;
         }
+        // A member may not climb: `..` would place it outside the tree it
+        // is extracted into (absolute members are made relative below).
+        if rel.split('/').any(|c| c == "..") {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("tar member `{rel}` has a `..` component"),
+            ));
+        }
+        let rel = rel.trim_start_matches('/').to_string();
+        if rel.is_empty() {
+            continue;
+        }
         let path = if parent.is_empty() {
             rel
         } else {
@@ -215,6 +227,22 @@ mod tests {
                 gid: 0,
             },
         ]
+    }
+
+    #[test]
+    fn climbing_members_are_refused() {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        // `append_data` refuses `..`; write the name into the header directly.
+        h.as_gnu_mut().expect("gnu").name[..8].copy_from_slice(b"../../x\0");
+        h.set_cksum();
+        b.append(&h, &b"x"[..]).expect("append");
+        let bytes = b.into_inner().expect("tar");
+        let e = read_tar(&bytes, "").expect_err("refused");
+        assert!(e.to_string().contains(".."), "{e}");
     }
 
     #[test]

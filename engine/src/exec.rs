@@ -156,7 +156,7 @@ pub fn execute(
     }
     drop(keep);
     for d in &outputs_cleanup {
-        let _ = std::fs::remove_dir_all(d);
+        remove_runner_scratch(d);
     }
     let rec = Record {
         node_id: n.id.clone(),
@@ -200,6 +200,23 @@ fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Removes a scratch directory a runner left (an image archive's), but only
+/// one charly made: a real directory (not a symlink) named `charly-…`
+/// directly in the system temp directory. Anything else is left alone.
+fn remove_runner_scratch(d: &Path) {
+    let tmp = std::env::temp_dir();
+    let ours = d
+        .parent()
+        .is_some_and(|p| std::fs::canonicalize(p).ok() == std::fs::canonicalize(&tmp).ok())
+        && d.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("charly-"))
+        && std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir());
+    if ours {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 /// A cached image the runner no longer has is restored from its archive.
@@ -481,15 +498,20 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let cf = graph
                 .node(&cf_id)
                 .ok_or_else(|| ExecError::Io(format!("{cf_id} is not in the graph")))?;
-            let dir = materialize(ctx, cf, &ctx.out_root)?;
-            let build_dir = ctx.out_root.join(&dir);
+            // The box's directory stays locked until podman has read it.
+            let (dir, _box_lock) = materialize_locked(ctx, cf, &ctx.out_root)?;
+            let root =
+                crate::fsroot::Root::open(&ctx.out_root).map_err(io(ctx.out_root.display()))?;
+            let build_dir = PathBuf::from(&dir);
+            let prepare = |rel: PathBuf| root.prepare(&rel).map_err(io(rel.display()));
             // Builder artifacts, local packages and the rootfs go into the context.
             for d in graph.deps(i) {
                 let dn = &graph.g[d];
                 match &dn.work {
                     Work::BuilderStage { candy, builder, .. } => {
                         let stage = format!("{}-{builder}-build", ctx.project.candies[candy].name);
-                        let dest = build_dir.join("_artifacts").join(format!("{stage}.tar"));
+                        let dest =
+                            prepare(build_dir.join("_artifacts").join(format!("{stage}.tar")))?;
                         copy_output(ctx, dn, "artifact.tar", &dest)?;
                     }
                     Work::LocalPkg { candy, .. } => {
@@ -499,24 +521,24 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                                 output: "pkg".into(),
                             }
                         })?;
-                        let dest_dir = build_dir
+                        let dest_rel = build_dir
                             .join("_localpkg")
                             .join(&ctx.project.candies[candy].name);
-                        let _ = std::fs::remove_dir_all(&dest_dir);
-                        std::fs::create_dir_all(&dest_dir).map_err(io(dest_dir.display()))?;
+                        // Confined: never follows a symlink, never leaves the root.
+                        root.remove_tree(&dest_rel)
+                            .map_err(io(dest_rel.display()))?;
+                        root.create_dir_all(&dest_rel)
+                            .map_err(io(dest_rel.display()))?;
                         for (name, o) in &rec.outputs {
                             if let Some(file) = name.strip_prefix("pkg:") {
-                                ctx.store.copy_output_to(o, &dest_dir.join(file))?;
+                                let dest = prepare(dest_rel.join(file))?;
+                                ctx.store.copy_output_to(o, &dest)?;
                             }
                         }
                     }
                     Work::Rootfs { builder, .. } => {
-                        copy_output(
-                            ctx,
-                            dn,
-                            "rootfs.tar.gz",
-                            &build_dir.join(format!("{builder}.tar.gz")),
-                        )?;
+                        let dest = prepare(build_dir.join(format!("{builder}.tar.gz")))?;
+                        copy_output(ctx, dn, "rootfs.tar.gz", &dest)?;
                     }
                     _ => {}
                 }
@@ -603,6 +625,29 @@ pub const KEY_MARKER: &str = ".charly-key";
 /// store (skipped when the directory already holds this key). Returns the
 /// directory, project-relative.
 pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, ExecError> {
+    materialize_locked(ctx, cf, root).map(|(dir, _lock)| dir)
+}
+
+/// The lock file of a box's build directory: `.build/.locks/<box>` for
+/// `.build/<box>` (outside the directory, so pruning never meets it).
+fn box_lock_rel(dir: &str) -> Result<PathBuf, ExecError> {
+    let rel = Path::new(dir);
+    crate::fsroot::check_rel(rel).map_err(io("build directory"))?;
+    let name = rel.file_name().unwrap_or_default();
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    Ok(parent.join(".locks").join(name))
+}
+
+/// [`materialize`], returning the lock of the box's directory: concurrent
+/// charly processes (and boxes) writing or building the same directory wait
+/// for each other instead of failing, and podman reads a directory nobody
+/// is rewriting while the lock is held. Temp files a killed writer left in
+/// the output root are removed here.
+pub fn materialize_locked(
+    ctx: &Ctx<'_>,
+    cf: &Node,
+    root: &Path,
+) -> Result<(String, std::fs::File), ExecError> {
     let rec = ctx
         .store
         .get_record(&cf.key)?
@@ -616,6 +661,25 @@ pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, Exec
         .and_then(|d| d.as_str())
         .unwrap_or_default()
         .to_string();
+    let lock_rel = box_lock_rel(&dir)?;
+    let froot = crate::fsroot::Root::create(root).map_err(io(root.display()))?;
+    let lock = froot
+        .lock(&lock_rel, || {
+            eprintln!(
+                "charly: waiting for another charly on {}",
+                root.join(&dir).display()
+            );
+        })
+        .map_err(io(lock_rel.display()))?;
+    // Temp files of killed writers: in the box's directory, the shared
+    // layer copies and the root (ignore files). Live writers keep theirs.
+    for (rel, deep) in [
+        (Path::new(&dir), true),
+        (Path::new(".build/_layers"), true),
+        (Path::new(""), false),
+    ] {
+        let _ = froot.sweep_temps(rel, deep);
+    }
     let marker = root.join(&dir).join(KEY_MARKER);
     let key = cf.key.to_hex();
     // The marker alone is not trusted: every file must still hold what the
@@ -632,7 +696,7 @@ pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, Exec
             })
         })
     {
-        return Ok(dir);
+        return Ok((dir, lock));
     }
     let mut d = charly_rules::emit::BuildDir {
         dir: dir.clone(),
@@ -671,6 +735,8 @@ pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, Exec
         }
     }
     crate::generate::write(root, &d).map_err(|e| ExecError::Io(e.to_string()))?;
-    crate::generate::write_if_changed(&marker, key.as_bytes()).map_err(io(marker.display()))?;
-    Ok(dir)
+    froot
+        .write_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
+        .map_err(io(marker.display()))?;
+    Ok((dir, lock))
 }

@@ -13,7 +13,6 @@ use charly_rules::resolve::Resolution;
 use charly_rules::resolve::ResolvedBox;
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Why a box could not be generated.
@@ -65,52 +64,58 @@ pub fn render(p: &Project, b: &ResolvedBox, opts: &EmitOptions) -> Result<BuildD
 /// in the Containerfile are relative to the build context). The box's
 /// directory is made to contain exactly the rendered files. Returns the
 /// paths written, Containerfile first.
+///
+/// Every path is proven inside `out` before anything is written or
+/// removed ([`crate::fsroot`]): the box directory and staged files must be
+/// relative paths of plain names (no `..`, no absolute path), no symlink
+/// may lead out of `out`, and stale files are removed without following
+/// symlinks. A hostile `BuildDir` gets an error and changes nothing outside.
 pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| GenerateError::Io { path, source }
     };
-    let dir = out.join(&d.dir);
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let root = crate::fsroot::Root::create(out).map_err(io(out))?;
+    let dir_rel = Path::new(&d.dir);
+    let dir = out.join(dir_rel);
+    crate::fsroot::check_rel(dir_rel).map_err(io(&dir))?;
+    for rel in d.files.keys().chain(d.layers.keys()) {
+        crate::fsroot::check_rel(Path::new(rel)).map_err(io(&out.join(rel)))?;
+    }
+    root.create_dir_all(dir_rel).map_err(io(&dir))?;
     let mut written = Vec::new();
-    let cf = dir.join("Containerfile");
-    write_if_changed(&cf, d.containerfile.as_bytes()).map_err(io(&cf))?;
+    let cf_rel = dir_rel.join("Containerfile");
+    let cf = out.join(&cf_rel);
+    root.write_if_changed(&cf_rel, d.containerfile.as_bytes())
+        .map_err(io(&cf))?;
     written.push(cf);
     let mut keep: BTreeSet<PathBuf> = BTreeSet::new();
-    keep.insert(dir.join("Containerfile"));
-    keep.insert(dir.join(crate::exec::KEY_MARKER));
+    keep.insert(cf_rel);
+    keep.insert(dir_rel.join(crate::exec::KEY_MARKER));
     for (rel, staged) in &d.files {
         let path = out.join(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io(parent))?;
-        }
         match staged {
-            Staged::Bytes(b) => write_if_changed(&path, b).map_err(io(&path))?,
+            Staged::Bytes(b) => root
+                .write_if_changed(Path::new(rel), b)
+                .map_err(io(&path))?,
             Staged::CopyOf(src) => {
                 let bytes = std::fs::read(src).map_err(io(src))?;
-                write_if_changed(&path, &bytes).map_err(io(&path))?;
+                root.write_if_changed(Path::new(rel), &bytes)
+                    .map_err(io(&path))?
             }
-        }
-        keep.insert(path.clone());
+        };
+        keep.insert(PathBuf::from(rel));
         written.push(path);
     }
     for (rel, src) in &d.layers {
-        let dest = out.join(rel);
-        copy_tree(src, &dest).map_err(io(&dest))?;
+        copy_tree(&root, src, Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
-    // Remove files an earlier run staged that this one does not use.
-    for e in walkdir::WalkDir::new(&dir)
-        .contents_first(true)
-        .into_iter()
-        .flatten()
-    {
-        let p = e.path();
-        if e.file_type().is_file() && !keep.contains(p) && !is_build_output(&dir, p) {
-            let _ = std::fs::remove_file(p);
-        } else if e.file_type().is_dir() && p != dir {
-            let _ = std::fs::remove_dir(p); // only succeeds when empty
-        }
-    }
+    // Remove files an earlier run staged that this one does not use (and
+    // temp files a killed writer left).
+    root.prune(dir_rel, &|p, is_dir| {
+        keep.contains(p) || (is_dir && is_build_output(dir_rel, p))
+    })
+    .map_err(io(&dir))?;
     Ok(written)
 }
 
@@ -149,39 +154,23 @@ pub fn journal_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, V
     (outputs, skip)
 }
 
-/// Writes atomically (temp + rename), skipping identical content so mtimes
-/// stay put for tools that watch them.
+/// Writes atomically (a locked temp file + rename), skipping identical
+/// content so mtimes stay put for tools that watch them. Mode 0644: context
+/// files are bind-mounted into RUNs that may run as the box user.
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Ok(old) = std::fs::read(path)
-        && old == bytes
-    {
-        return Ok(());
-    }
-    let parent = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(parent)?;
-    tmp.write_all(bytes)?;
-    // Context files are bind-mounted into RUNs that may run as the box
-    // user: they must be readable by everyone (temp files start as 0600).
-    {
-        use std::os::unix::fs::PermissionsExt;
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    }
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    crate::fsroot::write_file_if_changed(path, bytes).map(drop)
 }
 
-fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+fn copy_tree(root: &crate::fsroot::Root, src: &Path, dest: &Path) -> std::io::Result<()> {
     for e in walkdir::WalkDir::new(src).sort_by_file_name() {
         let e = e.map_err(std::io::Error::other)?;
         let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
         let target = dest.join(rel);
         if e.file_type().is_dir() {
-            std::fs::create_dir_all(&target)?;
+            root.create_dir_all(&target)?;
         } else if e.file_type().is_file() {
             let bytes = std::fs::read(e.path())?;
-            write_if_changed(&target, &bytes)?;
+            root.write_if_changed(&target, &bytes)?;
         }
     }
     Ok(())
@@ -198,4 +187,102 @@ pub fn write_ignore_files(p: &Project) -> Result<(), GenerateError> {
             .map_err(|source| GenerateError::Io { path, source })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// Every file, dir and link below `dir` with its content or target.
+    fn snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+        walkdir::WalkDir::new(dir)
+            .follow_links(false)
+            .sort_by_file_name()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let p = e.path().to_path_buf();
+                let what = if e.path_is_symlink() {
+                    format!("-> {}", std::fs::read_link(&p).expect("link").display())
+                } else if e.file_type().is_file() {
+                    std::fs::read_to_string(&p).expect("read")
+                } else {
+                    "dir".into()
+                };
+                (p, what)
+            })
+            .collect()
+    }
+
+    fn build_dir(dir: &str, file: Option<&str>) -> BuildDir {
+        let mut d = BuildDir {
+            box_name: "evil".into(),
+            dir: dir.into(),
+            containerfile: "FROM scratch\n".into(),
+            ..Default::default()
+        };
+        if let Some(f) = file {
+            d.files.insert(f.into(), Staged::Bytes(b"pwned".to_vec()));
+        }
+        d
+    }
+
+    /// A hostile `BuildDir` (box dir `../..`, absolute, through a symlink
+    /// out of the root, staged files escaping) is refused and nothing
+    /// outside the output root changes, nothing is deleted there.
+    #[test]
+    fn hostile_build_dirs_change_nothing_outside_the_root() {
+        let t = tempfile::tempdir().expect("tmp");
+        let sentinel = t.path().join("sentinel");
+        std::fs::create_dir_all(sentinel.join("sub")).expect("mkdir");
+        std::fs::write(sentinel.join("charly.yml"), "keep me\n").expect("write");
+        std::fs::write(sentinel.join("sub/Containerfile"), "mine\n").expect("write");
+        let out = sentinel.join("proj/out");
+        std::fs::create_dir_all(out.join(".build")).expect("mkdir");
+        symlink(&sentinel, out.join(".build/link")).expect("ln");
+        symlink("../..", out.join(".build/rel")).expect("ln");
+        let abs = sentinel.join("sub").display().to_string();
+        let before = snapshot(&sentinel);
+        let cases = [
+            build_dir("../..", None),
+            build_dir("../../sub", None),
+            build_dir(&abs, None),
+            build_dir(".build/link", None),
+            build_dir(".build/link/sub", None),
+            build_dir(".build/rel/..", None),
+            build_dir(".build/rel", None),
+            build_dir(".build/.", None),
+            build_dir("", None),
+            build_dir(".build/ok", Some("../../x")),
+            build_dir(".build/ok", Some(&format!("{abs}/x"))),
+            build_dir(".build/ok", Some(".build/link/x")),
+        ];
+        for d in &cases {
+            let r = write(&out, d);
+            assert!(
+                r.is_err(),
+                "{:?} / {:?} must be refused",
+                d.dir,
+                d.files.keys()
+            );
+            // Only things inside the output root may have appeared.
+            let after: Vec<_> = snapshot(&sentinel)
+                .into_iter()
+                .filter(|(p, _)| !p.starts_with(out.join(".build/ok")))
+                .collect();
+            assert_eq!(before, after, "{:?} changed the tree", d.dir);
+        }
+        // A sane build dir still works, and its stale files go.
+        let ok = build_dir(".build/fine", Some(".build/fine/a.sh"));
+        write(&out, &ok).expect("fine");
+        std::fs::write(out.join(".build/fine/stale"), "x").expect("stale");
+        write(&out, &build_dir(".build/fine", None)).expect("again");
+        assert!(!out.join(".build/fine/stale").exists());
+        assert!(!out.join(".build/fine/a.sh").exists());
+        assert_eq!(
+            std::fs::read_to_string(out.join(".build/fine/Containerfile")).expect("cf"),
+            "FROM scratch\n"
+        );
+    }
 }

@@ -14,6 +14,7 @@ pub mod artifact;
 pub mod check;
 pub mod deploy;
 pub mod exec;
+pub mod fsroot;
 pub mod generate;
 pub mod graph;
 pub mod hash;

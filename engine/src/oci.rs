@@ -77,7 +77,14 @@ pub struct Exported {
 /// Unpacks an OCI archive into the layout at `dir` under `reference`.
 pub fn export_archive(archive: &Path, dir: &Path, reference: &str) -> Result<Exported, OciError> {
     let blobs_dir = dir.join("blobs").join("sha256");
-    std::fs::create_dir_all(&blobs_dir).map_err(io(blobs_dir.display()))?;
+    // Every write stays inside the layout directory (crate::fsroot), and
+    // temp files a killed export left there are removed first.
+    let root = crate::fsroot::Root::create(dir).map_err(io(dir.display()))?;
+    let blobs_rel = Path::new("blobs/sha256");
+    root.create_dir_all(blobs_rel)
+        .map_err(io(blobs_dir.display()))?;
+    let _ = root.sweep_temps(blobs_rel, false);
+    let _ = root.sweep_temps(Path::new(""), false);
     let file = std::fs::File::open(archive).map_err(io(archive.display()))?;
     let mut ar = tar::Archive::new(std::io::BufReader::new(file));
     let mut index: Option<ImageIndex> = None;
@@ -110,14 +117,12 @@ pub fn export_archive(archive: &Path, dir: &Path, reference: &str) -> Result<Exp
                     actual: actual.0,
                 });
             }
+            // The name is the verified digest: 64 hex digits, a plain file name.
+            let dest_rel = blobs_rel.join(hex);
             let dest = blobs_dir.join(hex);
-            if !dest.exists() {
-                let mut tmp =
-                    tempfile::NamedTempFile::new_in(&blobs_dir).map_err(io(blobs_dir.display()))?;
-                std::io::Write::write_all(&mut tmp, &buf).map_err(io(dest.display()))?;
-                tmp.as_file().sync_all().map_err(io(dest.display()))?;
-                tmp.persist(&dest)
-                    .map_err(|e| OciError::Io(format!("{}: {}", dest.display(), e.error)))?;
+            if root.lstat(&dest_rel).map_err(io(dest.display()))?.is_none() {
+                root.write_atomic(&dest_rel, &buf, 0o644, None, false)
+                    .map_err(io(dest.display()))?;
                 written += 1;
             }
         }

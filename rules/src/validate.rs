@@ -234,6 +234,9 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, out: &mut Vec<Diagnosti
     .chain(t.to.iter())
     .collect();
     for pf in &path_fields {
+        if let Some(m) = crate::plan::compile::climbing_path(&pf.value) {
+            out.push(Diagnostic::error(pf.span, format!("{what}: {m}")));
+        }
         if !is_abs_path(&pf.value) {
             out.push(Diagnostic::error(
                 pf.span,

@@ -296,6 +296,14 @@ pub trait Host {
     fn extract_tar(&mut self, tar: &[u8], privileged: bool) -> Result<(), HostError>;
     /// Re-establishes the session (after a reboot).
     fn reconnect(&mut self, timeout: Duration) -> Result<(), HostError>;
+    /// Removes temp files that killed writers left in the directories
+    /// `dirs` (target paths); a live writer's are kept. Returns the
+    /// leftovers that could not be removed, with why. Hosts whose writes
+    /// leave nothing behind keep the default (nothing to do).
+    fn sweep_temps(&mut self, dirs: &[String]) -> Vec<(String, String)> {
+        let _ = dirs;
+        Vec::new()
+    }
 
     /// The host path of a target path (below the root, if any).
     fn real(&self, path: &str) -> String {

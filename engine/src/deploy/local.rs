@@ -18,13 +18,16 @@ use super::shellops;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// This machine.
 pub struct LocalHost {
     root: Option<String>,
+    /// The root, opened: every file operation of a rooted host goes
+    /// through it, so no path leaves the root ([`crate::fsroot`]).
+    froot: Option<crate::fsroot::Root>,
     login: Option<Login>,
 }
 
@@ -33,6 +36,7 @@ impl LocalHost {
     pub fn new() -> Self {
         LocalHost {
             root: None,
+            froot: None,
             login: None,
         }
     }
@@ -45,8 +49,15 @@ impl LocalHost {
             path: dir.display().to_string(),
             message: e.to_string(),
         })?;
+        let froot = crate::fsroot::Root::open(&abs).map_err(|e| HostError::Io {
+            host: "local".into(),
+            op: "open root".into(),
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
+            froot: Some(froot),
             login: None,
         })
     }
@@ -102,14 +113,116 @@ fn find_on(name: &str, path: &str) -> Option<String> {
     })
 }
 
-fn check_rel(path: &str) -> Result<(), String> {
-    if Path::new(path)
-        .components()
-        .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(format!("`..` in path {path}"));
+impl LocalHost {
+    /// A target path checked lexically (absolute, no `..` or `.`), relative
+    /// to the root. Every host file operation starts here.
+    fn rel(&self, op: &str, path: &str) -> Result<PathBuf, HostError> {
+        crate::fsroot::target_rel(path).map_err(|e| self.err(op, path, e))
     }
-    Ok(())
+
+    /// Temp files of killed writers in the directories `dirs` (target
+    /// paths): removed when their writer is dead (nobody holds their lock);
+    /// returns those that could not be removed, with why.
+    fn sweep_local(&mut self, dirs: &[String]) -> Vec<(String, String)> {
+        let mut left = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for d in dirs {
+            let Ok(rel) = crate::fsroot::target_rel(d) else {
+                continue;
+            };
+            if !seen.insert(rel.clone()) {
+                continue;
+            }
+            let res = match &self.froot {
+                Some(r) => r.sweep_temps(&rel, false),
+                None => crate::fsroot::Root::open(Path::new("/"))
+                    .and_then(|r| r.sweep_temps(&rel, false)),
+            };
+            match res {
+                Ok(l) => left.extend(l.into_iter().map(|(p, why)| (p.display().to_string(), why))),
+                Err(e) => left.push((d.clone(), e.to_string())),
+            }
+        }
+        left
+    }
+}
+
+impl LocalHost {
+    /// A tar directory entry: made with its parents when missing.
+    fn extract_dir(
+        &mut self,
+        rel: &Path,
+        target: &str,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), HostError> {
+        if let Some(r) = &self.froot {
+            let exists = matches!(r.lstat(rel), Ok(Some(st))
+                if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory);
+            if !exists {
+                if let Some(p) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    r.create_dir_all(p)
+                        .map_err(|x| self.err("mkdir", target, x))?;
+                }
+                r.mkdir(rel, mode, owner)
+                    .map_err(|x| self.err("mkdir", target, x))?;
+            }
+            return Ok(());
+        }
+        let real = PathBuf::from(self.real(target));
+        if !real.is_dir() {
+            std::fs::create_dir_all(&real).map_err(|x| self.err("mkdir", target, x))?;
+            std::fs::set_permissions(&real, std::fs::Permissions::from_mode(mode))
+                .map_err(|x| self.err("chmod", target, x))?;
+            if let Some((u, g)) = owner {
+                std::os::unix::fs::chown(&real, Some(u), Some(g))
+                    .map_err(|x| self.err("chown", target, x))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `stat` of one path below the root, never following the last component.
+    fn stat_rooted(
+        &self,
+        r: &crate::fsroot::Root,
+        rel: &Path,
+        p: &str,
+        digest: bool,
+    ) -> Result<Option<Stat>, HostError> {
+        use rustix::fs::FileType;
+        let Some(st) = r.lstat(rel).map_err(|e| self.err("stat", p, e))? else {
+            return Ok(None);
+        };
+        let kind = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => PathKind::Symlink {
+                target: r
+                    .read_link(rel)
+                    .map_err(|e| self.err("readlink", p, e))?
+                    .to_string_lossy()
+                    .into_owned(),
+            },
+            FileType::Directory => PathKind::Dir,
+            FileType::RegularFile => PathKind::File {
+                sha256: if digest {
+                    let data = r
+                        .read(rel)
+                        .map_err(|e| self.err("read", p, e))?
+                        .unwrap_or_default();
+                    Some(sha256_hex(&data))
+                } else {
+                    None
+                },
+            },
+            _ => PathKind::Other,
+        };
+        Ok(Some(Stat {
+            kind,
+            mode: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        }))
+    }
 }
 
 impl Host for LocalHost {
@@ -232,8 +345,12 @@ impl Host for LocalHost {
     }
 
     fn read_file(&mut self, path: &str, privileged: bool) -> Result<Option<Vec<u8>>, HostError> {
+        let rel = self.rel("read", path)?;
         if self.via_sudo(privileged)? {
             return shellops::read_file(self, path, true);
+        }
+        if let Some(r) = &self.froot {
+            return r.read(&rel).map_err(|e| self.err("read", path, e));
         }
         let real = self.real(path);
         match std::fs::read(&real) {
@@ -244,10 +361,17 @@ impl Host for LocalHost {
     }
 
     fn write_file(&mut self, path: &str, data: &[u8], attrs: &FileAttrs) -> Result<(), HostError> {
+        let rel = self.rel("write", path)?;
         if self.via_sudo(attrs.privileged)? {
             return shellops::write_file(self, path, data, attrs);
         }
         let chown = self.can_chown()?;
+        let owner = attrs.owner.filter(|_| chown);
+        if let Some(r) = &self.froot {
+            return r
+                .write_atomic(&rel, data, attrs.mode, owner, false)
+                .map_err(|e| self.err("write", path, e));
+        }
         let real = PathBuf::from(self.real(path));
         let dir = real
             .parent()
@@ -277,6 +401,11 @@ impl Host for LocalHost {
     fn stat(&mut self, paths: &[String], digest: bool) -> Result<Vec<Option<Stat>>, HostError> {
         let mut out = Vec::with_capacity(paths.len());
         for p in paths {
+            let rel = self.rel("stat", p)?;
+            if let Some(r) = &self.froot {
+                out.push(self.stat_rooted(r, &rel, p, digest)?);
+                continue;
+            }
             let real = self.real(p);
             let m = match std::fs::symlink_metadata(&real) {
                 Ok(m) => m,
@@ -319,10 +448,16 @@ impl Host for LocalHost {
     }
 
     fn mkdir(&mut self, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
+        let rel = self.rel("mkdir", path)?;
         if self.via_sudo(attrs.privileged)? {
             return shellops::mkdir(self, path, attrs);
         }
         let chown = self.can_chown()?;
+        if let Some(r) = &self.froot {
+            return r
+                .mkdir(&rel, attrs.mode, attrs.owner.filter(|_| chown))
+                .map_err(|e| self.err("mkdir", path, e));
+        }
         let real = self.real(path);
         std::fs::create_dir(&real).map_err(|e| self.err("mkdir", path, e))?;
         std::fs::set_permissions(&real, std::fs::Permissions::from_mode(attrs.mode))
@@ -335,10 +470,16 @@ impl Host for LocalHost {
     }
 
     fn symlink(&mut self, path: &str, target: &str, attrs: &FileAttrs) -> Result<(), HostError> {
+        let rel = self.rel("symlink", path)?;
         if self.via_sudo(attrs.privileged)? {
             return shellops::symlink(self, path, target, attrs);
         }
         let chown = self.can_chown()?;
+        if let Some(r) = &self.froot {
+            return r
+                .symlink(&rel, target, attrs.owner.filter(|_| chown))
+                .map_err(|e| self.err("symlink", path, e));
+        }
         let real = self.real(path);
         std::os::unix::fs::symlink(target, &real).map_err(|e| self.err("symlink", path, e))?;
         if let (Some((u, g)), true) = (attrs.owner, chown) {
@@ -349,8 +490,12 @@ impl Host for LocalHost {
     }
 
     fn remove(&mut self, path: &str, privileged: bool) -> Result<bool, HostError> {
+        let rel = self.rel("remove", path)?;
         if self.via_sudo(privileged)? {
             return shellops::remove(self, path, true);
+        }
+        if let Some(r) = &self.froot {
+            return r.remove(&rel).map_err(|e| self.err("remove", path, e));
         }
         let real = self.real(path);
         let m = match std::fs::symlink_metadata(&real) {
@@ -378,32 +523,28 @@ impl Host for LocalHost {
         let entries =
             crate::artifact::read_tar(tar, "").map_err(|e| self.err("read tar", "", e))?;
         for e in entries {
-            check_rel(&e.path).map_err(|m| self.err("extract", &e.path, m))?;
             let target = format!("/{}", e.path);
-            let real = PathBuf::from(self.real(&target));
+            let rel = self.rel("extract", &target)?;
             let owner = chown.then_some((e.uid as u32, e.gid as u32));
             match &e.kind {
-                crate::artifact::Kind::Dir => {
-                    if !real.is_dir() {
-                        std::fs::create_dir_all(&real)
-                            .map_err(|x| self.err("mkdir", &target, x))?;
-                        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(e.mode))
-                            .map_err(|x| self.err("chmod", &target, x))?;
+                crate::artifact::Kind::Dir => self.extract_dir(&rel, &target, e.mode, owner)?,
+                crate::artifact::Kind::Symlink(t) => {
+                    if let Some(r) = &self.froot {
+                        r.remove(&rel)
+                            .and_then(|_| r.symlink(&rel, t, owner))
+                            .map_err(|x| self.err("symlink", &target, x))?;
+                    } else {
+                        let real = PathBuf::from(self.real(&target));
+                        if std::fs::symlink_metadata(&real).is_ok() {
+                            std::fs::remove_file(&real)
+                                .map_err(|x| self.err("replace", &target, x))?;
+                        }
+                        std::os::unix::fs::symlink(t, &real)
+                            .map_err(|x| self.err("symlink", &target, x))?;
                         if let Some((u, g)) = owner {
-                            std::os::unix::fs::chown(&real, Some(u), Some(g))
+                            std::os::unix::fs::lchown(&real, Some(u), Some(g))
                                 .map_err(|x| self.err("chown", &target, x))?;
                         }
-                    }
-                }
-                crate::artifact::Kind::Symlink(t) => {
-                    if std::fs::symlink_metadata(&real).is_ok() {
-                        std::fs::remove_file(&real).map_err(|x| self.err("replace", &target, x))?;
-                    }
-                    std::os::unix::fs::symlink(t, &real)
-                        .map_err(|x| self.err("symlink", &target, x))?;
-                    if let Some((u, g)) = owner {
-                        std::os::unix::fs::lchown(&real, Some(u), Some(g))
-                            .map_err(|x| self.err("chown", &target, x))?;
                     }
                 }
                 crate::artifact::Kind::File(data) => {
@@ -424,6 +565,10 @@ impl Host for LocalHost {
 
     fn reconnect(&mut self, _timeout: Duration) -> Result<(), HostError> {
         Ok(())
+    }
+
+    fn sweep_temps(&mut self, dirs: &[String]) -> Vec<(String, String)> {
+        self.sweep_local(dirs)
     }
 }
 

@@ -15,12 +15,27 @@ fn io_err(host: &dyn Host, op: &str, path: &str, out: &CmdOutput) -> HostError {
     }
 }
 
+/// Target paths are absolute, without `..` or `.` components: a path that
+/// climbs is refused before any script runs (the guest's root is `/`, but
+/// `..` games are still refused).
+fn check(host: &dyn Host, op: &str, path: &str) -> Result<(), HostError> {
+    crate::fsroot::target_rel(path)
+        .map(drop)
+        .map_err(|e| HostError::Io {
+            host: host.describe(),
+            op: op.into(),
+            path: path.into(),
+            message: e.to_string(),
+        })
+}
+
 /// Reads a file with `cat` (exit 3: absent).
 pub fn read_file(
     host: &mut dyn Host,
     path: &str,
     privileged: bool,
 ) -> Result<Option<Vec<u8>>, HostError> {
+    check(host, "read", path)?;
     let p = sq(&host.real(path));
     let script = format!(
         "if [ -f {p} ]; then exec cat -- {p}; elif [ -e {p} ] || [ -L {p} ]; then echo 'not a regular file' >&2; exit 4; else exit 3; fi"
@@ -41,6 +56,7 @@ pub fn write_file(
     data: &[u8],
     attrs: &FileAttrs,
 ) -> Result<(), HostError> {
+    check(host, "write", path)?;
     let real = host.real(path);
     let dir = super::host::parent(&real).unwrap_or("/").to_string();
     let mut script = format!(
@@ -71,6 +87,9 @@ pub fn stat(
     digest: bool,
     privileged: bool,
 ) -> Result<Vec<Option<Stat>>, HostError> {
+    for p in paths {
+        check(host, "stat", p)?;
+    }
     if paths.is_empty() {
         return Ok(Vec::new());
     }
@@ -97,6 +116,7 @@ pub fn stat(
 
 /// `mkdir -m MODE` plus chown.
 pub fn mkdir(host: &mut dyn Host, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
+    check(host, "mkdir", path)?;
     let p = sq(&host.real(path));
     let mut script = format!("set -e\nmkdir -m {:o} {p}\n", attrs.mode);
     if let Some((u, g)) = attrs.owner {
@@ -117,6 +137,7 @@ pub fn symlink(
     target: &str,
     attrs: &FileAttrs,
 ) -> Result<(), HostError> {
+    check(host, "symlink", path)?;
     let p = sq(&host.real(path));
     let mut script = format!("set -e\nln -s -- {} {p}\n", sq(target));
     if let Some((u, g)) = attrs.owner {
@@ -132,6 +153,7 @@ pub fn symlink(
 
 /// Removes a file, link or empty directory (exit 5: directory not empty).
 pub fn remove(host: &mut dyn Host, path: &str, privileged: bool) -> Result<bool, HostError> {
+    check(host, "remove", path)?;
     let p = sq(&host.real(path));
     let script = format!(
         "if [ -d {p} ] && [ ! -L {p} ]; then rmdir -- {p} 2>/dev/null || {{ [ -d {p} ] && exit 5; }}; else rm -f -- {p}; fi"

@@ -113,10 +113,12 @@ impl Artifacts for StoreArtifacts<'_> {
             .candies
             .get(candy)
             .ok_or_else(|| format!("unknown candy {candy}"))?;
-        if rel.split('/').any(|p| p == "..") {
-            return Err(format!("{rel}: `..` leaves the candy directory"));
-        }
+        // Inside the candy directory only: no absolute path, no `..`, no
+        // symlink leading out of it (crate::fsroot).
         let p = c.dir.join(rel);
-        std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))
+        crate::fsroot::Root::open(&c.dir)
+            .and_then(|r| r.read(std::path::Path::new(rel)))
+            .map_err(|e| format!("{}: {e}", p.display()))?
+            .ok_or_else(|| format!("{}: no such file", p.display()))
     }
 }

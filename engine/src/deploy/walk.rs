@@ -782,6 +782,10 @@ pub fn apply(
         }
         _ => None,
     };
+    if !dry {
+        // A killed earlier walk's temp files in the directories this one writes.
+        let _ = sweep(host, &[], Some(&plan));
+    }
     let block_at: Option<u32> = std::env::var(TEST_BLOCK_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
@@ -1459,6 +1463,16 @@ pub fn remove(
     }
     let _ = rec;
     let steps = ledger.steps(name)?;
+    if !dry_run {
+        for d in sweep(host, &steps, None) {
+            progress(&UndoReport {
+                seq: 0,
+                what: d.subject,
+                state: "warning".into(),
+                note: Some(d.detail),
+            });
+        }
+    }
     let mut ops: Vec<(u32, u32, Undo)> = steps
         .iter()
         .flat_map(|s| s.undo.iter().map(move |(i, u)| (s.seq, *i, u.clone())))
@@ -1705,6 +1719,81 @@ pub struct Drift {
     pub detail: String,
 }
 
+/// The directories a bundle wrote into (parents of every path its undo
+/// operations and facts name): where a killed writer's temp files can be.
+fn touched_dirs(steps: &[super::ledger::StepRecord], plan: Option<&InstallPlan>) -> Vec<String> {
+    fn collect(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("path" | "file", serde_json::Value::String(p)) => {
+                            if let Some(d) = parent(p) {
+                                out.insert(d.to_string());
+                            }
+                        }
+                        _ => collect(x, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for x in a {
+                    if let serde_json::Value::String(p) = x
+                        && p.starts_with('/')
+                    {
+                        if let Some(d) = parent(p) {
+                            out.insert(d.to_string());
+                        }
+                    } else {
+                        collect(x, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    for s in steps {
+        for (_, u) in &s.undo {
+            if let Ok(v) = serde_json::to_value(u) {
+                collect(&v, &mut out);
+            }
+        }
+        for f in &s.facts {
+            if let Ok(v) = serde_json::to_value(f) {
+                collect(&v, &mut out);
+            }
+        }
+    }
+    if let Some(p) = plan {
+        for s in &p.steps {
+            if let Ok(v) = serde_json::to_value(&s.data) {
+                collect(&v, &mut out);
+            }
+        }
+    }
+    out.into_iter().filter(|d| d.starts_with('/')).collect()
+}
+
+/// Sweeps a bundle's directories for dead writers' temp files; what could
+/// not be removed becomes drift.
+fn sweep(
+    host: &mut dyn Host,
+    steps: &[super::ledger::StepRecord],
+    plan: Option<&InstallPlan>,
+) -> Vec<Drift> {
+    let dirs = touched_dirs(steps, plan);
+    host.sweep_temps(&dirs)
+        .into_iter()
+        .map(|(path, why)| Drift {
+            kind: "disk".into(),
+            seq: None,
+            subject: path,
+            detail: format!("temp file a killed charly left, not removable: {why}"),
+        })
+        .collect()
+}
+
 /// `bundle status`: compares recorded vs disk, and recorded vs the current plan.
 pub fn drift(
     host: &mut dyn Host,
@@ -1717,6 +1806,10 @@ pub fn drift(
         .ok_or_else(|| LedgerError::NotFound(name.into()))?;
     let steps = ledger.steps(name)?;
     let mut out = Vec::new();
+    // Temp files of a killed `add`/`del` are removed; those that cannot be are drift.
+    if !ledger.is_locked(name) {
+        out.extend(sweep(host, &steps, None));
+    }
     for s in &steps {
         match s.state {
             StepState::Incomplete => out.push(Drift {

@@ -130,6 +130,18 @@ pub fn resolve_task_user(raw: &str, u: &User) -> String {
     }
 }
 
+/// Why a target path is refused: a `..` component (the path would climb
+/// out of where it is put, or above `/` of a rooted deploy), or a `.` one.
+pub fn climbing_path(p: &str) -> Option<String> {
+    let bad: Vec<&str> = p.split('/').filter(|c| *c == ".." || *c == ".").collect();
+    (!bad.is_empty()).then(|| {
+        format!(
+            "`{p}` has a `{}` component; target paths must not contain `..` or `.`",
+            bad[0]
+        )
+    })
+}
+
 /// Compiles every candy of a box (in install order) into per-candy plans.
 pub fn build_box_plans(
     p: &Project,
@@ -193,7 +205,7 @@ pub fn build_deploy_plan(
     cx.shell_hook();
     cx.packages()?;
     cx.local_pkg();
-    cx.tasks();
+    cx.tasks()?;
     cx.builders();
     cx.services()?;
     cx.snippets();
@@ -392,13 +404,33 @@ impl Cx<'_> {
             .or_else(|| d.format.keys().find(|f| has(f)).map(str::to_string))
     }
 
-    fn tasks(&mut self) {
+    fn tasks(&mut self) -> Result<(), PlanError> {
         let u = &self.b.user;
         let key = self.key().to_string();
         for (i, t) in self.c.def.task.iter().enumerate() {
             let Some((verb, value)) = t.verbs().into_iter().next() else {
                 continue;
             };
+            // Target paths never climb: `..` is refused before any walker
+            // or host sees the plan (rooted or not, local or SSH).
+            let mut paths: Vec<&crate::yaml::Spanned<String>> = t.to.iter().collect();
+            if matches!(verb, "mkdir" | "write" | "link" | "setcap") {
+                paths.push(value);
+            }
+            for p in paths {
+                if let Some(m) = climbing_path(&p.value) {
+                    return Err(PlanError {
+                        candy: key.clone(),
+                        message: format!(
+                            "task #{} ({verb}: {}) at line {}:{}: {m}",
+                            i + 1,
+                            p.value,
+                            p.span.line,
+                            p.span.col
+                        ),
+                    });
+                }
+            }
             let raw_user = t.user.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| {
                 if verb == "build" {
                     "${USER}".into()
@@ -470,6 +502,7 @@ impl Cx<'_> {
                 }
             }
         }
+        Ok(())
     }
 
     fn builders(&mut self) {

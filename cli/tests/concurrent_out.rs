@@ -1,0 +1,193 @@
+//! The output directory under concurrency and crashes (issue 18, findings
+//! 5 and 9): two `box generate` processes writing the same project both
+//! succeed and leave exactly what one run leaves; temp files a killed
+//! writer left in the output directory are removed by the next run, while
+//! a live writer's (its lock held) are kept.
+
+mod project_copy;
+use project_copy::example;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn charly(project: &Path, cache: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("charly"));
+    c.env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", cache)
+        .arg("-C")
+        .arg(project)
+        .args(args);
+    c
+}
+
+/// Relative path -> content (or kind) of everything under `dir`, lock files aside.
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .sort_by_file_name()
+        .into_iter()
+        .flatten()
+        .filter(|e| !e.path().components().any(|c| c.as_os_str() == ".locks"))
+        .map(|e| {
+            let rel = e
+                .path()
+                .strip_prefix(dir)
+                .expect("inside")
+                .display()
+                .to_string();
+            let what = if e.file_type().is_file() {
+                String::from_utf8_lossy(&std::fs::read(e.path()).expect("read")).into_owned()
+            } else {
+                format!("{:?}", e.file_type())
+            };
+            (rel, what)
+        })
+        .collect()
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const GEN: [&str; 6] = [
+    "box",
+    "generate",
+    "--all",
+    "-q",
+    "--no-journal",
+    "--dev-local-pkg",
+];
+
+#[test]
+fn two_concurrent_generates_both_succeed_and_agree_with_one_run() {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    // One run alone: the reference.
+    let single = project_copy::copy_project(&example(), &t.path().join("single"));
+    ok(
+        &charly(&single, &cache, &GEN).output().expect("run"),
+        "single",
+    );
+    let reference = tree(&single.join(".build"));
+    assert!(reference.keys().any(|k| k.ends_with("Containerfile")));
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    for round in 0..10 {
+        let _ = std::fs::remove_dir_all(project.join(".build"));
+        let a = charly(&project, &cache, &GEN).spawn().expect("spawn a");
+        let b = charly(&project, &cache, &GEN).spawn().expect("spawn b");
+        let (a, b) = (
+            a.wait_with_output().expect("a"),
+            b.wait_with_output().expect("b"),
+        );
+        ok(&a, &format!("round {round}, first"));
+        ok(&b, &format!("round {round}, second"));
+        assert_eq!(
+            reference,
+            tree(&project.join(".build")),
+            "round {round}: the output differs from a single run"
+        );
+    }
+}
+
+#[test]
+fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    let out = t.path().join("out");
+    let args = [
+        "box",
+        "generate",
+        "--all",
+        "-q",
+        "--dev-local-pkg",
+        "--out",
+        out.to_str().expect("utf8"),
+    ];
+    ok(
+        &charly(&project, &cache, &args).output().expect("run"),
+        "first",
+    );
+    let reference = tree(&out);
+    // What a SIGKILLed writer leaves: its temp file beside the target
+    // (today's locked `.charly-tmp-<pid>-<n>`, and the `.tmpXXXXXX` of
+    // earlier versions), in a box's directory and in the output root.
+    let dead = [
+        out.join(".build/hello/.tmpAb12Cd"),
+        out.join(".build/hello/.charly-tmp-999999-1"),
+        out.join(".build/base/.charly-tmp-999999-2"),
+    ];
+    for d in &dead {
+        std::fs::write(d, "half written").expect("leftover");
+    }
+    // A live writer: another process holds the lock of its temp file.
+    let live = out.join(".build/hello/.charly-tmp-1-live");
+    std::fs::write(&live, "being written").expect("live");
+    let mut holder = Command::new("flock")
+        .args(["-x", "-o"])
+        .arg(&live)
+        .args(["sleep", "60"])
+        .spawn()
+        .expect("flock");
+    // Wait until the holder has the lock.
+    for _ in 0..100 {
+        let f = std::fs::File::open(&live).expect("open");
+        if matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
+            break;
+        }
+        drop(f);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let rerun = charly(&project, &cache, &args).output().expect("rerun");
+    let still_live = live.exists();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    ok(&rerun, "rerun");
+    for d in &dead {
+        assert!(!d.exists(), "{} was left behind", d.display());
+    }
+    assert!(still_live, "a live writer's temp file was removed");
+    std::fs::remove_file(&live).expect("rm live");
+    assert_eq!(
+        reference,
+        tree(&out),
+        "the rerun leaves what the first run left"
+    );
+}
+
+/// The output root's own checks: a box directory that is a symlink out of
+/// the project is refused, nothing outside changes.
+#[test]
+fn a_build_dir_symlinked_out_of_the_project_is_refused() {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::fs::write(outside.join("precious"), "keep\n").expect("sentinel");
+    std::fs::create_dir_all(project.join(".build")).expect("build");
+    std::os::unix::fs::symlink(&outside, project.join(".build/hello")).expect("ln");
+    let before = tree(&outside);
+    let out = charly(
+        &project,
+        &cache,
+        &[
+            "box",
+            "generate",
+            "hello",
+            "--no-journal",
+            "--dev-local-pkg",
+        ],
+    )
+    .output()
+    .expect("run");
+    assert!(!out.status.success(), "must be refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(".build/hello"), "{stderr}");
+    assert_eq!(before, tree(&outside), "nothing outside changed: {stderr}");
+}
