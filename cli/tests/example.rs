@@ -25,19 +25,20 @@ struct Env {
 
 impl Env {
     fn charly(&self, args: &[&str]) -> Output {
-        self.charly_cmd(&self.store, args)
+        self.charly_cmd(&self.project, &self.store, args)
             .output()
             .expect("charly runs")
     }
 
-    /// A charly command on the shared podman storage, with a given store.
-    fn charly_cmd(&self, store: &Path, args: &[&str]) -> Command {
+    /// A charly command on the shared podman storage, with a given project
+    /// checkout and store.
+    fn charly_cmd(&self, project: &Path, store: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(assert_cmd::cargo::cargo_bin("charly"));
         c.env("NO_COLOR", "1")
             .env("CHARLY_CACHE_DIR", store)
             .env("CHARLY_PODMAN_ROOT", &self.podman_root)
             .arg("-C")
-            .arg(&self.project)
+            .arg(project)
             .args(args);
         let ca = Path::new("/etc/ssl/certs/ca-certificates.crt");
         if ca.is_file() {
@@ -159,13 +160,16 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
     };
     copy_project(&example(), &env.project);
 
-    // Cold build, while another charly process on the same host (its own
-    // store, so no key lock keeps them apart; the same podman storage)
-    // builds a different box that also installs Debian packages: both
-    // `apt-get` RUNs overlap, and neither may die on apt's cache lock.
+    // Cold build, while another charly process on the same host (another
+    // checkout and its own store, as a second CI job would have, so no lock
+    // keeps them apart; the same podman storage) builds a different box
+    // that also installs Debian packages: both `apt-get` RUNs overlap, and
+    // neither may die on apt's cache lock.
     let other = env.summaries.join("other.json");
+    let other_project = copy_project(&example(), &env.summaries.join("hello-2"));
     let other_child = env
         .charly_cmd(
+            &other_project,
             &env.summaries.join("store-2"),
             &[
                 "box",
@@ -189,6 +193,16 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         "the concurrent build of node-builder failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let mut slots: Vec<String> = std::fs::read_dir(env.podman_root.join("charly-cache-slots"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    slots.sort();
+    // More than slot-0 means two builds with cache mounts overlapped.
+    eprintln!("[example] apt cache slots taken: {slots:?}");
     let other: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&other).expect("summary")).expect("json");
     assert!(
