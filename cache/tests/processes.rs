@@ -274,7 +274,11 @@ fn crash_child(dir: &Path, id: u64) {
 /// entries of `tmp/` that are not directories).
 fn tmp_entries(tmp: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for e in fs::read_dir(tmp).expect("list tmp").flatten() {
+    // Absent when a child was killed before it opened the store.
+    let Ok(entries) = fs::read_dir(tmp) else {
+        return out;
+    };
+    for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
             out.extend(fs::read_dir(&p).expect("list").flatten().map(|f| f.path()));
