@@ -336,7 +336,7 @@ impl Store {
             .join(format!("{d}.{nanos}.{}.{n}", std::process::id()));
         // Under the index write lock, like every install of a blob file, so
         // the check and the rename see the same file.
-        self.with_conn(|c| {
+        let moved = self.with_conn(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let same = match fs::metadata(&path) {
                 Ok(m) => FileId::of(&m) == id,
@@ -349,8 +349,16 @@ impl Store {
                     .execute([d.to_hex()])?;
             }
             tx.commit()?;
-            Ok(())
-        })
+            Ok(same)
+        })?;
+        if moved {
+            self.add_note(format!(
+                "cache: blob {} failed verification; moved it to {} (what needs it is rebuilt)",
+                &d.to_hex()[..12],
+                target.display()
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -107,6 +107,15 @@ pub enum CacheError {
         reason: &'static str,
     },
 
+    /// SQLite's `quick_check` found the index damaged.
+    #[error("cache index {} is damaged: {}", path.display(), problems.join("; "))]
+    DamagedIndex {
+        /// Path of the index database.
+        path: PathBuf,
+        /// What `quick_check` reported.
+        problems: Vec<String>,
+    },
+
     /// A GC root name is empty.
     #[error("cache: a root name must not be empty")]
     EmptyRootName,

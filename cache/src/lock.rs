@@ -172,7 +172,13 @@ impl Session {
             };
             file.lock().at("locking", &pending)?;
             let lock_path = tmp_root.join(format!("{id}.lock"));
-            fs::rename(&pending, &lock_path).at("installing session lock", &lock_path)?;
+            match fs::rename(&pending, &lock_path) {
+                // Between our create and our lock, another opener found the
+                // pending file unlocked, took it for a dead session's and
+                // removed it: start over under a new id.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                r => r.at("installing session lock", &lock_path)?,
+            }
             let dir = tmp_root.join(&id);
             fs::create_dir(&dir).at("creating session temp dir", &dir)?;
             return Ok(Session {

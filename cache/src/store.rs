@@ -129,6 +129,7 @@ pub struct Store {
     pub(crate) touch_flushes: AtomicU64,
     pub(crate) clock: Clock,
     pub(crate) session: Session,
+    notes: Mutex<Vec<String>>,
 }
 
 pub(crate) fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -163,8 +164,113 @@ fn open_connection(path: &Path) -> Result<Connection, CacheError> {
     Ok(conn)
 }
 
+/// Opens the index at `path`, switches it to WAL, creates or checks its
+/// schema and runs SQLite's `quick_check`. The caller holds `init.lock`.
+fn init_index(db_path: &Path) -> Result<Connection, CacheError> {
+    let conn = open_connection(db_path)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(CacheError::NoWal {
+            path: db_path.to_path_buf(),
+            mode,
+        });
+    }
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(CacheError::IncompatibleIndex {
+            path: db_path.to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < SCHEMA_VERSION {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))?;
+    }
+    // Damage anywhere in the file (not only in the header the statements
+    // above read) is found now rather than halfway through a build. The
+    // index is small, so this costs milliseconds.
+    let problems = quick_check(&conn)?;
+    if !problems.is_empty() {
+        return Err(CacheError::DamagedIndex {
+            path: db_path.to_path_buf(),
+            problems,
+        });
+    }
+    Ok(conn)
+}
+
+/// SQLite's `quick_check`: the problems it reports (empty when fine).
+pub(crate) fn quick_check(conn: &Connection) -> Result<Vec<String>, CacheError> {
+    let mut st = conn.prepare("PRAGMA quick_check")?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+    let msgs: Vec<String> = rows.collect::<Result<_, _>>()?;
+    Ok(msgs.into_iter().filter(|m| m != "ok").collect())
+}
+
+/// Whether an error means the index file itself is damaged (as opposed to
+/// busy, unreadable, newer than us or on a file system without WAL).
+pub(crate) fn is_damage(e: &CacheError) -> bool {
+    match e {
+        CacheError::DamagedIndex { .. } => true,
+        CacheError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+            f.code,
+            rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+        ),
+        _ => false,
+    }
+}
+
+/// Renames `index.db` and its `-wal` and `-shm` files to
+/// `index.db.corrupt-<unix time>-<pid>` (+ suffix), keeping them for
+/// inspection; returns the new name of the database file.
+fn move_index_aside(db_path: &Path) -> Result<PathBuf, CacheError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let aside = PathBuf::from(format!(
+        "{}.corrupt-{}.{:09}-{}",
+        db_path.display(),
+        now.as_secs(),
+        now.subsec_nanos(),
+        std::process::id()
+    ));
+    // The WAL and shared-memory files belong to the damaged database: left
+    // behind, SQLite would apply the old log to the new file.
+    for suffix in ["-wal", "-shm", ""] {
+        let from = PathBuf::from(format!("{}{suffix}", db_path.display()));
+        let to = PathBuf::from(format!("{}{suffix}", aside.display()));
+        match fs::rename(&from, &to) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(e).at("moving the damaged index aside", from);
+            }
+            _ => {}
+        }
+    }
+    Ok(aside)
+}
+
+fn moved_aside_note(db_path: &Path, aside: &Path, e: &CacheError) -> String {
+    let why = match e {
+        CacheError::DamagedIndex { problems, .. } => problems.first().cloned().unwrap_or_default(),
+        other => other.to_string(),
+    };
+    format!(
+        "cache: the index {} was damaged ({why}); moved it aside to {} and started an empty \
+         one (cached results are rebuilt as needed; `charly cache verify --repair` re-indexes \
+         the blobs)",
+        db_path.display(),
+        aside.display()
+    )
+}
+
 impl Store {
     /// Opens (creating if needed) the store in `dir`.
+    ///
+    /// An index that SQLite finds damaged is moved aside (see
+    /// [`Store::take_notes`]) and an empty one started: a cache must never
+    /// block a build.
     pub fn open(dir: &Path) -> Result<Store, CacheError> {
         let root = dir.to_path_buf();
         let blobs_dir = root.join("blobs");
@@ -178,32 +284,28 @@ impl Store {
 
         // Switching to WAL and creating tables want exclusive access; rather
         // than rely on SQLite's busy handling for those, concurrent openers
-        // take turns on a plain file lock.
+        // take turns on a plain file lock. The damage check and a move aside
+        // happen under the same lock, on whatever `index.db` names then: of
+        // two processes that both saw a damaged index, the second finds the
+        // first one's fresh index healthy and keeps it.
         let init_lock = acquire_file_lock(&root.join("init.lock"))?;
-        let conn = open_connection(&db_path)?;
-        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(CacheError::NoWal {
-                path: db_path,
-                mode,
-            });
-        }
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version > SCHEMA_VERSION {
-            return Err(CacheError::IncompatibleIndex {
-                path: db_path,
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        if version < SCHEMA_VERSION {
-            conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-            ))?;
-        }
+        let mut notes = Vec::new();
+        let conn = match init_index(&db_path) {
+            Ok(conn) => conn,
+            Err(e) if is_damage(&e) => {
+                let aside = move_index_aside(&db_path)?;
+                notes.push(moved_aside_note(&db_path, &aside, &e));
+                init_index(&db_path)?
+            }
+            Err(e) => return Err(e),
+        };
         drop(init_lock);
 
         let session = Session::create(&tmp_dir)?;
+        // Temp files of processes that died (their session lock is free) are
+        // removed by the next opener; a live session is never touched.
+        // Best effort: a failure here only leaves them for the next run.
+        let _ = crate::lock::stale_session_entries(&tmp_dir, &session, true);
         Ok(Store {
             root,
             blobs_dir,
@@ -216,7 +318,45 @@ impl Store {
             touch_flushes: AtomicU64::new(0),
             clock: Clock::System,
             session,
+            notes: Mutex::new(notes),
         })
+    }
+
+    /// Takes the notes the store made since the last call: damage it found
+    /// and handled on its own (a blob that failed verification and was
+    /// quarantined, a record that did not decode and was dropped, a damaged
+    /// index moved aside). None of them is an error — each turned into a
+    /// miss — but a person should hear about it once.
+    pub fn take_notes(&self) -> Vec<String> {
+        std::mem::take(&mut *lock_ignoring_poison(&self.notes))
+    }
+
+    /// Adds a note for [`Store::take_notes`] (identical notes are kept once).
+    pub fn add_note(&self, note: impl Into<String>) {
+        let note = note.into();
+        let mut notes = lock_ignoring_poison(&self.notes);
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
+
+    /// Moves the index aside and starts an empty one in its place (after
+    /// `verify` found it damaged). Every pooled connection is closed first;
+    /// connections of other processes keep the old file until they close.
+    pub(crate) fn replace_index(&self, why: &str) -> Result<PathBuf, CacheError> {
+        self.bump_epoch()?;
+        let init_lock = acquire_file_lock(&self.root.join("init.lock"))?;
+        lock_ignoring_poison(&self.idle).clear();
+        let aside = move_index_aside(&self.db_path)?;
+        let conn = init_index(&self.db_path)?;
+        drop(init_lock);
+        lock_ignoring_poison(&self.idle).push(conn);
+        self.add_note(format!(
+            "cache: the index {} was damaged ({why}); moved it aside to {} and rebuilt it from the blobs",
+            self.db_path.display(),
+            aside.display()
+        ));
+        Ok(aside)
     }
 
     /// The conventional store location: `$CHARLY_CACHE_DIR`, else
@@ -260,7 +400,9 @@ impl Store {
     }
 
     /// Looks up the record for `key`. A record whose blobs are not all present
-    /// is a miss (`Ok(None)`). A hit counts as an access for GC.
+    /// is a miss (`Ok(None)`). A record that does not decode (damaged JSON or
+    /// columns) is dropped, noted ([`Store::take_notes`]) and a miss too: the
+    /// node is rebuilt and recorded afresh. A hit counts as an access for GC.
     pub fn get_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
         let hex = key.to_hex();
         let row = self.with_conn(|c| {
@@ -269,11 +411,21 @@ impl Store {
                         created_unix, meta, last_access
                  FROM records WHERE key = ?1",
             )?;
-            Ok(st.query_row([&hex], RecordRow::read).optional()?)
+            match st.query_row([&hex], RecordRow::read).optional() {
+                Ok(row) => Ok(row.map(Ok)),
+                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
+                Err(e) => Err(e.into()),
+            }
         })?;
         let Some(row) = row else { return Ok(None) };
-        let last_access = row.last_access;
-        let rec = row.decode(&hex)?;
+        let decoded = row.ok().and_then(|row| {
+            let last_access = row.last_access;
+            row.decode(&hex).ok().map(|rec| (rec, last_access))
+        });
+        let Some((rec, last_access)) = decoded else {
+            self.drop_undecodable_record(&hex)?;
+            return Ok(None);
+        };
         if !rec.outputs.values().all(|o| self.has_blob(&o.digest)) {
             return Ok(None);
         }
@@ -284,6 +436,41 @@ impl Store {
             })?;
         }
         Ok(Some(rec))
+    }
+
+    /// Deletes the record `hex` if it still does not decode (re-read under
+    /// the write lock: a concurrent writer may have just replaced it).
+    fn drop_undecodable_record(&self, hex: &str) -> Result<(), CacheError> {
+        self.bump_epoch()?;
+        let dropped = self.with_conn(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let still_bad = match tx
+                .prepare_cached(
+                    "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
+                            created_unix, meta, last_access
+                     FROM records WHERE key = ?1",
+                )?
+                .query_row([hex], RecordRow::read)
+                .optional()
+            {
+                Ok(Some(row)) => row.decode(hex).is_err(),
+                Ok(None) => false,
+                Err(e) if is_bad_value(&e) => true,
+                Err(e) => return Err(e.into()),
+            };
+            if still_bad {
+                delete_record(&tx, hex)?;
+            }
+            tx.commit()?;
+            Ok(still_bad)
+        })?;
+        if dropped {
+            self.add_note(format!(
+                "cache: record {} was damaged (it did not decode); dropped it, its node is rebuilt",
+                &hex[..12.min(hex.len())]
+            ));
+        }
+        Ok(())
     }
 
     /// Inserts `rec` under `key` unless a record is already there: the first
@@ -405,8 +592,11 @@ impl Store {
         let Some((row, hex)) = row else {
             return Ok(None);
         };
-        let key: NodeKey = hex.parse()?;
-        Ok(Some((key, row.decode(&hex)?)))
+        // A damaged record explains nothing; get_record drops it.
+        let (Ok(key), Ok(rec)) = (hex.parse::<NodeKey>(), row.decode(&hex)) else {
+            return Ok(None);
+        };
+        Ok(Some((key, rec)))
     }
 
     /// Takes the exclusive cross-process build lock of `key`, waiting for it
@@ -563,6 +753,18 @@ pub(crate) fn delete_record(c: &Connection, key_hex: &str) -> Result<(), CacheEr
     c.prepare_cached("DELETE FROM record_blobs WHERE key = ?1")?
         .execute([key_hex])?;
     Ok(())
+}
+
+/// Whether a row failed to read because a column holds a value of the
+/// wrong type (a damaged row, not a failing index).
+fn is_bad_value(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+            | rusqlite::Error::Utf8Error(..)
+    )
 }
 
 /// A records row as stored: JSON columns still text.

@@ -2,12 +2,20 @@
 //!
 //! `verify` re-reads every blob (decompress + blake3, streaming), reconciles
 //! the blob files with the index, checks that every record's blobs are intact,
-//! finds temp files abandoned by dead processes and runs SQLite's
+//! removes temp files abandoned by dead processes and runs SQLite's
 //! `quick_check`. With `repair` it fixes what it can without losing anything
 //! valid: bad blobs are quarantined, records that lost a blob are deleted
 //! (they were misses anyway), index rows are brought in line with the files,
-//! stale temp files and stray files are removed. Blobs no record references
-//! are only counted: a build may be about to record them, and GC reclaims them.
+//! stray files are removed, and an index SQLite finds damaged is moved aside
+//! and rebuilt from the blobs (its records are dropped: they are a cache).
+//! After a repair the store verifies clean. Blobs no record references are
+//! only counted: a build may be about to record them, and GC reclaims them.
+//!
+//! Leftovers of dead processes are not a problem of the store: every opener
+//! removes them (a process killed by SIGKILL cannot clean up after itself),
+//! and so does `verify`, with or without `repair`, reporting what it removed.
+//! Dead is told from live by the session lock, which the kernel releases
+//! when a process dies: a live process's files are never touched.
 //!
 //! It is safe to run while other processes use the store: anything that looks
 //! missing is re-checked against the filesystem before it is reported, so a
@@ -24,7 +32,7 @@ use crate::blob::FileId;
 use crate::error::IoContext;
 use crate::frames::{Dest, ReadOutcome, read_blob};
 use crate::lock::{remove_file_if_exists, stale_session_entries};
-use crate::store::{delete_record, from_sql_int, to_sql_int};
+use crate::store::{delete_record, from_sql_int, is_damage, quick_check, to_sql_int};
 use crate::{BlobDigest, CacheError, NodeKey, Output, Store};
 
 /// What `verify` found (and, with repair, fixed).
@@ -43,11 +51,13 @@ pub struct VerifyReport {
     /// Records that name an absent or corrupt blob, or do not decode
     /// (repair: deleted).
     pub broken_records: Vec<NodeKey>,
-    /// Temp files and session locks left by dead processes (repair: removed).
+    /// Temp files and session locks left by dead processes: removed (by
+    /// every run, with or without repair) and not a problem.
     pub stale_temp_files: Vec<PathBuf>,
     /// Entries under `blobs/` that are not named like blobs (repair: removed).
     pub stray_files: Vec<PathBuf>,
-    /// Problems reported by SQLite's `quick_check` (never repaired).
+    /// Problems reported by SQLite's `quick_check` (repair: the index is moved
+    /// aside and rebuilt from the blobs).
     pub index_problems: Vec<String>,
     /// Intact blobs no record references; not a problem (GC reclaims them).
     pub orphan_blobs: u64,
@@ -56,13 +66,13 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
-    /// True if nothing is wrong (orphan blobs are not wrong).
+    /// True if nothing is wrong (orphan blobs and removed leftovers of dead
+    /// processes are not wrong).
     pub fn is_clean(&self) -> bool {
         self.corrupt_blobs.is_empty()
             && self.unindexed_blobs.is_empty()
             && self.missing_blobs.is_empty()
             && self.broken_records.is_empty()
-            && self.stale_temp_files.is_empty()
             && self.stray_files.is_empty()
             && self.index_problems.is_empty()
     }
@@ -92,12 +102,19 @@ impl Store {
             ..VerifyReport::default()
         };
 
-        report.index_problems = self.with_conn(|c| {
-            let mut st = c.prepare("PRAGMA quick_check")?;
-            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
-            let msgs: Vec<String> = rows.collect::<Result<_, _>>()?;
-            Ok(msgs.into_iter().filter(|m| m != "ok").collect())
-        })?;
+        report.stale_temp_files = stale_session_entries(&self.tmp_dir, &self.session, true)?;
+        report.index_problems = match self.with_conn(|c| quick_check(c)) {
+            Ok(problems) => problems,
+            Err(e) if is_damage(&e) => vec![e.to_string()],
+            Err(e) => return Err(e),
+        };
+        // A damaged index answers nothing reliably: with repair it is
+        // replaced by an empty one the steps below fill from the blobs;
+        // without, only the blob files are checked.
+        let index_usable = report.index_problems.is_empty() || repair;
+        if repair && !report.index_problems.is_empty() {
+            self.replace_index(&report.index_problems[0])?;
+        }
 
         // 1. Every blob file: name, content.
         let mut good: HashMap<BlobDigest, (u64, u64)> = HashMap::new();
@@ -149,6 +166,10 @@ impl Store {
                     }
                 }
             }
+        }
+
+        if !index_usable {
+            return Ok(report);
         }
 
         // 2. The blob index against the files.
@@ -253,7 +274,6 @@ impl Store {
             })?;
         }
 
-        report.stale_temp_files = stale_session_entries(&self.tmp_dir, &self.session, repair)?;
         Ok(report)
     }
 

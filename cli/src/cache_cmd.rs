@@ -151,6 +151,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Runs a cache subcommand.
 pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
+    let _notes = crate::engine_cmd::StoreNotes(&store);
     match c {
         CacheCommand::Stats { json } => {
             let s = store.stats()?;
@@ -273,12 +274,19 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
             } else {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{} blobs checked", r.blobs_checked)?;
+                if !r.stale_temp_files.is_empty() {
+                    // Not a problem: leftovers of killed processes, removed.
+                    writeln!(
+                        out,
+                        "removed {} temp files of dead processes",
+                        r.stale_temp_files.len()
+                    )?;
+                }
                 for (what, n) in [
                     ("corrupt blobs", r.corrupt_blobs.len()),
                     ("blobs missing from the index", r.unindexed_blobs.len()),
                     ("indexed blobs missing on disk", r.missing_blobs.len()),
                     ("records with missing blobs", r.broken_records.len()),
-                    ("stale temp files", r.stale_temp_files.len()),
                     ("stray files", r.stray_files.len()),
                     ("index problems", r.index_problems.len()),
                 ] {

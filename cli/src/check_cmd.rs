@@ -56,6 +56,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     output::diagnostics(diags.iter(), &o.project.sources);
 
     let store = open_store(cli)?;
+    let _notes = crate::engine_cmd::StoreNotes(&store);
     let hasher = crate::engine_cmd::stat_cache(&store);
     let jobs = crate::engine_cmd::jobs(&a.run);
     let podman = crate::engine_cmd::podman_runner(&a.runner, &store, jobs)?;

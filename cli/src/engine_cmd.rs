@@ -133,7 +133,28 @@ pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
         None => Store::default_dir()
             .context("no cache directory: set --cache-dir or CHARLY_CACHE_DIR")?,
     };
-    Store::open(&dir).with_context(|| format!("opening the store at {}", dir.display()))
+    let store =
+        Store::open(&dir).with_context(|| format!("opening the store at {}", dir.display()))?;
+    // Damage found while opening (a damaged index moved aside) is said now.
+    print_store_notes(&store);
+    Ok(store)
+}
+
+fn print_store_notes(store: &Store) {
+    for n in store.take_notes() {
+        output::note(&format!("note: {n}"));
+    }
+}
+
+/// Prints, once, what the store noted while a command used it (a blob that
+/// failed verification and was quarantined, a damaged record dropped): on
+/// drop, so on every return path. Declare it right after the store.
+pub struct StoreNotes<'a>(pub &'a Store);
+
+impl Drop for StoreNotes<'_> {
+    fn drop(&mut self) {
+        print_store_notes(self.0);
+    }
 }
 
 /// The remote cache named by `--remote`/`CHARLY_REMOTE`, if any. With
@@ -489,6 +510,7 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
     let store = open_store(cli)?;
+    let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let runner = FakeRunner::new();
     let remote = open_remote_cache(cli)?;
@@ -513,20 +535,22 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     }
     let mut stdout = std::io::stdout().lock();
     if a.stdout {
-        let n = graph
-            .node(&format!("containerfile:{}", names[0]))
-            .context("no Containerfile node")?;
-        let rec = store
-            .get_record(&n.key)?
-            .context("Containerfile not in the store")?;
-        let cf = rec
-            .outputs
-            .iter()
-            .find(|(k, _)| k.ends_with("/Containerfile"))
-            .context("no Containerfile output")?;
-        let bytes = store
-            .get_blob(&cf.1.digest)?
-            .context("Containerfile blob missing")?;
+        let id = format!("containerfile:{}", names[0]);
+        let i = *graph.by_id.get(&id).context("no Containerfile node")?;
+        // Read like any output: one that fails verification is rebuilt.
+        let ctx = engine.ctx(&out_root);
+        let bytes = charly_engine::exec::read_node(&ctx, &graph, i, |rec| {
+            let missing = || charly_engine::exec::ExecError::MissingOutput {
+                node: id.clone(),
+                output: "Containerfile".into(),
+            };
+            let (_, o) = rec
+                .outputs
+                .iter()
+                .find(|(k, _)| k.ends_with("/Containerfile"))
+                .ok_or_else(missing)?;
+            store.get_blob(&o.digest)?.ok_or_else(missing)
+        })?;
         stdout.write_all(&bytes)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -556,6 +580,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     let store = open_store(cli)?;
+    let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;

@@ -139,7 +139,7 @@ impl<'a> Engine<'a> {
             if n.kind != crate::key::NodeKind::Containerfile {
                 continue;
             }
-            let dir = exec::materialize(&ctx, n, out_root)?;
+            let dir = exec::materialize(&ctx, graph, *i, out_root)?;
             written.push(out_root.join(&dir).join("Containerfile"));
             if self_contained
                 && out_root != self.project.root

@@ -6,6 +6,12 @@
 //! blob (durable), then commit the record naming them — so a record is never
 //! visible before its outputs, and a killed process leaves no half record.
 //!
+//! A stored output that fails verification when it is read (the store then
+//! quarantines it) or a record that does not decode (the store drops it) is
+//! a miss, not a failure: whoever needed the output runs its node again —
+//! its own dependencies are read the same way — and continues
+//! ([`read_node`]). The store notes the damage once; nothing fails.
+//!
 //! With a remote cache ([`crate::remote::RemoteCache`]), a local miss asks
 //! the remote while holding the key's lock: a remote hit arrives verified
 //! and committed to the local store and the node is `pulled`, never run. A
@@ -116,13 +122,15 @@ pub fn execute(
         ctx.store.put_record(&n.key, &source_record(n))?;
         return Ok(Done::Ran);
     }
-    if let Some(rec) = ctx.store.get_record(&n.key)? {
-        restore_if_needed(ctx, n, &rec)?;
+    if let Some(rec) = ctx.store.get_record(&n.key)?
+        && restored(ctx, n, &rec)?
+    {
         return Ok(Done::Cached);
     }
     let _lock = ctx.store.lock_key(&n.key)?;
-    if let Some(rec) = ctx.store.get_record(&n.key)? {
-        restore_if_needed(ctx, n, &rec)?;
+    if let Some(rec) = ctx.store.get_record(&n.key)?
+        && restored(ctx, n, &rec)?
+    {
         return Ok(Done::Cached);
     }
     if let Some(remote) = ctx.remote
@@ -202,6 +210,57 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether a hit is usable: true once [`restore_if_needed`] did its work;
+/// false when the archive it needed failed verification (now quarantined:
+/// the record is a miss and the node runs).
+fn restored(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<bool, ExecError> {
+    match restore_if_needed(ctx, n, rec) {
+        Ok(()) => Ok(true),
+        Err(ExecError::MissingOutput { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads what `read` needs from the record of node `i` (a dependency, or a
+/// goal whose outputs are written out). When the record is gone or an
+/// output it names fails verification on the way (the store quarantines
+/// it, so the record becomes a miss), `read` reports
+/// [`ExecError::MissingOutput`]; the node then runs again (through
+/// [`execute`], under its key lock, so concurrent readers share one rerun)
+/// and `read` is retried on the fresh record.
+pub fn read_node<T>(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    read: impl Fn(&Record) -> Result<T, ExecError>,
+) -> Result<T, ExecError> {
+    let n = &graph.g[i];
+    // Each failed read quarantines the blob it failed on, and a rerun only
+    // restores blobs that are absent, so several damaged outputs take one
+    // rerun each: bounded by the number of outputs.
+    let mut reruns = 0usize;
+    loop {
+        let (err, outputs) = match ctx.store.get_record(&n.key)? {
+            Some(rec) => match read(&rec) {
+                Err(e @ ExecError::MissingOutput { .. }) => (e, rec.outputs.len()),
+                r => return r,
+            },
+            None => (
+                ExecError::MissingOutput {
+                    node: n.id.clone(),
+                    output: "record".into(),
+                },
+                0,
+            ),
+        };
+        if reruns > outputs {
+            return Err(err);
+        }
+        reruns += 1;
+        execute(ctx, graph, i, &crate::sched::Quiet)?;
+    }
+}
+
 /// Removes a scratch directory a runner left (an image archive's), but only
 /// one charly made: a real directory (not a symlink) named `charly-…`
 /// directly in the system temp directory. Anything else is left alone.
@@ -277,15 +336,13 @@ fn rbox<'a>(ctx: &Ctx<'a>, name: &str) -> Result<&'a ResolvedBox, ExecError> {
         .ok_or_else(|| ExecError::Io(format!("box {name} does not resolve")))
 }
 
-/// Reads a dependency's stored output.
-fn dep_output(ctx: &Ctx<'_>, dep: &Node, name: &str) -> Result<Vec<u8>, ExecError> {
-    let rec = ctx
-        .store
-        .get_record(&dep.key)?
-        .ok_or_else(|| ExecError::MissingOutput {
-            node: dep.id.clone(),
-            output: name.into(),
-        })?;
+/// Reads a stored output of the node `dep` from its record.
+fn record_output(
+    ctx: &Ctx<'_>,
+    dep: &Node,
+    rec: &Record,
+    name: &str,
+) -> Result<Vec<u8>, ExecError> {
     let out = rec
         .outputs
         .get(name)
@@ -360,20 +417,17 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     continue;
                 };
                 let fnode = &graph.g[*fi];
-                let text = String::from_utf8_lossy(&dep_output(ctx, fnode, "text")?).into_owned();
-                let rec = ctx.store.get_record(&fnode.key)?;
-                let mut files = BTreeMap::new();
-                for (name, o) in rec.iter().flat_map(|r| r.outputs.iter()) {
-                    if let Some(path) = name.strip_prefix("file:") {
-                        let bytes = ctx.store.get_blob(&o.digest)?.ok_or_else(|| {
-                            ExecError::MissingOutput {
-                                node: fnode.id.clone(),
-                                output: name.clone(),
-                            }
-                        })?;
-                        files.insert(path.to_string(), bytes.into_vec());
+                let (text, files) = read_node(ctx, graph, *fi, |rec| {
+                    let text = String::from_utf8_lossy(&record_output(ctx, fnode, rec, "text")?)
+                        .into_owned();
+                    let mut files = BTreeMap::new();
+                    for name in rec.outputs.keys() {
+                        if let Some(path) = name.strip_prefix("file:") {
+                            files.insert(path.to_string(), record_output(ctx, fnode, rec, name)?);
+                        }
                     }
-                }
+                    Ok((text, files))
+                })?;
                 fragments.push(Fragment {
                     candy: k.clone(),
                     text,
@@ -496,10 +550,12 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let b = rbox(ctx, box_name)?;
             let cf_id = format!("containerfile:{box_name}+artifacts");
             let cf = graph
-                .node(&cf_id)
+                .by_id
+                .get(&cf_id)
+                .copied()
                 .ok_or_else(|| ExecError::Io(format!("{cf_id} is not in the graph")))?;
             // The box's directory stays locked until podman has read it.
-            let (dir, _box_lock) = materialize_locked(ctx, cf, &ctx.out_root)?;
+            let (dir, _box_lock) = materialize_locked(ctx, graph, cf, &ctx.out_root)?;
             let root =
                 crate::fsroot::Root::open(&ctx.out_root).map_err(io(ctx.out_root.display()))?;
             let build_dir = PathBuf::from(&dir);
@@ -512,15 +568,9 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                         let stage = format!("{}-{builder}-build", ctx.project.candies[candy].name);
                         let dest =
                             prepare(build_dir.join("_artifacts").join(format!("{stage}.tar")))?;
-                        copy_output(ctx, dn, "artifact.tar", &dest)?;
+                        copy_output(ctx, graph, d, "artifact.tar", &dest)?;
                     }
                     Work::LocalPkg { candy, .. } => {
-                        let rec = ctx.store.get_record(&dn.key)?.ok_or_else(|| {
-                            ExecError::MissingOutput {
-                                node: dn.id.clone(),
-                                output: "pkg".into(),
-                            }
-                        })?;
                         let dest_rel = build_dir
                             .join("_localpkg")
                             .join(&ctx.project.candies[candy].name);
@@ -529,16 +579,25 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                             .map_err(io(dest_rel.display()))?;
                         root.create_dir_all(&dest_rel)
                             .map_err(io(dest_rel.display()))?;
-                        for (name, o) in &rec.outputs {
-                            if let Some(file) = name.strip_prefix("pkg:") {
-                                let dest = prepare(dest_rel.join(file))?;
-                                ctx.store.copy_output_to(o, &dest)?;
+                        read_node(ctx, graph, d, |rec| {
+                            for (name, o) in &rec.outputs {
+                                if let Some(file) = name.strip_prefix("pkg:")
+                                    && !ctx
+                                        .store
+                                        .copy_output_to(o, &prepare(dest_rel.join(file))?)?
+                                {
+                                    return Err(ExecError::MissingOutput {
+                                        node: dn.id.clone(),
+                                        output: name.clone(),
+                                    });
+                                }
                             }
-                        }
+                            Ok(())
+                        })?;
                     }
                     Work::Rootfs { builder, .. } => {
                         let dest = prepare(build_dir.join(format!("{builder}.tar.gz")))?;
-                        copy_output(ctx, dn, "rootfs.tar.gz", &dest)?;
+                        copy_output(ctx, graph, d, "rootfs.tar.gz", &dest)?;
                     }
                     _ => {}
                 }
@@ -591,41 +650,44 @@ fn scratch_dir(ctx: &Ctx<'_>, key: &str) -> Result<tempfile::TempDir, ExecError>
         .map_err(io("scratch dir"))
 }
 
-fn copy_output(ctx: &Ctx<'_>, n: &Node, name: &str, dest: &Path) -> Result<(), ExecError> {
-    let rec = ctx
-        .store
-        .get_record(&n.key)?
-        .ok_or_else(|| ExecError::MissingOutput {
-            node: n.id.clone(),
-            output: name.into(),
-        })?;
-    let o = rec
-        .outputs
-        .get(name)
-        .ok_or_else(|| ExecError::MissingOutput {
-            node: n.id.clone(),
-            output: name.into(),
-        })?;
+fn copy_output(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    name: &str,
+    dest: &Path,
+) -> Result<(), ExecError> {
+    let n = &graph.g[i];
     if let Some(p) = dest.parent() {
         std::fs::create_dir_all(p).map_err(io(p.display()))?;
     }
-    if !ctx.store.copy_output_to(o, dest)? {
-        return Err(ExecError::MissingOutput {
+    read_node(ctx, graph, i, |rec| {
+        let missing = || ExecError::MissingOutput {
             node: n.id.clone(),
             output: name.into(),
-        });
-    }
-    Ok(())
+        };
+        let o = rec.outputs.get(name).ok_or_else(missing)?;
+        if !ctx.store.copy_output_to(o, dest)? {
+            return Err(missing());
+        }
+        Ok(())
+    })
 }
 
 /// Name of the marker that records which key a build directory holds.
 pub const KEY_MARKER: &str = ".charly-key";
 
-/// Writes a Containerfile node's build directory under `root` from the
-/// store (skipped when the directory already holds this key). Returns the
-/// directory, project-relative.
-pub fn materialize(ctx: &Ctx<'_>, cf: &Node, root: &Path) -> Result<String, ExecError> {
-    materialize_locked(ctx, cf, root).map(|(dir, _lock)| dir)
+/// Writes the build directory of the Containerfile node `i` under `root`
+/// from the store (skipped when the directory already holds this key).
+/// Returns the directory, project-relative. An output that fails
+/// verification makes the node run again ([`read_node`]).
+pub fn materialize(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    root: &Path,
+) -> Result<String, ExecError> {
+    materialize_locked(ctx, graph, i, root).map(|(dir, _lock)| dir)
 }
 
 /// The lock file of a box's build directory: `.build/.locks/<box>` for
@@ -645,16 +707,20 @@ fn box_lock_rel(dir: &str) -> Result<PathBuf, ExecError> {
 /// the output root are removed here.
 pub fn materialize_locked(
     ctx: &Ctx<'_>,
-    cf: &Node,
+    graph: &Graph,
+    i: NodeIndex,
     root: &Path,
 ) -> Result<(String, std::fs::File), ExecError> {
-    let rec = ctx
-        .store
-        .get_record(&cf.key)?
-        .ok_or_else(|| ExecError::MissingOutput {
-            node: cf.id.clone(),
-            output: "build directory".into(),
-        })?;
+    let cf = &graph.g[i];
+    read_node(ctx, graph, i, |rec| materialize_record(ctx, cf, rec, root))
+}
+
+fn materialize_record(
+    ctx: &Ctx<'_>,
+    cf: &Node,
+    rec: &Record,
+    root: &Path,
+) -> Result<(String, std::fs::File), ExecError> {
     let dir = rec
         .meta
         .get("dir")

@@ -2,11 +2,23 @@
 //!
 //! Source nodes hash every input file (blake3 of the content). Re-hashing an
 //! unchanged project on every run would dominate a no-op build, so a stat
-//! cache maps (absolute path, size, mtime, inode) → digest: an unchanged stat
-//! is trusted, a changed one re-hashes. The cache is a small file in the
-//! store directory; it never enters a key (keys use project-relative paths
-//! and contents only), so moving the project or touching mtimes changes no
-//! key — it only costs a re-hash.
+//! cache maps (absolute path, size, mtime, ctime, inode) → digest: an
+//! unchanged stat is trusted, a changed one re-hashes. The cache is a small
+//! file in the store directory; it never enters a key (keys use
+//! project-relative paths and contents only), so moving the project or
+//! touching mtimes changes no key — it only costs a re-hash.
+//!
+//! mtime alone is not enough: it can be set back by anyone (`touch -d`,
+//! `cp -p`, `tar x`, an editor restoring it), so a same-size edit with the old
+//! mtime restored would keep a stale digest. ctime cannot be set from user
+//! space and changes on every write and every mtime change, so it is part of
+//! the stat, as in the no-op journal ([`crate::journal`]).
+//!
+//! Timestamps are coarse (a kernel tick), so a file changed in the same tick
+//! as it was hashed could keep its stat ("racy git"). Like the journal, the
+//! cache does not trust a stat whose mtime or ctime is within
+//! [`crate::journal::RACY_NS`] of the moment it was hashed: such a file is
+//! hashed again next time, until its timestamps are old enough.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -20,7 +32,32 @@ use std::sync::Mutex;
 struct Stat {
     size: u64,
     mtime_ns: i128,
+    ctime_ns: i128,
     ino: u64,
+}
+
+impl Stat {
+    fn of(meta: &std::fs::Metadata) -> Stat {
+        Stat {
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            ino: meta.ino(),
+        }
+    }
+
+    /// Whether the file changed within `racy_ns` before `now_ns`: too recent
+    /// for its timestamps to tell a later same-tick change apart.
+    fn is_racy(&self, now_ns: i128, racy_ns: i64) -> bool {
+        self.mtime_ns.max(self.ctime_ns) > now_ns - i128::from(racy_ns)
+    }
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+        .unwrap_or(0)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -31,12 +68,26 @@ struct Entry {
 }
 
 /// Hashes files, remembering digests by stat.
-#[derive(Default)]
 pub struct FileHasher {
     map: Mutex<HashMap<PathBuf, (Stat, String)>>,
     file: Option<PathBuf>,
     dirty: std::sync::atomic::AtomicBool,
     hashed: std::sync::atomic::AtomicU64,
+    /// How recent a change must be for its stat not to be remembered
+    /// ([`crate::journal::RACY_NS`]; tests shrink it instead of waiting).
+    pub racy_ns: i64,
+}
+
+impl Default for FileHasher {
+    fn default() -> Self {
+        FileHasher {
+            map: Mutex::default(),
+            file: None,
+            dirty: std::sync::atomic::AtomicBool::default(),
+            hashed: std::sync::atomic::AtomicU64::default(),
+            racy_ns: crate::journal::RACY_NS,
+        }
+    }
 }
 
 impl FileHasher {
@@ -69,12 +120,9 @@ impl FileHasher {
 
     /// The blake3 hex digest of a file's content.
     pub fn digest(&self, path: &Path) -> std::io::Result<String> {
+        let now = now_ns();
         let meta = std::fs::metadata(path)?;
-        let stat = Stat {
-            size: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ino: meta.ino(),
-        };
+        let stat = Stat::of(&meta);
         if let Ok(m) = self.map.lock()
             && let Some((s, d)) = m.get(path)
             && *s == stat
@@ -85,7 +133,13 @@ impl FileHasher {
         self.hashed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut m) = self.map.lock() {
-            m.insert(path.to_path_buf(), (stat, digest.clone()));
+            // A racy stat is not remembered: the file is hashed again next
+            // time (an old entry for it must not survive either).
+            if stat.is_racy(now, self.racy_ns) {
+                m.remove(path);
+            } else {
+                m.insert(path.to_path_buf(), (stat, digest.clone()));
+            }
         }
         self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(digest)
@@ -144,7 +198,8 @@ mod tests {
         let t = tempfile::tempdir().expect("tmp");
         let f = t.path().join("a");
         std::fs::write(&f, b"one").expect("write");
-        let h = FileHasher::with_cache_file(t.path().join("stat.json"));
+        let mut h = FileHasher::with_cache_file(t.path().join("stat.json"));
+        h.racy_ns = 0;
         let d1 = h.digest(&f).expect("digest");
         assert_eq!(d1, blake3::hash(b"one").to_hex().to_string());
         assert_eq!(h.digest(&f).expect("again"), d1);
@@ -155,7 +210,8 @@ mod tests {
         );
         h.save().expect("save");
         // A fresh hasher loads the cache and does not re-read the file.
-        let h2 = FileHasher::with_cache_file(t.path().join("stat.json"));
+        let mut h2 = FileHasher::with_cache_file(t.path().join("stat.json"));
+        h2.racy_ns = 0;
         assert_eq!(h2.digest(&f).expect("cached"), d1);
         assert_eq!(h2.hashed_count(), 0);
         // Changing the content (and so the stat) re-hashes.
@@ -163,6 +219,48 @@ mod tests {
         let d2 = h2.digest(&f).expect("changed");
         assert_eq!(d2, blake3::hash(b"two!").to_hex().to_string());
         assert_eq!(h2.hashed_count(), 1);
+    }
+
+    /// Finding 10 of issue 18: a same-size, same-inode edit with the old
+    /// mtime restored must not keep the stale digest (ctime changed).
+    #[test]
+    fn same_size_edit_with_restored_mtime_rehashes() {
+        let t = tempfile::tempdir().expect("tmp");
+        let f = t.path().join("a");
+        std::fs::write(&f, b"aaaa").expect("write");
+        let old = std::fs::metadata(&f)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let ino = std::fs::metadata(&f).expect("meta").ino();
+        let mut h = FileHasher::in_memory();
+        h.racy_ns = 0;
+        let d1 = h.digest(&f).expect("digest");
+        assert_eq!(h.digest(&f).expect("again"), d1, "served by stat");
+        assert_eq!(h.hashed_count(), 1);
+        // Let the clock move past the kernel's timestamp tick.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        std::fs::write(&f, b"bbbb").expect("rewrite");
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .and_then(|file| file.set_modified(old))
+            .expect("restore mtime");
+        let m = std::fs::metadata(&f).expect("meta");
+        assert_eq!((m.len(), m.ino(), m.modified().ok()), (4, ino, Some(old)));
+        let d2 = h.digest(&f).expect("digest after edit");
+        assert_eq!(d2, blake3::hash(b"bbbb").to_hex().to_string());
+    }
+
+    #[test]
+    fn racy_stats_are_not_trusted() {
+        let t = tempfile::tempdir().expect("tmp");
+        let f = t.path().join("a");
+        std::fs::write(&f, b"one").expect("write");
+        // Default window: a file written just now is hashed every time.
+        let h = FileHasher::in_memory();
+        h.digest(&f).expect("digest");
+        h.digest(&f).expect("again");
+        assert_eq!(h.hashed_count(), 2);
     }
 
     #[test]
