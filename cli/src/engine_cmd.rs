@@ -314,6 +314,17 @@ pub fn select(
     all: bool,
     policy: Unresolved,
 ) -> anyhow::Result<Vec<String>> {
+    select_warning(o, names, all, policy).map(|(names, _)| names)
+}
+
+/// [`select`], also returning the warnings it printed for boxes left out.
+pub fn select_warning(
+    o: &project::Opened,
+    names: &[String],
+    all: bool,
+    policy: Unresolved,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let mut warnings = Vec::new();
     if all || names.is_empty() {
         if !all && names.is_empty() {
             anyhow::bail!("name the boxes, or pass --all");
@@ -345,7 +356,11 @@ pub fn select(
                 let line = format!("box `{n}` does not resolve: {first}");
                 match policy {
                     Unresolved::Fail => output::error(&line),
-                    _ => output::note(&format!("warning: {line} (left out)")),
+                    _ => {
+                        let w = format!("warning: {line} (left out)");
+                        output::note(&w);
+                        warnings.push(w);
+                    }
                 }
             }
             if policy == Unresolved::Fail && !dropped.is_empty() {
@@ -360,12 +375,12 @@ pub fn select(
         if chosen.is_empty() {
             output::note("no boxes: the project defines no enabled box that resolves");
         }
-        return Ok(chosen);
+        return Ok((chosen, warnings));
     }
     for n in names {
         crate::box_cmd::resolved(o, n)?;
     }
-    Ok(names.to_vec())
+    Ok((names.to_vec(), warnings))
 }
 
 fn write_reports(run: &RunArgs, summary: &Summary) -> anyhow::Result<()> {
@@ -455,6 +470,7 @@ fn generate_journal(
         "imports": cli.imports,
         "boxes": boxes,
         "all": a.all,
+        "keep_going": a.run.keep_going,
         "dev_local_pkg": a.dev_local_pkg,
     })
     .to_string();
@@ -478,6 +494,9 @@ fn replay_generate(
 ) -> anyhow::Result<ExitCode> {
     let summary = Summary::replayed(outcome, started.elapsed().as_millis() as u64);
     write_reports(&a.run, &summary)?;
+    for w in &outcome.warnings {
+        output::note(w);
+    }
     let mut stdout = std::io::stdout().lock();
     for line in &outcome.stdout {
         writeln!(stdout, "{line}")?;
@@ -505,7 +524,8 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
         .as_ref()
         .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
     let o = project::open_at(cli, root)?;
-    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
+    let (names, warnings) =
+        select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     if a.stdout && names.len() != 1 {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
@@ -568,7 +588,9 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
             rec.spoil();
         }
         let (outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
-        if let Err(e) = j.record(rec, &outputs, &skip, summary.outcome(lines)) {
+        let mut outcome = summary.outcome(lines);
+        outcome.warnings = warnings;
+        if let Err(e) = j.record(rec, &outputs, &skip, outcome) {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
     }

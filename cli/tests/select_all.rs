@@ -119,3 +119,44 @@ fn a_project_without_boxes_says_so() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("no boxes"), "{err}");
 }
+
+#[test]
+fn a_replayed_keep_going_run_repeats_its_warnings_and_a_strict_run_still_fails() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let p = with_broken_box(tmp.path(), true);
+    let store = tmp.path().join("store");
+    let run = |args: &[&str]| {
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
+            .env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &store)
+            .env("CHARLY_JOURNAL_RACY_MS", "0")
+            .arg("-C")
+            .arg(&p)
+            .args(args)
+            .output()
+            .expect("charly runs")
+    };
+    let keep = ["box", "generate", "--all", "--keep-going"];
+    // Until a run is replayed (a run that wrote into the project is not
+    // recorded over its own fresh outputs).
+    let mut replayed = None;
+    for _ in 0..4 {
+        let out = run(&keep);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        if stderr(&out).contains("nothing changed since the last run") {
+            replayed = Some(out);
+            break;
+        }
+    }
+    let out = replayed.expect("an unchanged --keep-going run is replayed");
+    assert!(
+        stderr(&out).contains("warning: box `broken` does not resolve"),
+        "the replay repeats the warning: {}",
+        stderr(&out)
+    );
+    // The journal answers only the same command: without --keep-going the
+    // run is not replayed as a success.
+    let out = run(&["box", "generate", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("box `broken` does not resolve"));
+}

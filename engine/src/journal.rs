@@ -104,6 +104,10 @@ pub struct Outcome {
     pub nodes: Vec<(String, crate::key::NodeKind, String)>,
     /// The lines the run printed on stdout.
     pub stdout: Vec<String>,
+    /// Warnings the run printed on stderr that a replay must repeat (boxes
+    /// `--keep-going` left out).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -148,6 +148,7 @@ impl Summary {
                 .map(|n| (n.id.clone(), n.kind, n.key.clone()))
                 .collect(),
             stdout,
+            warnings: Vec::new(),
         }
     }
 
