@@ -478,6 +478,7 @@ mod tests {
                 "ab".repeat(32),
             )],
             stdout: vec!["out/x".into()],
+            warnings: vec!["warning: box `b` does not resolve".into()],
         }
     }
 
