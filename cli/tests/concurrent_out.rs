@@ -5,8 +5,7 @@
 //! a live writer's (its lock held) are kept.
 
 mod project_copy;
-use project_copy::example;
-use std::collections::BTreeMap;
+use project_copy::{example, hold_lock, tree};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -18,31 +17,6 @@ fn charly(project: &Path, cache: &Path, args: &[&str]) -> Command {
         .arg(project)
         .args(args);
     c
-}
-
-/// Relative path -> content (or kind) of everything under `dir`, lock files aside.
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .sort_by_file_name()
-        .into_iter()
-        .flatten()
-        .filter(|e| !e.path().components().any(|c| c.as_os_str() == ".locks"))
-        .map(|e| {
-            let rel = e
-                .path()
-                .strip_prefix(dir)
-                .expect("inside")
-                .display()
-                .to_string();
-            let what = if e.file_type().is_file() {
-                String::from_utf8_lossy(&std::fs::read(e.path()).expect("read")).into_owned()
-            } else {
-                format!("{:?}", e.file_type())
-            };
-            (rel, what)
-        })
-        .collect()
 }
 
 fn ok(out: &Output, what: &str) {
@@ -128,21 +102,7 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
     // A live writer: another process holds the lock of its temp file.
     let live = out.join(".build/hello/.charly-tmp-1-live");
     std::fs::write(&live, "being written").expect("live");
-    let mut holder = Command::new("flock")
-        .args(["-x", "-o"])
-        .arg(&live)
-        .args(["sleep", "60"])
-        .spawn()
-        .expect("flock");
-    // Wait until the holder has the lock.
-    for _ in 0..100 {
-        let f = std::fs::File::open(&live).expect("open");
-        if matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
-            break;
-        }
-        drop(f);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut holder = hold_lock(&live);
     let rerun = charly(&project, &cache, &args).output().expect("rerun");
     let still_live = live.exists();
     let _ = holder.kill();

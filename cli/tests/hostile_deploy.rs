@@ -7,9 +7,9 @@
 
 mod project_copy;
 use assert_cmd::Command;
-use project_copy::example;
+use project_copy::{example, hold_lock, tree};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 struct World {
     _t: tempfile::TempDir,
@@ -80,24 +80,6 @@ impl World {
     fn sentinel(&self) -> BTreeMap<String, String> {
         tree(&self.outside)
     }
-}
-
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| {
-            let e = e.expect("walk");
-            let md = e.path().symlink_metadata().expect("meta");
-            let what = if md.is_file() {
-                String::from_utf8_lossy(&std::fs::read(e.path()).expect("read")).into_owned()
-            } else {
-                format!("{:?}", md.file_type())
-            };
-            (e.path().display().to_string(), what)
-        })
-        .collect()
 }
 
 /// Runs `add` (expected to fail naming `expect`), then `del` if a bundle
@@ -248,20 +230,7 @@ fn temp_files_of_a_killed_deploy_are_removed_by_status_and_del() {
     }
     let live = dir.join(".charly-tmp-1-live");
     std::fs::write(&live, "being written").expect("live");
-    let mut holder = std::process::Command::new("flock")
-        .args(["-x", "-o"])
-        .arg(&live)
-        .args(["sleep", "60"])
-        .spawn()
-        .expect("flock");
-    for _ in 0..100 {
-        let f = std::fs::File::open(&live).expect("open");
-        if matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
-            break;
-        }
-        drop(f);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut holder = hold_lock(&live);
     let st = w
         .cmd()
         .args(["bundle", "status", "t"])

@@ -6,8 +6,9 @@
 //! with exit 1, and that `box generate --all` refuses (exit 1) without
 //! touching anything: the whole temp tree is the same before and after.
 
+mod project_copy;
 use assert_cmd::Command;
-use std::collections::BTreeMap;
+use project_copy::tree;
 use std::path::{Path, PathBuf};
 
 fn charly() -> Command {
@@ -37,23 +38,6 @@ fn setup(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
     std::fs::create_dir_all(t.path().join("sentinel-dir")).expect("sentinel dir");
     std::fs::write(t.path().join("sentinel-dir/inside"), "keep me too").expect("sentinel");
     (t, p)
-}
-
-/// Every path under `root` with its contents (files) or kind.
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(root)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| {
-            let e = e.expect("walk");
-            let what = if e.file_type().is_file() {
-                format!("{:?}", std::fs::read(e.path()).expect("read"))
-            } else {
-                format!("{:?}", e.file_type())
-            };
-            (e.path().display().to_string(), what)
-        })
-        .collect()
 }
 
 /// `validate` exits 1 with `<file>:<line>:<col>` and `needle` on stderr;
