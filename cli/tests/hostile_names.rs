@@ -222,3 +222,49 @@ fn vocabulary_paths_and_stage_names_are_refused() {
         "fragment_dir `..`",
     );
 }
+
+/// A `write:` through `..` is refused by `validate` at file:line:col, and
+/// `box generate --all` refuses it without touching anything anywhere.
+#[test]
+fn write_through_dot_dot_is_refused_at_its_line() {
+    let (t, p) = setup(&[
+        (
+            "candy/evil/charly.yml",
+            "candy:\n    version: 2026.1.1\n    description: climbs\n    task:\n        - write: /opt/../../../../tmp/pwned-write\n          content: x\n",
+        ),
+        (
+            "box/good/charly.yml",
+            "box:\n    name: good\n    version: 2026.1.1\n    candy:\n        - evil\n",
+        ),
+    ]);
+    let out = charly()
+        .arg("-C")
+        .arg(&p)
+        .arg("validate")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("candy/evil/charly.yml:5:"),
+        "file:line:col: {err}"
+    );
+    assert!(err.contains("`..`"), "{err}");
+    let store = tempfile::tempdir().expect("store");
+    let before = tree(t.path());
+    let out = charly()
+        .env("CHARLY_CACHE_DIR", store.path())
+        .arg("-C")
+        .arg(&p)
+        .args(["box", "generate", "--all"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(t.path()), before, "nothing changed");
+    assert!(!Path::new("/tmp/pwned-write").exists());
+}
