@@ -238,8 +238,19 @@ pub(crate) fn stale_session_entries(
             if !dead {
                 continue;
             }
-            for f in fs::read_dir(&path).at("listing", &path)? {
-                stale.push(f.at("listing", &path)?.path());
+            // Another opener may be sweeping the same dead session.
+            match fs::read_dir(&path) {
+                Ok(entries) => {
+                    for f in entries {
+                        match f {
+                            Ok(f) => stale.push(f.path()),
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                            Err(e) => return Err(e).at("listing", &path),
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).at("listing", &path),
             }
             if guard.is_some() {
                 stale.push(lock_path.clone());

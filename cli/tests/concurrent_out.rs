@@ -95,12 +95,17 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
         out.join(".build/hello/.tmpAb12Cd"),
         out.join(".build/hello/.charly-tmp-999999-1"),
         out.join(".build/base/.charly-tmp-999999-2"),
+        out.join(".charly-tmp-999999-3"),
     ];
     for d in &dead {
         std::fs::write(d, "half written").expect("leftover");
     }
+    // Another program's temp file outside .build: it holds no lock charly
+    // could test, so it is never charly's to remove.
+    let foreign = out.join(".tmpXy12Zw");
+    std::fs::write(&foreign, "someone else's").expect("foreign");
     // A live writer: another process holds the lock of its temp file.
-    let live = out.join(".build/hello/.charly-tmp-1-live");
+    let live = out.join(".build/hello/.charly-tmp-1-7");
     std::fs::write(&live, "being written").expect("live");
     let mut holder = hold_lock(&live);
     let rerun = charly(&project, &cache, &args).output().expect("rerun");
@@ -113,6 +118,8 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
     }
     assert!(still_live, "a live writer's temp file was removed");
     std::fs::remove_file(&live).expect("rm live");
+    assert!(foreign.exists(), "another program's temp file was removed");
+    std::fs::remove_file(&foreign).expect("rm foreign");
     assert_eq!(
         reference,
         tree(&out),

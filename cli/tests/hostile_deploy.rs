@@ -224,11 +224,14 @@ fn temp_files_of_a_killed_deploy_are_removed_by_status_and_del() {
         String::from_utf8_lossy(&out.stderr)
     );
     let dir = w.root.join("opt/app");
-    let dead = [dir.join(".charly-AbC123"), dir.join(".charly-tmp-999999-1")];
+    let dead = [
+        dir.join(".charly-tmp-999999-1"),
+        dir.join(".charly-tmp-999999-2"),
+    ];
     for d in &dead {
         std::fs::write(d, "half").expect("leftover");
     }
-    let live = dir.join(".charly-tmp-1-live");
+    let live = dir.join(".charly-tmp-1-7");
     std::fs::write(&live, "being written").expect("live");
     let mut holder = hold_lock(&live);
     let st = w

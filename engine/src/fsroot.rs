@@ -130,15 +130,32 @@ pub fn target_rel(target: &str) -> io::Result<PathBuf> {
     Ok(p)
 }
 
-/// Whether a file name is one of charly's temp files (a crashed writer's
-/// leftover once nobody holds its lock). `.charly-XXXXXX` and `.tmpXXXXXX`
-/// are the names earlier versions used.
+/// Whether a file name is one of charly's locked temp files (a crashed
+/// writer's leftover once nobody holds its lock): exactly the form
+/// [`temp_name`] makes, `.charly-tmp-<pid>-<digits>`. Nothing else is ever
+/// swept where other programs write too (a deploy's `$HOME`, a project
+/// root): their `.tmpXXXXXX` files hold no lock charly could test.
 pub fn is_temp_name(name: &OsStr) -> bool {
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    name.as_bytes()
+        .strip_prefix(TEMP_PREFIX.as_bytes())
+        .and_then(|rest| {
+            let i = rest.iter().position(|&c| c == b'-')?;
+            Some(digits(&rest[..i]) && digits(&rest[i + 1..]))
+        })
+        .unwrap_or(false)
+}
+
+/// Temp names of writers that take no lock: earlier versions' `.tmpXXXXXX`
+/// and `.charly-XXXXXX`, and the store's blob copies `.charly-tmp-XXXXXX`.
+/// Swept only inside `.build/`, where nothing but charly writes and every
+/// writer holds the box's lock while it writes.
+fn is_unlocked_temp_name(name: &OsStr) -> bool {
     let b = name.as_bytes();
     let rand6 = |s: &[u8]| s.len() == 6 && s.iter().all(u8::is_ascii_alphanumeric);
-    b.starts_with(TEMP_PREFIX.as_bytes())
-        || b.strip_prefix(b".charly-").is_some_and(rand6)
-        || b.strip_prefix(b".tmp").is_some_and(rand6)
+    [&b".charly-tmp-"[..], b".charly-", b".tmp"]
+        .iter()
+        .any(|p| b.strip_prefix(*p).is_some_and(rand6))
 }
 
 fn temp_name() -> String {
@@ -812,7 +829,10 @@ fn sweep_dir(
             }
             continue;
         }
-        if ft != FileType::RegularFile || !is_temp_name(&name) {
+        let charly_only = shown.components().any(|c| c.as_os_str() == ".build");
+        if ft != FileType::RegularFile
+            || !(is_temp_name(&name) || (charly_only && is_unlocked_temp_name(&name)))
+        {
             continue;
         }
         let f = match rustix::fs::openat(
@@ -954,24 +974,49 @@ mod tests {
     fn temps_of_dead_writers_are_swept_live_ones_kept() {
         let (_t, root, _outside) = setup();
         let r = Root::open(&root).expect("open");
-        std::fs::create_dir_all(root.join("d")).expect("d");
-        std::fs::write(root.join("d/.charly-tmp-1-1"), "dead").expect("dead");
-        std::fs::write(root.join("d/.tmpAbC123"), "old").expect("old");
-        std::fs::write(root.join("d/.charly-xY12z9"), "old").expect("old");
-        std::fs::write(root.join("d/keep.txt"), "k").expect("keep");
+        // `d` is any directory (a deploy's $HOME): only locked temps go.
+        // `.build/b` is charly's own: unlocked temps of earlier versions and
+        // blob copies go too.
+        for d in ["d", ".build/b"] {
+            std::fs::create_dir_all(root.join(d)).expect("d");
+            for (name, text) in [
+                (".charly-tmp-1-1", "dead"),
+                (".tmpAbC123", "old"),
+                (".charly-xY12z9", "old"),
+                (".charly-tmp-Q1w2E3", "blob copy"),
+                (".charly-tmp-x-1", "not ours"),
+                ("keep.txt", "k"),
+            ] {
+                std::fs::write(root.join(d).join(name), text).expect("write");
+            }
+        }
         let live = root.join("d/.charly-tmp-2-2");
         std::fs::write(&live, "live").expect("live");
         let holder = File::open(&live).expect("open");
         holder.lock().expect("lock");
         let left = r.sweep_temps(Path::new(""), true).expect("sweep");
         assert!(left.is_empty(), "{left:?}");
-        let mut names: Vec<String> = std::fs::read_dir(root.join("d"))
-            .expect("ls")
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, [".charly-tmp-2-2", "keep.txt"]);
+        let names = |d: &str| {
+            let mut v: Vec<String> = std::fs::read_dir(root.join(d))
+                .expect("ls")
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names("d"),
+            [
+                ".charly-tmp-2-2",
+                ".charly-tmp-Q1w2E3",
+                ".charly-tmp-x-1",
+                ".charly-xY12z9",
+                ".tmpAbC123",
+                "keep.txt"
+            ]
+        );
+        assert_eq!(names(".build/b"), [".charly-tmp-x-1", "keep.txt"]);
     }
 
     #[test]

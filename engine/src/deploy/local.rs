@@ -157,9 +157,18 @@ impl LocalHost {
         owner: Option<(u32, u32)>,
     ) -> Result<(), HostError> {
         if let Some(r) = &self.froot {
-            let exists = matches!(r.lstat(rel), Ok(Some(st))
-                if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory);
-            if !exists {
+            use rustix::fs::FileType;
+            let kind = match r.lstat(rel) {
+                Ok(Some(st)) => Some(FileType::from_raw_mode(st.st_mode)),
+                _ => None,
+            };
+            if kind == Some(FileType::Symlink) {
+                // A link to a directory inside the root, as merged /usr
+                // trees have (`lib -> usr/lib`): entries go through it; a
+                // link out of the root is refused by create_dir_all.
+                r.create_dir_all(rel)
+                    .map_err(|x| self.err("mkdir", target, x))?;
+            } else if kind != Some(FileType::Directory) {
                 if let Some(p) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
                     r.create_dir_all(p)
                         .map_err(|x| self.err("mkdir", target, x))?;
@@ -623,6 +632,44 @@ mod tests {
         assert!(!h.remove("/etc", false).expect("rm"), "not empty");
         assert!(h.remove("/etc/x.conf", false).expect("rm"));
         assert!(h.remove("/etc", false).expect("rm"));
+    }
+
+    /// A tar directory entry goes through a link to a directory inside the
+    /// root (merged /usr: `lib -> usr/lib`), never through one out of it.
+    #[test]
+    fn extraction_follows_links_inside_the_root_only() {
+        let t = tempfile::tempdir().expect("tmp");
+        let root = t.path().join("root");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(root.join("usr/lib")).expect("usr/lib");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::os::unix::fs::symlink("usr/lib", root.join("lib")).expect("link");
+        std::os::unix::fs::symlink(&outside, root.join("opt")).expect("link out");
+        let tar_of = |dir: &str, file: &str| {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(0);
+            b.append_data(&mut h, dir, std::io::empty()).expect("dir");
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(2);
+            b.append_data(&mut h, file, &b"ok"[..]).expect("file");
+            b.into_inner().expect("tar")
+        };
+        let mut h = LocalHost::rooted(&root).expect("root");
+        h.extract_tar(&tar_of("lib/", "lib/x.so"), false)
+            .expect("through lib -> usr/lib");
+        assert_eq!(std::fs::read(root.join("usr/lib/x.so")).expect("x"), b"ok");
+        assert!(h.extract_tar(&tar_of("opt/", "opt/y"), false).is_err());
+        assert_eq!(std::fs::read_dir(&outside).expect("ls").count(), 0);
     }
 
     #[test]
