@@ -47,7 +47,8 @@ use charly_engine::generate::{image_refs, render};
 use charly_engine::graph::{Goal, Graph};
 use charly_engine::hash::{FileHasher, hash_file};
 use charly_engine::journal::{Journal, Scope};
-use charly_engine::runner::FakeRunner;
+use charly_engine::runners::Runner as _;
+use charly_engine::runners::fake::FakeRunner;
 use charly_engine::sched::{Quiet, Summary};
 use charly_rules::emit::EmitOptions;
 use charly_rules::load::{LoadOptions, Project, load};
@@ -91,10 +92,13 @@ fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summar
         project: &p,
         resolution: &r,
         store: &store,
-        runner: &runner,
+        runner: Some(&runner),
         hasher: &hasher,
-        dev_local_pkg: false,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let boxes = boxes_of(&r);
@@ -278,10 +282,13 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
         project: &p,
         resolution: &r,
         store: &store,
-        runner: &runner,
+        runner: Some(&runner),
         hasher: &hasher,
-        dev_local_pkg: false,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let boxes = boxes_of(&r);
@@ -320,10 +327,13 @@ fn key_benches(c: &mut Criterion) {
         project: &p,
         resolution: &r,
         store: &store,
-        runner: &runner,
+        runner: Some(&runner),
         hasher: &hasher,
-        dev_local_pkg: false,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let boxes = boxes_of(&r);

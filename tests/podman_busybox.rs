@@ -2,7 +2,7 @@
 //! from the generated Containerfile, and the image has the files, modes,
 //! owners, env and labels the candies describe.
 
-mod common;
+use charly_testutil as common;
 
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::resolve;

@@ -14,7 +14,7 @@
 //! wired, every RUN is valid shell, and USER switches work. Real builds of a
 //! real distro are covered by the example project tests.
 
-mod common;
+use charly_testutil as common;
 
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::resolve;

@@ -9,7 +9,7 @@
 //! and the image's environment and labels are read back: the same keys as
 //! the YAML declares, none more.
 
-mod common;
+use charly_testutil as common;
 
 use charly_rules::emit::containerfile::default_image_ref;
 use charly_rules::emit::{EmitOptions, render_box};

@@ -101,6 +101,7 @@ mod gc;
 mod lock;
 mod record;
 pub mod remote;
+mod remote_cache;
 mod store;
 mod verify;
 
@@ -112,5 +113,6 @@ pub use gc::{GcReport, PENDING_GRACE_SECS};
 pub use lock::KeyLock;
 pub use record::{Output, Record};
 pub use remote::{PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats};
+pub use remote_cache::{RemoteCache, RemoteReport, human_bytes};
 pub use store::{Stats, Store, StoreHandles};
 pub use verify::VerifyReport;

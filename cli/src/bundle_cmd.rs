@@ -5,12 +5,12 @@
 use crate::engine_cmd::host_arch;
 use crate::{Cli, output, project};
 use anyhow::Context;
-use charly_engine::deploy::host::Host;
-use charly_engine::deploy::ledger::{BundleRecord, BundleState, Ledger};
-use charly_engine::deploy::local::LocalHost;
-use charly_engine::deploy::source::StoreArtifacts;
-use charly_engine::deploy::ssh::{SshHost, SshTarget};
-use charly_engine::deploy::walk::{self, Options};
+use charly_deploy::host::Host;
+use charly_deploy::ledger::{BundleRecord, BundleState, Ledger};
+use charly_deploy::local::LocalHost;
+use charly_deploy::source::StoreArtifacts;
+use charly_deploy::ssh::{SshHost, SshTarget};
+use charly_deploy::walk::{self, Options};
 use charly_engine::graph::GraphOptions;
 use charly_rules::emit::kustomize::{KustomizeOptions, render_kustomize};
 use charly_rules::emit::quadlet::{QuadletOptions, USER_UNIT_DIR, render_quadlet};
@@ -148,7 +148,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub dev_local_pkg: bool,
     /// Runner whose builds fed the store (their keys include it).
-    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::engine_cmd::RUNNERS))]
     pub runner: String,
     /// Per-command time limit in seconds.
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
@@ -474,6 +474,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
         target: target_name.into(),
         box_home: b.user.home.clone(),
+        on_change: test_hooks::block_at_step(),
     };
     let root = host.root().map(String::from);
     let record = BundleRecord {
@@ -724,4 +725,31 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Hooks only test builds have (the `testing` feature).
+mod test_hooks {
+    use charly_deploy::walk::ChangeHook;
+
+    /// `CHARLY_TEST_BLOCK_AT_STEP=SEQ`: block forever right after step
+    /// SEQ's first change (crash tests kill the process there).
+    #[cfg(feature = "testing")]
+    pub fn block_at_step() -> Option<ChangeHook> {
+        const VAR: &str = "CHARLY_TEST_BLOCK_AT_STEP";
+        let at: u32 = std::env::var(VAR).ok()?.parse().ok()?;
+        Some(std::sync::Arc::new(move |seq| {
+            if seq == at {
+                eprintln!("charly: {VAR}: blocking in step {seq}");
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+        }))
+    }
+
+    /// No hooks in a release build.
+    #[cfg(not(feature = "testing"))]
+    pub fn block_at_step() -> Option<ChangeHook> {
+        None
+    }
 }

@@ -3,11 +3,10 @@
 use crate::engine_cmd::{open_remote, open_store};
 use crate::{Cli, output, project};
 use anyhow::Context;
+use charly_cache::human_bytes as human;
 use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
 use charly_engine::graph::Goal;
 use charly_engine::key::NodeKind;
-use charly_engine::remote::human_bytes as human;
-use charly_engine::runner::FakeRunner;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::io::Write;
@@ -67,7 +66,7 @@ pub struct PullArgs {
     #[arg(long)]
     pub generate: bool,
     /// Runner whose image keys to pull (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::engine_cmd::RUNNERS))]
     pub runner: String,
     /// The `--dev-local-pkg` variant of the graph.
     #[arg(long)]
@@ -326,8 +325,14 @@ fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let names =
         crate::engine_cmd::select(&o, &a.boxes, a.all, crate::engine_cmd::Unresolved::Warn)?;
     let hasher = crate::engine_cmd::stat_cache(store);
-    let runner = FakeRunner::named(&a.runner);
-    let engine = crate::engine_cmd::engine(&o, store, &runner, &hasher, a.dev_local_pkg, None);
+    let engine = crate::engine_cmd::engine(
+        &o,
+        store,
+        crate::engine_cmd::Using::Named(&a.runner),
+        &hasher,
+        a.dev_local_pkg,
+        None,
+    );
     let goal = if a.generate {
         Goal::Generate
     } else {

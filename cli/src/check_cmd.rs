@@ -67,12 +67,19 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     )?;
     // Beds share the remote cache like builds do (CI's main use of it).
     let remote = crate::engine_cmd::open_remote_cache(cli)?;
-    let runner: &dyn charly_engine::runner::Runner = match &remote_exec {
+    let runner: &dyn charly_engine::runners::Runner = match &remote_exec {
         Some(r) => r,
         None => &podman,
     };
     // Beds always build local packages from local source.
-    let engine = crate::engine_cmd::engine(&o, &store, runner, &hasher, true, remote.as_deref());
+    let engine = crate::engine_cmd::engine(
+        &o,
+        &store,
+        crate::engine_cmd::Using::Runner(runner),
+        &hasher,
+        true,
+        remote.as_deref(),
+    );
     let graph = engine.graph(&Goal::Build, &names)?;
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);

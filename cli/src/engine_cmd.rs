@@ -3,15 +3,15 @@
 
 use crate::{Cli, output, project};
 use anyhow::Context;
+use charly_cache::RemoteCache;
 use charly_cache::{Remote, RemoteConfig, Store};
 use charly_engine::api::Engine;
-use charly_engine::graph::Goal;
+use charly_engine::graph::{Goal, GraphOptions};
 use charly_engine::hash::FileHasher;
 use charly_engine::journal::{Journal, Scope};
-use charly_engine::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::reapi::GrpcCache;
-use charly_engine::remote::RemoteCache;
-use charly_engine::runner::{FakeRunner, Runner};
+use charly_engine::runners::Runner;
+use charly_engine::runners::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::sched::{State, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunnerArgs {
     /// What runs command nodes: `podman`, or `fake` (records calls, builds nothing; for tests and planning).
-    #[arg(long, value_name = "RUNNER", default_value = "podman", value_parser = ["podman", "fake"])]
+    #[arg(long, value_name = "RUNNER", default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// Isolated podman storage under DIR (default: podman's own).
     #[arg(long, value_name = "DIR", env = "CHARLY_PODMAN_ROOT")]
@@ -105,7 +105,7 @@ pub struct GraphArgs {
     #[arg(long)]
     pub generate: bool,
     /// Runner whose image keys to show (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
 }
 
@@ -119,7 +119,7 @@ pub struct ExplainArgs {
     #[arg(long)]
     pub json: bool,
     /// Runner whose builds to explain (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = ["podman", "fake"])]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// Explain the `--dev-local-pkg` variant of the graph.
     #[arg(long)]
@@ -231,7 +231,8 @@ pub fn report_remote(summary: &Summary) {
 /// The runner chosen on the command line.
 pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
     Ok(match a.runner.as_str() {
-        "fake" => Box::new(FakeRunner::from_env()),
+        #[cfg(feature = "testing")]
+        "fake" => Box::new(charly_engine::runners::fake::FakeRunner::from_env()),
         _ => Box::new(podman_runner(a, store, jobs)?),
     })
 }
@@ -255,22 +256,50 @@ pub fn stat_cache(store: &Store) -> FileHasher {
 pub(crate) fn engine<'a>(
     o: &'a project::Opened,
     store: &'a Store,
-    runner: &'a dyn Runner,
+    runner: Using<'a>,
     hasher: &'a FileHasher,
     dev_local_pkg: bool,
     remote: Option<&'a dyn RemoteCache>,
 ) -> Engine<'a> {
+    let (runner, name) = match runner {
+        Using::Runner(r) => (Some(r), r.name().to_string()),
+        Using::Named(n) => (None, n.to_string()),
+    };
     Engine {
         project: &o.project,
         resolution: &o.resolution,
         store,
         runner,
         hasher,
-        dev_local_pkg,
-        arch: host_arch(),
+        opts: GraphOptions {
+            dev_local_pkg,
+            runner: name,
+            arch: host_arch(),
+        },
         remote,
     }
 }
+
+/// What runs command nodes: a runner, or only a runner's name for commands
+/// that plan, generate or explain (keys of built nodes carry the name).
+#[derive(Clone, Copy)]
+pub(crate) enum Using<'a> {
+    /// Run with this runner.
+    Runner(&'a dyn Runner),
+    /// Run nothing; key as this runner would.
+    Named(&'a str),
+}
+
+/// The runner names `--runner` takes (`fake` only in test builds).
+pub(crate) const RUNNERS: &[&str] = &[
+    "podman",
+    #[cfg(feature = "testing")]
+    "fake",
+];
+
+/// The runner `generate` keys with (it runs none, and none of its nodes'
+/// keys name a runner).
+const GENERATE_RUNNER: &str = "podman";
 
 pub fn jobs(a: &RunArgs) -> usize {
     a.jobs
@@ -474,9 +503,11 @@ fn generate_journal(
         "dev_local_pkg": a.dev_local_pkg,
     })
     .to_string();
+    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
     let mut journal = Journal::new(&store_dir, &command);
-    // Test hook: how recent an input may be and still be trusted by stat
-    // (tests shrink it instead of waiting out the file system's clock).
+    // Test hook (test builds only): how recent an input may be and still be
+    // trusted by stat (tests shrink it instead of waiting out the clock).
+    #[cfg(feature = "testing")]
     if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
         .ok()
         .and_then(|v| v.parse::<i64>().ok())
@@ -532,12 +563,11 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     let store = open_store(cli)?;
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
-    let runner = FakeRunner::new();
     let remote = open_remote_cache(cli)?;
     let engine = engine(
         &o,
         &store,
-        &runner,
+        Using::Named(GENERATE_RUNNER),
         &hasher,
         a.dev_local_pkg,
         remote.as_deref(),
@@ -616,7 +646,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let engine = engine(
         &o,
         &store,
-        runner,
+        Using::Runner(runner),
         &hasher,
         a.dev_local_pkg,
         remote.as_deref(),
@@ -729,8 +759,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let names = select(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
-    let runner = FakeRunner::named(&a.runner);
-    let engine = engine(&o, &store, &runner, &hasher, false, None);
+    let engine = engine(&o, &store, Using::Named(&a.runner), &hasher, false, None);
     let goal = if a.generate {
         Goal::Generate
     } else {
@@ -804,8 +833,14 @@ pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let names = select(&o, &[], true, Unresolved::Ignore)?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
-    let runner = FakeRunner::named(&a.runner);
-    let engine = engine(&o, &store, &runner, &hasher, a.dev_local_pkg, None);
+    let engine = engine(
+        &o,
+        &store,
+        Using::Named(&a.runner),
+        &hasher,
+        a.dev_local_pkg,
+        None,
+    );
     // One graph with every node: build directories and images of all boxes.
     let g = engine.graph_goals(&[(Goal::Generate, names.clone()), (Goal::Build, names)])?;
     let e = engine.explain(&g, &a.node)?;

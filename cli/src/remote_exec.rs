@@ -1,8 +1,8 @@
 //! `--remote-exec`: command nodes run on a Remote Execution API v2 engine.
 
 use anyhow::Context;
-use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner, RemoteStats};
-use charly_engine::runner::Runner;
+use charly_engine::runners::Runner;
+use charly_engine::runners::remote::{Place, RemoteOptions, RemoteRunner, RemoteStats};
 use charly_engine::sched::Summary;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ pub fn wrap<'a>(
         image_property: !a.remote_no_image_property,
         stage_rootfs: a.remote_stage_rootfs,
         platform: a.remote_platform.iter().cloned().collect(),
-        isa: charly_engine::reapi::runner::isa_of(arch).to_string(),
+        isa: charly_engine::runners::remote::isa_of(arch).to_string(),
         timeout: Some(Duration::from_secs(a.remote_timeout.max(1))),
     };
     match RemoteRunner::connect(url, local, opts) {

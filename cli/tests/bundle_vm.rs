@@ -469,7 +469,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     let artifacts: Vec<PathBuf> = walkdir::WalkDir::new(guest.join("root"))
         .into_iter()
         .flatten()
-        .filter(|e| e.file_name() == charly_engine::runner::FAKE_ARTIFACT_FILE)
+        .filter(|e| e.file_name() == charly_engine::runners::fake::FAKE_ARTIFACT_FILE)
         .map(|e| e.into_path())
         .collect();
     assert!(

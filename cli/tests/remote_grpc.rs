@@ -8,8 +8,7 @@
 //! reported miss and the node is rebuilt, never stored; an unreachable
 //! engine costs hits, not the build, unless `--remote-required`.
 
-#[path = "../../engine/tests/common_reapi/mod.rs"]
-mod common_reapi;
+use charly_testutil::casd as common_reapi;
 
 mod machine;
 mod project_copy;
@@ -128,7 +127,7 @@ fn a_truncated_blob_is_refused_and_the_node_rebuilt() {
 
 #[test]
 fn an_unreachable_engine_costs_hits_not_the_build_unless_required() {
-    let port = common_reapi::free_port();
+    let port = charly_testutil::free_port();
     let url = format!("grpc://127.0.0.1:{port}");
     let t = tempfile::tempdir().expect("tmp");
     let a = Machine::new(t.path(), "a");

@@ -7,8 +7,7 @@
 //! has the artifact, and a second store gets the stage from the engine's
 //! ActionCache.
 
-#[path = "../../engine/tests/common_reapi/mod.rs"]
-mod common_reapi;
+use charly_testutil::casd as common_reapi;
 
 mod machine;
 mod project_copy;
@@ -22,7 +21,7 @@ const BASE: &str = "localhost/charly-test-busybox:1";
 /// A builder box `tools` that produces the `demo` builder, and a box `app`
 /// whose candy `greet` triggers it (its `demo.json`).
 fn project(root: &Path) {
-    let w = |rel: &str, body: &str| common_reapi::write(root, rel, body);
+    let w = |rel: &str, body: &str| charly_testutil::write(root, rel, body);
     w(
         "charly.yml",
         r#"version: 2026.160.1301
@@ -117,7 +116,7 @@ fn stage(s: &serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn a_builder_stage_runs_on_the_engine_and_matches_a_local_build() {
-    if !common_reapi::available() || !common_reapi::podman_available() {
+    if !common_reapi::available() || !charly_testutil::podman_available() {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");

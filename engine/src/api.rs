@@ -5,7 +5,7 @@ use crate::exec::{self, Ctx};
 use crate::graph::{Builder, Goal, Graph, GraphError, GraphOptions};
 use crate::hash::FileHasher;
 use crate::key::{Change, KeyInputs, diff};
-use crate::runner::Runner;
+use crate::runners::Runner;
 use crate::sched::{self, Observer, Summary};
 use charly_cache::Store;
 use charly_rules::emit::EmitOptions;
@@ -42,27 +42,20 @@ pub struct Engine<'a> {
     pub resolution: &'a Resolution,
     /// The store.
     pub store: &'a Store,
-    /// The runner.
-    pub runner: &'a dyn Runner,
+    /// What runs command nodes; `None` for commands that only plan, write
+    /// build directories or explain (a node that needs a runner then fails
+    /// with [`exec::ExecError::NoRunner`]).
+    pub runner: Option<&'a dyn Runner>,
     /// File hasher (stat cache).
     pub hasher: &'a FileHasher,
-    /// Build local packages from source.
-    pub dev_local_pkg: bool,
-    /// Target architecture (`amd64`).
-    pub arch: String,
+    /// What enters keys besides the project: `--dev-local-pkg`, the runner's
+    /// name, the target architecture.
+    pub opts: GraphOptions,
     /// A shared cache behind the local store (`--remote`), or `None`.
-    pub remote: Option<&'a dyn crate::remote::RemoteCache>,
+    pub remote: Option<&'a dyn charly_cache::RemoteCache>,
 }
 
 impl<'a> Engine<'a> {
-    fn graph_options(&self) -> GraphOptions {
-        GraphOptions {
-            dev_local_pkg: self.dev_local_pkg,
-            runner: self.runner.name().to_string(),
-            arch: self.arch.clone(),
-        }
-    }
-
     /// Builds the graph for a goal over boxes.
     pub fn graph(&self, goal: &Goal, boxes: &[String]) -> Result<Graph, EngineError> {
         self.graph_goals(&[(goal.clone(), boxes.to_vec())])
@@ -70,7 +63,7 @@ impl<'a> Engine<'a> {
 
     /// One graph for several goals (shared nodes appear once).
     pub fn graph_goals(&self, goals: &[(Goal, Vec<String>)]) -> Result<Graph, EngineError> {
-        let mut b = Builder::new(self.project, self.resolution, self.graph_options());
+        let mut b = Builder::new(self.project, self.resolution, self.opts.clone());
         for (goal, boxes) in goals {
             for name in boxes {
                 b.add(goal, name)?;
@@ -86,13 +79,14 @@ impl<'a> Engine<'a> {
             resolution: self.resolution,
             store: self.store,
             runner: self.runner,
+            runner_name: self.opts.runner.clone(),
             out_root: out_root.to_path_buf(),
             emit: EmitOptions {
-                dev_local_pkg: self.dev_local_pkg,
+                dev_local_pkg: self.opts.dev_local_pkg,
                 image_refs: crate::generate::image_refs(self.resolution),
                 ..EmitOptions::default()
             },
-            arch: self.arch.clone(),
+            arch: self.opts.arch.clone(),
             remote: self.remote,
         }
     }

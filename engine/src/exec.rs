@@ -12,14 +12,14 @@
 //! its own dependencies are read the same way — and continues
 //! ([`read_node`]). The store notes the damage once; nothing fails.
 //!
-//! With a remote cache ([`crate::remote::RemoteCache`]), a local miss asks
+//! With a remote cache ([`charly_cache::RemoteCache`]), a local miss asks
 //! the remote while holding the key's lock: a remote hit arrives verified
 //! and committed to the local store and the node is `pulled`, never run. A
 //! node that ran is queued for upload once its record is committed.
 
 use crate::graph::{Graph, Node, Work, image_ref};
 use crate::key::NodeKind;
-use crate::runner::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
+use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
 use crate::sched::Observer;
 use charly_cache::{Output, Record, Store};
 use charly_rules::emit::containerfile::{
@@ -41,8 +41,10 @@ pub struct Ctx<'a> {
     pub resolution: &'a Resolution,
     /// The store.
     pub store: &'a Store,
-    /// The runner for command nodes.
-    pub runner: &'a dyn Runner,
+    /// The runner for command nodes (`None`: planning only).
+    pub runner: Option<&'a dyn Runner>,
+    /// The runner's name as keys and records carry it.
+    pub runner_name: String,
     /// Where build directories are written (the build context root).
     pub out_root: PathBuf,
     /// Emitter options shared by every box (image refs, dev-local-pkg).
@@ -50,7 +52,7 @@ pub struct Ctx<'a> {
     /// Target architecture (`amd64`).
     pub arch: String,
     /// The shared cache consulted on local misses and fed with new results.
-    pub remote: Option<&'a dyn crate::remote::RemoteCache>,
+    pub remote: Option<&'a dyn charly_cache::RemoteCache>,
 }
 
 /// How a node got its result.
@@ -81,10 +83,13 @@ pub enum ExecError {
     Template(#[from] charly_rules::template::TemplateError),
     /// The runner failed.
     #[error(transparent)]
-    Run(#[from] crate::runner::RunError),
+    Run(#[from] crate::runners::RunError),
     /// File I/O failed.
     #[error("{0}")]
     Io(String),
+    /// A node needs a runner but this command only plans.
+    #[error("{0} needs a runner, and this command runs none")]
+    NoRunner(String),
     /// A dependency's output is missing from the store.
     #[error("output `{output}` of {node} is missing from the store")]
     MissingOutput {
@@ -93,6 +98,14 @@ pub enum ExecError {
         /// Output name.
         output: String,
     },
+}
+
+impl<'a> Ctx<'a> {
+    /// The runner, or [`ExecError::NoRunner`] naming `node`.
+    pub fn runner(&self, node: &str) -> Result<&'a dyn Runner, ExecError> {
+        self.runner
+            .ok_or_else(|| ExecError::NoRunner(node.to_string()))
+    }
 }
 
 fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
@@ -175,7 +188,7 @@ pub fn execute(
             n.kind,
             NodeKind::Image | NodeKind::BuilderStage | NodeKind::LocalPkg | NodeKind::Rootfs
         ) {
-            ctx.runner.name().to_string()
+            ctx.runner_name.clone()
         } else {
             "charly".to_string()
         },
@@ -285,7 +298,9 @@ fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecEr
     }
     let id = rec.meta.get("id").and_then(|v| v.as_str()).unwrap_or("");
     let tag = rec.meta.get("tag").and_then(|v| v.as_str()).unwrap_or("");
-    if ctx.runner.has_image(id) || (!tag.is_empty() && ctx.runner.has_image(tag) && id.is_empty()) {
+    if ctx.runner(&n.id)?.has_image(id)
+        || (!tag.is_empty() && ctx.runner(&n.id)?.has_image(tag) && id.is_empty())
+    {
         return Ok(());
     }
     let Some(out) = rec.outputs.get("archive") else {
@@ -305,7 +320,7 @@ fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecEr
             output: "archive".into(),
         });
     }
-    ctx.runner.restore_image(&path, tag)?;
+    ctx.runner(&n.id)?.restore_image(&path, tag)?;
     Ok(())
 }
 
@@ -482,7 +497,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             if let Some(bin) = &def.copy_binary {
                 export.push(bin.src.clone());
             }
-            ctx.runner.build_stage(&StageRequest {
+            ctx.runner(&n.id)?.build_stage(&StageRequest {
                 node: n.id.clone(),
                 key: n.key.to_hex(),
                 containerfile,
@@ -509,7 +524,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 ..req
             };
             std::fs::create_dir_all(&req.out).map_err(io("pkgs dir"))?;
-            ctx.runner.build_local_pkg(&req)?;
+            ctx.runner(&n.id)?.build_local_pkg(&req)?;
             let mut entries: Vec<PathBuf> = std::fs::read_dir(&req.out)
                 .map_err(io(req.out.display()))?
                 .flatten()
@@ -542,7 +557,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 out: scratch.path().join("rootfs.tar.gz"),
                 ..req
             };
-            ctx.runner.build_rootfs(&req)?;
+            ctx.runner(&n.id)?.build_rootfs(&req)?;
             out.files.insert("rootfs.tar.gz".into(), Out::File(req.out));
             out.keep.push(scratch);
         }
@@ -607,7 +622,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
             let mut labels = BTreeMap::new();
             labels.insert("ai.opencharly.node-key".to_string(), n.key.to_hex());
-            let res = ctx.runner.build_image(&ImageRequest {
+            let res = ctx.runner(&n.id)?.build_image(&ImageRequest {
                 node: n.id.clone(),
                 key: n.key.to_hex(),
                 context: ctx.out_root.clone(),

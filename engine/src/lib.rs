@@ -7,12 +7,12 @@
 //! for tests). It also writes build directories (`generate`).
 
 pub use charly_cache as cache;
+pub use charly_reapi as reapi;
 pub use charly_rules as rules;
 
 pub mod api;
 pub mod artifact;
 pub mod check;
-pub mod deploy;
 pub mod exec;
 pub mod fsroot;
 pub mod generate;
@@ -21,9 +21,6 @@ pub mod hash;
 pub mod journal;
 pub mod key;
 pub mod oci;
-pub mod podman;
-pub mod reapi;
-pub mod remote;
-pub mod runner;
+pub mod runners;
 pub mod sched;
 pub mod stage;

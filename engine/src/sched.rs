@@ -94,7 +94,7 @@ pub struct Summary {
     pub totals: Totals,
     /// What the remote cache did (when there is one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote: Option<crate::remote::RemoteReport>,
+    pub remote: Option<charly_cache::RemoteReport>,
 }
 
 impl Summary {

@@ -2,7 +2,7 @@
 //! bootstrapped root filesystems, derived from the vocabulary.
 
 use crate::exec::{Ctx, ExecError};
-use crate::runner::{LocalPkgRequest, RootfsRequest};
+use crate::runners::{LocalPkgRequest, RootfsRequest};
 use charly_rules::emit::containerfile::builder_stage_text;
 use charly_rules::load::{CandyEntry, Project};
 use charly_rules::resolve::{BaseRef, ResolvedBox, User, effective_distro};

@@ -5,7 +5,8 @@ use charly_cache::Store;
 use charly_engine::api::{Engine, Status};
 use charly_engine::graph::{Goal, Graph};
 use charly_engine::hash::FileHasher;
-use charly_engine::runner::FakeRunner;
+use charly_engine::runners::Runner as _;
+use charly_engine::runners::fake::FakeRunner;
 use charly_engine::sched::{Quiet, State, Summary};
 use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::resolve::{self, Resolution};
@@ -74,10 +75,13 @@ fn run(
         project: &p,
         resolution: &r,
         store,
-        runner,
+        runner: Some(runner),
         hasher: &hasher,
-        dev_local_pkg: false,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let names: Vec<String> = boxes.iter().map(|s| s.to_string()).collect();
@@ -474,10 +478,13 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
         project: &p,
         resolution: &r,
         store: &store,
-        runner: &fake,
+        runner: Some(&fake),
         hasher: &hasher,
-        dev_local_pkg: false,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: fake.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let g = engine.graph(&Goal::Generate, &all).expect("graph");

@@ -8,16 +8,16 @@
 //! Image nodes use the fake runner (this test is about command nodes; image
 //! builds stay local under `--remote-exec`).
 
-mod common_reapi;
+use charly_testutil::casd as common_reapi;
 
 use charly_engine::api::Engine;
 use charly_engine::graph::Goal;
 use charly_engine::hash::FileHasher;
-use charly_engine::podman::PodmanRunner;
-use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner};
-use charly_engine::runner::{
-    FakeRunner, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
-    StageRequest,
+use charly_engine::runners::fake::FakeRunner;
+use charly_engine::runners::podman::PodmanRunner;
+use charly_engine::runners::remote::{Place, RemoteOptions, RemoteRunner};
+use charly_engine::runners::{
+    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
 };
 use charly_engine::sched::{Quiet, State, Summary};
 use charly_rules::load::{self, LoadOptions};
@@ -30,7 +30,7 @@ const BASE: &str = "localhost/charly-reapi-base:1";
 /// A project: one box over an external base with `n` candies, each a local
 /// .deb-format package built by a shell script (busybox and dash alike).
 fn project(root: &Path, n: usize, sleep: &str, fail: Option<usize>) {
-    common_reapi::write(
+    charly_testutil::write(
         root,
         "charly.yml",
         &format!(
@@ -65,7 +65,7 @@ distro:
         ),
     );
     let names: Vec<String> = (0..n).map(|i| format!("pkg{i}")).collect();
-    common_reapi::write(
+    charly_testutil::write(
         root,
         "box/fan/charly.yml",
         &format!(
@@ -77,21 +77,21 @@ distro:
         ),
     );
     for (i, c) in names.iter().enumerate() {
-        common_reapi::write(
+        charly_testutil::write(
             root,
             &format!("candy/{c}/charly.yml"),
             &format!(
                 "candy:\n    version: 1.0.{i}\n    name: {c}\n    localpkg:\n        deb: src\n"
             ),
         );
-        common_reapi::write(root, &format!("candy/{c}/src/NAME"), c);
-        common_reapi::write(
+        charly_testutil::write(root, &format!("candy/{c}/src/NAME"), c);
+        charly_testutil::write(
             root,
             &format!("candy/{c}/src/data.txt"),
             &format!("payload of {c}\n{}\n", "z".repeat(i * 100)),
         );
         if fail == Some(i) {
-            common_reapi::write(root, &format!("candy/{c}/src/FAIL"), "");
+            charly_testutil::write(root, &format!("candy/{c}/src/FAIL"), "");
         }
     }
 }
@@ -140,10 +140,13 @@ fn run(
         project: &p,
         resolution: &r,
         store: &store,
-        runner,
+        runner: Some(runner),
         hasher: &hasher,
-        dev_local_pkg: true,
-        arch: "amd64".into(),
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: true,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
         remote: None,
     };
     let graph = engine
@@ -190,7 +193,7 @@ fn remote_opts(jobs: usize) -> RemoteOptions {
 
 #[test]
 fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
-    if !common_reapi::available() || !common_reapi::podman_available() {
+    if !common_reapi::available() || !charly_testutil::podman_available() {
         return;
     }
     let t = tempfile::tempdir().expect("tmp");

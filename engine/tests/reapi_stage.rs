@@ -8,14 +8,14 @@
 //! interpreter cannot run is refused with its line, or runs locally with
 //! `--remote-fallback`.
 
-mod common_reapi;
+use charly_testutil::casd as common_reapi;
 
-use charly_engine::podman::PodmanRunner;
 use charly_engine::reapi::stage::StageMode;
-use charly_engine::reapi::{Place, RemoteOptions, RemoteRunner};
-use charly_engine::runner::{
-    FakeRunner, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
-    StageRequest,
+use charly_engine::runners::fake::FakeRunner;
+use charly_engine::runners::podman::PodmanRunner;
+use charly_engine::runners::remote::{Place, RemoteOptions, RemoteRunner};
+use charly_engine::runners::{
+    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
 };
 use std::path::Path;
 
@@ -48,10 +48,10 @@ LABEL org.example.demo=1
 
 fn context(root: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    common_reapi::write(root, "candy/demo/package.json", "{\"name\":\"demo\"}\n");
-    common_reapi::write(root, "candy/demo/data/a.txt", "a\n");
-    common_reapi::write(root, "candy/demo/data/sub/b.txt", "b\n");
-    common_reapi::write(root, "candy/demo/tool", "#!/bin/sh\necho tool ran\n");
+    charly_testutil::write(root, "candy/demo/package.json", "{\"name\":\"demo\"}\n");
+    charly_testutil::write(root, "candy/demo/data/a.txt", "a\n");
+    charly_testutil::write(root, "candy/demo/data/sub/b.txt", "b\n");
+    charly_testutil::write(root, "candy/demo/tool", "#!/bin/sh\necho tool ran\n");
     for (p, mode) in [
         ("candy/demo/package.json", 0o644),
         ("candy/demo/data/a.txt", 0o644),
@@ -119,7 +119,7 @@ struct World {
 }
 
 fn world() -> Option<World> {
-    if !common_reapi::available() || !common_reapi::podman_available() {
+    if !common_reapi::available() || !charly_testutil::podman_available() {
         return None;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -412,10 +412,13 @@ fn every_corpus_and_example_stage_can_be_sent() {
             project: &p,
             resolution: &r,
             store: &store,
-            runner: &recorder,
+            runner: Some(&recorder),
             hasher: &FileHasher::in_memory(),
-            dev_local_pkg,
-            arch: "amd64".into(),
+            opts: charly_engine::graph::GraphOptions {
+                dev_local_pkg,
+                runner: recorder.name().to_string(),
+                arch: "amd64".into(),
+            },
             remote: None,
         };
         let boxes: Vec<String> = r

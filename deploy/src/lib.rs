@@ -1,0 +1,23 @@
+//! charly-deploy: deploy walkers: apply a box's merged InstallPlan to a target over the
+//! [`host::Host`] seam, recording every change in a crash-safe
+//! [`ledger::Ledger`] so `bundle del` can undo exactly what was done.
+//!
+//! * [`host`] — the seam (commands, files, stat, tar extraction);
+//! * [`local`] — this machine, optionally rooted at a directory;
+//! * `mem` — an in-memory host with scriptable failures (tests only: the
+//!   `testing` feature);
+//! * [`ledger`] — SQLite, write-ahead undo;
+//! * [`walk`] — the walker (`apply`, `remove`, `drift`);
+//! * [`ssh`] — a machine over SSH (russh);
+//! * [`source`] — builder artifacts and local packages from the store.
+
+pub mod host;
+pub mod ledger;
+pub mod local;
+#[cfg(any(test, feature = "testing"))]
+pub mod mem;
+pub mod pkg;
+pub mod shellops;
+pub mod source;
+pub mod ssh;
+pub mod walk;

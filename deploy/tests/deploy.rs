@@ -1,0 +1,691 @@
+//! Deploy walker tests: the example box applied to a rooted directory with
+//! builder artifacts from a real store, `del` restoring the tree exactly,
+//! drift, and faults on the in-memory host.
+
+use charly_cache::Store;
+use charly_deploy::ledger::{BundleRecord, BundleState, Ledger, StepState};
+use charly_deploy::local::LocalHost;
+use charly_deploy::mem::{MemHost, Response};
+use charly_deploy::source::StoreArtifacts;
+use charly_deploy::walk::{self, Artifacts, Options, TargetUser, WalkError};
+use charly_engine::api::Engine;
+use charly_engine::graph::{Goal, GraphOptions};
+use charly_engine::hash::FileHasher;
+use charly_engine::runners::fake::FakeRunner;
+use charly_engine::runners::{
+    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+};
+use charly_engine::sched::Quiet;
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::plan::{Gates, HostContext, InstallPlan, Target, build_merged_plan};
+use charly_rules::resolve::{self, Resolution};
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+fn example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
+}
+
+fn open() -> (Project, Resolution) {
+    let p = load::load(&example(), &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    (p, r)
+}
+
+fn plan(p: &Project, r: &Resolution) -> InstallPlan {
+    let b = r.get("hello").expect("hello resolves");
+    build_merged_plan(
+        p,
+        b,
+        &HostContext {
+            target: Target::Local,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan")
+}
+
+/// The fake runner, except that builder stages write a real artifact tar
+/// (an npm prefix under the box home) as podman's would.
+struct TarRunner(FakeRunner);
+
+impl Runner for TarRunner {
+    fn name(&self) -> &str {
+        "tar-test"
+    }
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        use charly_engine::artifact::{Entry, Kind, write_tar};
+        let e = |path: &str, kind: Kind, mode: u32| Entry {
+            path: path.into(),
+            kind,
+            mode,
+            uid: 1000,
+            gid: 1000,
+        };
+        write_tar(
+            &req.out,
+            vec![
+                e("home/user/.npm-global", Kind::Dir, 0o755),
+                e("home/user/.npm-global/bin", Kind::Dir, 0o755),
+                e(
+                    "home/user/.npm-global/bin/cowsay",
+                    Kind::Symlink("../lib/node_modules/cowsay/cli.js".into()),
+                    0o777,
+                ),
+                e("home/user/.npm-global/lib", Kind::Dir, 0o755),
+                e("home/user/.npm-global/lib/node_modules", Kind::Dir, 0o755),
+                e(
+                    "home/user/.npm-global/lib/node_modules/cowsay",
+                    Kind::Dir,
+                    0o755,
+                ),
+                e(
+                    "home/user/.npm-global/lib/node_modules/cowsay/cli.js",
+                    Kind::File(b"#!/usr/bin/env node\nconsole.log('moo')\n".to_vec()),
+                    0o755,
+                ),
+            ],
+            Some(req.owner),
+        )
+        .map_err(|x| RunError::new(x.to_string()))
+    }
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
+        self.0.build_image(req)
+    }
+    fn has_image(&self, reference: &str) -> bool {
+        self.0.has_image(reference)
+    }
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
+        self.0.restore_image(archive, tag)
+    }
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        self.0.build_local_pkg(req)
+    }
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        self.0.build_rootfs(req)
+    }
+}
+
+/// Path → (kind, mode, uid, gid, content digest or link target).
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    for e in walkdir::WalkDir::new(root).sort_by_file_name() {
+        let e = e.expect("walk");
+        let rel = e
+            .path()
+            .strip_prefix(root)
+            .expect("rel")
+            .display()
+            .to_string();
+        let md = e.path().symlink_metadata().expect("meta");
+        let what = if md.file_type().is_symlink() {
+            format!(
+                "link {}",
+                std::fs::read_link(e.path()).expect("link").display()
+            )
+        } else if md.is_dir() {
+            "dir".to_string()
+        } else {
+            format!(
+                "file {}",
+                blake3::hash(&std::fs::read(e.path()).expect("read")).to_hex()
+            )
+        };
+        m.insert(
+            rel,
+            format!("{what} {:o} {}:{}", md.mode() & 0o7777, md.uid(), md.gid()),
+        );
+    }
+    m
+}
+
+fn record(name: &str, plan: &InstallPlan, user: &TargetUser, key: &str) -> BundleRecord {
+    BundleRecord {
+        name: name.into(),
+        deploy_id: plan.deploy_id.clone(),
+        box_name: plan.box_name.clone(),
+        target: "local".into(),
+        target_key: key.into(),
+        connection: serde_json::json!({"kind": "test"}),
+        user: user.name.clone(),
+        home: user.home.clone(),
+        state: BundleState::Applying,
+        plan: serde_json::to_value(plan).expect("json"),
+        options: serde_json::json!({}),
+        created_unix: 0,
+        updated_unix: 0,
+        error: None,
+    }
+}
+
+#[test]
+fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
+    let (p, r) = open();
+    let plan = plan(&p, &r);
+    let t = tempfile::tempdir().expect("tmp");
+    let store = Store::open(&t.path().join("store")).expect("store");
+    let hasher = FileHasher::in_memory();
+    // Fill the store the way `box build hello` does (builder stage artifacts).
+    let runner = TarRunner(FakeRunner::default());
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store: &store,
+        runner: Some(&runner),
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: true,
+            runner: runner.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+    };
+    let g = engine
+        .graph(&Goal::Build, &["hello".into()])
+        .expect("graph");
+    let s = engine.run(&g, &t.path().join("out"), 2, false, &Quiet);
+    assert!(
+        s.ok(),
+        "{}",
+        serde_json::to_string(&s.nodes).unwrap_or_default()
+    );
+    let arts = StoreArtifacts::new(
+        &p,
+        &r,
+        &store,
+        &hasher,
+        GraphOptions {
+            dev_local_pkg: true,
+            runner: "tar-test".into(),
+            arch: "amd64".into(),
+        },
+        "hello",
+    )
+    .expect("artifacts");
+
+    // A target with things of its own that the deploy must leave as they were.
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("etc/systemd")).expect("mkdir");
+    std::fs::write(root.join("etc/hostname"), "box\n").expect("write");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n",
+    )
+    .expect("passwd");
+    std::fs::create_dir_all(root.join("home/user")).expect("home");
+    std::fs::write(root.join("home/user/.bashrc"), "alias ll='ls -l'").expect("bashrc");
+    let before = tree(&root);
+
+    let mut host = LocalHost::rooted(&root).expect("rooted");
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    assert_eq!(user.home, "/home/user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("hello-local", &plan, &user, "local:test");
+    let o = Options {
+        gates: Gates::all(),
+        ..Options::default()
+    };
+
+    // Dry run: nothing on disk, nothing in the ledger, and it says what it would do.
+    let dry = walk::apply(
+        &mut host,
+        None,
+        &rec,
+        &plan,
+        &user,
+        &arts,
+        &Options {
+            dry_run: true,
+            ..o.clone()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run");
+    assert_eq!(tree(&root), before, "dry run touched nothing");
+    assert!(ledger.get("hello-local").expect("get").is_none());
+    let mkdirs: Vec<&String> = dry
+        .steps
+        .iter()
+        .flat_map(|s| s.actions.iter())
+        .filter(|a| a.starts_with("mkdir /opt"))
+        .collect();
+    assert_eq!(
+        mkdirs,
+        ["mkdir /opt", "mkdir /opt/hello"],
+        "each directory once"
+    );
+    assert!(
+        dry.steps
+            .iter()
+            .any(|s| s.actions.iter().any(|a| a.contains("/opt/hello/motd.txt")))
+    );
+
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &arts,
+        &o,
+        &mut |_| {},
+    )
+    .expect("apply");
+    let state = |t: &str| {
+        report
+            .steps
+            .iter()
+            .find(|s| s.title.contains(t))
+            .map(|s| s.state.clone())
+            .unwrap_or_else(|| panic!("no step {t}"))
+    };
+    assert_eq!(state("write /opt/hello/motd.txt"), "complete");
+    assert_eq!(state("packages"), "skipped", "rooted: no packages");
+    assert_eq!(state("cmd jq"), "skipped", "rooted: no commands");
+    let rd = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert_eq!(rd("opt/hello/motd.txt"), "Welcome to the hello box.\n");
+    assert_eq!(
+        std::fs::read_link(root.join("usr/local/bin/hello-motd")).expect("link"),
+        PathBuf::from("/opt/hello/motd.txt")
+    );
+    assert!(
+        rd("etc/systemd/system/greeter.service").contains("[Service]")
+            || rd("etc/systemd/system/greeter.service").contains("greeter")
+    );
+    assert_eq!(
+        std::fs::metadata(root.join("home/user/.config/hello/settings.json"))
+            .expect("settings")
+            .mode()
+            & 0o777,
+        0o600
+    );
+    // The npm artifact from the store, in the target home.
+    assert!(rd("home/user/.npm-global/lib/node_modules/cowsay/cli.js").contains("moo"));
+    // env.d and the managed block in the login shell's rc file.
+    let bashrc = rd("home/user/.bashrc");
+    assert!(
+        bashrc.starts_with("alias ll='ls -l'\n# >>> charly charly-env:"),
+        "{bashrc}"
+    );
+    let envd: Vec<_> = walkdir::WalkDir::new(root.join("home/user/.config/charly/env.d"))
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .collect();
+    assert!(!envd.is_empty(), "env.d files");
+    let all_env: String = envd
+        .iter()
+        .map(|e| std::fs::read_to_string(e.path()).expect("env"))
+        .collect();
+    assert!(
+        all_env.contains("HELLO_GREETING=\"hello from charly\""),
+        "{all_env}"
+    );
+    assert_eq!(
+        ledger.get("hello-local").expect("get").expect("rec").state,
+        BundleState::Applied
+    );
+
+    // Status: clean, then a file changed behind our back is disk drift.
+    let d = walk::drift(&mut host, &ledger, "hello-local", Some(&plan)).expect("drift");
+    assert!(d.is_empty(), "{d:?}");
+    std::fs::write(root.join("opt/hello/motd.txt"), "tampered\n").expect("tamper");
+    let d = walk::drift(&mut host, &ledger, "hello-local", Some(&plan)).expect("drift");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0].kind, "disk");
+    assert!(d[0].subject.contains("motd.txt") && d[0].detail.contains("content"));
+    // Config drift: the plan changed since.
+    let mut changed = plan.clone();
+    changed.steps.pop();
+    let d = walk::drift(&mut host, &ledger, "hello-local", Some(&changed)).expect("drift");
+    assert!(d.iter().any(|x| x.kind == "config"), "{d:?}");
+
+    let undone =
+        walk::remove(&mut host, &mut ledger, "hello-local", false, &mut |_| {}).expect("del");
+    assert!(!undone.is_empty());
+    assert_eq!(tree(&root), before, "del restores the tree exactly");
+    assert!(ledger.get("hello-local").expect("get").is_none());
+}
+
+/// Artifacts for in-memory tests: an empty npm tree, files from the example.
+struct TestArts;
+
+impl Artifacts for TestArts {
+    fn builder_tar(&self, _candy: &str, _builder: &str) -> Result<Vec<u8>, String> {
+        let t = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        charly_engine::artifact::write_tar(
+            t.path(),
+            vec![charly_engine::artifact::Entry {
+                path: "home/user/.npm-global".into(),
+                kind: charly_engine::artifact::Kind::Dir,
+                mode: 0o755,
+                uid: 1000,
+                gid: 1000,
+            }],
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::read(t.path()).map_err(|e| e.to_string())
+    }
+    fn local_packages(
+        &self,
+        _candy: &str,
+        _format: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Ok(vec![(
+            "hello-charly_1.0_all.deb".into(),
+            b"!<arch>\n".to_vec(),
+        )])
+    }
+    fn candy_file(&self, candy: &str, rel: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(example().join("candy").join(candy).join(rel)).map_err(|e| e.to_string())
+    }
+}
+
+/// Runs the example plan on a scripted in-memory host; returns the error,
+/// the host and the ledger.
+fn faulty(
+    setup: impl FnOnce(&mut MemHost),
+) -> (WalkError, MemHost, MemHost, Ledger, tempfile::TempDir) {
+    let (p, r) = open();
+    let plan = plan(&p, &r);
+    let mut host = MemHost::new("user", 1000);
+    // Every package is already installed, unless a test says otherwise.
+    let names: Vec<String> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match &s.data {
+            charly_rules::plan::StepData::SystemPackages(p) => Some(p.packages.clone()),
+            _ => None,
+        })
+        .flatten()
+        .chain(["hello-charly".to_string()])
+        .collect();
+    host.on("dpkg-deb -f", Response::ok("hello-charly\n"));
+    setup(&mut host);
+    host.on(
+        "dpkg-query",
+        Response::ok(
+            &names
+                .iter()
+                .map(|n| format!("{n}\tii \n"))
+                .collect::<String>(),
+        ),
+    );
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let rec = record("b", &plan, &user, "mem");
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::all(),
+            target: "vm".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect_err("the walk stops");
+    (err, host, original, ledger, t)
+}
+
+fn check_stop(
+    err: &WalkError,
+    host: &mut MemHost,
+    original: &MemHost,
+    ledger: &mut Ledger,
+    what: &str,
+) {
+    let WalkError::Step {
+        seq,
+        title,
+        message,
+        not_attempted,
+    } = err
+    else {
+        panic!("not a step error: {err}");
+    };
+    assert!(message.contains(what), "{message}");
+    assert!(!not_attempted.is_empty(), "names what was not attempted");
+    let text = err.to_string();
+    assert!(
+        text.contains(title.as_str()) && text.contains("not attempted"),
+        "{text}"
+    );
+    let rec = ledger.get("b").expect("get").expect("record kept");
+    assert_eq!(rec.state, BundleState::Failed);
+    assert!(rec.error.as_deref().unwrap_or("").contains(what));
+    let steps = ledger.steps("b").expect("steps");
+    let failed = steps
+        .iter()
+        .find(|s| s.seq == *seq)
+        .expect("failed step recorded");
+    assert_eq!(failed.state, StepState::Failed);
+    assert!(
+        steps.iter().all(|s| s.seq <= *seq),
+        "nothing after the failure was recorded"
+    );
+    assert!(
+        steps
+            .iter()
+            .filter(|s| s.seq < *seq)
+            .all(|s| matches!(s.state, StepState::Complete | StepState::Skipped)),
+        "earlier steps are complete"
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.state == StepState::Complete && !s.undo.is_empty()),
+        "undo ops of earlier steps kept"
+    );
+    // And everything done before the failure is undone by del.
+    walk::remove(host, ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(
+        host.files, original.files,
+        "del restores the in-memory tree"
+    );
+    assert!(ledger.get("b").expect("get").is_none());
+}
+
+#[test]
+fn nonzero_exit_stops_the_walk() {
+    let (err, mut host, original, mut ledger, _t) = faulty(|h| {
+        h.on("jq --version", Response::fail(3, "jq: error: broken"));
+    });
+    check_stop(&err, &mut host, &original, &mut ledger, "exit 3");
+    assert!(err.to_string().contains("jq: error: broken"));
+}
+
+#[test]
+fn timeout_stops_the_walk() {
+    let (err, mut host, original, mut ledger, _t) = faulty(|h| {
+        h.on("jq --version", Response::Timeout);
+    });
+    check_stop(&err, &mut host, &original, &mut ledger, "timed out");
+}
+
+#[test]
+fn garbage_output_stops_the_walk() {
+    let (err, mut host, original, mut ledger, _t) = faulty(|h| {
+        h.on("dpkg-query", Response::ok("<html>502 Bad Gateway</html>\n"));
+    });
+    check_stop(&err, &mut host, &original, &mut ledger, "unexpected output");
+}
+
+#[test]
+fn missing_binary_stops_the_walk() {
+    let (err, mut host, original, mut ledger, _t) = faulty(|h| {
+        h.binaries.remove("apt-get");
+    });
+    check_stop(
+        &err,
+        &mut host,
+        &original,
+        &mut ledger,
+        "`apt-get` is not installed",
+    );
+}
+
+#[test]
+fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
+    let (p, r) = open();
+    let plan = plan(&p, &r);
+    let mut host = MemHost::new("user", 1000);
+    host.on("dpkg-deb -f", Response::ok("hello-charly\n"));
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let rec = record("b", &plan, &user, "mem");
+    // Nothing installed before, everything after: a scripted package database.
+    host.on("dpkg-query", Response::ok(""));
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::default(),
+            target: "vm".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect_err("the mem host never installs packages");
+    // The install "succeeded" but the query still says not installed: caught.
+    assert!(err.to_string().contains("not installed"), "{err}");
+    // The undo of the package step was recorded before the install ran.
+    let steps = ledger.steps("b").expect("steps");
+    let pk = steps
+        .iter()
+        .find(|s| s.kind == "system-packages")
+        .expect("pk");
+    assert!(
+        pk.undo
+            .iter()
+            .any(|(_, u)| u.describe().contains("remove deb packages"))
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
+    // Gates closed: the root cmd never ran.
+    assert!(!host.commands().iter().any(|c| c.contains("jq --version")));
+}
+
+#[test]
+fn vm_reboot_waits_for_a_new_boot_id() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep::reboot("rebooter")];
+    let run = |host: &mut MemHost| {
+        let user = walk::resolve_user(host, "user", &plan).expect("user");
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let res = walk::apply(
+            host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                target: "vm".into(),
+                timeout: std::time::Duration::from_secs(5),
+                ..Options::default()
+            },
+            &mut |_| {},
+        );
+        (res, ledger, t)
+    };
+    let mut host = MemHost::new("user", 1000);
+    let (res, mut ledger, _t) = run(&mut host);
+    let report = res.expect("reboot");
+    assert_eq!(report.steps[0].state, "complete");
+    assert_eq!(host.boots, 2, "one reboot");
+    let log = host.log.join("\n");
+    let at = |s: &str| log.find(s).unwrap_or_else(|| panic!("{s} not in {log}"));
+    assert!(at("systemctl reboot") < at("reconnect"), "{log}");
+    let steps = ledger.steps("b").expect("steps");
+    assert!(
+        steps[0]
+            .undo
+            .iter()
+            .any(|(_, u)| u.describe().contains("cannot be undone"))
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+
+    // A target that never comes back with a new boot: the step fails, named.
+    let mut host = MemHost::new("user", 1000);
+    host.on("systemctl reboot", Response::ok(""));
+    let (res, _l, _t) = run(&mut host);
+    let err = res.expect_err("no new boot").to_string();
+    assert!(
+        err.contains("reboot") && err.contains("no new boot within 5 s"),
+        "{err}"
+    );
+}
+
+#[test]
+fn removing_a_unit_file_reloads_systemd_afterwards() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep {
+        candy: "pod".into(),
+        kind: charly_rules::plan::StepKind::File,
+        scope: charly_rules::plan::Scope::System,
+        venue: charly_rules::plan::Venue::HostNative,
+        gate: charly_rules::plan::Gate::None,
+        phase: None,
+        reverse: Vec::new(),
+        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+            verb: "write".into(),
+            path: "/etc/containers/systemd/charly-x.container".into(),
+            content: Some("[Container]\nImage=x\n".into()),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    }];
+    let mut host = MemHost::new("user", 1000);
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("b", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: "vm".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let n = host.log.len();
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    let after: Vec<&String> = host.log[n..].iter().collect();
+    let rm = after
+        .iter()
+        .position(|l| l.starts_with("remove /etc/containers/systemd/charly-x.container"))
+        .expect("file removed");
+    let reload = after
+        .iter()
+        .position(|l| l.contains("systemctl daemon-reload"))
+        .unwrap_or_else(|| panic!("no reload in {after:#?}"));
+    assert!(rm < reload, "{after:#?}");
+    assert_eq!(host.files, original.files);
+}

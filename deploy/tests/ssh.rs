@@ -1,0 +1,423 @@
+//! The SSH host against a real sshd the test starts on a free 127.0.0.1
+//! port (generated ed25519 keys): constructed env, stdin, exit codes,
+//! atomic writes with mode and owner, batched stat with digests, tar
+//! extraction, a timeout that leaves the connection usable, and refusal
+//! of unknown or changed host keys. All paths are inside the test's dir.
+
+use charly_deploy::host::{Cmd, FileAttrs, Host, HostError, PathKind};
+use charly_deploy::ledger::{BundleRecord, BundleState, Ledger};
+use charly_deploy::ssh::{SshHost, SshTarget};
+use charly_deploy::walk::{self, Artifacts, Options};
+use charly_rules::load::{self, LoadOptions};
+use charly_rules::plan::{Gates, HostContext, Scope, StepData, Target, build_merged_plan};
+use charly_rules::resolve;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+struct Sshd(Child);
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn keygen(path: &Path) {
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen (openssh-client, see .ci/install)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts sshd; with `bind_home`, every session runs in a private mount
+/// namespace with that directory bound over /root (the root login's home).
+fn start(t: &Path, bind_home: Option<&Path>) -> (Sshd, u16) {
+    keygen(&t.join("hostkey"));
+    keygen(&t.join("userkey"));
+    std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let cfg = t.join("sshd_config");
+    let mut text = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
+        t = t.display()
+    );
+    if let Some(home) = bind_home {
+        let wrap = t.join("wrap.sh");
+        std::fs::write(
+            &wrap,
+            format!(
+                "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+                home.display()
+            ),
+        )
+        .expect("wrap");
+        std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        text.push_str(&format!("ForceCommand {}\n", wrap.display()));
+    }
+    std::fs::write(&cfg, text).expect("cfg");
+    std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
+    let child = std::process::Command::new("/usr/sbin/sshd")
+        .args(["-D", "-e", "-f"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(t.join("sshd.log")).expect("log"))
+        .spawn()
+        .expect("sshd (openssh-server, see .ci/install)");
+    let d = Sshd(child);
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
+    std::fs::write(
+        t.join("known_hosts"),
+        format!("[127.0.0.1]:{port} {pubkey}"),
+    )
+    .expect("kh");
+    (d, port)
+}
+
+#[test]
+fn ssh_host_runs_writes_stats_extracts_and_refuses_bad_keys() {
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        eprintln!("skipped: needs root (sshd with a root login)");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let (_sshd, port) = start(t, None);
+    let target = |kh: &str| {
+        SshTarget::parse(
+            &format!("root@127.0.0.1:{port}"),
+            &t.join("userkey"),
+            &t.join(kh),
+        )
+        .expect("target")
+    };
+
+    // Unknown and changed host keys are refused, naming host and fingerprint.
+    std::fs::write(t.join("empty"), "").expect("w");
+    match SshHost::connect(&target("empty"), Duration::from_secs(10)) {
+        Err(HostError::HostKey { host, message }) => {
+            assert!(host.contains(&format!("127.0.0.1:{port}")), "{host}");
+            assert!(
+                message.contains("is not in") && message.contains("SHA256:"),
+                "{message}"
+            );
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("an unknown host key was trusted"),
+    }
+    keygen(&t.join("other"));
+    let other = std::fs::read_to_string(t.join("other.pub")).expect("pub");
+    std::fs::write(t.join("wrong"), format!("[127.0.0.1]:{port} {other}")).expect("w");
+    match SshHost::connect(&target("wrong"), Duration::from_secs(10)) {
+        Err(HostError::HostKey { message, .. }) => {
+            assert!(message.contains("does NOT match line 1"), "{message}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a changed host key was trusted"),
+    }
+    match SshHost::connect(&target("missing"), Duration::from_secs(10)) {
+        Err(HostError::HostKey { message, .. }) => assert!(message.contains("does not exist")),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("connected without a known_hosts file"),
+    }
+
+    let mut h = SshHost::connect(&target("known_hosts"), Duration::from_secs(10)).expect("connect");
+    assert_eq!(h.login().expect("login").uid, 0);
+    // The environment is constructed, not inherited; stdin and exit codes pass.
+    let mut c =
+        Cmd::sh("read x; echo \"$x|$PATH|${HOME:-unset}|${SSH_CONNECTION:-unset}\"; exit 7")
+            .stdin(b"hello\n".to_vec());
+    c.env
+        .insert("PATH".into(), "/opt/x/bin:/usr/bin:/bin".into());
+    let out = h.run(&c).expect("run");
+    assert_eq!(out.status, 7);
+    assert_eq!(
+        out.stdout_str().trim(),
+        "hello|/opt/x/bin:/usr/bin:/bin|unset|unset"
+    );
+
+    // Files: atomic write with mode and owner, read back, stat with digest.
+    let dir = t.join("guest");
+    std::fs::create_dir(&dir).expect("dir");
+    let f = format!("{}/a.conf", dir.display());
+    let attrs = FileAttrs {
+        mode: 0o640,
+        owner: Some((1234, 1235)),
+        privileged: true,
+    };
+    h.write_file(&f, b"one\n", &attrs).expect("write");
+    let md = std::fs::metadata(&f).expect("meta");
+    assert_eq!(
+        (md.mode() & 0o7777, md.uid(), md.gid()),
+        (0o640, 1234, 1235)
+    );
+    assert_eq!(
+        h.read_file(&f, false).expect("read"),
+        Some(b"one\n".to_vec())
+    );
+    assert_eq!(
+        h.read_file(&format!("{f}.nope"), false).expect("read"),
+        None
+    );
+    let st = h
+        .stat(
+            &[f.clone(), format!("{f}.nope"), dir.display().to_string()],
+            true,
+        )
+        .expect("stat");
+    assert_eq!(
+        st[0].as_ref().map(|s| &s.kind),
+        Some(&PathKind::File {
+            sha256: Some("2c8b08da5ce60398e1f19af0e5dccc744df274b826abe585eaba68c525434806".into())
+        })
+    );
+    assert!(st[1].is_none());
+    assert_eq!(st[2].as_ref().map(|s| &s.kind), Some(&PathKind::Dir));
+    assert!(h.remove(&f, false).expect("remove"));
+    assert!(!Path::new(&f).exists());
+
+    // A tar extracted on the guest (entries relative to /).
+    let rel = dir.strip_prefix("/").expect("abs").display().to_string();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut hd = tar::Header::new_gnu();
+    hd.set_entry_type(tar::EntryType::Directory);
+    hd.set_mode(0o755);
+    hd.set_size(0);
+    b.append_data(&mut hd, format!("{rel}/home/.local/"), std::io::empty())
+        .expect("dir");
+    let mut hd = tar::Header::new_gnu();
+    hd.set_mode(0o755);
+    hd.set_size(3);
+    b.append_data(&mut hd, format!("{rel}/home/.local/tool"), &b"hi\n"[..])
+        .expect("file");
+    let tarball = b.into_inner().expect("tar");
+    h.extract_tar(&tarball, false).expect("extract");
+    let tool = dir.join("home/.local/tool");
+    assert_eq!(std::fs::read(&tool).expect("tool"), b"hi\n");
+    assert_eq!(
+        std::fs::metadata(&tool).expect("m").permissions().mode() & 0o777,
+        0o755
+    );
+
+    // A timeout is an error; the same connection keeps working.
+    let t0 = Instant::now();
+    let pidfile = dir.join("sleep.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    match h.run(&Cmd::sh(script).timeout(Duration::from_secs(1))) {
+        Err(HostError::Timeout { secs, .. }) => assert_eq!(secs, 1),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    // The remote command was killed, not left running.
+    let pid = std::fs::read_to_string(&pidfile).expect("pid");
+    let proc_dir = format!("/proc/{}", pid.trim());
+    let t1 = Instant::now();
+    while Path::new(&proc_dir).exists() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "remote sleep still runs; sshd log:\n{}",
+            std::fs::read_to_string(t.join("sshd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        h.run(&Cmd::sh("echo still"))
+            .expect("run")
+            .stdout_str()
+            .trim(),
+        "still"
+    );
+    assert_eq!(
+        h.which("sh", "/nonexistent:/bin:/usr/bin")
+            .expect("which")
+            .as_deref(),
+        Some("/bin/sh")
+    );
+}
+
+/// Builder artifacts as podman would store them: an npm prefix under the
+/// box home `/home/user`.
+struct Arts;
+
+impl Artifacts for Arts {
+    fn builder_tar(&self, _candy: &str, _builder: &str) -> Result<Vec<u8>, String> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, dir, data) in [
+            ("home/user/.npm-global/", true, &b""[..]),
+            ("home/user/.npm-global/bin/", true, &b""[..]),
+            (
+                "home/user/.npm-global/bin/cowsay",
+                false,
+                &b"#!/bin/sh\necho moo\n"[..],
+            ),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(if dir {
+                tar::EntryType::Directory
+            } else {
+                tar::EntryType::Regular
+            });
+            h.set_mode(0o755);
+            h.set_uid(1000);
+            h.set_gid(1000);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, path, data)
+                .map_err(|e| e.to_string())?;
+        }
+        b.into_inner().map_err(|e| e.to_string())
+    }
+    fn local_packages(&self, _: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Err("no local packages in this test".into())
+    }
+    fn candy_file(&self, _: &str, rel: &str) -> Result<Vec<u8>, String> {
+        Err(format!("no candy file {rel} in this test"))
+    }
+}
+
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| {
+            let e = e.expect("walk");
+            let md = e.path().symlink_metadata().expect("meta");
+            let what = if md.is_file() {
+                format!("{:?}", std::fs::read(e.path()).expect("read"))
+            } else {
+                format!("{:?}", md.file_type())
+            };
+            (
+                e.path().display().to_string(),
+                format!("{what} {:o} {}", md.mode(), md.uid()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(1)
+        != 0
+    {
+        eprintln!("skipped: needs root (sshd, mount namespaces)");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let home = t.join("home");
+    std::fs::create_dir(&home).expect("home");
+    let (_sshd, port) = start(t, Some(&home));
+    let target = SshTarget::parse(
+        &format!("root@127.0.0.1:{port}"),
+        &t.join("userkey"),
+        &t.join("known_hosts"),
+    )
+    .expect("target");
+    let mut h = SshHost::connect(&target, Duration::from_secs(10)).expect("connect");
+    // The example box's user-scope steps (its system steps would change this machine).
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello");
+    let p = load::load(&example, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let mut plan = build_merged_plan(
+        &p,
+        r.get("hello").expect("hello"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan");
+    plan.steps.retain(|s| {
+        s.scope != Scope::System
+            && !matches!(&s.data, StepData::Op(o) if o.verb == "cmd")
+            && !matches!(&s.data, StepData::ShellSnippet(_))
+    });
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s.data, StepData::Builder(_))),
+        "the example has a user-scope builder step"
+    );
+    let user = walk::resolve_user(&mut h, "root", &plan).expect("user");
+    assert_eq!(user.home, "/root");
+    let before = tree(&home);
+    let ldir = tempfile::tempdir().expect("ledger");
+    let mut ledger = Ledger::open(ldir.path()).expect("ledger");
+    let rec = BundleRecord {
+        name: "s".into(),
+        deploy_id: plan.deploy_id.clone(),
+        box_name: plan.box_name.clone(),
+        target: "vm".into(),
+        target_key: format!("vm:root@127.0.0.1:{port}"),
+        connection: serde_json::json!({"kind": "test"}),
+        user: user.name.clone(),
+        home: user.home.clone(),
+        state: BundleState::Applying,
+        plan: serde_json::to_value(&plan).expect("json"),
+        options: serde_json::json!({}),
+        created_unix: 0,
+        updated_unix: 0,
+        error: None,
+    };
+    let report = walk::apply(
+        &mut h,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &Arts,
+        &Options {
+            gates: Gates::all(),
+            target: "vm".into(),
+            box_home: "/home/user".into(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply over ssh");
+    assert!(
+        report.steps.iter().all(|s| s.state == "complete"),
+        "{:#?}",
+        report.steps
+    );
+    // The artifact landed in the guest's home, retargeted from /home/user, owned by root.
+    let tool = home.join(".npm-global/bin/cowsay");
+    assert_eq!(
+        std::fs::read(&tool).expect("artifact"),
+        b"#!/bin/sh\necho moo\n"
+    );
+    assert_eq!(std::fs::metadata(&tool).expect("m").uid(), 0);
+    assert!(
+        walk::drift(&mut h, &ledger, "s", None)
+            .expect("drift")
+            .is_empty()
+    );
+    walk::remove(&mut h, &mut ledger, "s", false, &mut |_| {}).expect("del");
+    assert_eq!(tree(&home), before);
+}

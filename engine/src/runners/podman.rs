@@ -1,0 +1,724 @@
+//! The podman runner.
+//!
+//! * **Configuration.** Podman on some hosts needs settings to work at all
+//!   (on Debian 12 with hybrid cgroups: the runc runtime and explicit
+//!   ulimits). Unless `CONTAINERS_CONF` is already set, charly writes its own
+//!   `containers.conf` next to the store and points podman at it. `--podman-root`
+//!   isolates storage (tests, CI).
+//! * **Builder stages** build the stage Containerfile with `--target` and
+//!   export the `copy_artifact` paths with `podman cp`, then re-pack them as
+//!   a reproducible tar (sorted entries, mtime 0, owner from the box user
+//!   when the artifact is chowned), so the same stage gives the same bytes.
+//! * **Images** build with `--layers`, the node key as a label, and are saved
+//!   as an OCI archive for the store, so a machine that only has the store
+//!   gets the image back with `podman load` instead of a rebuild.
+//! * **Root filesystems** are bootstrapped on the host with debootstrap
+//!   (from the configured mirror) when no builder image exists.
+//! * **CA bundle.** Behind an intercepting proxy, builds that speak HTTPS
+//!   need the proxy's CA: `--ca-bundle FILE` mounts it read-only at the
+//!   usual system path in every RUN and points npm/node, pip and curl at it.
+
+use super::{
+    ImageConfig, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Settings of the podman runner.
+#[derive(Clone, Debug, Default)]
+pub struct PodmanOptions {
+    /// Isolated storage root (`podman --root`); run root goes next to it.
+    pub root: Option<PathBuf>,
+    /// Directory for charly's containers.conf (the store directory).
+    pub conf_dir: PathBuf,
+    /// A CA bundle to trust in builds.
+    pub ca_bundle: Option<PathBuf>,
+    /// Jobs per `podman build` (`--jobs`).
+    pub jobs: usize,
+}
+
+/// Runs nodes with podman.
+pub struct PodmanRunner {
+    opts: PodmanOptions,
+    conf: Option<PathBuf>,
+    /// buildah before 1.29 deadlocks when a RUN holds two `sharing=locked`
+    /// cache mounts and a later RUN mounts them again (seen with 1.28.2, the
+    /// version Debian 12 ships). Package managers lock their own caches, so
+    /// such builds use `sharing=shared` instead.
+    shared_caches: bool,
+    /// Where builds on shared caches take their cache slot (see [`CacheSlot`]).
+    slot_dir: PathBuf,
+}
+
+/// Where the CA bundle is mounted inside build containers.
+const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+impl PodmanRunner {
+    /// Checks podman is installed and prepares its configuration.
+    pub fn new(opts: PodmanOptions) -> Result<Self, RunError> {
+        let found = Command::new("podman").arg("--version").output();
+        match found {
+            Ok(o) if o.status.success() => {}
+            _ => {
+                return Err(RunError::new(
+                    "podman is not installed or not on PATH; install it (Debian/Ubuntu: `apt-get install podman buildah runc`, Fedora: `dnf install podman`) or use `--runner fake` to plan without building",
+                ));
+            }
+        }
+        let conf = if std::env::var_os("CONTAINERS_CONF").is_some() {
+            None
+        } else {
+            let runtime = if which("runc") { "runc" } else { "crun" };
+            let text = format!(
+                "# written by charly: podman settings this host needs\n[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"{runtime}\"\n"
+            );
+            let path = opts.conf_dir.join("podman").join("containers.conf");
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+                    .map_err(|e| RunError::new(format!("{}: {e}", path.display())))?;
+                std::fs::write(&path, text)
+                    .map_err(|e| RunError::new(format!("{}: {e}", path.display())))?;
+            }
+            Some(path)
+        };
+        if let Some(ca) = &opts.ca_bundle
+            && !ca.is_file()
+        {
+            return Err(RunError::new(format!(
+                "--ca-bundle {}: no such file",
+                ca.display()
+            )));
+        }
+        let mut r = PodmanRunner {
+            opts,
+            conf,
+            shared_caches: false,
+            slot_dir: PathBuf::new(),
+        };
+        let info = r
+            .cmd()
+            .args([
+                "info",
+                "--format",
+                "{{.Host.BuildahVersion}}\n{{.Store.GraphRoot}}",
+            ])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        let mut lines = info.lines().map(str::trim);
+        r.shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
+        // Cache mounts live in podman's storage, so every charly process
+        // that builds into the same storage must see the same slots.
+        r.slot_dir = match (&r.opts.root, lines.next().filter(|g| !g.is_empty())) {
+            (Some(root), _) => root.join("charly-cache-slots"),
+            (None, Some(graph)) => Path::new(graph).join("charly-cache-slots"),
+            (None, None) => r.opts.conf_dir.join("podman").join("cache-slots"),
+        };
+        Ok(r)
+    }
+
+    /// A podman command with charly's configuration and storage.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        if let Some(conf) = &self.conf {
+            c.env("CONTAINERS_CONF", conf);
+        }
+        if let Some(root) = &self.opts.root {
+            c.arg("--root")
+                .arg(root.join("storage"))
+                .arg("--runroot")
+                .arg(root.join("run"));
+        }
+        c
+    }
+
+    fn run(&self, what: &str, c: &mut Command) -> Result<Output, RunError> {
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RunError::new(format!("{what}: cannot run podman: {e}")))?;
+        if !out.status.success() {
+            // The build log (stdout) says what failed; stderr says where.
+            return Err(RunError::new(format!(
+                "{what} failed ({}):\n{}\n{}",
+                out.status,
+                tail_lines(&out.stdout, 30),
+                tail_lines(&out.stderr, 10)
+            )));
+        }
+        Ok(out)
+    }
+
+    fn ca_args(&self, c: &mut Command) {
+        if let Some(ca) = &self.opts.ca_bundle {
+            c.arg("--volume")
+                .arg(format!("{}:{CA_TARGET}:ro", ca.display()));
+        }
+    }
+
+    /// The environment a build RUN needs to trust the CA bundle (npm/node,
+    /// pip, curl, git all honour one of these).
+    fn ca_env(&self) -> Vec<(String, String)> {
+        if self.opts.ca_bundle.is_none() {
+            return Vec::new();
+        }
+        [
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "CURL_CA_BUNDLE",
+            "npm_config_cafile",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), CA_TARGET.to_string()))
+        .collect()
+    }
+
+    fn build(&self, b: &BuildCall<'_>) -> Result<String, RunError> {
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let iid = tmp.path().join("iid");
+        let mut file = b.file.to_path_buf();
+        // Held until the build ends: no other build on this storage uses
+        // the same cache ids meanwhile.
+        let mut _slot = None;
+        if self.shared_caches {
+            let text = std::fs::read_to_string(b.file)
+                .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?;
+            if text.contains("--mount=type=cache") {
+                let slot = CacheSlot::take(&self.slot_dir)
+                    .map_err(|e| RunError::new(format!("{}: {e}", self.slot_dir.display())))?;
+                file = tmp.path().join("Containerfile");
+                std::fs::write(&file, slot.rewrite(&text))
+                    .map_err(|e| RunError::new(e.to_string()))?;
+                _slot = Some(slot);
+            }
+        }
+        let mut c = self.cmd();
+        c.arg("build").arg("--layers=true").arg("--pull=never");
+        if self.opts.jobs > 1 {
+            c.arg(format!("--jobs={}", self.opts.jobs));
+        }
+        c.arg("-f")
+            .arg(&file)
+            .arg("-t")
+            .arg(b.tag)
+            .arg("--iidfile")
+            .arg(&iid);
+        if let Some(t) = b.target {
+            c.arg("--target").arg(t);
+        }
+        for (k, v) in b.args {
+            c.arg("--build-arg").arg(format!("{k}={v}"));
+        }
+        for (k, v) in b.labels {
+            c.arg("--label").arg(format!("{k}={v}"));
+        }
+        self.ca_args(&mut c);
+        c.arg(b.context);
+        self.run(b.what, &mut c)?;
+        std::fs::read_to_string(&iid)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| RunError::new(format!("{}: no image id: {e}", b.what)))
+    }
+}
+
+/// One `podman build`.
+struct BuildCall<'a> {
+    what: &'a str,
+    context: &'a Path,
+    file: &'a Path,
+    tag: &'a str,
+    target: Option<&'a str>,
+    args: &'a [(String, String)],
+    labels: &'a [(String, String)],
+}
+
+impl crate::check::BedHost for PodmanRunner {
+    fn start(&self, image: &str, name: &str, user: &str, cmd: &[String]) -> Result<String, String> {
+        let mut c = self.cmd();
+        c.args(["run", "-d", "--pull=never", "--name", name, "--user", user]);
+        if let Some((first, rest)) = cmd.split_first() {
+            c.arg("--entrypoint").arg(first).arg(image).args(rest);
+        } else {
+            c.arg(image);
+        }
+        let out = self
+            .run(&format!("start bed {name}"), &mut c)
+            .map_err(|e| e.message)?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn exec(
+        &self,
+        id: &str,
+        user: &str,
+        script: &str,
+        timeout: std::time::Duration,
+    ) -> Result<crate::check::ExecOutput, String> {
+        let mut child = self
+            .cmd()
+            .args(["exec", "--user", user, id, "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("podman exec: {e}"))?;
+        let start = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if start.elapsed() > timeout => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("timed out after {} s", timeout.as_secs()));
+                }
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(e) => return Err(format!("podman exec: {e}")),
+            }
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("podman exec: {e}"))?;
+        Ok(crate::check::ExecOutput {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    fn remove(&self, id: &str) {
+        let _ = self.cmd().args(["rm", "-f", "-t", "0", id]).output();
+    }
+}
+
+/// A cache slot: on buildah before 1.29, cache mounts are `sharing=shared`
+/// (see [`PodmanRunner`]), so two builds running `apt-get` at once on one
+/// storage would share `/var/cache/apt` and the second dies on apt's lock
+/// ("Could not get lock /var/cache/apt/archives/lock"). Each build that
+/// mounts caches therefore holds a slot, an exclusive lock on
+/// `slot-N.lock` in a directory shared by every charly process on that
+/// storage, and the cache ids of slot N > 0 carry the suffix `-sN`. The
+/// first build takes slot 0 and keeps the generated ids (so its RUN lines,
+/// and podman's layer cache, are those of the Containerfile); a concurrent
+/// build gets its own caches instead of failing. Slots are per storage and
+/// reused, so each slot's caches stay warm.
+struct CacheSlot {
+    n: usize,
+    _lock: std::fs::File,
+}
+
+/// Slots tried before waiting for slot 0.
+const CACHE_SLOTS: usize = 16;
+
+impl CacheSlot {
+    /// Takes the first free slot, or waits for slot 0 when all are busy.
+    fn take(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let open = |n: usize| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(format!("slot-{n}.lock")))
+        };
+        for n in 0..CACHE_SLOTS {
+            let f = open(n)?;
+            match f.try_lock() {
+                Ok(()) => return Ok(CacheSlot { n, _lock: f }),
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+        }
+        let f = open(0)?;
+        f.lock()?;
+        Ok(CacheSlot { n: 0, _lock: f })
+    }
+
+    /// The Containerfile with `sharing=shared` mounts and this slot's ids.
+    fn rewrite(&self, text: &str) -> String {
+        slot_text(text, self.n)
+    }
+}
+
+/// `sharing=locked` becomes `shared`; cache `id=charly-…` gains `-sN` for
+/// slot N > 0.
+fn slot_text(text: &str, n: usize) -> String {
+    let text = text.replace("sharing=locked", "sharing=shared");
+    if n == 0 {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("--mount=type=cache,") {
+        let (head, mount) = rest.split_at(i);
+        out.push_str(head);
+        let end = mount
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(mount.len());
+        let (spec, tail) = mount.split_at(end);
+        let mut parts: Vec<String> = spec
+            .split(',')
+            .map(|p| match p.strip_prefix("id=") {
+                Some(id) => format!("id={id}-s{n}"),
+                None => p.to_string(),
+            })
+            .collect();
+        // Without an id, buildah keys the cache by its target path.
+        if !parts.iter().any(|p| p.starts_with("id=")) {
+            let dst = parts.iter().find_map(|p| {
+                ["dst=", "target=", "destination="]
+                    .iter()
+                    .find_map(|k| p.strip_prefix(k))
+            });
+            if let Some(dst) = dst {
+                parts.push(format!("id={dst}-s{n}"));
+            }
+        }
+        out.push_str(&parts.join(","));
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The last `n` lines of command output.
+fn tail_lines(bytes: &[u8], n: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Whether a `major.minor.patch` version is older than `(major, minor)`.
+fn buildah_before(v: &str, (maj, min): (u64, u64)) -> bool {
+    let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    a != 0 && (a, b) < (maj, min)
+}
+
+fn which(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+impl Runner for PodmanRunner {
+    fn name(&self) -> &str {
+        "podman"
+    }
+
+    fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let file = tmp.path().join("Containerfile");
+        // A CA bundle reaches the stage's RUNs through ENV right after its FROM.
+        let mut text = req.containerfile.clone();
+        let env = self.ca_env();
+        if !env.is_empty() {
+            let mut patched = String::new();
+            for line in text.lines() {
+                patched.push_str(line);
+                patched.push('\n');
+                if line.starts_with("FROM ") && !line.starts_with("FROM scratch") {
+                    for (k, v) in &env {
+                        patched.push_str(&format!("ENV {k}={v}\n"));
+                    }
+                }
+            }
+            text = patched;
+        }
+        std::fs::write(&file, text).map_err(|e| RunError::new(e.to_string()))?;
+        let stage = req
+            .containerfile
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("FROM ").and_then(|r| r.split(" AS ").nth(1)))
+            .map(|s| s.trim().to_string());
+        let tag = format!(
+            "localhost/charly-stage:{}",
+            &req.key[..16.min(req.key.len())]
+        );
+        let what = format!("builder stage {}", req.node);
+        let id = self.build(&BuildCall {
+            what: &what,
+            context: &req.context,
+            file: &file,
+            tag: &tag,
+            target: stage.as_deref(),
+            args: &[],
+            labels: &[],
+        })?;
+        // Export the artifact paths from a stopped container.
+        let ctr = format!("charly-export-{}", &req.key[..16.min(req.key.len())]);
+        let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+        self.run(
+            "create export container",
+            self.cmd().args(["create", "--name", &ctr, &id, "true"]),
+        )?;
+        let result = (|| -> Result<(), RunError> {
+            let mut files: Vec<crate::artifact::Entry> = Vec::new();
+            for src in &req.export {
+                let src = src.trim_end_matches('/');
+                let out = self.run(
+                    &format!("podman cp {src}"),
+                    self.cmd().arg("cp").arg(format!("{ctr}:{src}")).arg("-"),
+                )?;
+                files.extend(
+                    crate::artifact::read_export(&out.stdout, src)
+                        .map_err(|e| RunError::new(format!("reading {src}: {e}")))?,
+                );
+            }
+            crate::artifact::write_tar(&req.out, files, Some(req.owner))
+                .map_err(|e| RunError::new(format!("writing artifact: {e}")))
+        })();
+        let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+        let _ = self.cmd().args(["rmi", "-f", &tag]).output();
+        result
+    }
+
+    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
+        let args: Vec<(String, String)> = req
+            .build_args
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let labels: Vec<(String, String)> = req
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let file = req.context.join(&req.containerfile);
+        let what = format!("image {}", req.tag);
+        let id = self.build(&BuildCall {
+            what: &what,
+            context: &req.context,
+            file: &file,
+            tag: &req.tag,
+            target: None,
+            args: &args,
+            labels: &labels,
+        })?;
+        // Save for the store: a fresh machine restores instead of rebuilding.
+        let dir = tempfile::Builder::new()
+            .prefix("charly-image-")
+            .tempdir()
+            .map_err(|e| RunError::new(e.to_string()))?
+            .keep();
+        let archive = dir.join("image.tar");
+        self.run(
+            &format!("podman save {}", req.tag),
+            self.cmd()
+                .args(["save", "--format", "oci-archive", "-o"])
+                .arg(&archive)
+                .arg(&req.tag),
+        )?;
+        Ok(ImageResult {
+            id: format!("sha256:{}", id.trim_start_matches("sha256:")),
+            tag: req.tag.clone(),
+            archive: Some(archive),
+        })
+    }
+
+    fn has_image(&self, reference: &str) -> bool {
+        !reference.is_empty()
+            && self
+                .cmd()
+                .args(["image", "exists", reference.trim_start_matches("sha256:")])
+                .status()
+                .is_ok_and(|s| s.success())
+    }
+
+    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
+        let out = self.run(
+            "podman load",
+            self.cmd().arg("load").arg("-q").arg("-i").arg(archive),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let loaded = text
+            .lines()
+            .find_map(|l| l.split_once(": ").map(|(_, r)| r.trim().to_string()))
+            .unwrap_or_default();
+        if !tag.is_empty() && !loaded.is_empty() && loaded != tag {
+            self.run("podman tag", self.cmd().args(["tag", &loaded, tag]))?;
+        }
+        Ok(tag.to_string())
+    }
+
+    fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        let mut c = self.cmd();
+        c.args([
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=host",
+            "--user",
+            "0:0",
+        ])
+        .arg("-v")
+        .arg(format!("{}:/src:ro", req.source.display()))
+        .arg("-v")
+        .arg(format!("{}:/out", req.out.display()));
+        self.ca_args(&mut c);
+        c.arg(&req.image).arg("sh").arg("-c").arg(&req.script);
+        self.run(&format!("local package {}", req.node), &mut c)?;
+        Ok(())
+    }
+
+    fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        if req.builder != "debootstrap" {
+            return Err(RunError::new(format!(
+                "bootstrapping with `{}` needs its builder image; only debootstrap runs on the host",
+                req.builder
+            )));
+        }
+        if !which("debootstrap") && !Path::new("/usr/sbin/debootstrap").exists() {
+            return Err(RunError::new(
+                "debootstrap is not installed (apt-get install debootstrap)",
+            ));
+        }
+        if req.suite.is_empty() || req.mirror.is_empty() {
+            return Err(RunError::new(
+                "the distro's `debootstrap:` settings need `suite` and `mirror`",
+            ));
+        }
+        let tmp = tempfile::tempdir().map_err(|e| RunError::new(e.to_string()))?;
+        let target = tmp.path().join("rootfs");
+        let mut c = Command::new("debootstrap");
+        c.arg(format!("--variant={}", req.variant));
+        if !req.include.is_empty() {
+            c.arg(format!("--include={}", req.include.join(",")));
+        }
+        c.arg(&req.suite).arg(&target).arg(&req.mirror);
+        let out = c
+            .output()
+            .map_err(|e| RunError::new(format!("debootstrap: {e}")))?;
+        if !out.status.success() {
+            let text = String::from_utf8_lossy(&out.stderr).to_string()
+                + &String::from_utf8_lossy(&out.stdout);
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            return Err(RunError::new(format!(
+                "debootstrap {} from {} failed:\n{}",
+                req.suite,
+                req.mirror,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )));
+        }
+        // apt state that only matters inside the bootstrap.
+        let _ = std::fs::remove_dir_all(target.join("var/cache/apt/archives"));
+        let st = Command::new("tar")
+            .arg("-C")
+            .arg(&target)
+            .args(["--numeric-owner", "--xattrs", "-czf"])
+            .arg(&req.out)
+            .arg(".")
+            .status()
+            .map_err(|e| RunError::new(format!("tar: {e}")))?;
+        if !st.success() {
+            return Err(RunError::new("packing the root filesystem failed"));
+        }
+        Ok(())
+    }
+
+    fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct Config {
+            env: Option<Vec<String>>,
+            user: Option<String>,
+            working_dir: Option<String>,
+        }
+        let out = self.run(
+            &format!("podman image inspect {image}"),
+            self.cmd()
+                .args(["image", "inspect", "--format", "{{json .Config}}", image]),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let cfg: Config = match text.trim() {
+            "" | "null" => Config::default(),
+            t => serde_json::from_str(t)
+                .map_err(|e| RunError::new(format!("podman image inspect {image}: {e}")))?,
+        };
+        if let Some(dest) = rootfs {
+            let ctr = format!(
+                "charly-rootfs-{}-{}",
+                std::process::id(),
+                &blake3::hash(image.as_bytes()).to_hex()[..16]
+            );
+            let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+            self.run(
+                "create export container",
+                self.cmd().args(["create", "--name", &ctr, image, "true"]),
+            )?;
+            let r = self.run(
+                &format!("podman export {image}"),
+                self.cmd().arg("export").arg("-o").arg(dest).arg(&ctr),
+            );
+            let _ = self.cmd().args(["rm", "-f", &ctr]).output();
+            r?;
+        }
+        Ok(ImageConfig {
+            env: cfg.env.unwrap_or_default(),
+            user: cfg.user.unwrap_or_default(),
+            workdir: cfg.working_dir.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buildah_versions() {
+        assert!(buildah_before("1.28.2", (1, 29)));
+        assert!(!buildah_before("1.29.0", (1, 29)));
+        assert!(!buildah_before("1.33.7", (1, 29)));
+        assert!(!buildah_before("2.0.0", (1, 29)));
+        assert!(!buildah_before("", (1, 29)), "unknown: assume fixed");
+    }
+
+    const RUN: &str = "FROM x\nRUN --mount=type=cache,id=charly-apt,dst=/var/cache/apt,sharing=locked \\\n    --mount=type=cache,dst=/root/.npm apt-get update\nRUN echo id=charly-x\n";
+
+    #[test]
+    fn slot_zero_keeps_the_generated_ids() {
+        let t = slot_text(RUN, 0);
+        assert!(
+            t.contains("id=charly-apt,dst=/var/cache/apt,sharing=shared "),
+            "{t}"
+        );
+        assert!(!t.contains("sharing=locked"));
+        assert!(
+            t.contains("--mount=type=cache,dst=/root/.npm apt-get"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn other_slots_get_their_own_cache_ids() {
+        let t = slot_text(RUN, 3);
+        assert!(
+            t.contains("id=charly-apt-s3,dst=/var/cache/apt,sharing=shared "),
+            "{t}"
+        );
+        assert!(
+            t.contains("--mount=type=cache,dst=/root/.npm,id=/root/.npm-s3 apt-get"),
+            "{t}"
+        );
+        assert!(
+            t.contains("RUN echo id=charly-x\n"),
+            "only mount options change: {t}"
+        );
+        assert!(t.contains("\\\n    --mount"), "continuations kept: {t}");
+    }
+
+    #[test]
+    fn concurrent_builds_take_different_slots() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = CacheSlot::take(dir.path()).expect("a");
+        let b = CacheSlot::take(dir.path()).expect("b");
+        assert_eq!((a.n, b.n), (0, 1));
+        drop(a);
+        let c = CacheSlot::take(dir.path()).expect("c");
+        assert_eq!(c.n, 0, "a freed slot is reused, so its caches stay warm");
+    }
+}

@@ -1,0 +1,1057 @@
+//! A builder stage as one REAPI action.
+//!
+//! A stage is a one-stage Containerfile rendered from the builder's
+//! `stage_template` (`FROM <builder image> AS <stage>`, then `USER`,
+//! `WORKDIR`, `ENV`, `COPY [--chown]` and `RUN [--mount=type=cache,…]`).
+//! REAPI knows commands, not Containerfiles, so the stage is interpreted:
+//! [`parse`] reads the instructions and [`script`] turns them into one POSIX
+//! shell script that performs them in order inside the builder image and
+//! ends by writing a tar of every export path to `charly-out/<i>.tar` under
+//! the input root. The caller turns those tars into the artifact exactly as
+//! the podman runner turns `podman cp` output into it, so both produce the
+//! same artifact bytes (the end-to-end test compares them).
+//!
+//! How each instruction is carried out:
+//!
+//! * `FROM`: the image the action runs in (see [`StageMode`]); exactly one.
+//! * `ENV k=v …` (and the legacy `ENV k v`): exported for later steps,
+//!   values expanded by the shell as Docker expands them from earlier `ENV`s.
+//! * `WORKDIR`: created, and the directory later relative paths and `RUN`s
+//!   use.
+//! * `USER u[:g]`: later `RUN`s run as that user (numeric, or a name looked
+//!   up in the image's `/etc/passwd`); `HOME` comes from the passwd entry
+//!   unless an `ENV` set it. Switching needs `setpriv` in the image and the
+//!   privilege to use it; where the sandbox runs the action as a fixed user
+//!   without that privilege (bubblewrap, as in CI here), the step runs as
+//!   the sandbox's user and a note goes to the action's stderr. Ownership
+//!   of the artifact never depends on it: every file is given the box
+//!   user's uid:gid when the tar is written. A `RUN` that itself needs
+//!   root's privileges (`install -o`, `chown` to another user, a package
+//!   manager) fails in such a sandbox, as the default npm stage's first
+//!   `RUN` does on buildbox-run: those stages need an engine that runs
+//!   actions in containers. The failure is the command's, so it is reported
+//!   and never retried locally; to keep stages local on such an engine,
+//!   leave out `--remote-stage-rootfs` (with `--remote-no-image-property`,
+//!   stages are not sent).
+//! * `COPY [--chown=u:g] src… dst`: the sources (files or directories
+//!   relative to the build context) travel in the input root under
+//!   `charly-ctx/` and are copied with Docker's rules (a directory's
+//!   contents; into `dst/` when it ends in `/` or there are several
+//!   sources). Modes are 0755 for executables and 0644 otherwise, because
+//!   REAPI trees carry only the executable bit.
+//! * `RUN [--mount=type=cache,target=…] cmd` (shell or JSON form): `sh -c`
+//!   in the working directory; a cache mount is an empty directory for the
+//!   duration of the step, and whatever was at that path before is put back
+//!   afterwards, so cache contents never reach the artifact, as with podman.
+//! * `RUN --mount=type=bind,[from=<layer>,]source=…,target=…`: a copy of
+//!   that path of the context (or of the layer stage) at the target for the
+//!   duration of the step.
+//! * Earlier stages: only layer stages as charly writes them for a candy's
+//!   files (`FROM scratch AS <candy>` + `COPY <dir>/ /`); `COPY --from=` and
+//!   bind mounts `from=` them read that directory of the context.
+//! * `LABEL`, `EXPOSE`, `CMD`, `ENTRYPOINT`, `VOLUME`, `STOPSIGNAL`,
+//!   `HEALTHCHECK`, `MAINTAINER`: image metadata, no effect on files; skipped.
+//! * Anything else (`ARG`, `ADD`, `SHELL`, `ONBUILD`, `COPY --from` an
+//!   image, other mount types, an earlier stage that is not a layer) is
+//!   refused with the line it is on, and the stage is not sent.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::client::RemoteError;
+use crate::tree::InputRoot;
+
+/// How a stage action gets its builder image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageMode {
+    /// `container-image=docker://<builder image>` as a platform property:
+    /// for engines that run each action in a container of that image
+    /// (Buildbarn, BuildBuddy, NativeLink, EngFlow). The image must be
+    /// pullable by the engine.
+    ImageProperty,
+    /// The builder image's root filesystem is the input root, so the
+    /// action's `/` is the image: for engines that only sandbox commands
+    /// (buildbox-run with bubblewrap). Costs one upload of the image's
+    /// files per engine (the CAS deduplicates); the engine must not
+    /// bind-mount host directories over the image's.
+    Rootfs,
+}
+
+/// A `RUN --mount=type=cache` target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheMount {
+    /// Where it is mounted.
+    pub target: String,
+    /// `uid=`, `gid=` and `mode=`, as given.
+    pub uid: Option<String>,
+    /// Group.
+    pub gid: Option<String>,
+    /// Mode (octal).
+    pub mode: Option<String>,
+}
+
+/// A `RUN --mount`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// `type=cache`: an empty directory for the step.
+    Cache(CacheMount),
+    /// `type=bind` of a path of the build context (directly, or through a
+    /// layer stage's `from=`): a copy at `target` for the step.
+    Bind {
+        /// Path relative to the build context.
+        src: String,
+        /// Where it appears.
+        target: String,
+    },
+}
+
+/// One instruction that changes the stage's files or environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `ENV`: (name, value as a shell word).
+    Env(Vec<(String, String)>),
+    /// `WORKDIR` (a shell word).
+    Workdir(String),
+    /// `USER` user[:group].
+    User(String),
+    /// `COPY` (also `COPY --from=<layer stage>`).
+    Copy {
+        /// `--chown` value.
+        chown: Option<String>,
+        /// Sources, relative to the build context (literal paths; those of
+        /// `--from=` resolved through the layer stage).
+        srcs: Vec<String>,
+        /// Destination (a shell word).
+        dst: String,
+    },
+    /// `RUN`.
+    Run {
+        /// Its mounts.
+        mounts: Vec<Mount>,
+        /// The command, for `sh -c`.
+        command: String,
+    },
+}
+
+/// A parsed stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    /// The `FROM` image.
+    pub from: String,
+    /// Its steps, in order.
+    pub steps: Vec<Step>,
+}
+
+/// Logical lines: continuations joined, comments and blank lines dropped,
+/// each with the 1-based number of its first physical line.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(usize, String)> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let trimmed = raw.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && cur.is_none()) {
+            continue;
+        }
+        if trimmed.is_empty() {
+            continue;
+        }
+        let (body, more) = match raw.trim_end().strip_suffix('\\') {
+            Some(b) => (b, true),
+            None => (raw.trim_end(), false),
+        };
+        match &mut cur {
+            Some((_, s)) => {
+                s.push(' ');
+                s.push_str(body.trim_start());
+            }
+            None => cur = Some((i + 1, body.trim_start().to_string())),
+        }
+        if !more && let Some(done) = cur.take() {
+            out.push(done);
+        }
+    }
+    out.extend(cur);
+    out
+}
+
+/// Splits into words as written (quotes and backslashes kept), respecting
+/// single and double quotes and backslash escapes.
+fn raw_words(s: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    let mut quote: Option<char> = None;
+    let mut in_word = false;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+                continue;
+            }
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (Some('\''), _) => {}
+            (_, '\\') => {
+                cur.push(c);
+                match chars.next() {
+                    Some(n) => cur.push(n),
+                    None => return Err("a trailing backslash".into()),
+                }
+                in_word = true;
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+        in_word = true;
+    }
+    if quote.is_some() {
+        return Err("an unterminated quote".into());
+    }
+    if in_word {
+        words.push(cur);
+    }
+    Ok(words)
+}
+
+/// A word's literal value (quotes removed, escapes resolved); `None` if it
+/// needs the shell (a `$` outside single quotes, or a glob character).
+fn literal(word: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = word.chars();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (Some('\''), c) => out.push(c),
+            (_, '\\') => out.push(chars.next()?),
+            (_, '$') => return None,
+            (None, '*' | '?' | '[') => return None,
+            (_, c) => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// Quotes a string for sh.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn flag<'a>(word: &'a str, name: &str) -> Option<&'a str> {
+    word.strip_prefix("--")?
+        .strip_prefix(name)?
+        .strip_prefix('=')
+}
+
+fn parse_mount(spec: &str, layers: &BTreeMap<String, String>) -> Result<Mount, String> {
+    let mut kind = "bind";
+    let (mut from, mut source) = (None, String::new());
+    let mut m = CacheMount {
+        target: String::new(),
+        uid: None,
+        gid: None,
+        mode: None,
+    };
+    for part in spec.split(',') {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        match k {
+            "type" => kind = v,
+            "target" | "dst" | "destination" => m.target = v.to_string(),
+            "source" | "src" => source = v.to_string(),
+            "from" => from = Some(v.to_string()),
+            "uid" => m.uid = Some(v.to_string()),
+            "gid" => m.gid = Some(v.to_string()),
+            "mode" => m.mode = Some(v.to_string()),
+            "id" | "sharing" | "readonly" | "ro" | "rw" | "readwrite" => {}
+            other => return Err(format!("mount option `{other}` is not supported")),
+        }
+    }
+    if !m.target.starts_with('/') {
+        return Err(format!(
+            "a mount needs an absolute target, not `{}`",
+            m.target
+        ));
+    }
+    match kind {
+        "cache" => Ok(Mount::Cache(m)),
+        "bind" => Ok(Mount::Bind {
+            src: context_path(from.as_deref(), &source, layers)?,
+            target: m.target,
+        }),
+        other => Err(format!("`--mount=type={other}` is not supported")),
+    }
+}
+
+/// A path of the build context, or of a layer stage (`from`), as a path
+/// relative to the build context.
+fn context_path(
+    from: Option<&str>,
+    path: &str,
+    layers: &BTreeMap<String, String>,
+) -> Result<String, String> {
+    let base = match from {
+        None => String::new(),
+        Some(name) => layers
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("`from={name}` names no layer stage before it"))?,
+    };
+    let rel = path.trim_start_matches('/');
+    if rel.split('/').any(|p| p == "..") {
+        return Err(format!("`{path}` leaves the build context"));
+    }
+    let joined = [base.trim_end_matches('/'), rel]
+        .iter()
+        .filter(|p| !p.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("/");
+    Ok(if joined.is_empty() {
+        ".".into()
+    } else {
+        joined
+    })
+}
+
+/// An earlier stage as charly writes it for a candy's files (`FROM
+/// scratch AS <candy>` with `COPY <dir>/ /`): the context directory it
+/// holds.
+fn layer_dir(image: &str, steps: &[Step]) -> Option<String> {
+    match steps {
+        [
+            Step::Copy {
+                chown: None,
+                srcs,
+                dst,
+            },
+        ] if image == "scratch" && dst == "/" && srcs.len() == 1 => {
+            Some(srcs[0].trim_end_matches('/').to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Reads a stage Containerfile. Errors name the line.
+///
+/// The last stage is the one that runs. Earlier stages may only be layer
+/// stages (see [`layer_dir`]); `COPY --from=` and `RUN --mount=type=bind,from=`
+/// of the last stage read the context directory they hold.
+pub fn parse(containerfile: &str) -> Result<Stage, String> {
+    let mut from: Option<(usize, String, Option<String>)> = None;
+    let mut layers: BTreeMap<String, String> = BTreeMap::new();
+    let mut steps = Vec::new();
+    for (line, text) in logical_lines(containerfile) {
+        let at = |m: String| format!("line {line}: {m}");
+        let (word, rest) = text
+            .split_once(char::is_whitespace)
+            .map_or((text.as_str(), ""), |(w, r)| (w, r.trim()));
+        match word.to_ascii_uppercase().as_str() {
+            "FROM" => {
+                if let Some((l, image, alias)) = from.take() {
+                    let dir = layer_dir(&image, &steps).ok_or_else(|| {
+                        format!(
+                            "line {l}: only the last stage runs remotely; an earlier stage must be \
+                             `FROM scratch AS <name>` with one `COPY <dir>/ /`"
+                        )
+                    })?;
+                    let name =
+                        alias.ok_or_else(|| format!("line {l}: a layer stage needs a name"))?;
+                    layers.insert(name, dir);
+                    steps.clear();
+                }
+                let words = raw_words(rest).map_err(at)?;
+                match words.as_slice() {
+                    [image] => from = Some((line, image.clone(), None)),
+                    [image, as_, name] if as_.eq_ignore_ascii_case("as") => {
+                        from = Some((line, image.clone(), Some(name.clone())))
+                    }
+                    _ => return Err(at(format!("FROM {rest} is not supported"))),
+                }
+            }
+            _ if from.is_none() => return Err(at(format!("{word} before FROM"))),
+            "ENV" => {
+                let words = raw_words(rest).map_err(at)?;
+                let mut pairs = Vec::new();
+                if words.first().is_some_and(|w| !w.contains('=')) {
+                    // Legacy `ENV name value…`: the rest of the line.
+                    let name = words[0].clone();
+                    let value = rest[name.len()..].trim();
+                    pairs.push((name, shell_quote(value)));
+                } else {
+                    for w in &words {
+                        let (k, v) = w
+                            .split_once('=')
+                            .ok_or_else(|| at(format!("ENV word `{w}` is not name=value")))?;
+                        pairs.push((k.to_string(), v.to_string()));
+                    }
+                }
+                for (k, _) in &pairs {
+                    if k.is_empty()
+                        || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        || k.starts_with(|c: char| c.is_ascii_digit())
+                    {
+                        return Err(at(format!("`{k}` is not a variable name")));
+                    }
+                }
+                steps.push(Step::Env(pairs));
+            }
+            "WORKDIR" => {
+                if rest.is_empty() {
+                    return Err(at("WORKDIR without a path".into()));
+                }
+                let word = literal(rest).map_or_else(|| format!("\"{rest}\""), |l| shell_quote(&l));
+                steps.push(Step::Workdir(word));
+            }
+            "USER" => {
+                let u = literal(rest)
+                    .filter(|u| !u.is_empty() && !u.contains(char::is_whitespace))
+                    .ok_or_else(|| at(format!("USER {rest} is not supported")))?;
+                steps.push(Step::User(u));
+            }
+            "COPY" => {
+                let words = raw_words(rest).map_err(at)?;
+                let mut chown = None;
+                let mut layer = None;
+                let mut args = Vec::new();
+                for w in words {
+                    if let Some(v) = flag(&w, "chown") {
+                        chown = Some(literal(v).ok_or_else(|| at(format!("--chown={v}")))?);
+                    } else if let Some(v) = flag(&w, "from") {
+                        if !layers.contains_key(v) {
+                            return Err(at(format!(
+                                "COPY --from={v} names no layer stage before it"
+                            )));
+                        }
+                        layer = Some(v.to_string());
+                    } else if w.starts_with("--") {
+                        return Err(at(format!("COPY {w} is not supported")));
+                    } else {
+                        args.push(w);
+                    }
+                }
+                let Some((dst, srcs)) = args.split_last().filter(|(_, s)| !s.is_empty()) else {
+                    return Err(at("COPY needs a source and a destination".into()));
+                };
+                let srcs = srcs
+                    .iter()
+                    .map(|s| {
+                        literal(s)
+                            .and_then(|l| context_path(layer.as_deref(), &l, &layers).ok())
+                            .ok_or_else(|| {
+                                at(format!(
+                                    "COPY source `{s}` must be a plain path inside the context \
+                                     (no variables, globs or `..`)"
+                                ))
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                steps.push(Step::Copy {
+                    chown,
+                    srcs,
+                    dst: dst.clone(),
+                });
+            }
+            "RUN" => {
+                let mut rest = rest;
+                let mut mounts = Vec::new();
+                while rest.starts_with("--") {
+                    let (w, r) = rest
+                        .split_once(char::is_whitespace)
+                        .map_or((rest, ""), |(w, r)| (w, r.trim_start()));
+                    let spec =
+                        flag(w, "mount").ok_or_else(|| at(format!("RUN {w} is not supported")))?;
+                    mounts.push(parse_mount(spec, &layers).map_err(at)?);
+                    rest = r;
+                }
+                let command = if rest.starts_with('[') {
+                    let argv: Vec<String> = serde_json::from_str(rest)
+                        .map_err(|e| at(format!("RUN in JSON form: {e}")))?;
+                    argv.iter()
+                        .map(|a| shell_quote(a))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                } else {
+                    rest.to_string()
+                };
+                if command.is_empty() {
+                    return Err(at("RUN without a command".into()));
+                }
+                steps.push(Step::Run { mounts, command });
+            }
+            "LABEL" | "EXPOSE" | "CMD" | "ENTRYPOINT" | "VOLUME" | "STOPSIGNAL" | "HEALTHCHECK"
+            | "MAINTAINER" => {}
+            other => {
+                return Err(at(format!(
+                    "{other} is not supported in a builder stage run remotely"
+                )));
+            }
+        }
+    }
+    let (_, from, _) = from.ok_or("no FROM")?;
+    Ok(Stage { from, steps })
+}
+
+/// The preamble every stage script starts with: the input root, the user
+/// to run as, and the helpers of the steps.
+const PRELUDE: &str = r#"set -eu
+umask 022
+charly_root=$(pwd)
+charly_wd=/
+charly_user=
+charly_home_set=${HOME:+1}
+# Helpers keep their variables under charly_ (none is exported), so a
+# stage's own ENV names are never touched.
+charly_ids() { # user[:group] -> "uid gid home"
+    charly_u=${1%%:*}; charly_g=; case $1 in *:*) charly_g=${1#*:};; esac
+    charly_line=$(awk -F: -v u="$charly_u" '$1 == u || $3 == u { print; exit }' /etc/passwd 2>/dev/null || :)
+    if [ -n "$charly_line" ]; then
+        charly_uid=$(echo "$charly_line" | cut -d: -f3)
+        charly_gid=$(echo "$charly_line" | cut -d: -f4)
+        charly_home=$(echo "$charly_line" | cut -d: -f6)
+    else
+        case $charly_u in *[!0-9]*|'') echo "charly: user $charly_u is not in /etc/passwd" >&2; exit 1;; esac
+        charly_uid=$charly_u; charly_gid=0; charly_home=/
+    fi
+    if [ -n "$charly_g" ]; then
+        case $charly_g in
+        *[!0-9]*) charly_gid=$(awk -F: -v g="$charly_g" '$1 == g { print $3; exit }' /etc/group 2>/dev/null || :)
+                  [ -n "$charly_gid" ] || { echo "charly: group $charly_g is not in /etc/group" >&2; exit 1; };;
+        *) charly_gid=$charly_g;;
+        esac
+    fi
+    echo "$charly_uid $charly_gid ${charly_home:-/}"
+}
+charly_chown() { # owner path...
+    charly_o=$1; shift
+    set -- $(charly_ids "$charly_o") "$@"
+    charly_og="$1:$2"; shift 3
+    chown -R "$charly_og" "$@" 2>/dev/null || echo "charly: could not chown $* to $charly_og in this sandbox (the artifact's owner is set when it is written)" >&2
+}
+charly_modes() { # source-dir dest-dir: 0755/0644 for what was copied
+    for charly_p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        charly_q="$2/${charly_p##*/}"
+        if [ -L "$charly_q" ] || [ ! -e "$charly_q" ]; then continue; fi
+        chmod -R u=rwX,go=rX "$charly_q"
+    done
+}
+charly_run() { # command
+    (
+        cd "$charly_wd"
+        charly_me=$(id -u)
+        if [ -n "$charly_user" ]; then
+            set -- "$1" $(charly_ids "$charly_user")
+            [ -n "$charly_home_set" ] || { HOME=$4; export HOME; }
+            if [ "$2" != "$charly_me" ]; then
+                if command -v setpriv >/dev/null 2>&1 && setpriv --reuid="$2" --regid="$3" --clear-groups true 2>/dev/null; then
+                    exec setpriv --reuid="$2" --regid="$3" --clear-groups /bin/sh -c "$1"
+                fi
+                echo "charly: cannot switch to user $charly_user in this sandbox; running as uid $charly_me" >&2
+            fi
+        elif [ -z "$charly_home_set" ]; then
+            HOME=/root; export HOME
+        fi
+        exec /bin/sh -c "$1"
+    )
+}
+charly_mount_begin() { # target [source to copy there]
+    if [ -e "$1" ] || [ -L "$1" ]; then mv "$1" "$1.charly-kept"; fi
+    mkdir -p "$1"
+    if [ -n "${2:-}" ]; then
+        if [ -d "$2" ]; then cp -R "$2"/. "$1"/; else rmdir "$1" && cp "$2" "$1"; fi
+    fi
+}
+charly_mount_end() { # target
+    rm -rf "$1"
+    if [ -e "$1.charly-kept" ] || [ -L "$1.charly-kept" ]; then mv "$1.charly-kept" "$1"; else mkdir -p "$1"; fi
+}
+"#;
+
+/// Where COPY sources travel in the input root.
+pub const CTX_DIR: &str = "charly-ctx";
+/// Where the export tars are written (the action's output directory).
+pub const OUT_DIR: &str = "charly-out";
+
+/// The shell script that performs the stage's steps and writes one tar per
+/// export path (`charly-out/<i>.tar`, entries relative to the path's
+/// parent, as `podman cp` writes them). `home_set`: the image's
+/// environment sets `HOME`.
+pub fn script(stage: &Stage, export: &[String]) -> String {
+    let mut s = String::from(PRELUDE);
+    for step in &stage.steps {
+        match step {
+            Step::Env(pairs) => {
+                for (k, v) in pairs {
+                    s.push_str(&format!("export {k}={v}\n"));
+                    if k == "HOME" {
+                        s.push_str("charly_home_set=1\n");
+                    }
+                }
+            }
+            Step::Workdir(w) => {
+                s.push_str(&format!(
+                    "cd \"$charly_wd\" && mkdir -p {w} && cd {w} && charly_wd=$(pwd) && cd /\n"
+                ));
+            }
+            Step::User(u) => {
+                s.push_str(&format!(
+                    "charly_ids {q} >/dev/null\ncharly_user={q}\n",
+                    q = shell_quote(u)
+                ));
+            }
+            Step::Copy { chown, srcs, dst } => {
+                let into_dir = srcs.len() > 1 || dst.ends_with('/');
+                s.push_str(&format!("cd \"$charly_wd\"\ncharly_dst={dst}\n"));
+                for src in srcs {
+                    let from = format!(
+                        "\"$charly_root\"/{}/{}",
+                        CTX_DIR,
+                        shell_quote(src.trim_end_matches('/'))
+                    );
+                    let base = Path::new(src.trim_end_matches('/'))
+                        .file_name()
+                        .map(|b| shell_quote(&b.to_string_lossy()))
+                        .unwrap_or_default();
+                    s.push_str(&format!(
+                        "if [ -d {from} ]; then\n    mkdir -p \"$charly_dst\" && cp -R {from}/. \"$charly_dst\"/\n    charly_new=\"$charly_dst\"\n    charly_modes {from} \"$charly_dst\"\n"
+                    ));
+                    // A file goes into the destination when it ends in `/`,
+                    // there are several sources, or it is a directory
+                    // already (`COPY x .`), as BuildKit does.
+                    let into = if into_dir { "true" } else { "false" };
+                    s.push_str(&format!(
+                        "elif {into} || [ -d \"$charly_dst\" ]; then\n    mkdir -p \"$charly_dst\" && cp {from} \"$charly_dst\"/ && charly_new=\"$charly_dst\"/{base}\n    chmod u=rw,go=r \"$charly_new\" && if [ -x {from} ]; then chmod a+x \"$charly_new\"; fi\n\
+                         else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n    chmod u=rw,go=r \"$charly_new\" && if [ -x {from} ]; then chmod a+x \"$charly_new\"; fi\n"
+                    ));
+                    s.push_str("fi\n");
+                    if let Some(owner) = chown {
+                        s.push_str(&format!(
+                            "charly_chown {} \"$charly_new\"\n",
+                            shell_quote(owner)
+                        ));
+                    }
+                }
+                s.push_str("cd /\n");
+            }
+            Step::Run { mounts, command } => {
+                for m in mounts {
+                    match m {
+                        Mount::Cache(m) => {
+                            let t = shell_quote(&m.target);
+                            s.push_str(&format!("charly_mount_begin {t}\n"));
+                            if m.uid.is_some() || m.gid.is_some() {
+                                let owner = format!(
+                                    "{}:{}",
+                                    m.uid.as_deref().unwrap_or("0"),
+                                    m.gid.as_deref().unwrap_or("0")
+                                );
+                                s.push_str(&format!("charly_chown {} {t}\n", shell_quote(&owner)));
+                            }
+                            if let Some(mode) = &m.mode {
+                                s.push_str(&format!("chmod {} {t}\n", shell_quote(mode)));
+                            }
+                        }
+                        Mount::Bind { src, target } => {
+                            s.push_str(&format!(
+                                "charly_mount_begin {t} \"$charly_root\"/{CTX_DIR}/{src}\n",
+                                t = shell_quote(target),
+                                src = shell_quote(src)
+                            ));
+                        }
+                    }
+                }
+                s.push_str(&format!("charly_run {}\n", shell_quote(command)));
+                for m in mounts.iter().rev() {
+                    let (Mount::Cache(CacheMount { target, .. }) | Mount::Bind { target, .. }) = m;
+                    s.push_str(&format!("charly_mount_end {}\n", shell_quote(target)));
+                }
+            }
+        }
+    }
+    s.push_str(&format!("mkdir -p \"$charly_root\"/{OUT_DIR}\n"));
+    for (i, path) in export.iter().enumerate() {
+        let p = path.trim_end_matches('/');
+        let path = Path::new(p);
+        let parent = path
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".into());
+        let base = path
+            .file_name()
+            .map(|b| b.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        s.push_str(&format!(
+            "tar -C {} -cf \"$charly_root\"/{OUT_DIR}/{i}.tar {}\n",
+            shell_quote(&parent),
+            shell_quote(&base)
+        ));
+    }
+    s
+}
+
+/// Adds every COPY source of `stage` (relative to `context`) to `input`
+/// under [`CTX_DIR`].
+pub fn add_sources(
+    stage: &Stage,
+    context: &Path,
+    input: &mut InputRoot,
+) -> Result<(), RemoteError> {
+    for step in &stage.steps {
+        let srcs: Vec<&String> = match step {
+            Step::Copy { srcs, .. } => srcs.iter().collect(),
+            Step::Run { mounts, .. } => mounts
+                .iter()
+                .filter_map(|m| match m {
+                    Mount::Bind { src, .. } => Some(src),
+                    Mount::Cache(_) => None,
+                })
+                .collect(),
+            _ => continue,
+        };
+        for src in srcs {
+            let src = src.trim_end_matches('/');
+            let local = context.join(src);
+            let at = if src == "." {
+                CTX_DIR.to_string()
+            } else {
+                format!("{CTX_DIR}/{src}")
+            };
+            let meta = std::fs::metadata(&local)
+                .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
+            if meta.is_dir() {
+                input.add_dir(&at, &local)?;
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                let data = std::fs::read(&local).map_err(|e| {
+                    RemoteError::new(format!("COPY source {}: {e}", local.display()))
+                })?;
+                input.add_bytes(&at, data, meta.permissions().mode() & 0o111 != 0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The environment of the action: the image's (`KEY=VALUE` entries), with
+/// the default `PATH` container builds use when the image sets none.
+pub fn environment(image_env: &[String]) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = image_env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NPM: &str = r#"FROM localhost/node-builder:1 AS npm-cowsay
+USER root
+RUN install -d -o 1000 -g 1000 /home/user
+USER 1000
+WORKDIR /home/user
+# a comment
+ENV NPM_CONFIG_PREFIX=/home/user/.npm-global NPM_CONFIG_CACHE=/tmp/npm-cache
+COPY --chown=1000:1000 candy/cowsay/package.json /tmp/charly-npm/package.json
+RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
+    xargs -r npm install --global
+"#;
+
+    #[test]
+    fn parses_the_npm_stage() {
+        let s = parse(NPM).expect("parses");
+        assert_eq!(s.from, "localhost/node-builder:1");
+        assert_eq!(
+            s.steps,
+            vec![
+                Step::User("root".into()),
+                Step::Run {
+                    mounts: vec![],
+                    command: "install -d -o 1000 -g 1000 /home/user".into()
+                },
+                Step::User("1000".into()),
+                Step::Workdir("/home/user".into()),
+                Step::Env(vec![
+                    ("NPM_CONFIG_PREFIX".into(), "/home/user/.npm-global".into()),
+                    ("NPM_CONFIG_CACHE".into(), "/tmp/npm-cache".into()),
+                ]),
+                Step::Copy {
+                    chown: Some("1000:1000".into()),
+                    srcs: vec!["candy/cowsay/package.json".into()],
+                    dst: "/tmp/charly-npm/package.json".into(),
+                },
+                Step::Run {
+                    mounts: vec![Mount::Cache(CacheMount {
+                        target: "/tmp/npm-cache".into(),
+                        uid: Some("1000".into()),
+                        gid: Some("1000".into()),
+                        mode: None,
+                    })],
+                    command: "node -e 'x' |  xargs -r npm install --global".into(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn layer_stages_feed_copy_from_and_bind_mounts() {
+        let s = parse(
+            "# builder stage for candy greet\nFROM scratch AS greet\nCOPY candy/greet/ /\n\n\
+             FROM img AS greet-demo\nCOPY --from=greet demo.json /tmp/x.json\n\
+             RUN --mount=type=bind,from=greet,source=/,target=/ctx cat /ctx/demo.json\n",
+        )
+        .expect("parses");
+        assert_eq!(s.from, "img");
+        assert_eq!(
+            s.steps,
+            vec![
+                Step::Copy {
+                    chown: None,
+                    srcs: vec!["candy/greet/demo.json".into()],
+                    dst: "/tmp/x.json".into(),
+                },
+                Step::Run {
+                    mounts: vec![Mount::Bind {
+                        src: "candy/greet".into(),
+                        target: "/ctx".into(),
+                    }],
+                    command: "cat /ctx/demo.json".into(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn quoting_in_env_and_json_run() {
+        let s = parse(
+            "FROM x\nENV A=\"a b\" B='$c' C=d\\ e\nRUN [\"printf\", \"%s\\\\n\", \"it's\"]\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            s.steps[0],
+            Step::Env(vec![
+                ("A".into(), "\"a b\"".into()),
+                ("B".into(), "'$c'".into()),
+                ("C".into(), "d\\ e".into()),
+            ])
+        );
+        assert_eq!(
+            s.steps[1],
+            Step::Run {
+                mounts: vec![],
+                command: r"printf '%s\n' 'it'\''s'".into()
+            }
+        );
+        let legacy = parse("FROM x\nENV GREETING hello world\n").expect("parses");
+        assert_eq!(
+            legacy.steps[0],
+            Step::Env(vec![("GREETING".into(), "'hello world'".into())])
+        );
+    }
+
+    #[test]
+    fn unsupported_instructions_name_their_line() {
+        for (text, want) in [
+            ("FROM a\nARG X\n", "line 2: ARG is not supported"),
+            (
+                "FROM a\nFROM b\n",
+                "line 1: only the last stage runs remotely",
+            ),
+            (
+                "FROM scratch AS l\nCOPY a/ /\nRUN true\nFROM b\n",
+                "line 1: only the last stage runs remotely",
+            ),
+            (
+                "FROM a\nCOPY --from=nope x /y\n",
+                "line 2: COPY --from=nope names no layer stage",
+            ),
+            (
+                "FROM a\nCOPY src/*.json /y/\n",
+                "line 2: COPY source `src/*.json`",
+            ),
+            ("FROM a\nCOPY ../x /y\n", "line 2: COPY source `../x`"),
+            (
+                "FROM a\n\nRUN --mount=type=secret,target=/x true\n",
+                "line 3: `--mount=type=secret`",
+            ),
+            (
+                "FROM a\nRUN --mount=type=bind,from=l,target=/x true\n",
+                "line 2: `from=l` names no layer stage",
+            ),
+            (
+                "FROM a\nRUN --network=none true\n",
+                "line 2: RUN --network=none",
+            ),
+            ("FROM a\nENV A=\"x\n", "line 2: an unterminated quote"),
+            ("USER x\n", "line 1: USER before FROM"),
+            ("# nothing\n", "no FROM"),
+        ] {
+            let e = parse(text).expect_err(text);
+            assert!(e.starts_with(want), "{text:?}: {e}");
+        }
+        // Metadata instructions are accepted and leave no step.
+        let s = parse("FROM a\nLABEL a=b\nCMD [\"x\"]\nEXPOSE 80\n").expect("parses");
+        assert!(s.steps.is_empty());
+    }
+
+    /// Runs the generated script with the host's sh in a scratch root
+    /// (absolute paths of the stage rewritten under it), which checks the
+    /// shell the script is made of, not just its text.
+    #[test]
+    fn the_script_runs_and_exports() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path();
+        let r = root.display().to_string();
+        std::fs::create_dir_all(root.join(CTX_DIR).join("pkg/sub")).expect("mkdir");
+        std::fs::write(root.join(CTX_DIR).join("pkg/a.json"), "{}").expect("write");
+        std::fs::write(root.join(CTX_DIR).join("pkg/sub/b"), "b").expect("write");
+        {
+            // Modes the context happens to have are not what a COPY gives.
+            use std::os::unix::fs::PermissionsExt;
+            let ctx = root.join(CTX_DIR);
+            std::fs::set_permissions(ctx.join("pkg/a.json"), PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            std::fs::set_permissions(ctx.join("pkg/sub/b"), PermissionsExt::from_mode(0o700))
+                .expect("chmod");
+        }
+        std::fs::create_dir_all(root.join("cache")).expect("mkdir");
+        std::fs::write(root.join("cache/kept"), "image content").expect("write");
+        let text = format!(
+            "FROM img AS s\nWORKDIR {r}/work\nENV OUT={r}/out GREETING=\"hello there\"\n\
+             COPY pkg/a.json pkg/sub ./in/\nCOPY pkg/a.json {r}/single.json\nCOPY pkg/a.json .\n\
+             RUN --mount=type=cache,target={r}/cache mkdir -p \"$OUT\" && echo \"$GREETING\" > \"$OUT/greeting\" \
+             && cp in/a.json in/b \"$OUT/\" && ln -s greeting \"$OUT/link\" && echo x > {r}/cache/junk && pwd > \"$OUT/pwd\"\n\
+             RUN --mount=type=bind,source=pkg,target={r}/bound cp {r}/bound/sub/b \"$OUT/bound\"\n"
+        );
+        let stage = parse(&text).expect("parses");
+        let sh = script(&stage, &[format!("{r}/out/")]);
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&sh)
+            .current_dir(root)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            sh
+        );
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+        assert_eq!(read("out/greeting"), "hello there\n");
+        assert_eq!(read("out/a.json"), "{}");
+        assert_eq!(read("out/b"), "b");
+        assert_eq!(read("single.json"), "{}");
+        assert_eq!(read("work/a.json"), "{}");
+        let mode = |p: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(root.join(p))
+                .expect(p)
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("single.json"), 0o644);
+        assert_eq!(mode("work/in/a.json"), 0o644);
+        assert_eq!(mode("work/in/b"), 0o755);
+        assert_eq!(read("out/pwd"), format!("{r}/work\n"));
+        // The cache mount's contents are gone and what was there is back.
+        assert_eq!(read("cache/kept"), "image content");
+        assert!(!root.join("cache/junk").exists());
+        // A bind mount's copy is there for its step only; the mount point
+        // stays, empty, as podman leaves it.
+        assert_eq!(read("out/bound"), "b");
+        let left: Vec<_> = std::fs::read_dir(root.join("bound"))
+            .expect("mount point")
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        let tar = std::fs::read(root.join(OUT_DIR).join("0.tar")).expect("export tar");
+        let mut ar = tar::Archive::new(&tar[..]);
+        let names: Vec<String> = ar
+            .entries()
+            .expect("tar")
+            .map(|e| {
+                let e = e.expect("tar member");
+                let p = e
+                    .path()
+                    .expect("member path")
+                    .to_string_lossy()
+                    .into_owned();
+                format!("/{}", p.trim_start_matches("./").trim_matches('/'))
+            })
+            .collect();
+        for want in [
+            "/out",
+            "/out/greeting",
+            "/out/link",
+            "/out/a.json",
+            "/out/b",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+    }
+
+    /// The helpers never touch a stage's own variables, even ones with
+    /// short common names.
+    #[test]
+    fn stage_variables_survive_the_helpers() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join(CTX_DIR)).expect("mkdir");
+        std::fs::write(root.join(CTX_DIR).join("f"), "x").expect("write");
+        let r = root.display().to_string();
+        let text = format!(
+            "FROM x\nENV u=mine g=ours uid=7 home=/h line=l p=q\nUSER 0:0\n\
+             COPY --chown=0:0 f {r}/f\nCOPY f {r}/d/\n\
+             RUN echo \"$u $g $uid $home $line $p\" > {r}/vars\n"
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script(&parse(&text).expect("parses"), &[]))
+            .current_dir(root)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("vars")).expect("vars"),
+            "mine ours 7 /h l q\n"
+        );
+    }
+
+    #[test]
+    fn a_failing_run_fails_the_script() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let stage = parse("FROM x\nRUN echo before; false\nRUN echo never\n").expect("parses");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script(&stage, &[]))
+            .current_dir(tmp.path())
+            .output()
+            .expect("sh");
+        assert!(!out.status.success());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("before") && !stdout.contains("never"),
+            "{stdout}"
+        );
+    }
+}

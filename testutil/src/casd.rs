@@ -1,0 +1,137 @@
+//! A real REAPI engine for tests: buildbox-casd serving CAS, ActionCache
+//! and Execution (with buildbox-run, which sandboxes actions with
+//! bubblewrap) on 127.0.0.1, started on a free port and stopped by PID.
+//!
+//! The binaries come from `.ci/install-buildbox` (`.ci/buildbox/`), or
+//! `CHARLY_BUILDBOX_DIR`. Without them a test is skipped, except under CI
+//! (`CI=true`), where that is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running buildbox-casd.
+pub struct Casd {
+    child: Child,
+    /// `grpc://127.0.0.1:PORT`.
+    pub url: String,
+    /// Its storage directory.
+    pub dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Casd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn buildbox_dir() -> Option<PathBuf> {
+    let mut cands = Vec::new();
+    if let Ok(d) = std::env::var("CHARLY_BUILDBOX_DIR") {
+        cands.push(PathBuf::from(d));
+    }
+    cands.push(crate::workspace().join(".ci/buildbox"));
+    cands
+        .into_iter()
+        .find(|d| d.join("buildbox-casd").is_file() && d.join("buildbox-run").is_file())
+}
+
+/// Whether the engine can run here; panics under CI when it cannot.
+pub fn available() -> bool {
+    let ok = buildbox_dir().is_some() && Path::new("/usr/bin/bwrap").exists();
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "buildbox-casd/buildbox-run or bubblewrap missing: run .ci/install"
+        );
+        eprintln!("skipping: buildbox-casd/buildbox-run or bwrap missing (run .ci/install)");
+    }
+    ok
+}
+
+/// The host's tools, read-only, for actions that bring no root filesystem:
+/// Debian 12 has a merged /usr, so /bin, /lib and /lib64 are /usr's.
+pub const HOST_TOOLS: &[&str] = &[
+    "/usr:/usr",
+    "/usr/bin:/bin",
+    "/usr/lib:/lib",
+    "/usr/lib64:/lib64",
+];
+
+/// Starts buildbox-casd with local execution (`jobs` actions at once),
+/// actions seeing the host's tools ([`HOST_TOOLS`]).
+pub fn start(jobs: usize) -> Casd {
+    start_with(jobs, HOST_TOOLS)
+}
+
+/// Starts buildbox-casd whose sandbox bind-mounts `mounts` (`HOST:SANDBOX`)
+/// into every action; with none, an action sees only its input root (which
+/// then carries a whole root filesystem).
+pub fn start_with(jobs: usize, mounts: &[&str]) -> Casd {
+    let bin = buildbox_dir().expect("buildbox binaries");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("cas");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let port = crate::free_port();
+    let log = std::fs::File::create(tmp.path().join("casd.log")).expect("log");
+    let mut cmd = Command::new(bin.join("buildbox-casd"));
+    cmd.arg(format!("--bind=127.0.0.1:{port}"))
+        .arg(format!(
+            "--buildbox-run={}",
+            bin.join("buildbox-run").display()
+        ))
+        .arg(format!("--jobs={jobs}"));
+    for m in mounts {
+        cmd.arg(format!("--runner-arg=--bind-mount={m}"));
+    }
+    cmd.arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    let child = cmd.spawn().expect("start buildbox-casd");
+    let casd = Casd {
+        child,
+        url: format!("grpc://127.0.0.1:{port}"),
+        dir,
+        _tmp: tmp,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "buildbox-casd did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    casd
+}
+
+/// A podman runner with its own storage under `dir`, and the busybox root
+/// filesystem imported as image `tag` (`changes`: `podman import --change`
+/// instructions such as `ENV A=b`).
+pub fn podman_with_image(
+    dir: &Path,
+    tag: &str,
+    changes: &[&str],
+) -> charly_engine::runners::podman::PodmanRunner {
+    use charly_engine::runners::podman::{PodmanOptions, PodmanRunner};
+    let podman = PodmanRunner::new(PodmanOptions {
+        root: Some(dir.join("podman")),
+        conf_dir: dir.to_path_buf(),
+        ca_bundle: None,
+        jobs: 1,
+    })
+    .expect("podman");
+    let tar = crate::busybox_rootfs_tar(dir);
+    let mut cmd = podman.cmd();
+    cmd.args(["import", "-q"]);
+    for c in changes {
+        cmd.arg("--change").arg(c);
+    }
+    let out = cmd.arg(&tar).arg(tag).output().expect("podman import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    podman
+}

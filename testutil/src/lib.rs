@@ -1,0 +1,331 @@
+//! charly-testutil: fixtures shared by the workspace's tests and benches
+//! (a dev-dependency only; nothing here reaches a release binary).
+//!
+//! * paths: [`workspace`], [`corpus`], [`copy_tree`], [`write`], [`free_port`];
+//! * podman: [`Podman`] (isolated storage), [`podman_available`], root
+//!   filesystem tars ([`busybox_rootfs_tar`], [`stub_rootfs_tar`]);
+//! * [`casd`]: a real REAPI engine (buildbox-casd + buildbox-run).
+//!
+//! A fixture whose tool is missing fails under CI (`CI` set) and is
+//! skipped, loudly, elsewhere.
+
+pub mod casd;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The unmodified corpus (2026.160 era), next to the workspace.
+pub fn corpus() -> PathBuf {
+    workspace().join("../shared/corpus/overthink")
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Copies a tree.
+pub fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
+        let rel = e.path().strip_prefix(from).expect("prefix");
+        let dest = to.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
+}
+
+/// Writes a file, creating parents.
+pub fn write(root: &Path, rel: &str, body: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(p, body).expect("write");
+}
+
+/// The non-YAML files the corpus does not carry (see its SOURCE.md) but its
+/// tasks copy: tests that build put placeholders there.
+pub const MISSING_SIBLINGS: &[&str] = &[
+    "candy/chrome-cdp/browser-open",
+    "candy/chrome-cdp/cdp-proxy",
+    "candy/chrome-cdp/chrome-restart",
+    "candy/chrome-cdp/chrome-wrapper",
+    "candy/chrome-cdp/chrome-windows/content.js",
+    "candy/openwebui/openwebui-entrypoint",
+    "candy/socat/relay-wrapper",
+    "candy/sshd/sshd-wrapper",
+    "candy/sway/sway-wrapper",
+    "candy/sway/config",
+    "candy/testapi/app.py",
+    "candy/notebook-templates/data/notebooks/welcome.ipynb",
+];
+
+/// A podman with isolated storage (so tests never touch the machine's
+/// images) and the configuration this machine needs (runc, ulimits).
+pub struct Podman {
+    /// Scratch directory holding storage and config.
+    pub dir: PathBuf,
+}
+
+impl Podman {
+    /// Sets up storage under `dir`.
+    pub fn new(dir: &Path) -> Podman {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        std::fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"runc\"\n",
+        )
+        .expect("conf");
+        Podman {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// A podman command with this storage.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--root")
+            .arg(self.dir.join("storage"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"))
+            .arg("--storage-driver")
+            .arg("overlay");
+        c
+    }
+
+    /// Runs podman with args.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("podman runs")
+    }
+}
+
+/// Whether podman is installed; tests that need it fail without it unless
+/// `CHARLY_SKIP_PODMAN=1` says to skip (never silently, never under CI).
+pub fn podman_available() -> bool {
+    let ok = Command::new("podman")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("CHARLY_SKIP_PODMAN").as_deref() == Ok("1")
+            && std::env::var_os("CI").is_none()
+        {
+            eprintln!("SKIPPED: podman is not installed and CHARLY_SKIP_PODMAN=1");
+            return false;
+        }
+        panic!(
+            "podman is not installed (run .ci/install, or set CHARLY_SKIP_PODMAN=1 outside CI to skip podman tests)"
+        );
+    }
+    true
+}
+
+/// Builds a root filesystem tar of busybox-static plus stub tools, so that
+/// generated Containerfiles for other distros build end to end: every
+/// package manager and builder tool is a stub that succeeds; `/bin/sh`
+/// syntax-checks each RUN before running it and tolerates commands that
+/// fail for lack of a real distro (the failure is logged, not fatal).
+pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
+    let root = dir.join("stubroot");
+    for d in [
+        "bin",
+        "usr/bin",
+        "usr/local/bin",
+        "usr/sbin",
+        "etc",
+        "tmp",
+        "root",
+        "home",
+        "var/log",
+    ] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed (apt install busybox-static)");
+    let applets = [
+        "ls",
+        "cat",
+        "echo",
+        "mkdir",
+        "ln",
+        "chmod",
+        "chown",
+        "cp",
+        "mv",
+        "rm",
+        "id",
+        "tar",
+        "gzip",
+        "find",
+        "grep",
+        "sed",
+        "printf",
+        "test",
+        "[",
+        "true",
+        "false",
+        "xargs",
+        "head",
+        "cut",
+        "sha256sum",
+        "uname",
+        "touch",
+        "env",
+        "readlink",
+        "dirname",
+        "basename",
+        "unzip",
+        "whoami",
+        "sleep",
+        "install",
+        "tr",
+        "wc",
+        "sort",
+        "awk",
+    ];
+    for a in applets {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(a));
+    }
+    // The shell: syntax errors are real failures; command failures are tolerated.
+    std::fs::write(
+        root.join("bin/sh"),
+        "#!/bin/busybox ash\nif [ \"$1\" = \"-c\" ]; then\n  /bin/busybox ash -n -c \"$2\" || { echo 'charly-stub: shell syntax error in RUN' >&2; exit 2; }\n  /bin/busybox ash -c \"$2\" || echo \"charly-stub: tolerated exit $? in: $2\" >> /var/log/charly-stub.log\n  exit 0\nfi\nexec /bin/busybox ash \"$@\"\n",
+    )
+    .expect("sh");
+    std::fs::write(
+        root.join("bin/bash"),
+        "#!/bin/busybox ash\n/bin/busybox ash \"$@\" || echo \"charly-stub: tolerated bash $*\" >> /var/log/charly-stub.log\nexit 0\n",
+    )
+    .expect("bash");
+    let stubs = [
+        "dnf",
+        "dnf5",
+        "rpm",
+        "pacman",
+        "pacman-key",
+        "apt-get",
+        "yay",
+        "makepkg",
+        "useradd",
+        "groupadd",
+        "usermod",
+        "sudo",
+        "setcap",
+        "gpg",
+        "pixi",
+        "npm",
+        "node",
+        "cargo",
+        "curl",
+        "systemctl",
+        "add-apt-repository",
+        "bootc",
+        "supervisord",
+        "runuser",
+        "getent",
+    ];
+    for s in stubs {
+        let body = if s == "getent" {
+            "#!/bin/sh\nexit 2\n".to_string()
+        } else {
+            format!("#!/bin/sh\necho \"charly-stub: {s} $*\" >> /var/log/charly-stub.log\nexit 0\n")
+        };
+        std::fs::write(root.join("usr/bin").join(s), body).expect("stub");
+    }
+    std::fs::write(root.join("usr/local/bin/pixi"), "#!/bin/sh\nexit 0\n").expect("pixi");
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").expect("group");
+    for e in walkdir::WalkDir::new(&root).into_iter().flatten() {
+        if e.file_type().is_file()
+            && e.path() != root.join("bin/busybox")
+            && !e.path().starts_with(root.join("etc"))
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+    }
+    let tar = dir.join("stub.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    tar
+}
+
+/// A real (not stubbed) busybox root filesystem tar: busybox-static with its
+/// applets, `/bin/bash` running busybox's shell, and user 1000 (`user`,
+/// home `/home/user`).
+pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let root = dir.join("bbroot");
+    for d in [
+        "bin",
+        "usr/bin",
+        "usr/local/bin",
+        "etc",
+        "tmp",
+        "root",
+        "home/user",
+    ] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed (apt install busybox-static)");
+    let list = Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
+    }
+    std::fs::write(
+        root.join("bin/bash"),
+        "#!/bin/busybox sh\nexec /bin/busybox sh \"$@\"\n",
+    )
+    .expect("bash");
+    std::fs::set_permissions(
+        root.join("bin/bash"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .expect("passwd");
+    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").expect("group");
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod tmp");
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000))
+        .expect("chown home (tests run as root)");
+    let tar = dir.join("busybox.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["--numeric-owner", "-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    tar
+}
