@@ -5,6 +5,7 @@ use crate::{Cli, output, project};
 use anyhow::Context;
 use charly_engine::check::{Bed, BedReport, Outcome, box_checks, junit, run_bed};
 use charly_engine::graph::Goal;
+use charly_engine::id::NodeId;
 use charly_engine::sched::State;
 use rayon::prelude::*;
 use std::io::Write;
@@ -122,7 +123,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let beds: Vec<(Bed<'_>, charly_cache::NodeKey)> = beds_checks
         .into_iter()
         .filter_map(|(b, checks)| {
-            let image_key = graph.node(&format!("image:{}", b.name))?.key;
+            let image_key = graph.get(&NodeId::image(&b.name))?.key;
             Some((
                 Bed {
                     b,

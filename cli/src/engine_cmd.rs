@@ -8,7 +8,9 @@ use charly_cache::{Remote, RemoteConfig, Store};
 use charly_engine::api::Engine;
 use charly_engine::graph::{Goal, GraphOptions};
 use charly_engine::hash::FileHasher;
+use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
+use charly_engine::outputs;
 use charly_engine::reapi::GrpcCache;
 use charly_engine::runners::Runner;
 use charly_engine::runners::podman::{PodmanOptions, PodmanRunner};
@@ -585,13 +587,14 @@ pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<E
     }
     let mut stdout = std::io::stdout().lock();
     if a.stdout {
-        let id = format!("containerfile:{}", names[0]);
-        let i = *graph.by_id.get(&id).context("no Containerfile node")?;
+        let i = graph
+            .index(&NodeId::containerfile(&names[0], false))
+            .context("no Containerfile node")?;
         // Read like any output: one that fails verification is rebuilt.
         let ctx = engine.ctx(&out_root);
         let bytes = charly_engine::exec::read_node(&ctx, &graph, i, |rec| {
             let missing = || charly_engine::exec::ExecError::MissingOutput {
-                node: id.clone(),
+                node: graph.g[i].id.clone(),
                 output: "Containerfile".into(),
             };
             let (_, o) = rec
@@ -724,12 +727,10 @@ fn export_oci(
 ) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     for name in names {
-        let n = graph.node(&format!("image:{name}")).context("image node")?;
+        let n = graph.get(&NodeId::image(name)).context("image node")?;
         let rec = store.get_record(&n.key)?.context("image record")?;
-        let archive = rec.outputs.get("archive").with_context(|| {
-            format!(
-                "{name}: the runner stored no image archive (the fake runner writes no real image)"
-            )
+        let archive = rec.outputs.get(outputs::ARCHIVE).with_context(|| {
+            format!("{name}: the runner stored no image archive (a test runner writes none)")
         })?;
         let tmp = tempfile::tempdir()?;
         let path = tmp.path().join("image.tar");

@@ -7,6 +7,8 @@ use crate::walk::Artifacts;
 use charly_cache::Store;
 use charly_engine::graph::{Builder, Goal, Graph, GraphOptions};
 use charly_engine::hash::FileHasher;
+use charly_engine::id::NodeId;
+use charly_engine::outputs;
 use charly_rules::load::Project;
 use charly_rules::resolve::Resolution;
 
@@ -40,23 +42,21 @@ impl<'a> StoreArtifacts<'a> {
         })
     }
 
+    /// The outputs named by `pick` of the first node (in id order) that
+    /// `which` accepts; `what` names it in errors.
     fn output(
         &self,
-        prefix: &str,
+        what: &str,
+        which: &dyn Fn(&NodeId) -> bool,
         pick: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<(String, Vec<u8>)>, String> {
         let node = self
             .graph
             .by_id
-            .iter()
-            .find(|(id, _)| id.starts_with(prefix))
-            .map(|(_, i)| &self.graph.g[*i])
-            .ok_or_else(|| {
-                format!(
-                    "the build graph of box {} has no node {prefix}…",
-                    self.box_name
-                )
-            })?;
+            .values()
+            .map(|i| &self.graph.g[*i])
+            .find(|n| which(&n.nid))
+            .ok_or_else(|| format!("the build graph of box {} has no {what}", self.box_name))?;
         let missing = || {
             format!(
                 "{} is not in the store (key {}); run `charly box build {}` first",
@@ -88,22 +88,29 @@ impl<'a> StoreArtifacts<'a> {
 
 impl Artifacts for StoreArtifacts<'_> {
     fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
-        let mut v = self.output(&format!("builder-stage:{candy}/{builder}@"), &|n| {
-            n == "artifact.tar"
-        })?;
+        let what = format!("builder stage of {candy} with {builder}");
+        let mut v = self.output(
+            &what,
+            &|id| {
+                matches!(id, NodeId::BuilderStage { candy: c, builder: b, .. }
+                    if c == candy && b == builder)
+            },
+            &|n| n == outputs::ARTIFACT_TAR,
+        )?;
         v.pop()
             .map(|(_, d)| d)
-            .ok_or_else(|| format!("builder-stage:{candy}/{builder} recorded no artifact.tar"))
+            .ok_or_else(|| format!("the {what} recorded no {}", outputs::ARTIFACT_TAR))
     }
 
     fn local_packages(&self, candy: &str, format: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        let id = NodeId::local_pkg(candy, format);
         let v = self
-            .output(&format!("local-pkg:{candy}/{format}"), &|n| {
-                n.starts_with("pkg:")
+            .output(&id.to_string(), &|n| *n == id, &|n| {
+                outputs::pkg_name(n).is_some()
             })
             .map_err(|e| format!("{e} (with --dev-local-pkg)"))?;
         Ok(v.into_iter()
-            .map(|(n, d)| (n.trim_start_matches("pkg:").to_string(), d))
+            .filter_map(|(n, d)| Some((outputs::pkg_name(&n)?.to_string(), d)))
             .collect())
     }
 

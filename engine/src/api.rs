@@ -196,8 +196,10 @@ impl<'a> Engine<'a> {
                 causes: Vec::new(),
             };
         };
-        let old: KeyInputs = serde_json::from_value(last.key_inputs.clone()).unwrap_or_default();
-        let changes = diff(&old, &n.inputs);
+        let changes = match serde_json::from_value::<KeyInputs>(last.key_inputs.clone()) {
+            Ok(old) => diff(&old, &n.inputs),
+            Err(_) => vec![Change::OlderSchema],
+        };
         let mut causes = Vec::new();
         if depth < 8 {
             for c in &changes {

@@ -18,7 +18,9 @@
 //! node that ran is queued for upload once its record is committed.
 
 use crate::graph::{Graph, Node, Work, image_ref};
+use crate::id::NodeId;
 use crate::key::NodeKind;
+use crate::outputs::{self, ContainerfileMeta, ImageMeta};
 use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
 use crate::sched::Observer;
 use charly_cache::{Output, Record, Store};
@@ -296,14 +298,14 @@ fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecEr
     if n.kind != NodeKind::Image {
         return Ok(());
     }
-    let id = rec.meta.get("id").and_then(|v| v.as_str()).unwrap_or("");
-    let tag = rec.meta.get("tag").and_then(|v| v.as_str()).unwrap_or("");
+    let meta: ImageMeta = outputs::read_meta(&rec.meta);
+    let (id, tag) = (meta.id.as_str(), meta.tag.as_str());
     if ctx.runner(&n.id)?.has_image(id)
         || (!tag.is_empty() && ctx.runner(&n.id)?.has_image(tag) && id.is_empty())
     {
         return Ok(());
     }
-    let Some(out) = rec.outputs.get("archive") else {
+    let Some(out) = rec.outputs.get(outputs::ARCHIVE) else {
         return Err(ExecError::Io(format!(
             "{}: cached image {id} is gone from the runner and no archive was stored; run with --rebuild",
             n.id
@@ -317,7 +319,7 @@ fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecEr
     if !ctx.store.copy_blob_to(&out.digest, &path)? {
         return Err(ExecError::MissingOutput {
             node: n.id.clone(),
-            output: "archive".into(),
+            output: outputs::ARCHIVE.into(),
         });
     }
     ctx.runner(&n.id)?.restore_image(&path, tag)?;
@@ -418,9 +420,9 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 &ctx.emit,
             )?;
             out.files
-                .insert("text".into(), Out::Bytes(f.text.into_bytes()));
+                .insert(outputs::TEXT.into(), Out::Bytes(f.text.into_bytes()));
             for (path, bytes) in f.files {
-                out.files.insert(format!("file:{path}"), Out::Bytes(bytes));
+                out.files.insert(outputs::file(&path), Out::Bytes(bytes));
             }
         }
         Work::Containerfile { box_name, prebuilt } => {
@@ -428,16 +430,17 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let opts = emit_options(ctx, b, *prebuilt);
             let mut fragments = Vec::new();
             for k in &b.candies {
-                let Some(fi) = graph.by_id.get(&format!("fragment:{box_name}/{k}")) else {
+                let Some(fi) = graph.index(&NodeId::fragment(box_name, k)) else {
                     continue;
                 };
-                let fnode = &graph.g[*fi];
-                let (text, files) = read_node(ctx, graph, *fi, |rec| {
-                    let text = String::from_utf8_lossy(&record_output(ctx, fnode, rec, "text")?)
-                        .into_owned();
+                let fnode = &graph.g[fi];
+                let (text, files) = read_node(ctx, graph, fi, |rec| {
+                    let text =
+                        String::from_utf8_lossy(&record_output(ctx, fnode, rec, outputs::TEXT)?)
+                            .into_owned();
                     let mut files = BTreeMap::new();
                     for name in rec.outputs.keys() {
-                        if let Some(path) = name.strip_prefix("file:") {
+                        if let Some(path) = outputs::file_path(name) {
                             files.insert(path.to_string(), record_output(ctx, fnode, rec, name)?);
                         }
                     }
@@ -451,7 +454,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             }
             let d = assemble(ctx.project, b, &fragments, &opts)?;
             out.files.insert(
-                format!("file:{}/Containerfile", d.dir),
+                outputs::file(&format!("{}/Containerfile", d.dir)),
                 Out::Bytes(d.containerfile.into_bytes()),
             );
             for (path, staged) in d.files {
@@ -459,10 +462,12 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     Staged::Bytes(b) => b,
                     Staged::CopyOf(src) => std::fs::read(&src).map_err(io(src.display()))?,
                 };
-                out.files.insert(format!("file:{path}"), Out::Bytes(bytes));
+                out.files.insert(outputs::file(&path), Out::Bytes(bytes));
             }
-            out.meta =
-                serde_json::json!({ "dir": d.dir, "layers": d.layers.keys().collect::<Vec<_>>() });
+            out.meta = outputs::write_meta(&ContainerfileMeta {
+                dir: d.dir.clone(),
+                layers: d.layers.keys().cloned().collect(),
+            });
         }
         Work::BuilderStage {
             candy,
@@ -487,7 +492,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 user,
             )?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
-            let tar = scratch.path().join("artifact.tar");
+            let tar = scratch.path().join(outputs::ARTIFACT_TAR);
 
             let mut export: Vec<String> = def
                 .copy_artifact
@@ -507,7 +512,8 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 owner: (user.uid, user.gid),
                 out: tar.clone(),
             })?;
-            out.files.insert("artifact.tar".into(), Out::File(tar));
+            out.files
+                .insert(outputs::ARTIFACT_TAR.into(), Out::File(tar));
             out.keep.push(scratch);
         }
         Work::LocalPkg {
@@ -544,7 +550,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 out.files.insert(
-                    format!("pkg:{name}"),
+                    outputs::pkg(&name),
                     Out::Bytes(std::fs::read(&p).map_err(io(p.display()))?),
                 );
             }
@@ -554,20 +560,19 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let req = crate::stage::rootfs_request(ctx, b, builder, &n.id, &n.key.to_hex())?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             let req = RootfsRequest {
-                out: scratch.path().join("rootfs.tar.gz"),
+                out: scratch.path().join(outputs::ROOTFS_TAR),
                 ..req
             };
             ctx.runner(&n.id)?.build_rootfs(&req)?;
-            out.files.insert("rootfs.tar.gz".into(), Out::File(req.out));
+            out.files
+                .insert(outputs::ROOTFS_TAR.into(), Out::File(req.out));
             out.keep.push(scratch);
         }
         Work::Image { box_name } => {
             let b = rbox(ctx, box_name)?;
-            let cf_id = format!("containerfile:{box_name}+artifacts");
+            let cf_id = NodeId::containerfile(box_name, true);
             let cf = graph
-                .by_id
-                .get(&cf_id)
-                .copied()
+                .index(&cf_id)
                 .ok_or_else(|| ExecError::Io(format!("{cf_id} is not in the graph")))?;
             // The box's directory stays locked until podman has read it.
             let (dir, _box_lock) = materialize_locked(ctx, graph, cf, &ctx.out_root)?;
@@ -583,7 +588,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                         let stage = format!("{}-{builder}-build", ctx.project.candies[candy].name);
                         let dest =
                             prepare(build_dir.join("_artifacts").join(format!("{stage}.tar")))?;
-                        copy_output(ctx, graph, d, "artifact.tar", &dest)?;
+                        copy_output(ctx, graph, d, outputs::ARTIFACT_TAR, &dest)?;
                     }
                     Work::LocalPkg { candy, .. } => {
                         let dest_rel = build_dir
@@ -596,7 +601,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                             .map_err(io(dest_rel.display()))?;
                         read_node(ctx, graph, d, |rec| {
                             for (name, o) in &rec.outputs {
-                                if let Some(file) = name.strip_prefix("pkg:")
+                                if let Some(file) = outputs::pkg_name(name)
                                     && !ctx
                                         .store
                                         .copy_output_to(o, &prepare(dest_rel.join(file))?)?
@@ -612,7 +617,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     }
                     Work::Rootfs { builder, .. } => {
                         let dest = prepare(build_dir.join(format!("{builder}.tar.gz")))?;
-                        copy_output(ctx, graph, d, "rootfs.tar.gz", &dest)?;
+                        copy_output(ctx, graph, d, outputs::ROOTFS_TAR, &dest)?;
                     }
                     _ => {}
                 }
@@ -632,12 +637,21 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 labels,
             })?;
             if let Some(a) = &res.archive {
-                out.files.insert("archive".into(), Out::File(a.clone()));
+                out.files
+                    .insert(outputs::ARCHIVE.into(), Out::File(a.clone()));
                 if let Some(dir) = a.parent() {
                     out.cleanup.push(dir.to_path_buf());
                 }
             }
-            out.meta = serde_json::json!({"id": res.id, "tag": res.tag, "base": match &b.base { BaseRef::External(x) => x.clone(), BaseRef::Box(p) => image_ref(ctx.resolution, p), BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}") }});
+            out.meta = outputs::write_meta(&ImageMeta {
+                id: res.id,
+                tag: res.tag,
+                base: match &b.base {
+                    BaseRef::External(x) => x.clone(),
+                    BaseRef::Box(p) => image_ref(ctx.resolution, p),
+                    BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}"),
+                },
+            });
         }
         Work::Plan { box_name, target } => {
             let b = rbox(ctx, box_name)?;
@@ -736,12 +750,8 @@ fn materialize_record(
     rec: &Record,
     root: &Path,
 ) -> Result<(String, std::fs::File), ExecError> {
-    let dir = rec
-        .meta
-        .get("dir")
-        .and_then(|d| d.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let meta: ContainerfileMeta = outputs::read_meta(&rec.meta);
+    let dir = meta.dir;
     let lock_rel = box_lock_rel(&dir)?;
     let froot = crate::fsroot::Root::create(root).map_err(io(root.display()))?;
     let lock = froot
@@ -768,7 +778,7 @@ fn materialize_record(
     if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
         && root.join(&dir).join("Containerfile").is_file()
         && rec.outputs.iter().all(|(name, o)| {
-            name.strip_prefix("file:").is_none_or(|path| {
+            outputs::file_path(name).is_none_or(|path| {
                 let p = root.join(path);
                 std::fs::metadata(&p).is_ok_and(|m| {
                     m.len() == o.size
@@ -784,7 +794,7 @@ fn materialize_record(
         ..Default::default()
     };
     for (name, o) in &rec.outputs {
-        let Some(path) = name.strip_prefix("file:") else {
+        let Some(path) = outputs::file_path(name) else {
             continue;
         };
         let bytes = ctx
@@ -802,8 +812,8 @@ fn materialize_record(
         }
     }
     // Candy directories outside the project are copied in fresh.
-    if let Some(layers) = rec.meta.get("layers").and_then(|l| l.as_array()) {
-        for l in layers.iter().filter_map(|l| l.as_str()) {
+    {
+        for l in &meta.layers {
             let name = l.trim_start_matches(".build/_layers/");
             if let Some(c) = ctx
                 .project

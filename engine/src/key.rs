@@ -254,6 +254,9 @@ pub enum Change {
         /// Now.
         new: Option<String>,
     },
+    /// The last record's inputs no longer decode: it was written by an
+    /// older key schema, so nothing can be compared input by input.
+    OlderSchema,
     /// The key schema or node kind changed.
     Schema {
         /// Before.
@@ -305,6 +308,9 @@ impl std::fmt::Display for Change {
             Change::BuilderImage { old, new } => {
                 write!(f, "builder image changed: {} -> {}", short(old), short(new))
             }
+            Change::OlderSchema => f.write_str(
+                "recorded by an older key schema (its inputs no longer decode; every input is new to this one)",
+            ),
             Change::Schema { old, new } => write!(f, "key schema changed: {old} -> {new}"),
         }
     }

@@ -559,3 +559,92 @@ fn checks_are_not_build_inputs() {
         "the rest of the file is still an input"
     );
 }
+
+/// Explains `id` against the project as it is now on disk.
+fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explanation {
+    let (p, r) = w.open();
+    let hasher = FileHasher::in_memory();
+    let fake = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store,
+        runner: None,
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: fake.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+    };
+    let g = engine
+        .graph(&Goal::Generate, &["left".to_string()])
+        .expect("graph");
+    engine.explain(&g, id).expect("explain")
+}
+
+#[test]
+fn explain_names_the_box_fact_that_changed() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (_, s) = run(
+        &w,
+        &store,
+        &Goal::Generate,
+        &["left"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert!(s.ok());
+    let f = w.root.join("box/left/charly.yml");
+    let text = std::fs::read_to_string(&f).expect("read");
+    std::fs::write(&f, text.replace("version: 1.0.0", "version: 1.0.1")).expect("edit");
+    let e = explain_now(&w, &store, "containerfile:left");
+    assert_eq!(e.status, Status::WouldRebuild);
+    let text = e.lines().join("\n");
+    assert!(
+        text.contains(r#"fact:version changed: "1.0.0" -> "1.0.1""#),
+        "{text}"
+    );
+    // Only the facts that changed are named.
+    assert!(!text.contains("fact:candies"), "{text}");
+}
+
+#[test]
+fn a_record_of_an_older_key_schema_is_explained_as_such() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (_, s) = run(
+        &w,
+        &store,
+        &Goal::Generate,
+        &["left"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert!(s.ok());
+    // The newest record of the node carries inputs in a shape this charly
+    // does not read (as a record of an older key schema would).
+    let old = charly_cache::Record {
+        node_id: "containerfile:left".into(),
+        kind: "containerfile".into(),
+        outputs: BTreeMap::new(),
+        duration_ms: 1,
+        producer: "charly".into(),
+        key_inputs: serde_json::json!({"schema": 0, "facts": "abc"}),
+        created_unix: u64::MAX / 4,
+        meta: serde_json::Value::Null,
+    };
+    let key = charly_cache::NodeKey::from_bytes([7; 32]);
+    store.put_record(&key, &old).expect("put");
+    // Make the current key miss: edit the box.
+    let f = w.root.join("box/left/charly.yml");
+    let text = std::fs::read_to_string(&f).expect("read");
+    std::fs::write(&f, text.replace("version: 1.0.0", "version: 1.0.1")).expect("edit");
+    let e = explain_now(&w, &store, "containerfile:left");
+    assert_eq!(e.status, Status::WouldRebuild);
+    let text = e.lines().join("\n");
+    assert!(text.contains("recorded by an older key schema"), "{text}");
+    assert!(!text.contains("added"), "not everything added: {text}");
+}

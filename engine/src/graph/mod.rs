@@ -1,20 +1,24 @@
 //! The build graph: nodes, edges and keys for a goal over some boxes.
 //!
-//! Nodes are identified by a stable id (`fragment:jupyter/direnv`,
+//! Nodes are identified by a [`NodeId`] (its text: `fragment:jupyter/direnv`,
 //! `containerfile:jupyter`, `image:fedora`, `builder-stage:cowsay/npm@node-builder`),
 //! so a node shared by several boxes (a source, a builder stage, a base
 //! image) appears once: diamonds run once. Edges point from a dependency to
 //! its dependant. Keys are computed in topological order, sources first (in
 //! parallel: they hash files), each node's key including its dependencies'
-//! keys, so a change propagates exactly to what is downstream of it.
+//! keys, so a change propagates exactly to what is downstream of it. What
+//! else enters each kind of node's key is in [`inputs`].
+
+pub mod inputs;
 
 use crate::hash::FileHasher;
+use crate::id::{NodeId, SourceId};
 use crate::key::{KeyInputs, NodeKind};
 use charly_cache::NodeKey;
-use charly_rules::emit::containerfile::{default_image_ref, fragment_is_last};
-use charly_rules::load::{CandyEntry, Project};
-use charly_rules::plan::{HostContext, InstallPlan, Target, build_box_plans, build_merged_plan};
-use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox, User, effective_distro};
+use charly_rules::emit::containerfile::default_image_ref;
+use charly_rules::load::Project;
+use charly_rules::plan::{HostContext, InstallPlan, Target, build_box_plans};
+use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox, User};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -112,7 +116,11 @@ pub enum Work {
 /// One node.
 #[derive(Clone, Debug)]
 pub struct Node {
-    /// Stable id.
+    /// What the node is.
+    pub nid: NodeId,
+    /// `nid` as text (its `Display`): the stable id keys, records and
+    /// reports carry, and the graph's sort order; kept because it is read
+    /// on every comparison.
     pub id: String,
     /// Kind.
     pub kind: NodeKind,
@@ -139,6 +147,14 @@ pub enum GraphError {
     /// A dependency cycle.
     #[error("dependency cycle: {0}")]
     Cycle(String),
+    /// A key input could not be encoded.
+    #[error("cannot encode {what} as a key input: {message}")]
+    Canonical {
+        /// The input.
+        what: String,
+        /// Why.
+        message: String,
+    },
     /// Hashing an input failed.
     #[error("reading {path}: {source}")]
     Io {
@@ -160,9 +176,19 @@ pub struct Graph {
 }
 
 impl Graph {
-    /// A node by id.
+    /// A node by id text (as typed in a query).
     pub fn node(&self, id: &str) -> Option<&Node> {
         self.by_id.get(id).map(|i| &self.g[*i])
+    }
+
+    /// The index of a node.
+    pub fn index(&self, id: &NodeId) -> Option<NodeIndex> {
+        self.by_id.get(&id.to_string()).copied()
+    }
+
+    /// A node.
+    pub fn get(&self, id: &NodeId) -> Option<&Node> {
+        self.index(id).map(|i| &self.g[i])
     }
 
     /// Dependencies of a node, sorted by id.
@@ -228,11 +254,14 @@ pub struct Builder<'a> {
     plans: BTreeMap<String, Vec<Arc<InstallPlan>>>,
 }
 
-fn add_node(graph: &mut Graph, id: String, kind: NodeKind, work: Work) -> NodeIndex {
+fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
+    let id = nid.to_string();
     if let Some(i) = graph.by_id.get(&id) {
         return *i;
     }
+    let kind = nid.kind();
     let i = graph.g.add_node(Node {
+        nid,
         id: id.clone(),
         kind,
         inputs: KeyInputs::new(kind),
@@ -295,8 +324,7 @@ impl<'a> Builder<'a> {
     fn source_candy(&mut self, key: &str) -> NodeIndex {
         add_node(
             &mut self.graph,
-            format!("source:candy/{key}"),
-            NodeKind::Source,
+            NodeId::Source(SourceId::Candy(key.into())),
             Work::Source,
         )
     }
@@ -304,8 +332,7 @@ impl<'a> Builder<'a> {
     fn source_box(&mut self, name: &str) -> NodeIndex {
         add_node(
             &mut self.graph,
-            format!("source:box/{name}"),
-            NodeKind::Source,
+            NodeId::Source(SourceId::Box(name.into())),
             Work::Source,
         )
     }
@@ -324,19 +351,14 @@ impl<'a> Builder<'a> {
     }
 
     fn containerfile(&mut self, name: &str, prebuilt: bool) -> Result<NodeIndex, GraphError> {
-        let id = if prebuilt {
-            format!("containerfile:{name}+artifacts")
-        } else {
-            format!("containerfile:{name}")
-        };
-        if let Some(i) = self.graph.by_id.get(&id) {
-            return Ok(*i);
+        let id = NodeId::containerfile(name, prebuilt);
+        if let Some(i) = self.graph.index(&id) {
+            return Ok(i);
         }
         let b = self.rbox(name)?;
         let node = add_node(
             &mut self.graph,
             id,
-            NodeKind::Containerfile,
             Work::Containerfile {
                 box_name: name.into(),
                 prebuilt,
@@ -350,8 +372,7 @@ impl<'a> Builder<'a> {
             self.edge(sc, node);
             let f = add_node(
                 &mut self.graph,
-                format!("fragment:{name}/{k}"),
-                NodeKind::Fragment,
+                NodeId::fragment(name, k),
                 Work::Fragment {
                     box_name: name.into(),
                     candy: k.clone(),
@@ -370,15 +391,14 @@ impl<'a> Builder<'a> {
     }
 
     fn image(&mut self, name: &str) -> Result<NodeIndex, GraphError> {
-        let id = format!("image:{name}");
-        if let Some(i) = self.graph.by_id.get(&id) {
-            return Ok(*i);
+        let id = NodeId::image(name);
+        if let Some(i) = self.graph.index(&id) {
+            return Ok(i);
         }
         let b = self.rbox(name)?;
         let node = add_node(
             &mut self.graph,
             id,
-            NodeKind::Image,
             Work::Image {
                 box_name: name.into(),
             },
@@ -393,8 +413,9 @@ impl<'a> Builder<'a> {
             BaseRef::Bootstrap { builder, .. } => {
                 let r = add_node(
                     &mut self.graph,
-                    format!("rootfs:{name}"),
-                    NodeKind::Rootfs,
+                    NodeId::Rootfs {
+                        box_name: name.into(),
+                    },
                     Work::Rootfs {
                         box_name: name.into(),
                         builder: builder.clone(),
@@ -429,8 +450,7 @@ impl<'a> Builder<'a> {
                     if let charly_rules::plan::StepData::LocalPkgInstall(l) = &s.data {
                         let lp = add_node(
                             &mut self.graph,
-                            format!("local-pkg:{k}/{}", l.format),
-                            NodeKind::LocalPkg,
+                            NodeId::local_pkg(k, &l.format),
                             Work::LocalPkg {
                                 candy: k.clone(),
                                 format: l.format.clone(),
@@ -441,8 +461,10 @@ impl<'a> Builder<'a> {
                         self.edge(sc, lp);
                         let ls = add_node(
                             &mut self.graph,
-                            format!("source:localpkg/{k}/{}", l.format),
-                            NodeKind::Source,
+                            NodeId::Source(SourceId::LocalPkg {
+                                candy: k.clone(),
+                                format: l.format.clone(),
+                            }),
                             Work::Source,
                         );
                         self.edge(ls, lp);
@@ -467,17 +489,13 @@ impl<'a> Builder<'a> {
         user: &User,
         for_box: &str,
     ) -> Result<NodeIndex, GraphError> {
-        let mut id = format!("builder-stage:{candy}/{builder}@{image_box}");
-        if user.uid != 1000 || user.home != "/home/user" {
-            id.push_str(&format!("~{}:{}:{}", user.uid, user.gid, user.home));
-        }
-        if let Some(i) = self.graph.by_id.get(&id) {
-            return Ok(*i);
+        let id = NodeId::builder_stage(candy, builder, image_box, user);
+        if let Some(i) = self.graph.index(&id) {
+            return Ok(i);
         }
         let node = add_node(
             &mut self.graph,
             id,
-            NodeKind::BuilderStage,
             Work::BuilderStage {
                 candy: candy.into(),
                 builder: builder.into(),
@@ -497,8 +515,10 @@ impl<'a> Builder<'a> {
         let b = self.rbox(name)?;
         let node = add_node(
             &mut self.graph,
-            format!("plan:{name}@{}", target.as_str()),
-            NodeKind::Plan,
+            NodeId::Plan {
+                box_name: name.into(),
+                target,
+            },
             Work::Plan {
                 box_name: name.into(),
                 target,
@@ -516,16 +536,17 @@ impl<'a> Builder<'a> {
     fn compute_keys(&mut self, hasher: &FileHasher) -> Result<(), GraphError> {
         let order = self.graph.topo()?;
         // Sources first, in parallel: they read and hash files.
-        let sources: Vec<(NodeIndex, String)> = order
+        let sources: Vec<(NodeIndex, SourceId)> = order
             .iter()
-            .filter(|i| self.graph.g[**i].kind == NodeKind::Source)
-            .map(|i| (*i, self.graph.g[*i].id.clone()))
+            .filter_map(|i| match &self.graph.g[*i].nid {
+                NodeId::Source(s) => Some((*i, s.clone())),
+                _ => None,
+            })
             .collect();
         let p = self.p;
-        let r = self.r;
         let computed: Vec<(NodeIndex, Result<KeyInputs, GraphError>)> = sources
             .par_iter()
-            .map(|(i, id)| (*i, source_inputs(p, r, id, hasher)))
+            .map(|(i, id)| (*i, inputs::source_inputs(p, id, hasher)))
             .collect();
         for (i, inputs) in computed {
             let inputs = inputs?;
@@ -548,260 +569,10 @@ impl<'a> Builder<'a> {
         }
         Ok(())
     }
-
-    /// Non-dependency inputs of a node.
-    fn inputs_of(&self, i: NodeIndex) -> Result<KeyInputs, GraphError> {
-        let n = &self.graph.g[i];
-        let mut k = KeyInputs::new(n.kind);
-        match &n.work {
-            Work::Source => {}
-            Work::Fragment {
-                box_name,
-                candy,
-                index,
-                plan,
-            } => {
-                let b = self.rbox(box_name)?;
-                k.text("plan", &canonical(&**plan));
-                user_values(&mut k, &b.user);
-                k.value("formats", b.formats.join(","));
-                k.value("tags", b.tags.join(","));
-                k.value("last", fragment_is_last(self.p, b, *index).to_string());
-                k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
-                let c = &self.p.candies[candy];
-                for (name, v) in c.def.var.iter() {
-                    k.value(format!("var:{}", name.value), v.value.clone());
-                }
-                vocab_texts(&mut k, self.p, b, Some(c));
-            }
-            Work::Containerfile { box_name, prebuilt } => {
-                let b = self.rbox(box_name)?;
-                k.text("facts", &canonical(b));
-                k.value("prebuilt-artifacts", prebuilt.to_string());
-                vocab_texts(&mut k, self.p, b, None);
-                k.base = Some(b.root_image.clone());
-                if let BaseRef::Box(parent) = &b.base {
-                    k.value("base-ref", image_ref(self.r, parent));
-                }
-                for u in &b.builders {
-                    if let Some(img) = &u.image {
-                        k.value(format!("builder-ref:{}", u.builder), image_ref(self.r, img));
-                    }
-                }
-                k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
-            }
-            Work::BuilderStage {
-                candy,
-                builder,
-                image_box,
-                user,
-                for_box,
-            } => {
-                let b = self.rbox(for_box)?;
-                let vocab = &self.p.ns(b.ns).vocab;
-                if let Some(def) = vocab.builder.get(builder) {
-                    k.text(format!("builder/{builder}"), &canonical(def));
-                }
-                user_values(&mut k, user);
-                k.value("builder", builder.clone());
-                k.value("candy", candy.clone());
-                k.value("runner", self.opts.runner.clone());
-                if let Some(bi) = self.graph.by_id.get(&format!("image:{image_box}")) {
-                    k.builder_image = Some(self.graph.g[*bi].key.to_hex());
-                }
-            }
-            Work::LocalPkg {
-                candy,
-                format,
-                for_box,
-            } => {
-                let b = self.rbox(for_box)?;
-                let vocab = &self.p.ns(b.ns).vocab;
-                if let Some(d) = b
-                    .distro_def
-                    .as_deref()
-                    .and_then(|d| effective_distro(vocab, d))
-                    && let Some(f) = d.format.get(format)
-                {
-                    k.text(
-                        format!("format/{format}/local_pkg"),
-                        &canonical(&f.local_pkg),
-                    );
-                }
-                k.value("format", format.clone());
-                k.value("candy", candy.clone());
-                k.value("runner", self.opts.runner.clone());
-                k.value("distro", b.tags.join(","));
-            }
-            Work::Rootfs { box_name, builder } => {
-                let b = self.rbox(box_name)?;
-                let vocab = &self.p.ns(b.ns).vocab;
-                if let Some(d) = b
-                    .distro_def
-                    .as_deref()
-                    .and_then(|d| effective_distro(vocab, d))
-                {
-                    k.text("distro", &canonical(&d));
-                }
-                k.value("builder", builder.clone());
-                k.value("tags", b.tags.join(","));
-                k.value("runner", self.opts.runner.clone());
-                k.value("arch", self.opts.arch.clone());
-            }
-            Work::Image { box_name } => {
-                let b = self.rbox(box_name)?;
-                k.base = Some(b.root_image.clone());
-                k.value("tag", image_ref(self.r, box_name));
-                k.value("runner", self.opts.runner.clone());
-                k.value("arch", self.opts.arch.clone());
-            }
-            Work::Plan { box_name, target } => {
-                let b = self.rbox(box_name)?;
-                let plan = build_merged_plan(
-                    self.p,
-                    b,
-                    &HostContext {
-                        target: *target,
-                        ..HostContext::default()
-                    },
-                    &[],
-                )?;
-                k.text("plan", &canonical(&plan));
-                k.value("target", target.as_str());
-            }
-        }
-        Ok(k)
-    }
 }
 
 /// The image reference of a box.
 pub fn image_ref(r: &Resolution, name: &str) -> String {
     let version = r.get(name).map(|b| b.version.clone()).unwrap_or_default();
     default_image_ref(name, &version)
-}
-
-fn user_values(k: &mut KeyInputs, u: &User) {
-    k.value("user", format!("{}:{}:{}:{}", u.name, u.uid, u.gid, u.home));
-}
-
-/// Vocabulary entries a box (or one of its candies) renders with.
-fn vocab_texts(k: &mut KeyInputs, p: &Project, b: &ResolvedBox, candy: Option<&CandyEntry>) {
-    let vocab = &p.ns(b.ns).vocab;
-    if let Some(d) = b
-        .distro_def
-        .as_deref()
-        .and_then(|d| effective_distro(vocab, d))
-    {
-        k.text(
-            format!("vocab:distro/{}", b.distro_def.as_deref().unwrap_or("")),
-            &canonical(&d),
-        );
-    }
-    for u in &b.builders {
-        if candy.is_none_or(|c| u.candies.contains(&c.key))
-            && let Some(def) = vocab.builder.get(&u.builder)
-        {
-            k.text(format!("vocab:builder/{}", u.builder), &canonical(def));
-        }
-    }
-    let services = match candy {
-        Some(c) => !c.def.service.is_empty(),
-        None => b
-            .candies
-            .iter()
-            .any(|c| !p.candies[c].def.service.is_empty()),
-    };
-    if services {
-        for (name, init) in &vocab.init {
-            k.text(format!("vocab:init/{name}"), &canonical(init));
-        }
-    }
-}
-
-/// Canonical JSON (struct fields in declaration order, maps sorted).
-pub fn canonical<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .and_then(|v| serde_json::to_string(&v))
-        .unwrap_or_default()
-}
-
-/// Key inputs of a source node.
-fn source_inputs(
-    p: &Project,
-    r: &Resolution,
-    id: &str,
-    hasher: &FileHasher,
-) -> Result<KeyInputs, GraphError> {
-    let mut k = KeyInputs::new(NodeKind::Source);
-    if let Some(candy) = id.strip_prefix("source:candy/") {
-        let c = &p.candies[candy];
-        let prefix = c
-            .rel_dir
-            .clone()
-            .unwrap_or_else(|| format!("_layers/{}", c.name));
-        let def_file = p.sources.get(c.file);
-        for f in &c.files {
-            let path = c.dir.join(f);
-            // The definition file is keyed without its checks (already in
-            // memory; checks are not build inputs).
-            let d = match def_file.filter(|s| s.path == path) {
-                Some(src) => definition_digest(&src.text, &[&c.def.eval]),
-                None => hasher.digest(&path).map_err(|source| GraphError::Io {
-                    path: format!("{prefix}/{f}"),
-                    source,
-                })?,
-            };
-            k.files.insert(format!("{prefix}/{f}"), d);
-        }
-    } else if let Some(rest) = id.strip_prefix("source:localpkg/") {
-        let (candy, fmt) = rest.rsplit_once('/').unwrap_or((rest, ""));
-        if let Some((dir, files)) = p
-            .candies
-            .get(candy)
-            .and_then(|c| c.localpkg_sources.get(fmt))
-        {
-            let prefix = charly_rules::load::relative(dir, &p.root);
-            for f in files {
-                let d = hasher
-                    .digest(&dir.join(f))
-                    .map_err(|source| GraphError::Io {
-                        path: format!("{prefix}/{f}"),
-                        source,
-                    })?;
-                k.files.insert(format!("{prefix}/{f}"), d);
-            }
-        }
-    } else if let Some(name) = id.strip_prefix("source:box/") {
-        let _ = r;
-        // Look the box up by its namespace prefix and short name (a scan of
-        // every box here made the graph quadratic in the number of boxes).
-        for n in &p.namespaces {
-            let short = if n.path.is_empty() {
-                Some(name)
-            } else {
-                name.strip_prefix(n.path.as_str())
-                    .and_then(|s| s.strip_prefix('.'))
-            };
-            if let Some(b) = short.and_then(|s| n.boxes.get(s))
-                && n.qualify(&b.name) == name
-                && let Some(src) = p.sources.get(b.file)
-            {
-                k.files.insert(
-                    src.rel.clone(),
-                    definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
-                );
-            }
-        }
-    }
-    Ok(k)
-}
-
-/// The key digest of a definition file's text, its check sections left out.
-fn definition_digest(text: &str, checks: &[&Option<charly_rules::yaml::Yaml>]) -> String {
-    let sections: Vec<&charly_rules::yaml::Node> = checks
-        .iter()
-        .filter_map(|c| c.as_ref().map(|y| &y.0))
-        .collect();
-    let text = charly_rules::check::without_checks(text, &sections);
-    blake3::hash(text.as_bytes()).to_hex().to_string()
 }

@@ -1,0 +1,404 @@
+//! What enters each node's key: one function per kind of work.
+//!
+//! Dependencies' keys are added by [`Builder::compute_keys`]; these
+//! functions add the rest: the node's own files, texts (digests of
+//! templates, vocabulary entries and compiled plans, as canonical JSON) and
+//! values. A box's resolved facts enter a build directory's key one named
+//! value per fact (`fact:candies`, `fact:user`, …), so `explain` can say
+//! which fact changed.
+
+use super::{Builder, GraphError, Work, image_ref};
+use crate::hash::FileHasher;
+use crate::id::SourceId;
+use crate::key::{KeyInputs, NodeKind};
+use charly_rules::emit::containerfile::fragment_is_last;
+use charly_rules::load::{CandyEntry, Project};
+use charly_rules::plan::{HostContext, InstallPlan, Target, build_merged_plan};
+use charly_rules::resolve::{BaseRef, ResolvedBox, User, effective_distro};
+use petgraph::stable_graph::NodeIndex;
+
+impl Builder<'_> {
+    /// Non-dependency inputs of a node.
+    pub(super) fn inputs_of(&self, i: NodeIndex) -> Result<KeyInputs, GraphError> {
+        let n = &self.graph.g[i];
+        let mut k = KeyInputs::new(n.kind);
+        match &n.work {
+            Work::Source => {}
+            Work::Fragment {
+                box_name,
+                candy,
+                index,
+                plan,
+            } => self.fragment_inputs(&mut k, box_name, candy, *index, plan)?,
+            Work::Containerfile { box_name, prebuilt } => {
+                self.containerfile_inputs(&mut k, box_name, *prebuilt)?
+            }
+            Work::BuilderStage {
+                candy,
+                builder,
+                image_box,
+                user,
+                for_box,
+            } => self.builder_stage_inputs(&mut k, candy, builder, image_box, user, for_box)?,
+            Work::LocalPkg {
+                candy,
+                format,
+                for_box,
+            } => self.local_pkg_inputs(&mut k, candy, format, for_box)?,
+            Work::Rootfs { box_name, builder } => self.rootfs_inputs(&mut k, box_name, builder)?,
+            Work::Image { box_name } => self.image_inputs(&mut k, box_name)?,
+            Work::Plan { box_name, target } => self.plan_inputs(&mut k, box_name, *target)?,
+        }
+        Ok(k)
+    }
+
+    /// One candy's fragment: its compiled plan, the box's user, formats and
+    /// tags, its position, its variables and the vocabulary it renders with.
+    fn fragment_inputs(
+        &self,
+        k: &mut KeyInputs,
+        box_name: &str,
+        candy: &str,
+        index: usize,
+        plan: &InstallPlan,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        k.text("plan", &canonical("the candy's plan", plan)?);
+        user_values(k, &b.user);
+        k.value("formats", b.formats.join(","));
+        k.value("tags", b.tags.join(","));
+        k.value("last", fragment_is_last(self.p, b, index).to_string());
+        k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
+        let c = &self.p.candies[candy];
+        for (name, v) in c.def.var.iter() {
+            k.value(format!("var:{}", name.value), v.value.clone());
+        }
+        vocab_texts(k, self.p, b, Some(c))
+    }
+
+    /// A box's build directory: its facts, base, builder images and vocabulary.
+    fn containerfile_inputs(
+        &self,
+        k: &mut KeyInputs,
+        box_name: &str,
+        prebuilt: bool,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        box_facts(k, b)?;
+        k.value("prebuilt-artifacts", prebuilt.to_string());
+        vocab_texts(k, self.p, b, None)?;
+        k.base = Some(b.root_image.clone());
+        if let BaseRef::Box(parent) = &b.base {
+            k.value("base-ref", image_ref(self.r, parent));
+        }
+        for u in &b.builders {
+            if let Some(img) = &u.image {
+                k.value(format!("builder-ref:{}", u.builder), image_ref(self.r, img));
+            }
+        }
+        k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
+        Ok(())
+    }
+
+    /// A builder stage: the builder's definition, the account, the candy,
+    /// the runner and the builder image's key.
+    fn builder_stage_inputs(
+        &self,
+        k: &mut KeyInputs,
+        candy: &str,
+        builder: &str,
+        image_box: &str,
+        user: &User,
+        for_box: &str,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(for_box)?;
+        let vocab = &self.p.ns(b.ns).vocab;
+        if let Some(def) = vocab.builder.get(builder) {
+            k.text(
+                format!("builder/{builder}"),
+                &canonical("the builder definition", def)?,
+            );
+        }
+        user_values(k, user);
+        k.value("builder", builder);
+        k.value("candy", candy);
+        k.value("runner", self.opts.runner.clone());
+        if let Some(bi) = self.graph.index(&crate::id::NodeId::image(image_box)) {
+            k.builder_image = Some(self.graph.g[bi].key.to_hex());
+        }
+        Ok(())
+    }
+
+    /// A local package: the format's `local_pkg` definition, the candy, the
+    /// runner and the distro it is built for.
+    fn local_pkg_inputs(
+        &self,
+        k: &mut KeyInputs,
+        candy: &str,
+        format: &str,
+        for_box: &str,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(for_box)?;
+        let vocab = &self.p.ns(b.ns).vocab;
+        if let Some(d) = b
+            .distro_def
+            .as_deref()
+            .and_then(|d| effective_distro(vocab, d))
+            && let Some(f) = d.format.get(format)
+        {
+            k.text(
+                format!("format/{format}/local_pkg"),
+                &canonical("the format's local_pkg", &f.local_pkg)?,
+            );
+        }
+        k.value("format", format);
+        k.value("candy", candy);
+        k.value("runner", self.opts.runner.clone());
+        k.value("distro", b.tags.join(","));
+        Ok(())
+    }
+
+    /// A root filesystem: the distro definition, the bootstrap builder, the
+    /// runner and the architecture.
+    fn rootfs_inputs(
+        &self,
+        k: &mut KeyInputs,
+        box_name: &str,
+        builder: &str,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        let vocab = &self.p.ns(b.ns).vocab;
+        if let Some(d) = b
+            .distro_def
+            .as_deref()
+            .and_then(|d| effective_distro(vocab, d))
+        {
+            k.text("distro", &canonical("the distro definition", &d)?);
+        }
+        k.value("builder", builder);
+        k.value("tags", b.tags.join(","));
+        k.value("runner", self.opts.runner.clone());
+        k.value("arch", self.opts.arch.clone());
+        Ok(())
+    }
+
+    /// An image: its root image, tag, runner and architecture (the build
+    /// directory and every other input come in as dependencies).
+    fn image_inputs(&self, k: &mut KeyInputs, box_name: &str) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        k.base = Some(b.root_image.clone());
+        k.value("tag", image_ref(self.r, box_name));
+        k.value("runner", self.opts.runner.clone());
+        k.value("arch", self.opts.arch.clone());
+        Ok(())
+    }
+
+    /// A deploy plan: the merged plan for the target.
+    fn plan_inputs(
+        &self,
+        k: &mut KeyInputs,
+        box_name: &str,
+        target: Target,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        let plan = build_merged_plan(
+            self.p,
+            b,
+            &HostContext {
+                target,
+                ..HostContext::default()
+            },
+            &[],
+        )?;
+        k.text("plan", &canonical("the merged plan", &plan)?);
+        k.value("target", target.as_str());
+        Ok(())
+    }
+}
+
+fn user_values(k: &mut KeyInputs, u: &User) {
+    k.value("user", format!("{}:{}:{}:{}", u.name, u.uid, u.gid, u.home));
+}
+
+/// A box's resolved facts, one value per fact: `fact:<field>` → the
+/// field's text (strings as they are, everything else as canonical JSON).
+fn box_facts(k: &mut KeyInputs, b: &ResolvedBox) -> Result<(), GraphError> {
+    let value = serde_json::to_value(b).map_err(|e| GraphError::Canonical {
+        what: format!("the facts of box {}", b.name),
+        message: e.to_string(),
+    })?;
+    let serde_json::Value::Object(fields) = value else {
+        return Err(GraphError::Canonical {
+            what: format!("the facts of box {}", b.name),
+            message: "not a map of fields".into(),
+        });
+    };
+    for (field, v) in fields {
+        let text = match v {
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        };
+        k.value(format!("fact:{field}"), text);
+    }
+    Ok(())
+}
+
+/// Vocabulary entries a box (or one of its candies) renders with.
+fn vocab_texts(
+    k: &mut KeyInputs,
+    p: &Project,
+    b: &ResolvedBox,
+    candy: Option<&CandyEntry>,
+) -> Result<(), GraphError> {
+    let vocab = &p.ns(b.ns).vocab;
+    if let Some(d) = b
+        .distro_def
+        .as_deref()
+        .and_then(|d| effective_distro(vocab, d))
+    {
+        k.text(
+            format!("vocab:distro/{}", b.distro_def.as_deref().unwrap_or("")),
+            &canonical("the distro definition", &d)?,
+        );
+    }
+    for u in &b.builders {
+        if candy.is_none_or(|c| u.candies.contains(&c.key))
+            && let Some(def) = vocab.builder.get(&u.builder)
+        {
+            k.text(
+                format!("vocab:builder/{}", u.builder),
+                &canonical("the builder definition", def)?,
+            );
+        }
+    }
+    let services = match candy {
+        Some(c) => !c.def.service.is_empty(),
+        None => b
+            .candies
+            .iter()
+            .any(|c| !p.candies[c].def.service.is_empty()),
+    };
+    if services {
+        for (name, init) in &vocab.init {
+            k.text(
+                format!("vocab:init/{name}"),
+                &canonical("the init definition", init)?,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Canonical JSON (struct fields in declaration order, maps sorted) of a
+/// key input; `what` names it if it cannot be encoded (never hashed as "").
+pub fn canonical<T: serde::Serialize>(what: &str, v: &T) -> Result<String, GraphError> {
+    serde_json::to_value(v)
+        .and_then(|v| serde_json::to_string(&v))
+        .map_err(|e| GraphError::Canonical {
+            what: what.to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// Key inputs of a source node.
+pub(super) fn source_inputs(
+    p: &Project,
+    id: &SourceId,
+    hasher: &FileHasher,
+) -> Result<KeyInputs, GraphError> {
+    let mut k = KeyInputs::new(NodeKind::Source);
+    match id {
+        SourceId::Candy(candy) => source_candy(p, &p.candies[candy], hasher, &mut k)?,
+        SourceId::LocalPkg { candy, format } => source_localpkg(p, candy, format, hasher, &mut k)?,
+        SourceId::Box(name) => source_box(p, name, &mut k),
+    }
+    Ok(k)
+}
+
+/// A candy directory: every file, the definition without its checks.
+fn source_candy(
+    p: &Project,
+    c: &CandyEntry,
+    hasher: &FileHasher,
+    k: &mut KeyInputs,
+) -> Result<(), GraphError> {
+    let prefix = c
+        .rel_dir
+        .clone()
+        .unwrap_or_else(|| format!("_layers/{}", c.name));
+    let def_file = p.sources.get(c.file);
+    for f in &c.files {
+        let path = c.dir.join(f);
+        // The definition file is keyed without its checks (already in
+        // memory; checks are not build inputs).
+        let d = match def_file.filter(|s| s.path == path) {
+            Some(src) => definition_digest(&src.text, &[&c.def.eval]),
+            None => hasher.digest(&path).map_err(|source| GraphError::Io {
+                path: format!("{prefix}/{f}"),
+                source,
+            })?,
+        };
+        k.files.insert(format!("{prefix}/{f}"), d);
+    }
+    Ok(())
+}
+
+/// The source tree of a candy's local package.
+fn source_localpkg(
+    p: &Project,
+    candy: &str,
+    fmt: &str,
+    hasher: &FileHasher,
+    k: &mut KeyInputs,
+) -> Result<(), GraphError> {
+    if let Some((dir, files)) = p
+        .candies
+        .get(candy)
+        .and_then(|c| c.localpkg_sources.get(fmt))
+    {
+        let prefix = charly_rules::load::relative(dir, &p.root);
+        for f in files {
+            let d = hasher
+                .digest(&dir.join(f))
+                .map_err(|source| GraphError::Io {
+                    path: format!("{prefix}/{f}"),
+                    source,
+                })?;
+            k.files.insert(format!("{prefix}/{f}"), d);
+        }
+    }
+    Ok(())
+}
+
+/// A box's definition, without its checks.
+fn source_box(p: &Project, name: &str, k: &mut KeyInputs) {
+    // Look the box up by its namespace prefix and short name (a scan of
+    // every box here made the graph quadratic in the number of boxes).
+    for n in &p.namespaces {
+        let short = if n.path.is_empty() {
+            Some(name)
+        } else {
+            name.strip_prefix(n.path.as_str())
+                .and_then(|s| s.strip_prefix('.'))
+        };
+        if let Some(b) = short.and_then(|s| n.boxes.get(s))
+            && n.qualify(&b.name) == name
+            && let Some(src) = p.sources.get(b.file)
+        {
+            k.files.insert(
+                src.rel.clone(),
+                definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
+            );
+        }
+    }
+}
+
+/// The key digest of a definition file's text, its check sections left out.
+fn definition_digest(text: &str, checks: &[&Option<charly_rules::yaml::Yaml>]) -> String {
+    let sections: Vec<&charly_rules::yaml::Node> = checks
+        .iter()
+        .filter_map(|c| c.as_ref().map(|y| &y.0))
+        .collect();
+    let text = charly_rules::check::without_checks(text, &sections);
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
