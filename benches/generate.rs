@@ -15,15 +15,8 @@ use charly_rules::load::{LoadOptions, load};
 use charly_rules::resolve::{ResolvedBox, resolve};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
-use std::path::PathBuf;
 
-/// The corpus root: `CHARLY_BENCH_CORPUS` or the shared corpus next to the workspace.
-fn corpus() -> PathBuf {
-    std::env::var_os("CHARLY_BENCH_CORPUS").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/overthink"),
-        PathBuf::from,
-    )
-}
+use charly_testutil::bench_corpus as corpus;
 
 fn benches(c: &mut Criterion) {
     let root = corpus();

@@ -38,7 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // Test fixtures: a dev-dependency of the others, never a normal one.
-    ("charly-testutil", &["charly-engine"]),
+    ("charly-testutil", &["charly-rules", "charly-engine"]),
     // The workspace's own integration tests and benches (dev only).
     ("charly-suite", &[]),
 ];

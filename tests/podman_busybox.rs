@@ -6,11 +6,8 @@ use charly_testutil as common;
 
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::resolve;
-use std::path::PathBuf;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/busybox")
-}
+use charly_testutil::busybox_fixture as fixture;
 
 #[test]
 fn busybox_box_builds_and_has_what_its_candies_say() {
@@ -19,7 +16,7 @@ fn busybox_box_builds_and_has_what_its_candies_say() {
     }
     let t = tempfile::tempdir().expect("tmp");
     let root = t.path().join("project");
-    common::copy_tree(&fixture(), &root);
+    common::copy_project(&fixture(), &root);
     let podman = common::Podman::new(&t.path().join("podman"));
     let tar = common::busybox_rootfs_tar(t.path());
     let out = podman.run(&[

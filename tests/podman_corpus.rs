@@ -27,7 +27,7 @@ fn corpus_containerfiles_build_with_podman() {
     }
     let t = tempfile::tempdir().expect("tmp");
     let root = t.path().join("project");
-    common::copy_tree(&common::corpus(), &root);
+    common::copy_project(&common::corpus(), &root);
     for f in common::MISSING_SIBLINGS {
         common::write(&root, f, "#!/bin/sh\necho placeholder\n");
     }

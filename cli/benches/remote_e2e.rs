@@ -19,8 +19,7 @@
 #[path = "../tests/registry/mod.rs"]
 mod registry;
 
-#[path = "../tests/project_copy/mod.rs"]
-mod project_copy;
+use charly_testutil as project_copy;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};

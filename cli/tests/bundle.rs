@@ -2,12 +2,10 @@
 //! directory: kill -9 in the middle of a step, then `status` and `del`;
 //! a failing step; `--help` says where the ledger lives.
 
-mod project_copy;
 use assert_cmd::Command;
+use charly_testutil as project_copy;
 use project_copy::example;
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 struct World {
@@ -84,25 +82,7 @@ impl World {
     }
 }
 
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(root)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| {
-            let e = e.expect("walk");
-            let md = e.path().symlink_metadata().expect("meta");
-            let what = if md.is_file() {
-                format!("{:?}", std::fs::read(e.path()).expect("read"))
-            } else {
-                format!("{:?}", md.file_type())
-            };
-            (
-                e.path().display().to_string(),
-                format!("{what} {:o} {}", md.mode(), md.uid()),
-            )
-        })
-        .collect()
-}
+use charly_testutil::tree_with_modes as tree;
 
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

@@ -4,24 +4,9 @@
 //! bound over /root, so the root login's home (env.d, rc-file block) lives
 //! in the test's directory; system files of the test candy go below it too.
 
-mod project_copy;
 use assert_cmd::Command;
-use std::collections::BTreeMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use charly_testutil as project_copy;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-struct Sshd {
-    child: Child,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn sh(cmd: &mut std::process::Command) {
     let out = cmd.output().expect("spawn");
@@ -32,76 +17,10 @@ fn sh(cmd: &mut std::process::Command) {
     );
 }
 
-fn keygen(path: &Path) {
-    sh(std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path));
-}
+use charly_testutil::sshd::{guest_wrap, home_wrap, keygen};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// Every session in a private mount namespace with `home` bound over /root.
-fn home_wrap(home: &Path) -> String {
-    format!(
-        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
-        home.display()
-    )
-}
-
-/// Every session chrooted into the guest root filesystem `guest` (its own
-/// /etc, package database and /root), with /proc and /dev mounted in a
-/// private mount namespace: a separate system as far as a deploy can tell.
-fn guest_wrap(guest: &Path) -> String {
-    format!(
-        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot \"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
-        guest.display()
-    )
-}
-
-fn start_sshd(t: &Path, wrap_script: &str) -> (Sshd, u16) {
-    keygen(&t.join("hostkey"));
-    keygen(&t.join("userkey"));
-    std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
-    let wrap = t.join("wrap.sh");
-    std::fs::write(&wrap, wrap_script).expect("wrap");
-    std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let port = free_port();
-    let cfg = t.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nForceCommand {t}/wrap.sh\n",
-            t = t.display()
-        ),
-    )
-    .expect("cfg");
-    std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
-    let child = std::process::Command::new("/usr/sbin/sshd")
-        .args(["-D", "-e", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sshd (openssh-server, see .ci/install)");
-    let d = Sshd { child };
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
-    std::fs::write(
-        t.join("known_hosts"),
-        format!("[127.0.0.1]:{port} {pubkey}"),
-    )
-    .expect("known_hosts");
-    (d, port)
+fn start_sshd(t: &Path, wrap: &str) -> (charly_testutil::sshd::Sshd, u16) {
+    charly_testutil::sshd::start(t, Some(wrap))
 }
 
 fn project(t: &Path, sys: &Path) -> PathBuf {
@@ -129,34 +48,11 @@ fn project(t: &Path, sys: &Path) -> PathBuf {
     p
 }
 
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(root)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| {
-            let e = e.expect("walk");
-            let md = e.path().symlink_metadata().expect("meta");
-            let what = if md.is_file() {
-                format!("{:?}", std::fs::read(e.path()).expect("read"))
-            } else {
-                format!("{:?}", md.file_type())
-            };
-            (
-                e.path().display().to_string(),
-                format!("{what} {:o} {}", md.mode(), md.uid()),
-            )
-        })
-        .collect()
-}
+use charly_testutil::tree_with_modes as tree;
 
 #[test]
 fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
-    if std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(1)
-        != 0
-    {
-        eprintln!("skipped: needs root (sshd, mount namespaces)");
+    if !charly_testutil::sshd::root_available("sshd, mount namespaces") {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -332,12 +228,7 @@ fn guest_pkg_status(guest: &Path, pkg: &str) -> String {
 /// `del` removes it again.
 #[test]
 fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
-    if std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(1)
-        != 0
-    {
-        eprintln!("skipped: needs root (sshd, chroot, mount namespaces)");
+    if !charly_testutil::sshd::root_available("sshd, chroot, mount namespaces") {
         return;
     }
     if !Path::new("/usr/sbin/debootstrap").exists() {

@@ -1,11 +1,8 @@
 //! The `charly` binary on the real corpus: exit codes, stdout data, JSON shapes.
 
 use assert_cmd::Command;
-use std::path::PathBuf;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
 fn charly() -> Command {
     let mut c = Command::cargo_bin("charly").expect("binary");

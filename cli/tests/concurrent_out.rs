@@ -4,7 +4,7 @@
 //! writer left in the output directory are removed by the next run, while
 //! a live writer's (its lock held) are kept.
 
-mod project_copy;
+use charly_testutil as project_copy;
 use project_copy::{example, hold_lock, tree};
 use std::path::Path;
 use std::process::{Command, Output};

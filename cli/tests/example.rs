@@ -9,7 +9,7 @@
 //! the npm registry (`.ci/install` installs the tools). Behind an
 //! intercepting proxy the host's CA bundle is passed with `--ca-bundle`.
 
-mod project_copy;
+use charly_testutil as project_copy;
 use project_copy::{copy_project, example};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

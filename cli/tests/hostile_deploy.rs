@@ -5,8 +5,8 @@
 //! step, and a sentinel tree outside the root is byte-for-byte unchanged,
 //! after `add` and after `del`.
 
-mod project_copy;
 use assert_cmd::Command;
+use charly_testutil as project_copy;
 use project_copy::{example, hold_lock, tree};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -6,8 +6,8 @@
 //! with exit 1, and that `box generate --all` refuses (exit 1) without
 //! touching anything: the whole temp tree is the same before and after.
 
-mod project_copy;
 use assert_cmd::Command;
+use charly_testutil as project_copy;
 use project_copy::tree;
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@
 //! the leftovers of a process killed with SIGKILL are removed by the next run
 //! and never make `cache verify` fail.
 
-mod project_copy;
+use charly_testutil as project_copy;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -8,13 +8,11 @@
 //! seconds. These tests set `CHARLY_JOURNAL_RACY_MS=0` rather than wait; the
 //! window itself is unit-tested in `engine/src/journal.rs`.
 
-mod project_copy;
+use charly_testutil as project_copy;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
 struct Env {
     tmp: tempfile::TempDir,

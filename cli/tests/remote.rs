@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod machine;
-mod project_copy;
+use charly_testutil as project_copy;
 mod registry;
 use machine::{Machine, nodes, outputs, show};
 use registry::Registry;

@@ -11,7 +11,7 @@
 use charly_testutil::casd as common_reapi;
 
 mod machine;
-mod project_copy;
+use charly_testutil as project_copy;
 use machine::{Machine, nodes, outputs, show};
 
 #[test]

@@ -10,7 +10,7 @@
 use charly_testutil::casd as common_reapi;
 
 mod machine;
-mod project_copy;
+use charly_testutil as project_copy;
 use machine::{nodes, outputs, show, summary_json};
 
 use std::path::{Path, PathBuf};

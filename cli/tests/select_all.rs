@@ -3,7 +3,7 @@
 //! exit 1, unless `--keep-going`; a disabled one is left out quietly; a
 //! project with no boxes says so.
 
-mod project_copy;
+use charly_testutil as project_copy;
 use project_copy::{copy_project, graph_fixture};
 use std::path::Path;
 use std::process::Output;

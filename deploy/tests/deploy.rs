@@ -23,9 +23,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-fn example() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
-}
+use charly_testutil::example;
 
 fn open() -> (Project, Resolution) {
     let p = load::load(&example(), &LoadOptions::default()).expect("loads");

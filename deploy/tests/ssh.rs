@@ -11,96 +11,20 @@ use charly_deploy::walk::{self, Artifacts, Options};
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::plan::{Gates, HostContext, Scope, StepData, Target, build_merged_plan};
 use charly_rules::resolve;
-use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-struct Sshd(Child);
+use charly_testutil::sshd::{home_wrap, keygen, start as start_sshd};
 
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn keygen(path: &Path) {
-    let out = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .output()
-        .expect("ssh-keygen (openssh-client, see .ci/install)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts sshd; with `bind_home`, every session runs in a private mount
-/// namespace with that directory bound over /root (the root login's home).
-fn start(t: &Path, bind_home: Option<&Path>) -> (Sshd, u16) {
-    keygen(&t.join("hostkey"));
-    keygen(&t.join("userkey"));
-    std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let cfg = t.join("sshd_config");
-    let mut text = format!(
-        "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
-        t = t.display()
-    );
-    if let Some(home) = bind_home {
-        let wrap = t.join("wrap.sh");
-        std::fs::write(
-            &wrap,
-            format!(
-                "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount --bind \"$1\" /root && exec /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
-                home.display()
-            ),
-        )
-        .expect("wrap");
-        std::fs::set_permissions(&wrap, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        text.push_str(&format!("ForceCommand {}\n", wrap.display()));
-    }
-    std::fs::write(&cfg, text).expect("cfg");
-    std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
-    let child = std::process::Command::new("/usr/sbin/sshd")
-        .args(["-D", "-e", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(t.join("sshd.log")).expect("log"))
-        .spawn()
-        .expect("sshd (openssh-server, see .ci/install)");
-    let d = Sshd(child);
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
-    std::fs::write(
-        t.join("known_hosts"),
-        format!("[127.0.0.1]:{port} {pubkey}"),
-    )
-    .expect("kh");
-    (d, port)
+fn start(t: &Path, bind_home: Option<&Path>) -> (charly_testutil::sshd::Sshd, u16) {
+    start_sshd(t, bind_home.map(home_wrap).as_deref())
 }
 
 #[test]
 fn ssh_host_runs_writes_stats_extracts_and_refuses_bad_keys() {
-    if std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(1)
-        != 0
-    {
-        eprintln!("skipped: needs root (sshd with a root login)");
+    if !charly_testutil::sshd::root_available("sshd with a root login") {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -297,34 +221,11 @@ impl Artifacts for Arts {
     }
 }
 
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    walkdir::WalkDir::new(root)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| {
-            let e = e.expect("walk");
-            let md = e.path().symlink_metadata().expect("meta");
-            let what = if md.is_file() {
-                format!("{:?}", std::fs::read(e.path()).expect("read"))
-            } else {
-                format!("{:?}", md.file_type())
-            };
-            (
-                e.path().display().to_string(),
-                format!("{what} {:o} {}", md.mode(), md.uid()),
-            )
-        })
-        .collect()
-}
+use charly_testutil::tree_with_modes as tree;
 
 #[test]
 fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
-    if std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(1)
-        != 0
-    {
-        eprintln!("skipped: needs root (sshd, mount namespaces)");
+    if !charly_testutil::sshd::root_available("sshd, mount namespaces") {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");

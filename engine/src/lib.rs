@@ -1,10 +1,18 @@
-//! charly-engine: the build graph, scheduler, runners and deploy walkers.
+//! charly-engine: the build graph, its keys, and running it.
 //!
-//! The engine turns a loaded project (from `charly-rules`) into a DAG of
-//! content-keyed nodes (`graph`, `key`), hashes inputs with a stat cache
-//! (`hash`), runs ready nodes in parallel against the store (`sched`,
-//! `exec`), with commands executed by a [`runner::Runner`] (podman, or a fake
-//! for tests). It also writes build directories (`generate`).
+//! * [`graph`]: a loaded, resolved project (from `charly-rules`) as a DAG of
+//!   nodes named by [`id::NodeId`]; [`graph::inputs`] says what enters each
+//!   kind of node's key, [`key`] encodes and hashes those inputs, [`hash`]
+//!   digests files behind a stat cache.
+//! * [`sched`] runs ready nodes in parallel; [`exec`] runs one node against
+//!   the store (local, then the remote cache) and records its [`outputs`].
+//! * [`runners`]: what runs command nodes (podman; remote execution over
+//!   `charly-reapi`; a fake only with the `testing` feature), [`stage`] the
+//!   requests they get.
+//! * [`generate`] and [`fsroot`] write build directories confined to their
+//!   root; [`journal`] makes an unchanged repeat a no-op; [`check`] runs
+//!   check beds; [`oci`] exports images; [`api`] is the entry point the CLI
+//!   and the deploy crate use.
 
 pub use charly_cache as cache;
 pub use charly_reapi as reapi;

@@ -5,8 +5,8 @@
 //!
 //! | node | outputs | meta |
 //! |---|---|---|
-//! | fragment | [`TEXT`], [`file`]`(path)` per staged file | — |
-//! | containerfile | [`file`]`(path)` per file of the build directory | [`ContainerfileMeta`] |
+//! | fragment | [`TEXT`], [`file()`]`(path)` per staged file | — |
+//! | containerfile | [`file()`]`(path)` per file of the build directory | [`ContainerfileMeta`] |
 //! | builder stage | [`ARTIFACT_TAR`] | — |
 //! | local package | [`pkg`]`(file name)` per package | — |
 //! | root filesystem | [`ROOTFS_TAR`] | — |

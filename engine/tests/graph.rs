@@ -14,25 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph")
-}
-
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
-        let rel = e.path().strip_prefix(from).expect("prefix");
-        let dest = to.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
-}
+use charly_testutil::{copy_project as copy_tree, corpus, graph_fixture as fixture};
 
 struct World {
     _tmp: tempfile::TempDir,
@@ -584,8 +566,8 @@ fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explan
     engine.explain(&g, id).expect("explain")
 }
 
-#[test]
-fn explain_names_the_box_fact_that_changed() {
+/// Generates box `left`, then bumps its version (a box fact).
+fn generated_then_version_bumped() -> (World, Store) {
     let w = World::new(&fixture());
     let store = Store::open(&w.store_dir).expect("store");
     let (_, s) = run(
@@ -600,6 +582,12 @@ fn explain_names_the_box_fact_that_changed() {
     let f = w.root.join("box/left/charly.yml");
     let text = std::fs::read_to_string(&f).expect("read");
     std::fs::write(&f, text.replace("version: 1.0.0", "version: 1.0.1")).expect("edit");
+    (w, store)
+}
+
+#[test]
+fn explain_names_the_box_fact_that_changed() {
+    let (w, store) = generated_then_version_bumped();
     let e = explain_now(&w, &store, "containerfile:left");
     assert_eq!(e.status, Status::WouldRebuild);
     let text = e.lines().join("\n");
@@ -613,17 +601,7 @@ fn explain_names_the_box_fact_that_changed() {
 
 #[test]
 fn a_record_of_an_older_key_schema_is_explained_as_such() {
-    let w = World::new(&fixture());
-    let store = Store::open(&w.store_dir).expect("store");
-    let (_, s) = run(
-        &w,
-        &store,
-        &Goal::Generate,
-        &["left"],
-        &FakeRunner::new(),
-        2,
-    );
-    assert!(s.ok());
+    let (w, store) = generated_then_version_bumped();
     // The newest record of the node carries inputs in a shape this charly
     // does not read (as a record of an older key schema would).
     let old = charly_cache::Record {
@@ -638,10 +616,6 @@ fn a_record_of_an_older_key_schema_is_explained_as_such() {
     };
     let key = charly_cache::NodeKey::from_bytes([7; 32]);
     store.put_record(&key, &old).expect("put");
-    // Make the current key miss: edit the box.
-    let f = w.root.join("box/left/charly.yml");
-    let text = std::fs::read_to_string(&f).expect("read");
-    std::fs::write(&f, text.replace("version: 1.0.0", "version: 1.0.1")).expect("edit");
     let e = explain_now(&w, &store, "containerfile:left");
     assert_eq!(e.status, Status::WouldRebuild);
     let text = e.lines().join("\n");

@@ -13,7 +13,7 @@
 //! * [`action`]: one command as an Action: upload what the engine is missing,
 //!   look it up in the ActionCache, execute, then download and verify every
 //!   output's digest before anything is written locally.
-//! * [`cache`]: [`GrpcCache`](cache::GrpcCache), the engine's CAS and
+//! * [`cache`]: [`GrpcCache`], the engine's CAS and
 //!   ActionCache as a shared cache of node records (`--remote grpc://…`),
 //!   beside the OCI-registry backend.
 //! * [`stage`]: the interpreter of builder-stage Containerfiles as a

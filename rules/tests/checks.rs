@@ -3,11 +3,8 @@
 use charly_rules::check::{CheckKind, parse_checks};
 use charly_rules::load::{self, LoadOptions};
 use charly_rules::yaml::{Node, parse_stream};
-use std::path::PathBuf;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
 /// Every list under an `eval:` or `deploy_eval:` key, anywhere in a document.
 fn eval_lists<'a>(n: &'a Node, out: &mut Vec<&'a Node>) {

@@ -9,20 +9,14 @@
 
 use charly_rules::emit::containerfile::default_image_ref;
 use charly_rules::emit::{BuildDir, EmitOptions, Staged, render_box};
-use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::load::Project;
 use charly_rules::plan::{HostContext, build_box_plans};
-use charly_rules::resolve::{self, Resolution};
-use std::path::{Path, PathBuf};
+use charly_rules::resolve::Resolution;
+use std::path::Path;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
-fn open(dir: &Path) -> (Project, Resolution) {
-    let p = load::load(dir, &LoadOptions::default()).expect("loads");
-    let r = resolve::resolve(&p);
-    (p, r)
-}
+use charly_testutil::open;
 
 fn render(p: &Project, r: &Resolution, name: &str) -> BuildDir {
     let b = r

@@ -8,14 +8,10 @@ use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::resolve::{self, Resolution};
 use std::path::PathBuf;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
 fn open(dir: PathBuf) -> (Project, Resolution) {
-    let p = load::load(&dir, &LoadOptions::default()).expect("corpus loads");
-    let r = resolve::resolve(&p);
-    (p, r)
+    charly_testutil::open(&dir)
 }
 
 fn order(r: &Resolution, b: &str) -> Vec<String> {

@@ -23,24 +23,18 @@
 
 use charly_rules::emit::kustomize::{KustomizeOptions, KustomizeTree, render_kustomize};
 use charly_rules::emit::quadlet::{QuadletOptions, QuadletUnit, render_quadlet};
-use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::load::Project;
 use charly_rules::plan::{HostContext, InstallPlan, Target, build_merged_plan};
-use charly_rules::resolve::{self, Resolution, ResolvedBox};
+use charly_rules::resolve::{Resolution, ResolvedBox};
 use charly_rules::source::FileId;
 use charly_rules::yaml::{Node, Style, Value, parse_stream};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
-fn open(dir: &Path) -> (Project, Resolution) {
-    let p = load::load(dir, &LoadOptions::default()).expect("loads");
-    let r = resolve::resolve(&p);
-    (p, r)
-}
+use charly_testutil::open;
 
 fn get<'r>(r: &'r Resolution, name: &str) -> &'r ResolvedBox {
     r.get(name)

@@ -3,11 +3,9 @@
 use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::plan::*;
 use charly_rules::resolve::{self, Resolution};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/overthink")
-}
+use charly_testutil::corpus;
 
 /// A corpus copy with extra test boxes.
 fn with_boxes(boxes: &[(&str, &str)]) -> (tempfile::TempDir, Project, Resolution) {

@@ -105,6 +105,7 @@ pub fn start_with(jobs: usize, mounts: &[&str]) -> Casd {
     casd
 }
 
+#[cfg(feature = "engine")]
 /// A podman runner with its own storage under `dir`, and the busybox root
 /// filesystem imported as image `tag` (`changes`: `podman import --change`
 /// instructions such as `ENV A=b`).

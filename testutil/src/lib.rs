@@ -1,15 +1,26 @@
 //! charly-testutil: fixtures shared by the workspace's tests and benches
 //! (a dev-dependency only; nothing here reaches a release binary).
 //!
-//! * paths: [`workspace`], [`corpus`], [`copy_tree`], [`write`], [`free_port`];
+//! * projects ([`project`], re-exported here): [`example`], [`corpus`],
+//!   fixtures, [`open`], private copies ([`copy_project`]), tree snapshots
+//!   ([`tree`]); [`workspace`], [`write`], [`free_port`], [`hold_lock`];
 //! * podman: [`Podman`] (isolated storage), [`podman_available`], root
 //!   filesystem tars ([`busybox_rootfs_tar`], [`stub_rootfs_tar`]);
-//! * [`casd`]: a real REAPI engine (buildbox-casd + buildbox-run).
+//! * [`casd`]: a real REAPI engine (buildbox-casd + buildbox-run);
+//!   [`casd::podman_with_image`] with the `engine` feature;
+//! * [`sshd`]: a real sshd on 127.0.0.1 with generated keys.
 //!
 //! A fixture whose tool is missing fails under CI (`CI` set) and is
 //! skipped, loudly, elsewhere.
 
 pub mod casd;
+pub mod project;
+pub mod sshd;
+
+pub use project::{
+    bench_corpus, busybox_fixture, copy_project, corpus, example, graph_fixture, hold_lock, open,
+    tree, tree_with_modes,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,30 +33,12 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// The unmodified corpus (2026.160 era), next to the workspace.
-pub fn corpus() -> PathBuf {
-    workspace().join("../shared/corpus/overthink")
-}
-
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
-}
-
-/// Copies a tree.
-pub fn copy_tree(from: &Path, to: &Path) {
-    for e in walkdir::WalkDir::new(from).into_iter().flatten() {
-        let rel = e.path().strip_prefix(from).expect("prefix");
-        let dest = to.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).expect("mkdir");
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
 }
 
 /// Writes a file, creating parents.

@@ -1,6 +1,6 @@
 //! What enters each node's key: one function per kind of work.
 //!
-//! Dependencies' keys are added by [`Builder::compute_keys`]; these
+//! Dependencies' keys are added by `Builder::compute_keys`; these
 //! functions add the rest: the node's own files, texts (digests of
 //! templates, vocabulary entries and compiled plans, as canonical JSON) and
 //! values. A box's resolved facts enter a build directory's key one named

@@ -124,7 +124,7 @@ pub struct Node {
     pub id: String,
     /// Kind.
     pub kind: NodeKind,
-    /// Key inputs (filled by [`Graph::compute_keys`]).
+    /// Key inputs (filled when the graph is finished).
     pub inputs: KeyInputs,
     /// The key.
     pub key: NodeKey,

@@ -1,9 +1,9 @@
-//! A private copy of a project for a test (builds write `.build/` into the
-//! project, and tests run in parallel). Shared by the cli crate's tests
-//! (`mod project_copy;`) and benches (`#[path]`).
+//! Projects for tests: the bundled example, the fixtures and the corpus,
+//! private copies of them (builds write `.build/` into the project, and
+//! tests run in parallel), and snapshots of a tree.
 
-#![allow(dead_code)]
-
+use charly_rules::load::{self, LoadOptions, Project};
+use charly_rules::resolve::{self, Resolution};
 use std::path::{Path, PathBuf};
 
 /// Copies the project at `from` to `to` (directories and regular files;
@@ -27,12 +27,35 @@ pub fn copy_project(from: &Path, to: &Path) -> PathBuf {
 
 /// The bundled example project.
 pub fn example() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
+    crate::workspace().join("examples/hello")
 }
 
 /// The build-graph test fixture.
 pub fn graph_fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/graph")
+    crate::workspace().join("tests/fixtures/graph")
+}
+
+/// The busybox fixture (builds with podman from a local rootfs).
+pub fn busybox_fixture() -> PathBuf {
+    crate::workspace().join("tests/fixtures/busybox")
+}
+
+/// The unmodified corpus (2026.160 era), next to the workspace.
+pub fn corpus() -> PathBuf {
+    crate::workspace().join("../shared/corpus/overthink")
+}
+
+/// The corpus benchmarks read: `CHARLY_BENCH_CORPUS`, else [`corpus`].
+pub fn bench_corpus() -> PathBuf {
+    std::env::var_os("CHARLY_BENCH_CORPUS").map_or_else(corpus, PathBuf::from)
+}
+
+/// A project loaded and resolved (panics on a load error).
+pub fn open(dir: &Path) -> (Project, Resolution) {
+    let p = load::load(dir, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{} loads: {e:?}", dir.display()));
+    let r = resolve::resolve(&p);
+    (p, r)
 }
 
 /// Every path under `dir` (relative) with what it is: a file's contents, a
@@ -65,6 +88,30 @@ pub fn tree(dir: &Path) -> std::collections::BTreeMap<String, String> {
                 format!("{t:?}")
             };
             (rel, what)
+        })
+        .collect()
+}
+
+/// Every path under `root` (absolute) with its contents (files) or kind,
+/// its mode and its owner: what a deploy test compares before a deploy
+/// and after its undo.
+pub fn tree_with_modes(root: &Path) -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| {
+            let e = e.expect("walk");
+            let md = e.path().symlink_metadata().expect("meta");
+            let what = if md.is_file() {
+                format!("{:?}", std::fs::read(e.path()).expect("read"))
+            } else {
+                format!("{:?}", md.file_type())
+            };
+            (
+                e.path().display().to_string(),
+                format!("{what} {:o} {}", md.mode(), md.uid()),
+            )
         })
         .collect()
 }
