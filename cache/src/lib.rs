@@ -91,6 +91,10 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Behind the local store, a shared cache: [`RemoteCache`] is the one seam
+//! the engine knows; the OCI-registry backend ([`remote`], `oci://…`)
+//! implements it here, the REAPI backend in `charly-reapi`.
 
 mod blob;
 mod digest;
