@@ -45,7 +45,7 @@ pub struct RunArgs {
 /// Options for builders (podman).
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunnerArgs {
-    /// What runs command nodes: `podman`, or `fake` (records calls, builds nothing; for tests and planning).
+    /// What runs command nodes: `podman` (test builds also have `fake`, which records calls and builds nothing).
     #[arg(long, value_name = "RUNNER", default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// Isolated podman storage under DIR (default: podman's own).
