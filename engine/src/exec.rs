@@ -22,7 +22,6 @@ use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta, ImageMeta};
 use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
-use crate::sched::Observer;
 use charly_cache::{Output, Record, Store};
 use charly_rules::emit::containerfile::{
     Fragment, assemble, build_dir_of, fragment_is_last, render_fragment,
@@ -119,12 +118,14 @@ pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
     ctx.store.get_record(&n.key).ok().flatten().is_some()
 }
 
-/// Runs a node if needed, and says whether it ran or where its result came from.
+/// Runs a node if needed, and says whether it ran or where its result came
+/// from. `started` is called once, just before the node's work begins (never
+/// for a cache hit or a pull): the scheduler reports progress through it.
 pub fn execute(
     ctx: &Ctx<'_>,
     graph: &Graph,
     i: NodeIndex,
-    obs: &dyn Observer,
+    started: impl FnOnce(),
 ) -> Result<Done, ExecError> {
     let n = &graph.g[i];
     if n.kind == NodeKind::Source {
@@ -154,7 +155,7 @@ pub fn execute(
         restore_if_needed(ctx, n, &rec)?;
         return Ok(Done::Pulled);
     }
-    obs.started(&n.id, n.kind);
+    started();
     let t = Instant::now();
     let outputs = work(ctx, graph, i)?;
     let mut rec_outputs = BTreeMap::new();
@@ -272,7 +273,7 @@ pub fn read_node<T>(
             return Err(err);
         }
         reruns += 1;
-        execute(ctx, graph, i, &crate::sched::Quiet)?;
+        execute(ctx, graph, i, || {})?;
     }
 }
 
