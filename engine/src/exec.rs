@@ -17,44 +17,22 @@
 //! and committed to the local store and the node is `pulled`, never run. A
 //! node that ran is queued for upload once its record is committed.
 
+pub use crate::ctx::{Ctx, ExecError};
 use crate::graph::{Graph, Node, Work, image_ref};
 use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta, ImageMeta};
-use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
-use charly_cache::{Output, Record, Store};
+use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, StageRequest};
+use charly_cache::{Output, Record};
 use charly_rules::emit::containerfile::{
     Fragment, assemble, build_dir_of, fragment_is_last, render_fragment,
 };
 use charly_rules::emit::{EmitOptions, Staged};
-use charly_rules::load::Project;
-use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox};
+use charly_rules::resolve::{BaseRef, ResolvedBox};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// Everything nodes need to run.
-pub struct Ctx<'a> {
-    /// The project.
-    pub project: &'a Project,
-    /// Its resolution.
-    pub resolution: &'a Resolution,
-    /// The store.
-    pub store: &'a Store,
-    /// The runner for command nodes (`None`: planning only).
-    pub runner: Option<&'a dyn Runner>,
-    /// The runner's name as keys and records carry it.
-    pub runner_name: String,
-    /// Where build directories are written (the build context root).
-    pub out_root: PathBuf,
-    /// Emitter options shared by every box (image refs, dev-local-pkg).
-    pub emit: EmitOptions,
-    /// Target architecture (`amd64`).
-    pub arch: String,
-    /// The shared cache consulted on local misses and fed with new results.
-    pub remote: Option<&'a dyn charly_cache::RemoteCache>,
-}
 
 /// How a node got its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,48 +43,6 @@ pub enum Done {
     Cached,
     /// The remote cache had it (now also in the local store).
     Pulled,
-}
-
-/// Why a node failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    /// The store failed.
-    #[error("store: {0}")]
-    Cache(#[from] charly_cache::CacheError),
-    /// Rendering failed.
-    #[error(transparent)]
-    Emit(#[from] charly_rules::emit::EmitError),
-    /// Plan compilation failed.
-    #[error(transparent)]
-    Plan(#[from] charly_rules::plan::PlanError),
-    /// A template failed.
-    #[error(transparent)]
-    Template(#[from] charly_rules::template::TemplateError),
-    /// The runner failed.
-    #[error(transparent)]
-    Run(#[from] crate::runners::RunError),
-    /// File I/O failed.
-    #[error("{0}")]
-    Io(String),
-    /// A node needs a runner but this command only plans.
-    #[error("{0} needs a runner, and this command runs none")]
-    NoRunner(String),
-    /// A dependency's output is missing from the store.
-    #[error("output `{output}` of {node} is missing from the store")]
-    MissingOutput {
-        /// Dependency node.
-        node: String,
-        /// Output name.
-        output: String,
-    },
-}
-
-impl<'a> Ctx<'a> {
-    /// The runner, or [`ExecError::NoRunner`] naming `node`.
-    pub fn runner(&self, node: &str) -> Result<&'a dyn Runner, ExecError> {
-        self.runner
-            .ok_or_else(|| ExecError::NoRunner(node.to_string()))
-    }
 }
 
 fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
