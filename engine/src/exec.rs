@@ -18,6 +18,7 @@
 //! node that ran is queued for upload once its record is committed.
 
 pub use crate::ctx::{Ctx, ExecError};
+use crate::generate::KEY_MARKER;
 use crate::graph::{Graph, Node, Work, image_ref};
 use crate::id::NodeId;
 use crate::key::NodeKind;
@@ -639,9 +640,6 @@ fn copy_output(
         Ok(())
     })
 }
-
-/// Name of the marker that records which key a build directory holds.
-pub const KEY_MARKER: &str = ".charly-key";
 
 /// Writes the build directory of the Containerfile node `i` under `root`
 /// from the store (skipped when the directory already holds this key).
