@@ -87,7 +87,7 @@ fn generate_on_the_corpus_is_pinned() {
         .map(|e| e.expect("walk"))
         .filter(|e| e.file_type().is_file())
         // The key marker holds a key: pinned below with the keys.
-        .filter(|e| e.file_name() != charly_engine::exec::KEY_MARKER)
+        .filter(|e| e.file_name() != charly_engine::generate::KEY_MARKER)
         .map(|e| e.path().to_path_buf())
         .collect();
     paths.sort();

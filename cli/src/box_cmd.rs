@@ -32,41 +32,10 @@ pub enum BoxCommand {
     /// Render boxes to build directories (`.build/<box>/Containerfile` plus
     /// staged files); prints the written paths. Fails naming every box that
     /// could not be generated, after generating the others.
-    Generate(GenerateArgs),
+    Generate(crate::engine_cmd::GenerateArgs),
     /// Build box images: builder stages, local packages, base images first;
     /// only nodes whose key changed run.
     Build(crate::engine_cmd::BuildArgs),
-}
-
-/// Arguments of `box generate`.
-#[derive(clap::Args, Debug)]
-pub struct GenerateArgs {
-    /// Boxes to generate (default with `--all`: every enabled box that resolves).
-    #[arg(value_name = "BOX")]
-    pub boxes: Vec<String>,
-    /// Generate every enabled box.
-    #[arg(long)]
-    pub all: bool,
-    /// Write a self-contained build context to DIR (its `.build/<box>/` plus
-    /// the candy directories the Containerfiles copy from) instead of the project.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<std::path::PathBuf>,
-    /// Build local packages from local source and COPY them in (hard error
-    /// when a candy's source directory is missing).
-    #[arg(long)]
-    pub dev_local_pkg: bool,
-    /// Print the Containerfile of the one named box on stdout; write nothing.
-    #[arg(long)]
-    pub stdout: bool,
-    /// Always load the project and look up every node. By default a run
-    /// whose inputs (every file and directory of the project, by stat), outputs,
-    /// store and charly binary are unchanged since the last identical run
-    /// replays that run's result without loading anything (the no-op
-    /// journal, kept in the store).
-    #[arg(long, env = "CHARLY_NO_JOURNAL")]
-    pub no_journal: bool,
-    #[command(flatten)]
-    pub run: crate::engine_cmd::RunArgs,
 }
 
 /// `--target` values.
@@ -194,7 +163,7 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
                 }
             }
             Err(errs) => {
-                let def = find_def(&o.project, name);
+                let def = project::find_def(&o.project, name);
                 BoxRow {
                     name: name.clone(),
                     base: def
@@ -245,44 +214,9 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The definition of a box by qualified name, resolved or not.
-pub fn find_def<'a>(
-    p: &'a charly_rules::load::Project,
-    qualified: &str,
-) -> Option<&'a charly_rules::model::BoxDef> {
-    p.namespaces.iter().find_map(|n| {
-        n.boxes
-            .values()
-            .find(|b| n.qualify(&b.name) == qualified)
-            .map(|b| &b.def)
-    })
-}
-
-/// Finds a resolved box or explains why it is unavailable.
-pub fn resolved<'a>(
-    o: &'a project::Opened,
-    name: &str,
-) -> anyhow::Result<&'a charly_rules::resolve::ResolvedBox> {
-    match o.resolution.boxes.get(name) {
-        Some(Ok(b)) => Ok(b),
-        Some(Err(errs)) => {
-            output::diagnostics(errs.iter(), &o.project.sources);
-            Err(crate::Reported.into())
-        }
-        None => {
-            let names = o.resolution.boxes.keys().map(String::as_str);
-            let close = charly_rules::diag::nearest_n(name, names, 3);
-            if close.is_empty() {
-                anyhow::bail!("no box named `{name}` (see `charly box list`)")
-            }
-            anyhow::bail!("no box named `{name}`; did you mean {}?", close.join(", "))
-        }
-    }
-}
-
 fn plan(cli: &Cli, name: &str, target: Target, json: bool) -> anyhow::Result<ExitCode> {
     let o = project::open(cli)?;
-    let b = resolved(&o, name)?;
+    let b = project::resolved(&o, name)?;
     let ctx = HostContext {
         target,
         ..HostContext::default()

@@ -2,7 +2,7 @@
 //! from the store, undo it, compare, list. The walking is in
 //! `charly_engine::deploy`; this module parses, opens, and prints.
 
-use crate::engine_cmd::host_arch;
+use crate::session::host_arch;
 use crate::{Cli, output, project};
 use anyhow::Context;
 use charly_deploy::host::Host;
@@ -148,7 +148,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub dev_local_pkg: bool,
     /// Runner whose builds fed the store (their keys include it).
-    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::engine_cmd::RUNNERS))]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::session::RUNNERS))]
     pub runner: String,
     /// Per-command time limit in seconds.
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
@@ -170,7 +170,7 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn open_ledger(cli: &Cli) -> anyhow::Result<(charly_cache::Store, Ledger)> {
-    let store = crate::engine_cmd::open_store(cli)?;
+    let store = crate::session::open_store(cli)?;
     let ledger = Ledger::open(&store.dir().join("deploy"))?;
     Ok((store, ledger))
 }
@@ -200,7 +200,7 @@ fn host_for(conn: &serde_json::Value) -> anyhow::Result<Box<dyn Host>> {
 }
 
 fn merged_plan(o: &project::Opened, box_name: &str, target: Target) -> anyhow::Result<InstallPlan> {
-    let b = crate::box_cmd::resolved(o, box_name)?;
+    let b = crate::project::resolved(o, box_name)?;
     let ctx = HostContext {
         target,
         ..HostContext::default()
@@ -268,7 +268,7 @@ fn emitted_plan(
     e: &EmitArgs,
     home: &str,
 ) -> anyhow::Result<InstallPlan> {
-    let b = crate::box_cmd::resolved(o, box_name)?;
+    let b = crate::project::resolved(o, box_name)?;
     let mut plan = merged_plan(o, box_name, target)?;
     let candy = format!("(box {box_name})");
     plan.steps = match target {
@@ -390,9 +390,9 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let o = project::open(cli)?;
-    let b = crate::box_cmd::resolved(&o, &a.box_name)?;
+    let b = crate::project::resolved(&o, &a.box_name)?;
     let (store, mut ledger) = open_ledger(cli)?;
-    let hasher = crate::engine_cmd::stat_cache(&store);
+    let hasher = crate::session::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
         (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
         (None, Some(r)) => {

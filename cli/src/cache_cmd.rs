@@ -1,7 +1,8 @@
 //! `charly cache stats|gc|verify|push|pull`.
 
-use crate::engine_cmd::{open_remote, open_store};
-use crate::{Cli, output, project};
+use crate::project::{self, Unresolved, select};
+use crate::session::{RUNNERS, StoreNotes, Using, engine, open_remote, open_store, stat_cache};
+use crate::{Cli, output};
 use anyhow::Context;
 use charly_cache::human_bytes as human;
 use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
@@ -66,7 +67,7 @@ pub struct PullArgs {
     #[arg(long)]
     pub generate: bool,
     /// Runner whose image keys to pull (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::engine_cmd::RUNNERS))]
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// The `--dev-local-pkg` variant of the graph.
     #[arg(long)]
@@ -150,7 +151,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Runs a cache subcommand.
 pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
-    let _notes = crate::engine_cmd::StoreNotes(&store);
+    let _notes = StoreNotes(&store);
     match c {
         CacheCommand::Stats { json } => {
             let s = store.stats()?;
@@ -322,13 +323,12 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
 fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let remote = need_remote(cli)?;
     let o = project::open(cli)?;
-    let names =
-        crate::engine_cmd::select(&o, &a.boxes, a.all, crate::engine_cmd::Unresolved::Warn)?;
-    let hasher = crate::engine_cmd::stat_cache(store);
-    let engine = crate::engine_cmd::engine(
+    let names = select(&o, &a.boxes, a.all, Unresolved::Warn)?;
+    let hasher = stat_cache(store);
+    let engine = engine(
         &o,
         store,
-        crate::engine_cmd::Using::Named(&a.runner),
+        Using::Named(&a.runner),
         &hasher,
         a.dev_local_pkg,
         None,

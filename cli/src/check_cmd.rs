@@ -1,12 +1,15 @@
 //! `charly check`: build disposable beds of boxes and run their `eval:` checks.
 
-use crate::engine_cmd::{RunArgs, RunnerArgs, Unresolved, open_store, select};
-use crate::{Cli, output, project};
-use anyhow::Context;
-use charly_engine::check::{Bed, BedReport, Outcome, box_checks, junit, run_bed};
+use crate::project::{self, Unresolved, select};
+use crate::report::{report_failed, report_remote_unless_quiet, write_junit, write_summary_json};
+use crate::session::{
+    RunArgs, RunnerArgs, StoreNotes, Using, engine, host_arch, jobs, open_remote_cache, open_store,
+    podman_runner, remote_exec_runner, stat_cache,
+};
+use crate::{Cli, output};
+use charly_engine::check::{Bed, BedReport, Outcome, box_checks, run_bed};
 use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
-use charly_engine::sched::State;
 use rayon::prelude::*;
 use std::io::Write;
 use std::path::PathBuf;
@@ -47,7 +50,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let mut diags = Vec::new();
     let mut beds_checks = Vec::new();
     for n in &names {
-        let b = crate::box_cmd::resolved(&o, n)?;
+        let b = project::resolved(&o, n)?;
         beds_checks.push((b, box_checks(&o.project, b, &mut diags)));
     }
     if diags.iter().any(charly_rules::Diagnostic::is_error) {
@@ -57,26 +60,22 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     output::diagnostics(diags.iter(), &o.project.sources);
 
     let store = open_store(cli)?;
-    let _notes = crate::engine_cmd::StoreNotes(&store);
-    let hasher = crate::engine_cmd::stat_cache(&store);
-    let jobs = crate::engine_cmd::jobs(&a.run);
-    let podman = crate::engine_cmd::podman_runner(&a.runner, &store, jobs)?;
-    let remote_exec = crate::remote_exec::wrap(
-        &a.runner.remote_exec,
-        &podman,
-        &crate::engine_cmd::host_arch(),
-    )?;
+    let _notes = StoreNotes(&store);
+    let hasher = stat_cache(&store);
+    let jobs = jobs(&a.run);
+    let podman = podman_runner(&a.runner, &store, jobs)?;
+    let remote_exec = remote_exec_runner(&a.runner.remote_exec, &podman, &host_arch())?;
     // Beds share the remote cache like builds do (CI's main use of it).
-    let remote = crate::engine_cmd::open_remote_cache(cli)?;
+    let remote = open_remote_cache(cli)?;
     let runner: &dyn charly_engine::runners::Runner = match &remote_exec {
         Some(r) => r,
         None => &podman,
     };
     // Beds always build local packages from local source.
-    let engine = crate::engine_cmd::engine(
+    let engine = engine(
         &o,
         &store,
-        crate::engine_cmd::Using::Runner(runner),
+        Using::Runner(runner),
         &hasher,
         true,
         remote.as_deref(),
@@ -85,19 +84,12 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);
     progress.finish();
-    crate::engine_cmd::report_remote_unless_quiet(&summary, a.run.quiet);
+    report_remote_unless_quiet(&summary, a.run.quiet);
     if let Some(p) = &a.run.summary_json {
-        std::fs::write(p, serde_json::to_vec_pretty(&summary)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        write_summary_json(p, &summary)?;
     }
     if !summary.ok() {
-        for n in summary.nodes.iter().filter(|n| n.state == State::Failed) {
-            output::error(&format!(
-                "{} failed: {}",
-                n.id,
-                n.error.as_deref().unwrap_or("")
-            ));
-        }
+        report_failed(&summary);
         return Ok(ExitCode::from(1));
     }
 
@@ -145,7 +137,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     let _ = store.flush();
 
     if let Some(p) = &a.junit {
-        std::fs::write(p, junit(&reports)).with_context(|| format!("writing {}", p.display()))?;
+        write_junit(p, &reports)?;
     }
     if a.json {
         output::json(&reports)?;

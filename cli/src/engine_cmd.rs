@@ -1,62 +1,59 @@
-//! Commands that run the build graph: `box generate`, `box build`, `graph`,
-//! `explain`.
+//! Commands that run or inspect the build graph: `box generate`, `box
+//! build`, `graph`, `explain`. What they start a run with is
+//! [`crate::session`]; what they report, [`crate::report`].
 
-use crate::{Cli, output, project};
+use crate::project::{self, Unresolved, select, select_warning};
+use crate::report::{
+    remote_exec_line, report_failures, report_remote, report_remote_unless_quiet, summary_line,
+    write_remote_exec_reports, write_reports,
+};
+use crate::session::{
+    RUNNERS, RunArgs, RunnerArgs, StoreNotes, Using, engine, host_arch, jobs, make_runner,
+    open_remote_cache, open_store, remote_exec_runner, stat_cache,
+};
+use crate::{Cli, output};
 use anyhow::Context;
-use charly_cache::RemoteCache;
-use charly_cache::{Remote, RemoteConfig, Store};
-use charly_engine::api::Engine;
-use charly_engine::graph::{Goal, GraphOptions};
-use charly_engine::hash::FileHasher;
+use charly_cache::Store;
+use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
 use charly_engine::outputs;
-use charly_engine::reapi::GrpcCache;
 use charly_engine::runners::Runner;
-use charly_engine::runners::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::sched::{State, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// Options shared by commands that run the graph.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RunArgs {
-    /// Nodes to run at once (default: the number of cores).
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
-    pub jobs: Option<usize>,
-    /// Write a JSON summary (every node with kind, key, state, duration; totals) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub summary_json: Option<PathBuf>,
-    /// Write a Chrome trace (open in Perfetto or chrome://tracing) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long, short = 'q')]
-    pub quiet: bool,
-    /// With `--all`: go on with the boxes that resolve when others do not
-    /// (each dropped box is still named, with its first error). Without it,
-    /// an enabled box that does not resolve stops the run with exit 1.
-    #[arg(long, short = 'k')]
-    pub keep_going: bool,
-}
-
-/// Options for builders (podman).
-#[derive(clap::Args, Debug, Clone)]
-pub struct RunnerArgs {
-    /// What runs command nodes: `podman` (test builds also have `fake`, which records calls and builds nothing).
-    #[arg(long, value_name = "RUNNER", default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
-    pub runner: String,
-    /// Isolated podman storage under DIR (default: podman's own).
-    #[arg(long, value_name = "DIR", env = "CHARLY_PODMAN_ROOT")]
-    pub podman_root: Option<PathBuf>,
-    /// A CA bundle builds trust for HTTPS (e.g. behind an intercepting proxy);
-    /// mounted read-only into every build step.
-    #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
-    pub ca_bundle: Option<PathBuf>,
+/// Arguments of `box generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// Boxes to generate (default with `--all`: every enabled box that resolves).
+    #[arg(value_name = "BOX")]
+    pub boxes: Vec<String>,
+    /// Generate every enabled box.
+    #[arg(long)]
+    pub all: bool,
+    /// Write a self-contained build context to DIR (its `.build/<box>/` plus
+    /// the candy directories the Containerfiles copy from) instead of the project.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Build local packages from local source and COPY them in (hard error
+    /// when a candy's source directory is missing).
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    /// Print the Containerfile of the one named box on stdout; write nothing.
+    #[arg(long)]
+    pub stdout: bool,
+    /// Always load the project and look up every node. By default a run
+    /// whose inputs (every file and directory of the project, by stat), outputs,
+    /// store and charly binary are unchanged since the last identical run
+    /// replays that run's result without loading anything (the no-op
+    /// journal, kept in the store).
+    #[arg(long, env = "CHARLY_NO_JOURNAL")]
+    pub no_journal: bool,
     #[command(flatten)]
-    pub remote_exec: crate::remote_exec::RemoteExecArgs,
+    pub run: RunArgs,
 }
 
 /// Arguments of `box build`.
@@ -128,357 +125,14 @@ pub struct ExplainArgs {
     pub dev_local_pkg: bool,
 }
 
-/// Opens the store (`--cache-dir`, `$CHARLY_CACHE_DIR`, or the XDG cache dir).
-pub fn open_store(cli: &Cli) -> anyhow::Result<Store> {
-    let dir = match &cli.cache_dir {
-        Some(d) => d.clone(),
-        None => Store::default_dir()
-            .context("no cache directory: set --cache-dir or CHARLY_CACHE_DIR")?,
-    };
-    let store =
-        Store::open(&dir).with_context(|| format!("opening the store at {}", dir.display()))?;
-    // Damage found while opening (a damaged index moved aside) is said now.
-    print_store_notes(&store);
-    Ok(store)
-}
-
-fn print_store_notes(store: &Store) {
-    for n in store.take_notes() {
-        output::note(&format!("note: {n}"));
-    }
-}
-
-/// Prints, once, what the store noted while a command used it (a blob that
-/// failed verification and was quarantined, a damaged record dropped): on
-/// drop, so on every return path. Declare it right after the store.
-pub struct StoreNotes<'a>(pub &'a Store);
-
-impl Drop for StoreNotes<'_> {
-    fn drop(&mut self) {
-        print_store_notes(self.0);
-    }
-}
-
-/// The remote cache named by `--remote`/`CHARLY_REMOTE`, if any. With
-/// `--remote-required` the registry is contacted once up front.
-pub fn open_remote(cli: &Cli) -> anyhow::Result<Option<Remote>> {
-    if let Some(url) = cli.remote.as_deref().filter(|u| is_grpc(u)) {
-        anyhow::bail!(
-            "{url}: `charly cache push|pull|stats` work with OCI registries; a grpc:// remote \
-             serves `box build`, `box generate` and `check`"
-        );
-    }
-    let Some(url) = cli.remote.as_deref().filter(|u| !u.is_empty()) else {
-        if cli.remote_read_only || cli.remote_required {
-            anyhow::bail!(
-                "--remote-read-only and --remote-required need --remote (or CHARLY_REMOTE)"
-            );
-        }
-        return Ok(None);
-    };
-    let mut cfg = RemoteConfig::new(url);
-    cfg.read_only = cli.remote_read_only;
-    cfg.required = cli.remote_required;
-    let remote = Remote::open(cfg).with_context(|| format!("remote cache {url}"))?;
-    if cli.remote_required {
-        remote
-            .check()
-            .with_context(|| format!("remote cache {url} (--remote-required)"))?;
-    }
-    Ok(Some(remote))
-}
-
-fn is_grpc(url: &str) -> bool {
-    url.starts_with("grpc://") || url.starts_with("grpcs://")
-}
-
-/// The shared cache of a run named by `--remote`/`CHARLY_REMOTE`: an OCI
-/// registry (`oci://`, `http(s)://`) or a REAPI engine's CAS and
-/// ActionCache (`grpc://`, `grpcs://`).
-pub fn open_remote_cache(cli: &Cli) -> anyhow::Result<Option<Box<dyn RemoteCache>>> {
-    if let Some(url) = cli.remote.as_deref().filter(|u| is_grpc(u)) {
-        let c = GrpcCache::open(url, cli.remote_read_only, cli.remote_required)
-            .map_err(|e| anyhow::anyhow!(e.message))
-            .with_context(|| format!("remote cache {url}"))?;
-        return Ok(Some(Box::new(c)));
-    }
-    Ok(open_remote(cli)?.map(|r| Box::new(r) as Box<dyn RemoteCache>))
-}
-
-/// [`report_remote`], except that `-q` silences it unless the remote had problems.
-pub fn report_remote_unless_quiet(summary: &Summary, quiet: bool) {
-    if !quiet
-        || summary
-            .remote
-            .as_ref()
-            .is_some_and(|r| !r.stats.errors.is_empty())
-    {
-        report_remote(summary);
-    }
-}
-
-/// Prints what the remote did, and its problems, on stderr.
-pub fn report_remote(summary: &Summary) {
-    let Some(r) = &summary.remote else { return };
-    output::note(&r.line());
-    for e in &r.stats.errors {
-        if r.required && r.has_failures() {
-            output::error(&format!("remote: {e}"));
-        } else {
-            output::note(&format!("remote: {e}"));
-        }
-    }
-}
-
-/// The runner chosen on the command line.
-pub fn make_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<Box<dyn Runner>> {
-    Ok(match a.runner.as_str() {
-        #[cfg(feature = "testing")]
-        "fake" => Box::new(charly_engine::runners::fake::FakeRunner::from_env()),
-        _ => Box::new(podman_runner(a, store, jobs)?),
-    })
-}
-
-/// The podman runner the flags describe, its config kept in the store.
-pub fn podman_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Result<PodmanRunner> {
-    Ok(PodmanRunner::new(PodmanOptions {
-        root: a.podman_root.clone(),
-        conf_dir: store.dir().to_path_buf(),
-        ca_bundle: a.ca_bundle.clone(),
-        jobs,
-    })?)
-}
-
-/// The file hasher with the store's stat cache.
-pub fn stat_cache(store: &Store) -> FileHasher {
-    FileHasher::with_cache_file(store.dir().join("statcache.json"))
-}
-
-/// The engine over an opened project.
-pub(crate) fn engine<'a>(
-    o: &'a project::Opened,
-    store: &'a Store,
-    runner: Using<'a>,
-    hasher: &'a FileHasher,
-    dev_local_pkg: bool,
-    remote: Option<&'a dyn RemoteCache>,
-) -> Engine<'a> {
-    let (runner, name) = match runner {
-        Using::Runner(r) => (Some(r), r.name().to_string()),
-        Using::Named(n) => (None, n.to_string()),
-    };
-    Engine {
-        project: &o.project,
-        resolution: &o.resolution,
-        store,
-        runner,
-        hasher,
-        opts: GraphOptions {
-            dev_local_pkg,
-            runner: name,
-            arch: host_arch(),
-        },
-        remote,
-    }
-}
-
-/// What runs command nodes: a runner, or only a runner's name for commands
-/// that plan, generate or explain (keys of built nodes carry the name).
-#[derive(Clone, Copy)]
-pub(crate) enum Using<'a> {
-    /// Run with this runner.
-    Runner(&'a dyn Runner),
-    /// Run nothing; key as this runner would.
-    Named(&'a str),
-}
-
-/// The runner names `--runner` takes (`fake` only in test builds).
-pub(crate) const RUNNERS: &[&str] = &[
-    "podman",
-    #[cfg(feature = "testing")]
-    "fake",
-];
-
 /// The runner `generate` keys with (it runs none, and none of its nodes'
 /// keys name a runner).
 const GENERATE_RUNNER: &str = "podman";
 
-pub fn jobs(a: &RunArgs) -> usize {
-    a.jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .max(1)
-}
-
-/// The host architecture as OCI names it.
-pub fn host_arch() -> String {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64".into(),
-        "aarch64" => "arm64".into(),
-        other => other.into(),
-    }
-}
-
-/// What to do with enabled boxes that do not resolve when `--all` selects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unresolved {
-    /// Name each with its first error and stop (exit 1).
-    Fail,
-    /// Name each with its first error and go on with the rest.
-    Warn,
-    /// Leave them out quietly (`explain`, which looks at one node).
-    Ignore,
-}
-
-impl Unresolved {
-    /// `Fail`, or `Warn` with `--keep-going`.
-    pub fn unless(keep_going: bool) -> Self {
-        if keep_going { Self::Warn } else { Self::Fail }
-    }
-}
-
-/// Boxes named, or every enabled box with `--all`. A named box that does not
-/// resolve is always an error. With `--all`, an enabled box that does not
-/// resolve is never dropped silently: `policy` says whether it stops the run.
-pub fn select(
-    o: &project::Opened,
-    names: &[String],
-    all: bool,
-    policy: Unresolved,
-) -> anyhow::Result<Vec<String>> {
-    select_warning(o, names, all, policy).map(|(names, _)| names)
-}
-
-/// [`select`], also returning the warnings it printed for boxes left out.
-pub fn select_warning(
-    o: &project::Opened,
-    names: &[String],
-    all: bool,
-    policy: Unresolved,
-) -> anyhow::Result<(Vec<String>, Vec<String>)> {
-    let mut warnings = Vec::new();
-    if all || names.is_empty() {
-        if !all && names.is_empty() {
-            anyhow::bail!("name the boxes, or pass --all");
-        }
-        let mut chosen = Vec::new();
-        let mut dropped = Vec::new();
-        for (n, b) in &o.resolution.boxes {
-            match b {
-                Ok(b) if b.enabled => chosen.push(n.clone()),
-                Ok(_) => {}
-                Err(errs) => {
-                    if crate::box_cmd::find_def(&o.project, n)
-                        .is_some_and(|d| d.enabled == Some(false))
-                    {
-                        continue;
-                    }
-                    dropped.push((n, errs));
-                }
-            }
-        }
-        if policy != Unresolved::Ignore {
-            for (n, errs) in &dropped {
-                let first = errs
-                    .iter()
-                    .find(|d| d.is_error())
-                    .or(errs.first())
-                    .map(|d| d.one_line(&o.project.sources))
-                    .unwrap_or_else(|| "no reason recorded".into());
-                let line = format!("box `{n}` does not resolve: {first}");
-                match policy {
-                    Unresolved::Fail => output::error(&line),
-                    _ => {
-                        let w = format!("warning: {line} (left out)");
-                        output::note(&w);
-                        warnings.push(w);
-                    }
-                }
-            }
-            if policy == Unresolved::Fail && !dropped.is_empty() {
-                anyhow::bail!(
-                    "{} of {} enabled boxes do not resolve (`charly box list` says why; \
-                     --keep-going builds the rest)",
-                    dropped.len(),
-                    dropped.len() + chosen.len()
-                );
-            }
-        }
-        if chosen.is_empty() {
-            output::note("no boxes: the project defines no enabled box that resolves");
-        }
-        return Ok((chosen, warnings));
-    }
-    for n in names {
-        crate::box_cmd::resolved(o, n)?;
-    }
-    Ok((names.to_vec(), warnings))
-}
-
-fn write_reports(run: &RunArgs, summary: &Summary) -> anyhow::Result<()> {
-    if let Some(p) = &run.summary_json {
-        std::fs::write(p, serde_json::to_vec_pretty(summary)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    if let Some(p) = &run.trace {
-        std::fs::write(p, serde_json::to_vec(&summary.chrome_trace())?)
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
-}
-
-fn report_failures(summary: &Summary) {
-    for n in &summary.nodes {
-        if n.state == State::Failed {
-            output::error(&format!(
-                "{} failed: {}",
-                n.id,
-                n.error.as_deref().unwrap_or("")
-            ));
-        }
-    }
-    let not: Vec<&str> = summary
-        .nodes
-        .iter()
-        .filter(|n| n.state == State::NotAttempted)
-        .map(|n| n.id.as_str())
-        .collect();
-    if !not.is_empty() {
-        output::error(&format!(
-            "not attempted ({}): {}",
-            not.len(),
-            not.join(", ")
-        ));
-    }
-}
-
-fn summary_line(verb: &str, s: &Summary) -> String {
-    let t = &s.totals;
-    let mut line = format!(
-        "{verb}: {} nodes, {} ran, {} cached",
-        t.nodes, t.ran, t.cached
-    );
-    if s.remote.is_some() {
-        line.push_str(&format!(", {} pulled", t.pulled));
-    }
-    line.push_str(&format!(", {} failed", t.failed));
-    if t.not_attempted > 0 {
-        line.push_str(&format!(", {} not attempted", t.not_attempted));
-    }
-    if t.would_run > 0 {
-        line.push_str(&format!(", {} would run", t.would_run));
-    }
-    line.push_str(&format!(" in {} ms", t.wall_ms));
-    line
-}
-
 /// The no-op journal of this `box generate`, when one applies: the
 /// default output directory, no `--stdout`, no remote cache (whose
 /// traffic a replay would skip), a known store, no `--no-journal`.
-fn generate_journal(
-    cli: &Cli,
-    a: &crate::box_cmd::GenerateArgs,
-    root: &Path,
-) -> Option<(Journal, Scope)> {
+fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal, Scope)> {
     if a.no_journal
         || a.out.is_some()
         || a.stdout
@@ -521,7 +175,7 @@ fn generate_journal(
 
 /// Prints what a replayed `box generate` printed the first time.
 fn replay_generate(
-    a: &crate::box_cmd::GenerateArgs,
+    a: &GenerateArgs,
     outcome: &charly_engine::journal::Outcome,
     started: Instant,
 ) -> anyhow::Result<ExitCode> {
@@ -544,7 +198,7 @@ fn replay_generate(
 }
 
 /// `box generate` on the engine.
-pub fn generate(cli: &Cli, a: &crate::box_cmd::GenerateArgs) -> anyhow::Result<ExitCode> {
+pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let root = project::root(cli)?;
     let journal = generate_journal(cli, a, &root);
@@ -639,8 +293,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
-    let remote_exec =
-        crate::remote_exec::wrap(&a.runner.remote_exec, runner.as_ref(), &host_arch())?;
+    let remote_exec = remote_exec_runner(&a.runner.remote_exec, runner.as_ref(), &host_arch())?;
     let runner: &dyn Runner = match &remote_exec {
         Some(r) => r,
         None => runner.as_ref(),
@@ -661,9 +314,9 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     match &remote_exec {
         Some(r) => {
             let stats = r.stats();
-            crate::remote_exec::write_reports(&a.run, &summary, &stats)?;
+            write_remote_exec_reports(&a.run, &summary, &stats)?;
             if !a.run.quiet && !a.dry_run {
-                output::note(&crate::remote_exec::line(&stats));
+                output::note(&remote_exec_line(&stats));
             }
         }
         None => write_reports(&a.run, &summary)?,

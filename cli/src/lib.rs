@@ -17,7 +17,8 @@ mod engine_cmd;
 mod output;
 mod progress;
 mod project;
-mod remote_exec;
+mod report;
+mod session;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};

@@ -1,4 +1,5 @@
-//! Opening the project named by `-C` (or found upwards from the cwd).
+//! Opening the project named by `-C` (or found upwards from the cwd), and
+//! finding the boxes a command names in it.
 
 use crate::{Cli, output};
 use anyhow::Context;
@@ -84,4 +85,130 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         project,
         resolution,
     })
+}
+
+/// The definition of a box by qualified name, resolved or not.
+pub fn find_def<'a>(p: &'a Project, qualified: &str) -> Option<&'a charly_rules::model::BoxDef> {
+    p.namespaces.iter().find_map(|n| {
+        n.boxes
+            .values()
+            .find(|b| n.qualify(&b.name) == qualified)
+            .map(|b| &b.def)
+    })
+}
+
+/// Finds a resolved box or explains why it is unavailable.
+pub fn resolved<'a>(
+    o: &'a Opened,
+    name: &str,
+) -> anyhow::Result<&'a charly_rules::resolve::ResolvedBox> {
+    match o.resolution.boxes.get(name) {
+        Some(Ok(b)) => Ok(b),
+        Some(Err(errs)) => {
+            output::diagnostics(errs.iter(), &o.project.sources);
+            Err(crate::Reported.into())
+        }
+        None => {
+            let names = o.resolution.boxes.keys().map(String::as_str);
+            let close = charly_rules::diag::nearest_n(name, names, 3);
+            if close.is_empty() {
+                anyhow::bail!("no box named `{name}` (see `charly box list`)")
+            }
+            anyhow::bail!("no box named `{name}`; did you mean {}?", close.join(", "))
+        }
+    }
+}
+
+/// What to do with enabled boxes that do not resolve when `--all` selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// Name each with its first error and stop (exit 1).
+    Fail,
+    /// Name each with its first error and go on with the rest.
+    Warn,
+    /// Leave them out quietly (`explain`, which looks at one node).
+    Ignore,
+}
+
+impl Unresolved {
+    /// `Fail`, or `Warn` with `--keep-going`.
+    pub fn unless(keep_going: bool) -> Self {
+        if keep_going { Self::Warn } else { Self::Fail }
+    }
+}
+
+/// Boxes named, or every enabled box with `--all`. A named box that does not
+/// resolve is always an error. With `--all`, an enabled box that does not
+/// resolve is never dropped silently: `policy` says whether it stops the run.
+pub fn select(
+    o: &Opened,
+    names: &[String],
+    all: bool,
+    policy: Unresolved,
+) -> anyhow::Result<Vec<String>> {
+    select_warning(o, names, all, policy).map(|(names, _)| names)
+}
+
+/// [`select`], also returning the warnings it printed for boxes left out.
+pub fn select_warning(
+    o: &Opened,
+    names: &[String],
+    all: bool,
+    policy: Unresolved,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let mut warnings = Vec::new();
+    if all || names.is_empty() {
+        if !all && names.is_empty() {
+            anyhow::bail!("name the boxes, or pass --all");
+        }
+        let mut chosen = Vec::new();
+        let mut dropped = Vec::new();
+        for (n, b) in &o.resolution.boxes {
+            match b {
+                Ok(b) if b.enabled => chosen.push(n.clone()),
+                Ok(_) => {}
+                Err(errs) => {
+                    if find_def(&o.project, n).is_some_and(|d| d.enabled == Some(false)) {
+                        continue;
+                    }
+                    dropped.push((n, errs));
+                }
+            }
+        }
+        if policy != Unresolved::Ignore {
+            for (n, errs) in &dropped {
+                let first = errs
+                    .iter()
+                    .find(|d| d.is_error())
+                    .or(errs.first())
+                    .map(|d| d.one_line(&o.project.sources))
+                    .unwrap_or_else(|| "no reason recorded".into());
+                let line = format!("box `{n}` does not resolve: {first}");
+                match policy {
+                    Unresolved::Fail => output::error(&line),
+                    _ => {
+                        let w = format!("warning: {line} (left out)");
+                        output::note(&w);
+                        warnings.push(w);
+                    }
+                }
+            }
+            if policy == Unresolved::Fail && !dropped.is_empty() {
+                anyhow::bail!(
+                    "{} of {} enabled boxes do not resolve (`charly box list` says why; \
+                     --keep-going builds the rest)",
+                    dropped.len(),
+                    dropped.len() + chosen.len()
+                );
+            }
+        }
+        if chosen.is_empty() {
+            output::note("no boxes: the project defines no enabled box that resolves");
+        }
+        return Ok((chosen, warnings));
+    }
+    for n in names {
+        resolved(o, n)?;
+    }
+    Ok((names.to_vec(), warnings))
 }

@@ -17,45 +17,23 @@
 //! and committed to the local store and the node is `pulled`, never run. A
 //! node that ran is queued for upload once its record is committed.
 
+pub use crate::ctx::{Ctx, ExecError};
+use crate::generate::KEY_MARKER;
 use crate::graph::{Graph, Node, Work, image_ref};
 use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta, ImageMeta};
-use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, Runner, StageRequest};
-use crate::sched::Observer;
-use charly_cache::{Output, Record, Store};
+use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, StageRequest};
+use charly_cache::{Output, Record};
 use charly_rules::emit::containerfile::{
     Fragment, assemble, build_dir_of, fragment_is_last, render_fragment,
 };
 use charly_rules::emit::{EmitOptions, Staged};
-use charly_rules::load::Project;
-use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox};
+use charly_rules::resolve::{BaseRef, ResolvedBox};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// Everything nodes need to run.
-pub struct Ctx<'a> {
-    /// The project.
-    pub project: &'a Project,
-    /// Its resolution.
-    pub resolution: &'a Resolution,
-    /// The store.
-    pub store: &'a Store,
-    /// The runner for command nodes (`None`: planning only).
-    pub runner: Option<&'a dyn Runner>,
-    /// The runner's name as keys and records carry it.
-    pub runner_name: String,
-    /// Where build directories are written (the build context root).
-    pub out_root: PathBuf,
-    /// Emitter options shared by every box (image refs, dev-local-pkg).
-    pub emit: EmitOptions,
-    /// Target architecture (`amd64`).
-    pub arch: String,
-    /// The shared cache consulted on local misses and fed with new results.
-    pub remote: Option<&'a dyn charly_cache::RemoteCache>,
-}
 
 /// How a node got its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,48 +46,6 @@ pub enum Done {
     Pulled,
 }
 
-/// Why a node failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    /// The store failed.
-    #[error("store: {0}")]
-    Cache(#[from] charly_cache::CacheError),
-    /// Rendering failed.
-    #[error(transparent)]
-    Emit(#[from] charly_rules::emit::EmitError),
-    /// Plan compilation failed.
-    #[error(transparent)]
-    Plan(#[from] charly_rules::plan::PlanError),
-    /// A template failed.
-    #[error(transparent)]
-    Template(#[from] charly_rules::template::TemplateError),
-    /// The runner failed.
-    #[error(transparent)]
-    Run(#[from] crate::runners::RunError),
-    /// File I/O failed.
-    #[error("{0}")]
-    Io(String),
-    /// A node needs a runner but this command only plans.
-    #[error("{0} needs a runner, and this command runs none")]
-    NoRunner(String),
-    /// A dependency's output is missing from the store.
-    #[error("output `{output}` of {node} is missing from the store")]
-    MissingOutput {
-        /// Dependency node.
-        node: String,
-        /// Output name.
-        output: String,
-    },
-}
-
-impl<'a> Ctx<'a> {
-    /// The runner, or [`ExecError::NoRunner`] naming `node`.
-    pub fn runner(&self, node: &str) -> Result<&'a dyn Runner, ExecError> {
-        self.runner
-            .ok_or_else(|| ExecError::NoRunner(node.to_string()))
-    }
-}
-
 fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
     move |e| ExecError::Io(format!("{what}: {e}"))
 }
@@ -119,12 +55,14 @@ pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
     ctx.store.get_record(&n.key).ok().flatten().is_some()
 }
 
-/// Runs a node if needed, and says whether it ran or where its result came from.
+/// Runs a node if needed, and says whether it ran or where its result came
+/// from. `started` is called once, just before the node's work begins (never
+/// for a cache hit or a pull): the scheduler reports progress through it.
 pub fn execute(
     ctx: &Ctx<'_>,
     graph: &Graph,
     i: NodeIndex,
-    obs: &dyn Observer,
+    started: impl FnOnce(),
 ) -> Result<Done, ExecError> {
     let n = &graph.g[i];
     if n.kind == NodeKind::Source {
@@ -154,7 +92,7 @@ pub fn execute(
         restore_if_needed(ctx, n, &rec)?;
         return Ok(Done::Pulled);
     }
-    obs.started(&n.id, n.kind);
+    started();
     let t = Instant::now();
     let outputs = work(ctx, graph, i)?;
     let mut rec_outputs = BTreeMap::new();
@@ -272,7 +210,7 @@ pub fn read_node<T>(
             return Err(err);
         }
         reruns += 1;
-        execute(ctx, graph, i, &crate::sched::Quiet)?;
+        execute(ctx, graph, i, || {})?;
     }
 }
 
@@ -702,9 +640,6 @@ fn copy_output(
         Ok(())
     })
 }
-
-/// Name of the marker that records which key a build directory holds.
-pub const KEY_MARKER: &str = ".charly-key";
 
 /// Writes the build directory of the Containerfile node `i` under `root`
 /// from the store (skipped when the directory already holds this key).

@@ -60,6 +60,11 @@ pub fn render(p: &Project, b: &ResolvedBox, opts: &EmitOptions) -> Result<BuildD
     Ok(render_box(p, b, &plans, opts)?)
 }
 
+/// Name of the marker that records which key a build directory holds
+/// (the executor writes it when it materializes a build directory from the
+/// store; [`write`] keeps it when it prunes the directory).
+pub const KEY_MARKER: &str = ".charly-key";
+
 /// Writes a build directory under `out` (the project root by default: paths
 /// in the Containerfile are relative to the build context). The box's
 /// directory is made to contain exactly the rendered files. Returns the
@@ -91,7 +96,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     written.push(cf);
     let mut keep: BTreeSet<PathBuf> = BTreeSet::new();
     keep.insert(cf_rel);
-    keep.insert(dir_rel.join(crate::exec::KEY_MARKER));
+    keep.insert(dir_rel.join(KEY_MARKER));
     for (rel, staged) in &d.files {
         let path = out.join(rel);
         match staged {

@@ -21,6 +21,7 @@ pub use charly_rules as rules;
 pub mod api;
 pub mod artifact;
 pub mod check;
+pub mod ctx;
 pub mod exec;
 pub mod fsroot;
 pub mod generate;

@@ -289,7 +289,8 @@ pub fn run(
                     let start = t0.elapsed();
                     let thread = rayon::current_thread_index().unwrap_or(0);
                     let t = Instant::now();
-                    let (state, error) = match exec::execute(ctx, graph, i, obs) {
+                    let started = || obs.started(&n.id, n.kind);
+                    let (state, error) = match exec::execute(ctx, graph, i, started) {
                         Ok(exec::Done::Ran) => (State::Ran, None),
                         Ok(exec::Done::Cached) => (State::Cached, None),
                         Ok(exec::Done::Pulled) => (State::Pulled, None),

@@ -1,7 +1,7 @@
 //! Requests for command-running nodes: builder stages, local packages and
 //! bootstrapped root filesystems, derived from the vocabulary.
 
-use crate::exec::{Ctx, ExecError};
+use crate::ctx::{Ctx, ExecError};
 use crate::runners::{LocalPkgRequest, RootfsRequest};
 use charly_rules::emit::containerfile::builder_stage_text;
 use charly_rules::load::{CandyEntry, Project};

@@ -1,0 +1,76 @@
+//! What running a node needs ([`Ctx`]) and how it fails ([`ExecError`]).
+//!
+//! Shared by the node executor (`exec`, which re-exports both) and the
+//! request builders it calls (`stage`): they sit below both, so `stage`
+//! does not reach back into `exec` for them.
+
+use crate::runners::Runner;
+use charly_cache::Store;
+use charly_rules::emit::EmitOptions;
+use charly_rules::load::Project;
+use charly_rules::resolve::Resolution;
+use std::path::PathBuf;
+
+/// Everything nodes need to run.
+pub struct Ctx<'a> {
+    /// The project.
+    pub project: &'a Project,
+    /// Its resolution.
+    pub resolution: &'a Resolution,
+    /// The store.
+    pub store: &'a Store,
+    /// The runner for command nodes (`None`: planning only).
+    pub runner: Option<&'a dyn Runner>,
+    /// The runner's name as keys and records carry it.
+    pub runner_name: String,
+    /// Where build directories are written (the build context root).
+    pub out_root: PathBuf,
+    /// Emitter options shared by every box (image refs, dev-local-pkg).
+    pub emit: EmitOptions,
+    /// Target architecture (`amd64`).
+    pub arch: String,
+    /// The shared cache consulted on local misses and fed with new results.
+    pub remote: Option<&'a dyn charly_cache::RemoteCache>,
+}
+
+/// Why a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The store failed.
+    #[error("store: {0}")]
+    Cache(#[from] charly_cache::CacheError),
+    /// Rendering failed.
+    #[error(transparent)]
+    Emit(#[from] charly_rules::emit::EmitError),
+    /// Plan compilation failed.
+    #[error(transparent)]
+    Plan(#[from] charly_rules::plan::PlanError),
+    /// A template failed.
+    #[error(transparent)]
+    Template(#[from] charly_rules::template::TemplateError),
+    /// The runner failed.
+    #[error(transparent)]
+    Run(#[from] crate::runners::RunError),
+    /// File I/O failed.
+    #[error("{0}")]
+    Io(String),
+    /// A node needs a runner but this command only plans.
+    #[error("{0} needs a runner, and this command runs none")]
+    NoRunner(String),
+    /// A dependency's output is missing from the store.
+    #[error("output `{output}` of {node} is missing from the store")]
+    MissingOutput {
+        /// Dependency node.
+        node: String,
+        /// Output name.
+        output: String,
+    },
+}
+
+impl<'a> Ctx<'a> {
+    /// The runner, or [`ExecError::NoRunner`] naming `node`.
+    pub fn runner(&self, node: &str) -> Result<&'a dyn Runner, ExecError> {
+        self.runner
+            .ok_or_else(|| ExecError::NoRunner(node.to_string()))
+    }
+}
