@@ -17,7 +17,7 @@
 //! Timestamps are coarse (a kernel tick), so a file changed in the same tick
 //! as it was hashed could keep its stat ("racy git"). Like the journal, the
 //! cache does not trust a stat whose mtime or ctime is within
-//! [`crate::journal::RACY_NS`] of the moment it was hashed: such a file is
+//! [`RACY_NS`] of the moment it was hashed: such a file is
 //! hashed again next time, until its timestamps are old enough.
 
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,11 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// Files modified this close (nanoseconds) to a fingerprint are not trusted
+/// by stat alone: the stat cache rehashes them, the journal does not replay
+/// over them.
+pub const RACY_NS: i64 = 2_000_000_000;
 
 /// A file's identity as the stat cache sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +79,7 @@ pub struct FileHasher {
     dirty: std::sync::atomic::AtomicBool,
     hashed: std::sync::atomic::AtomicU64,
     /// How recent a change must be for its stat not to be remembered
-    /// ([`crate::journal::RACY_NS`]; tests shrink it instead of waiting).
+    /// ([`RACY_NS`]; tests shrink it instead of waiting).
     pub racy_ns: i64,
 }
 
@@ -85,7 +90,7 @@ impl Default for FileHasher {
             file: None,
             dirty: std::sync::atomic::AtomicBool::default(),
             hashed: std::sync::atomic::AtomicU64::default(),
-            racy_ns: crate::journal::RACY_NS,
+            racy_ns: RACY_NS,
         }
     }
 }

@@ -43,8 +43,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const JOURNAL_SCHEMA: u32 = 1;
 
 /// Files modified this close (nanoseconds) to a fingerprint are not trusted
-/// by stat alone.
-pub const RACY_NS: i64 = 2_000_000_000;
+/// by stat alone (the stat cache's window, [`crate::hash::RACY_NS`]).
+pub use crate::hash::RACY_NS;
 
 /// A path's stat fingerprint: `[kind, size, mtime_ns, ctime_ns, inode,
 /// mode]`, kind 0 = absent, 1 = file, 2 = directory, 3 = other.
