@@ -1,0 +1,798 @@
+//! Applying a plan: which steps run on this target, and what each kind of
+//! step does to the host (files, commands, services, packages, reboots,
+//! builder artifacts), every change through the step context so its undo
+//! is committed first.
+
+use super::drift::sweep;
+use super::managed::{hook_step, snippet_step};
+use super::{
+    Artifacts, Options, R, Report, StepCx, StepReport, TargetUser, WalkError, enum_str, head, title,
+};
+use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex, sq};
+use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, StepState, Undo};
+use crate::pkg;
+use charly_rules::plan::{
+    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Venue,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+fn parse_mode(s: &str, default: u32) -> u32 {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8).unwrap_or(default) & 0o7777
+}
+/// Why a step does not run on this target, if it does not.
+fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) -> Option<String> {
+    if s.venue == Venue::Skip {
+        return Some(format!("not applied on target {}", o.target));
+    }
+    if !o.gates.allows(s.gate) {
+        return Some(format!("needs --{} (or --yes)", enum_str(&s.gate)));
+    }
+    let rooted_msg = |what: &str| {
+        Some(format!(
+            "{what} on a rooted target (--root) would touch the real system; not applied"
+        ))
+    };
+    match &s.data {
+        StepData::SystemPackages(p) if rooted => rooted_msg(&format!("{} packages", p.format)),
+        StepData::SystemPackages(p) if s.phase == Some(Phase::Prepare) && p.packages.is_empty() => {
+            Some("repository preparation is not implemented for host targets yet".into())
+        }
+        StepData::SystemPackages(p) if s.phase == Some(Phase::Prepare) => {
+            let _ = p;
+            Some("repository preparation is not implemented for host targets yet".into())
+        }
+        StepData::LocalPkgInstall(l) if rooted => {
+            rooted_msg(&format!("installing {} packages", l.format))
+        }
+        StepData::Op(op)
+            if rooted && matches!(op.verb.as_str(), "cmd" | "download" | "setcap" | "build") =>
+        {
+            rooted_msg(&format!("`{}`", op.verb))
+        }
+        StepData::Op(op) if matches!(op.verb.as_str(), "download" | "setcap" | "build") => {
+            Some(format!(
+                "`{}` tasks are not implemented for host targets yet",
+                op.verb
+            ))
+        }
+        StepData::ServicePackaged(_) if rooted => rooted_msg("enabling services"),
+        StepData::ServiceCustom(c) if c.path.is_none() => {
+            Some(format!("{} programs run only inside containers", c.init))
+        }
+        StepData::ShellSnippet(sn)
+            if sn.managed_block
+                && !user.shell.ends_with(&format!("/{}", sn.shell))
+                && sn.shell != "sh" =>
+        {
+            Some(format!(
+                "{} snippet; the login shell of {} is {}",
+                sn.shell, user.name, user.shell
+            ))
+        }
+        StepData::RepoChange(_) => {
+            Some("repository changes are not implemented for host targets yet".into())
+        }
+        StepData::ApkInstall(_) => Some("android packages apply to android targets only".into()),
+        StepData::Reboot(_) if o.target == "local" || rooted => {
+            Some("warning: this candy asks for a reboot; the local target never reboots".into())
+        }
+        StepData::External(_) => Some("external steps need their plugin".into()),
+        StepData::Builder(b) if s.scope == Scope::System => Some(format!(
+            "system-scope {} builder artifacts are not applied to hosts yet",
+            b.builder
+        )),
+        _ => None,
+    }
+}
+
+/// The environment commands of a step run with: PATH from the recorded bin
+/// dirs (artifact PATH entries, shell-hook PATH) plus the base.
+fn step_env(
+    user: &TargetUser,
+    bin_dirs: &[String],
+    extra: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = base_env();
+    let mut path: Vec<String> = bin_dirs.to_vec();
+    path.push(crate::host::BASE_PATH.to_string());
+    env.insert("PATH".into(), path.join(":"));
+    env.insert("HOME".into(), user.home.clone());
+    env.insert("USER".into(), user.name.clone());
+    for (k, v) in extra {
+        env.insert(k.clone(), v.replace("{{.Home}}", &user.home));
+    }
+    env
+}
+
+/// Applies a plan as bundle `name`. The bundle record must not exist.
+#[allow(clippy::too_many_arguments)]
+pub fn apply(
+    host: &mut dyn Host,
+    mut ledger: Option<&mut Ledger>,
+    record: &BundleRecord,
+    plan: &InstallPlan,
+    user: &TargetUser,
+    arts: &dyn Artifacts,
+    o: &Options,
+    progress: &mut dyn FnMut(&StepReport),
+) -> Result<Report, WalkError> {
+    let rooted = host.root().is_some();
+    let dry = o.dry_run || ledger.is_none();
+    let mut plan = plan.clone();
+    plan.resolve_home(&user.home);
+    let skip: Vec<Option<String>> = plan
+        .steps
+        .iter()
+        .map(|s| skip_reason(s, o, rooted, user))
+        .collect();
+    // Privilege: checked once up front, naming the steps that need it.
+    let login = host.login()?;
+    if !rooted && login.uid != 0 && !dry {
+        let needs: Vec<String> = plan
+            .steps
+            .iter()
+            .zip(&skip)
+            .filter(|(s, k)| k.is_none() && s.scope == Scope::System)
+            .map(|(s, _)| title(s))
+            .collect();
+        if !needs.is_empty() {
+            let out = host.run(
+                &Cmd::sh("true")
+                    .privileged(true)
+                    .timeout(Duration::from_secs(60)),
+            )?;
+            if !out.ok() {
+                return Err(WalkError::Setup(format!(
+                    "{}: `sudo -n` needs a password for {}, and these steps need root:\n  {}\n(allow passwordless sudo, or log in as root)",
+                    host.describe(),
+                    login.name,
+                    needs.join("\n  ")
+                )));
+            }
+        }
+    }
+    let _lock = match ledger.as_deref_mut() {
+        Some(l) if !dry => {
+            let lock = l.lock(&record.name)?;
+            l.create(record)?;
+            Some(lock)
+        }
+        _ => None,
+    };
+    if !dry {
+        // A killed earlier walk's temp files in the directories this one writes.
+        let _ = sweep(host, &[], Some(&plan));
+    }
+    let mut report = Report {
+        bundle: record.name.clone(),
+        host: host.describe(),
+        user: user.clone(),
+        dry_run: dry,
+        steps: Vec::new(),
+    };
+    // Bin dirs recorded so far (commands of later steps see them).
+    let mut bin_dirs: Vec<String> = Vec::new();
+    // Directories a dry run would have created so far.
+    let mut planned_dirs: BTreeSet<String> = BTreeSet::new();
+    for (i, s) in plan.steps.iter().enumerate() {
+        let seq = i as u32;
+        let h = head(s);
+        if let Some(reason) = &skip[i] {
+            if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
+                l.begin_step(&record.name, seq, &h, StepState::Skipped, Some(reason))?;
+            }
+            let r = StepReport {
+                seq,
+                candy: h.candy,
+                kind: h.kind,
+                scope: h.scope,
+                title: h.title,
+                state: "skipped".into(),
+                note: Some(reason.clone()),
+                actions: Vec::new(),
+            };
+            progress(&r);
+            report.steps.push(r);
+            continue;
+        }
+        let led = if dry { None } else { ledger.as_deref_mut() };
+        let mut led = led;
+        if let Some(l) = led.as_deref_mut() {
+            l.begin_step(&record.name, seq, &h, StepState::Incomplete, None)?;
+        }
+        let mut cx = StepCx {
+            host: &mut *host,
+            ledger: led,
+            bundle: &record.name,
+            seq,
+            user,
+            facts: Vec::new(),
+            actions: Vec::new(),
+            on_change: if dry { None } else { o.on_change.clone() },
+            timeout: o.timeout,
+            rooted,
+            box_home: o.box_home.clone(),
+            planned_dirs: &mut planned_dirs,
+        };
+        let res = apply_step(&mut cx, s, arts, &mut bin_dirs);
+        let StepCx { facts, actions, .. } = cx;
+        let state = match &res {
+            Ok(()) if dry => "would-run",
+            Ok(()) => "complete",
+            Err(_) => "failed",
+        };
+        if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
+            match &res {
+                Ok(()) => l.finish_step(&record.name, seq, StepState::Complete, None, &facts)?,
+                Err(e) => l.finish_step(&record.name, seq, StepState::Failed, Some(e), &facts)?,
+            }
+        }
+        let r = StepReport {
+            seq,
+            candy: h.candy,
+            kind: h.kind,
+            scope: h.scope,
+            title: h.title.clone(),
+            state: state.into(),
+            note: res.as_ref().err().cloned(),
+            actions,
+        };
+        progress(&r);
+        report.steps.push(r);
+        if let Err(message) = res {
+            let not_attempted: Vec<String> = plan.steps[i + 1..]
+                .iter()
+                .enumerate()
+                .map(|(j, s)| format!("{} {}", i + 1 + j, title(s)))
+                .collect();
+            if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
+                let err = format!("step {seq} ({}) failed: {message}", h.title);
+                l.set_state(&record.name, BundleState::Failed, Some(&err))?;
+            }
+            return Err(WalkError::Step {
+                seq,
+                title: h.title,
+                message,
+                not_attempted,
+            });
+        }
+    }
+    if let Some(l) = ledger.filter(|_| !dry) {
+        l.set_state(&record.name, BundleState::Applied, None)?;
+    }
+    Ok(report)
+}
+
+fn apply_step(
+    cx: &mut StepCx<'_>,
+    s: &InstallStep,
+    arts: &dyn Artifacts,
+    bin_dirs: &mut Vec<String>,
+) -> R<()> {
+    let sys = s.scope == Scope::System;
+    match &s.data {
+        StepData::File(f) => file_step(cx, s, f, arts),
+        StepData::Op(op) => op_step(cx, s, op, bin_dirs),
+        StepData::ShellHook(h) => {
+            bin_dirs.extend(h.path.iter().cloned());
+            hook_step(cx, s, h)
+        }
+        StepData::ShellSnippet(sn) => snippet_step(cx, s, sn),
+        StepData::Builder(b) => {
+            bin_dirs.extend(b.path.iter().cloned());
+            builder_step(cx, s, b, arts)
+        }
+        StepData::ServiceCustom(c) => {
+            let Some(path) = &c.path else {
+                return Err("no unit path".into());
+            };
+            cx.put_file(path, c.text.as_bytes(), 0o644, sys)?;
+            if cx.rooted {
+                cx.actions
+                    .push("rooted target: unit written, not enabled".into());
+                return Ok(());
+            }
+            service_enable(cx, &c.unit, sys, c.enable)
+        }
+        StepData::ServicePackaged(p) => service_enable(cx, &p.unit, sys, p.enable),
+        StepData::SystemPackages(p) => {
+            let install = p.host_cmd.clone().unwrap_or_else(|| {
+                let list = p
+                    .packages
+                    .iter()
+                    .map(|x| sq(x))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                match p.format.as_str() {
+                    "deb" => format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -- {list}"),
+                    "rpm" => format!("dnf install -y {list}"),
+                    _ => format!("pacman -S --needed --noconfirm {list}"),
+                }
+            });
+            let uninstall = s.reverse.first().and_then(|r| r.uninstall_cmd.clone());
+            packages(cx, &p.format, &p.packages, &install, uninstall)
+        }
+        StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
+        StepData::Reboot(_) => reboot_step(cx),
+        _ => Err(format!("{} steps are not applied to hosts", s.kind)),
+    }
+}
+
+fn file_step(cx: &mut StepCx<'_>, s: &InstallStep, f: &FileStep, arts: &dyn Artifacts) -> R<()> {
+    let sys = s.scope == Scope::System;
+    let data = match (f.verb.as_str(), &f.content, &f.source) {
+        ("write", Some(c), _) => c.clone().into_bytes(),
+        ("copy", _, Some(src)) => arts.candy_file(&s.candy, src)?,
+        _ => return Err(format!("`{}` without content or source", f.verb)),
+    };
+    let default = if f.verb == "copy" { 0o755 } else { 0o644 };
+    cx.put_file(&f.path, &data, parse_mode(&f.mode, default), sys)
+}
+
+fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String]) -> R<()> {
+    let sys = s.scope == Scope::System;
+    match op.verb.as_str() {
+        "mkdir" => {
+            let mode = op.mode.as_deref().map_or(0o755, |m| parse_mode(m, 0o755));
+            cx.ensure_dir(&op.value, mode, sys)
+        }
+        "link" => {
+            let target = op
+                .target
+                .as_deref()
+                .ok_or("link without a target")?
+                .to_string();
+            cx.put_symlink(&op.value, &target, sys)
+        }
+        "cmd" => {
+            let mut c = Cmd::sh(op.value.clone());
+            c.env = step_env(cx.user, bin_dirs, &op.env);
+            c.privileged = sys;
+            if !sys {
+                c.as_user = Some(cx.user.name.clone());
+            }
+            if !cx.dry() {
+                cx.undo(
+                    &Undo::Note {
+                        text: format!(
+                            "`{}` ran a command; what it changed is not undone",
+                            title(s)
+                        ),
+                    },
+                    &[],
+                )?;
+            }
+            cx.run(c, "command")?;
+            cx.changed();
+            Ok(())
+        }
+        v => Err(format!("`{v}` is not supported on host targets")),
+    }
+}
+fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R<()> {
+    let user_flag = if sys { "" } else { " --user" };
+    let u = sq(unit);
+    let mut c = Cmd::sh(format!(
+        "systemctl{user_flag} daemon-reload && systemctl{user_flag} {} {u}",
+        if enable { "enable --now" } else { "start" }
+    ));
+    c.privileged = sys;
+    if !sys {
+        c.as_user = Some(cx.user.name.clone());
+        c.env.insert(
+            "XDG_RUNTIME_DIR".into(),
+            format!("/run/user/{}", cx.user.uid),
+        );
+    }
+    if !cx.dry() {
+        cx.undo(
+            &Undo::Run {
+                what: format!("{} {unit}", if enable { "disable" } else { "stop" }),
+                // A started (generated, e.g. quadlet) unit cannot be disabled.
+                script: if enable {
+                    format!("systemctl{user_flag} disable --now {u}")
+                } else {
+                    format!("systemctl{user_flag} stop {u}")
+                },
+                privileged: sys,
+                as_user: (!sys).then(|| cx.user.name.clone()),
+                env: c.env.clone(),
+                ignore_failure: true,
+            },
+            &[],
+        )?;
+    }
+    cx.run(c, &format!("enable {unit}"))?;
+    cx.changed();
+    Ok(())
+}
+
+/// Reboots the target and waits (up to the step timeout) until it answers
+/// with a new boot_id; the connection is re-established.
+fn reboot_step(cx: &mut StepCx<'_>) -> R<()> {
+    const BOOT_ID: &str = "cat /proc/sys/kernel/random/boot_id";
+    let minute = Duration::from_secs(60);
+    let before = cx.run(Cmd::sh(BOOT_ID).timeout(minute), "read boot_id")?;
+    let before = before.trim().to_string();
+    let reboot = Cmd::sh("systemctl reboot || reboot")
+        .privileged(true)
+        .timeout(minute);
+    let login = cx.host.login().map_err(|e| e.to_string())?;
+    cx.actions.push(reboot.display(&login, cx.rooted));
+    cx.actions
+        .push("reconnect and wait for a new boot_id".into());
+    if cx.dry() {
+        return Ok(());
+    }
+    if before.is_empty() {
+        return Err("the target has no /proc/sys/kernel/random/boot_id".into());
+    }
+    cx.undo(
+        &Undo::Note {
+            text: "a reboot cannot be undone".into(),
+        },
+        &[],
+    )?;
+    // The connection may drop while the command runs: an error is expected.
+    match cx.host.run(&reboot) {
+        Ok(out) if !out.ok() && out.status != 255 => {
+            return Err(format!(
+                "reboot: exit {}: {}",
+                out.status,
+                out.stderr_tail()
+            ));
+        }
+        _ => {}
+    }
+    cx.changed();
+    let deadline = std::time::Instant::now() + cx.timeout;
+    let mut last = String::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "no new boot within {} s (boot_id still {before}){}",
+                cx.timeout.as_secs(),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!("; last error: {last}")
+                }
+            ));
+        }
+        if let Err(e) = cx.host.reconnect(left) {
+            last = e.to_string();
+            continue;
+        }
+        match cx.host.run(&Cmd::sh(BOOT_ID).timeout(minute)) {
+            Ok(o) if o.ok() && !o.stdout_str().trim().is_empty() => {
+                if o.stdout_str().trim() != before {
+                    return Ok(());
+                }
+            }
+            Ok(o) => last = format!("boot_id: exit {}", o.status),
+            Err(e) => last = e.to_string(),
+        }
+    }
+}
+
+/// Installs packages; the undo removes only those that were not installed before.
+fn packages(
+    cx: &mut StepCx<'_>,
+    format: &str,
+    pkgs: &[String],
+    install: &str,
+    uninstall: Option<String>,
+) -> R<()> {
+    if pkgs.is_empty() {
+        return Ok(());
+    }
+    for t in pkg::tools(format) {
+        let found = cx
+            .host
+            .which(t, crate::host::BASE_PATH)
+            .map_err(|e| e.to_string())?;
+        if found.is_none() {
+            return Err(format!(
+                "`{t}` is not installed on {} (needed for {format} packages)",
+                cx.host.describe()
+            ));
+        }
+    }
+    let before = installed(cx, format, pkgs)?;
+    let new: Vec<String> = pkgs
+        .iter()
+        .filter(|p| !before.contains(*p))
+        .cloned()
+        .collect();
+    if !cx.dry() && !new.is_empty() {
+        let command = uninstall
+            .filter(|_| new.len() == pkgs.len())
+            .unwrap_or_else(|| pkg::remove_script(format, &new, None));
+        cx.undo(
+            &Undo::RemovePackages {
+                format: format.into(),
+                packages: new.clone(),
+                command,
+                root: None,
+            },
+            &[],
+        )?;
+    }
+    let mut c = Cmd::sh(install.to_string());
+    c.privileged = true;
+    cx.run(c, "package install")?;
+    cx.changed();
+    if !cx.dry() {
+        let after = installed(cx, format, pkgs)?;
+        let missing: Vec<&String> = pkgs.iter().filter(|p| !after.contains(*p)).collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "the install command succeeded but these packages are not installed: {}",
+                missing
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
+        cx.facts.push(Fact::Packages {
+            format: format.into(),
+            packages: pkgs.to_vec(),
+            root: None,
+        });
+    }
+    Ok(())
+}
+
+fn installed(cx: &mut StepCx<'_>, format: &str, pkgs: &[String]) -> R<BTreeSet<String>> {
+    if cx.dry() {
+        return Ok(BTreeSet::new());
+    }
+    let script = pkg::query_script(format, pkgs, None)
+        .ok_or_else(|| format!("unknown package format {format}"))?;
+    let out = cx
+        .host
+        .run(&Cmd::sh(script).timeout(cx.timeout))
+        .map_err(|e| e.to_string())?;
+    pkg::parse_installed(format, &out.stdout_str())
+        .map_err(|e| format!("unexpected output from the {format} package query: {e}"))
+}
+
+fn local_pkg_step(
+    cx: &mut StepCx<'_>,
+    s: &InstallStep,
+    l: &charly_rules::plan::LocalPkgStep,
+    arts: &dyn Artifacts,
+) -> R<()> {
+    let files = arts.local_packages(&s.candy, &l.format)?;
+    let dir = format!("/tmp/charly-pkgs-{}-{}", cx.bundle, cx.seq);
+    let mut names = Vec::new();
+    if !cx.dry() {
+        let _ = cx.host.remove(&dir, true);
+        cx.host
+            .mkdir(
+                &dir,
+                &FileAttrs {
+                    mode: 0o755,
+                    owner: None,
+                    privileged: true,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    cx.actions
+        .push(format!("upload {} package(s) to {dir}", files.len()));
+    for (n, data) in &files {
+        let p = format!("{dir}/{n}");
+        if !cx.dry() {
+            cx.host
+                .write_file(
+                    &p,
+                    data,
+                    &FileAttrs {
+                        mode: 0o644,
+                        owner: None,
+                        privileged: true,
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            let script = pkg::name_script(&l.format, &cx.host.real(&p))
+                .ok_or_else(|| format!("unknown package format {}", l.format))?;
+            let out = cx
+                .host
+                .run(&Cmd::sh(script).timeout(cx.timeout))
+                .map_err(|e| e.to_string())?;
+            let name = out.stdout_str().trim().to_string();
+            if !out.ok() || !pkg::valid_name(&name) {
+                return Err(format!(
+                    "cannot read the package name of {n}: {}",
+                    crate::host::shorten(&name, 100)
+                ));
+            }
+            names.push(name);
+        }
+    }
+    let glob = format!("*.{}", l.format);
+    let install = pkg::install_files_script(&l.format, &cx.host.real(&dir), &glob, None);
+    let res = packages(cx, &l.format, &names, &install, None);
+    if !cx.dry() {
+        for (n, _) in &files {
+            let _ = cx.host.remove(&format!("{dir}/{n}"), true);
+        }
+        let _ = cx.host.remove(&dir, true);
+    }
+    res
+}
+
+/// Rewrites an artifact tar made for the box user (home `from`) for the
+/// target user: paths under `from` move to the target home, owners become
+/// the target user's.
+pub fn retarget_artifact(
+    tar: &[u8],
+    from_home: &str,
+    user: &TargetUser,
+) -> R<Vec<charly_engine::artifact::Entry>> {
+    let entries = charly_engine::artifact::read_tar(tar, "")
+        .map_err(|e| format!("unreadable artifact tar: {e}"))?;
+    if entries.is_empty() {
+        return Err(format!(
+            "the artifact tar ({} bytes) has no entries; is it a tar? (rebuild it with `charly box build`)",
+            tar.len()
+        ));
+    }
+    let from = from_home.trim_matches('/');
+    let to = user.home.trim_matches('/');
+    let mut out = Vec::with_capacity(entries.len());
+    for mut e in entries {
+        if e.path.split('/').any(|c| c == "..") {
+            return Err(format!("artifact entry `{}` escapes the root", e.path));
+        }
+        if !from.is_empty() && from != to {
+            if e.path == from {
+                e.path = to.to_string();
+            } else if let Some(rest) = e.path.strip_prefix(&format!("{from}/")) {
+                e.path = format!("{to}/{rest}");
+            }
+        }
+        e.uid = u64::from(user.uid);
+        e.gid = u64::from(user.gid);
+        out.push(e);
+    }
+    Ok(out)
+}
+
+fn builder_step(
+    cx: &mut StepCx<'_>,
+    s: &InstallStep,
+    b: &BuilderStep,
+    arts: &dyn Artifacts,
+) -> R<()> {
+    let tar = arts.builder_tar(&s.candy, &b.builder)?;
+    let from = cx.box_home.clone();
+    let entries = retarget_artifact(&tar, &from, cx.user)?;
+    let paths: Vec<String> = entries.iter().map(|e| format!("/{}", e.path)).collect();
+    cx.actions.push(format!(
+        "extract {} {} artifact entries ({} bytes) into {}",
+        entries.len(),
+        b.builder,
+        tar.len(),
+        cx.user.home
+    ));
+    // Ancestors outside the tar (the home itself, usually present).
+    let in_tar: BTreeSet<&str> = paths.iter().map(String::as_str).collect();
+    let mut ancestors = BTreeSet::new();
+    for p in &paths {
+        let mut cur = parent(p);
+        while let Some(d) = cur {
+            if d == "/" || in_tar.contains(d) {
+                break;
+            }
+            ancestors.insert(d.to_string());
+            cur = parent(d);
+        }
+    }
+    for a in ancestors
+        .iter()
+        .filter(|a| !ancestors.iter().any(|b| b.starts_with(&format!("{a}/"))))
+    {
+        cx.ensure_dir(a, 0o755, false)?;
+        if !cx.dry() {
+            cx.facts.pop();
+        }
+    }
+    if cx.dry() {
+        return Ok(());
+    }
+    let stats = cx.host.stat(&paths, false).map_err(|e| e.to_string())?;
+    let mut created = Vec::new();
+    for ((p, st), e) in paths.iter().zip(&stats).zip(&entries) {
+        match (st.as_ref().map(|s| &s.kind), &e.kind) {
+            (None, _) => created.push(p.clone()),
+            (Some(PathKind::Dir), charly_engine::artifact::Kind::Dir) => {}
+            (Some(PathKind::File { .. } | PathKind::Symlink { .. }), _) => {
+                cx.record_replace(p, false)?;
+            }
+            (Some(k), _) => {
+                return Err(format!(
+                    "{p} exists as {k:?}, the artifact has another kind"
+                ));
+            }
+        }
+    }
+    cx.undo(
+        &Undo::RemoveTree {
+            paths: created,
+            privileged: false,
+        },
+        &[],
+    )?;
+    let tmp = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+    charly_engine::artifact::write_tar(tmp.path(), entries.clone(), None)
+        .map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(tmp.path()).map_err(|e| e.to_string())?;
+    cx.host
+        .extract_tar(&bytes, false)
+        .map_err(|e| e.to_string())?;
+    for (p, e) in paths.iter().zip(&entries) {
+        cx.facts.push(match &e.kind {
+            charly_engine::artifact::Kind::Dir => Fact::Dir { path: p.clone() },
+            charly_engine::artifact::Kind::Symlink(t) => Fact::Symlink {
+                path: p.clone(),
+                target: t.clone(),
+            },
+            charly_engine::artifact::Kind::File(d) => Fact::File {
+                path: p.clone(),
+                sha256: sha256_hex(d),
+                mode: e.mode & 0o7777,
+            },
+        });
+    }
+    cx.changed();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn artifact_is_retargeted() {
+        let t = tempfile::tempdir().expect("tmp");
+        let p = t.path().join("a.tar");
+        charly_engine::artifact::write_tar(
+            &p,
+            vec![
+                charly_engine::artifact::Entry {
+                    path: "home/user/.npm-global".into(),
+                    kind: charly_engine::artifact::Kind::Dir,
+                    mode: 0o755,
+                    uid: 1000,
+                    gid: 1000,
+                },
+                charly_engine::artifact::Entry {
+                    path: "home/user/.npm-global/x".into(),
+                    kind: charly_engine::artifact::Kind::File(b"x".to_vec()),
+                    mode: 0o644,
+                    uid: 1000,
+                    gid: 1000,
+                },
+            ],
+            None,
+        )
+        .expect("tar");
+        let user = TargetUser {
+            name: "al".into(),
+            uid: 1001,
+            gid: 1002,
+            home: "/srv/al".into(),
+            shell: "/bin/bash".into(),
+        };
+        let e = retarget_artifact(&std::fs::read(&p).expect("read"), "/home/user", &user)
+            .expect("retarget");
+        assert_eq!(e[1].path, "srv/al/.npm-global/x");
+        assert_eq!((e[1].uid, e[1].gid), (1001, 1002));
+    }
+}

@@ -1,0 +1,194 @@
+//! Managed blocks in files (marked sections charly adds to and removes
+//! from files it does not own, such as a shell's rc file), the env.d files
+//! of shell hooks and the shell snippets that use them.
+
+use super::{R, StepCx};
+use crate::host::{parent, sha256_hex, sq};
+use crate::ledger::{Fact, Undo};
+use charly_rules::plan::{InstallStep, Scope, ShellHookStep, ShellSnippetStep};
+
+/// The rc file a login shell reads.
+pub fn rc_file(shell: &str, home: &str) -> String {
+    let base = shell.rsplit('/').next().unwrap_or(shell);
+    match base {
+        "bash" => format!("{home}/.bashrc"),
+        "zsh" => format!("{home}/.zshrc"),
+        "fish" => format!("{home}/.config/fish/config.fish"),
+        _ => format!("{home}/.profile"),
+    }
+}
+
+fn block_markers(marker: &str) -> (String, String) {
+    (
+        format!("# >>> charly {marker} >>>"),
+        format!("# <<< charly {marker} <<<"),
+    )
+}
+
+/// The text of a managed block in `content`, if present.
+pub fn find_block(content: &str, marker: &str) -> Option<String> {
+    let (b, e) = block_markers(marker);
+    let start = content.find(&format!("{b}\n"))?;
+    let body_start = start + b.len() + 1;
+    let end = content[body_start..].find(&e)? + body_start;
+    Some(content[body_start..end].to_string())
+}
+
+/// `content` with the block removed (markers and body, one line each side).
+pub fn strip_block(content: &str, marker: &str) -> String {
+    let (b, e) = block_markers(marker);
+    let Some(start) = content.find(&format!("{b}\n")) else {
+        return content.to_string();
+    };
+    let Some(rel_end) = content[start..].find(&e) else {
+        return content.to_string();
+    };
+    let mut end = start + rel_end + e.len();
+    if content[end..].starts_with('\n') {
+        end += 1;
+    }
+    format!("{}{}", &content[..start], &content[end..])
+}
+
+impl StepCx<'_> {
+    pub(super) fn put_block(
+        &mut self,
+        file: &str,
+        marker: &str,
+        text: &str,
+        privileged: bool,
+    ) -> R<()> {
+        if let Some(p) = parent(file) {
+            self.ensure_dir(p, 0o755, privileged)?;
+            if !self.dry() {
+                self.facts.pop();
+            }
+        }
+        let body = if text.ends_with('\n') {
+            text.to_string()
+        } else {
+            format!("{text}\n")
+        };
+        self.actions
+            .push(format!("managed block {marker} in {file}"));
+        if self.dry() {
+            return Ok(());
+        }
+        let st = self
+            .host
+            .stat(&[file.to_string()], false)
+            .map_err(|e| e.to_string())?
+            .pop()
+            .flatten();
+        let old = self
+            .host
+            .read_file(file, privileged)
+            .map_err(|e| e.to_string())?;
+        let created = old.is_none();
+        let old = String::from_utf8(old.unwrap_or_default())
+            .map_err(|_| format!("{file} is not UTF-8 text"))?;
+        let base = strip_block(&old, marker);
+        let added_newline = !base.is_empty() && !base.ends_with('\n');
+        let (b, e) = block_markers(marker);
+        let new = format!(
+            "{base}{}{b}\n{body}{e}\n",
+            if added_newline { "\n" } else { "" }
+        );
+        let had_block = find_block(&old, marker).is_some();
+        if had_block {
+            // An earlier block of ours (another bundle): restore the whole file.
+            self.record_replace(file, privileged)?;
+        } else {
+            self.undo(
+                &Undo::RemoveBlock {
+                    file: file.into(),
+                    marker: marker.into(),
+                    added_newline,
+                    created_file: created,
+                    privileged,
+                },
+                &[],
+            )?;
+        }
+        // An existing file keeps its mode and owner.
+        let mut a = self.attrs(st.as_ref().map_or(0o644, |s| s.mode), privileged);
+        if let Some(s) = &st {
+            a.owner = Some((s.uid, s.gid));
+        }
+        self.host
+            .write_file(file, new.as_bytes(), &a)
+            .map_err(|e| e.to_string())?;
+        self.facts.push(Fact::Block {
+            file: file.into(),
+            marker: marker.into(),
+            sha256: sha256_hex(body.as_bytes()),
+        });
+        self.changed();
+        Ok(())
+    }
+}
+
+fn env_file_text(h: &ShellHookStep) -> String {
+    let mut t = String::from("# Written by charly; removed by `charly bundle del`.\n");
+    for (k, v) in &h.env {
+        t.push_str(&format!("export {k}={}\n", dq(v)));
+    }
+    for p in h.path.iter().rev() {
+        t.push_str(&format!(
+            "case \":$PATH:\" in *:{p}:*) ;; *) PATH={}:$PATH ;; esac\n",
+            dq(p)
+        ));
+    }
+    t.push_str("export PATH\n");
+    t
+}
+
+fn dq(s: &str) -> String {
+    format!(
+        "\"{}\"",
+        s.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('`', "\\`")
+            .replace('$', "\\$")
+    )
+}
+
+pub(super) fn hook_step(cx: &mut StepCx<'_>, s: &InstallStep, h: &ShellHookStep) -> R<()> {
+    cx.put_file(&h.env_file, env_file_text(h).as_bytes(), 0o644, false)?;
+    let rc = rc_file(&cx.user.shell, &cx.user.home);
+    let line = if rc.ends_with(".fish") {
+        format!(
+            "test -r {f}; and bass source {f} 2>/dev/null; or true",
+            f = sq(&h.env_file)
+        )
+    } else {
+        format!("[ -r {f} ] && . {f}", f = sq(&h.env_file))
+    };
+    cx.put_block(&rc, &format!("charly-env:{}", s.candy), &line, false)
+}
+
+pub(super) fn snippet_step(cx: &mut StepCx<'_>, s: &InstallStep, sn: &ShellSnippetStep) -> R<()> {
+    let sys = s.scope == Scope::System;
+    if sn.managed_block {
+        cx.put_block(&sn.destination, &s.candy, &sn.text, sys)
+    } else {
+        cx.put_file(&sn.destination, sn.text.as_bytes(), 0o644, sys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_trip() {
+        let base = "a\nb";
+        let (b, e) = block_markers("m");
+        let with = format!("{base}\n{b}\nx=1\n{e}\n");
+        assert_eq!(find_block(&with, "m").as_deref(), Some("x=1\n"));
+        assert_eq!(strip_block(&with, "m"), "a\nb\n");
+        assert_eq!(strip_block("plain\n", "m"), "plain\n");
+        assert_eq!(rc_file("/bin/zsh", "/h"), "/h/.zshrc");
+        assert_eq!(rc_file("/bin/dash", "/h"), "/h/.profile");
+    }
+}

@@ -1,0 +1,289 @@
+//! Undoing a bundle (`bundle del`): its recorded undo operations, last
+//! first, each removed from the ledger once carried out so an interrupted
+//! `del` resumes where it stopped.
+
+use super::drift::sweep;
+use super::managed::{find_block, strip_block};
+use super::{R, WalkError};
+use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind};
+use crate::ledger::{BundleState, Ledger, LedgerError, Undo};
+use crate::pkg;
+use serde::Serialize;
+
+/// One undo operation's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct UndoReport {
+    /// Step.
+    pub seq: u32,
+    /// What.
+    pub what: String,
+    /// `done`, `warning`.
+    pub state: String,
+    /// Detail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Undoes a bundle: its undo operations LIFO, each deleted from the ledger
+/// as it succeeds (an interrupted `del` resumes), then the record.
+pub fn remove(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    name: &str,
+    dry_run: bool,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<Vec<UndoReport>, WalkError> {
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| LedgerError::NotFound(name.into()))?;
+    let _lock = if dry_run {
+        None
+    } else {
+        Some(ledger.lock(name)?)
+    };
+    if !dry_run {
+        ledger.set_state(name, BundleState::Removing, None)?;
+    }
+    let _ = rec;
+    let steps = ledger.steps(name)?;
+    if !dry_run {
+        for d in sweep(host, &steps, None) {
+            progress(&UndoReport {
+                seq: 0,
+                what: d.subject,
+                state: "warning".into(),
+                note: Some(d.detail),
+            });
+        }
+    }
+    let mut ops: Vec<(u32, u32, Undo)> = steps
+        .iter()
+        .flat_map(|s| s.undo.iter().map(move |(i, u)| (s.seq, *i, u.clone())))
+        .collect();
+    ops.sort_by_key(|o| std::cmp::Reverse((o.0, o.1)));
+    let mut out = Vec::new();
+    for (seq, idx, op) in ops {
+        let what = op.describe();
+        if dry_run {
+            let r = UndoReport {
+                seq,
+                what,
+                state: "would-run".into(),
+                note: None,
+            };
+            progress(&r);
+            out.push(r);
+            continue;
+        }
+        let res = undo_one(host, ledger, name, &op);
+        let (state, note) = match res {
+            Ok(None) => ("done", None),
+            Ok(Some(w)) => ("warning", Some(w)),
+            Err(e) => {
+                let r = UndoReport {
+                    seq,
+                    what: what.clone(),
+                    state: "failed".into(),
+                    note: Some(e.clone()),
+                };
+                progress(&r);
+                ledger.set_state(name, BundleState::Removing, Some(&e))?;
+                return Err(WalkError::Step {
+                    seq,
+                    title: what,
+                    message: format!("{e} (run `charly bundle del {name}` again to resume)"),
+                    not_attempted: Vec::new(),
+                });
+            }
+        };
+        ledger.done_undo(name, seq, idx)?;
+        let r = UndoReport {
+            seq,
+            what,
+            state: state.into(),
+            note,
+        };
+        progress(&r);
+        out.push(r);
+    }
+    if !dry_run {
+        ledger.remove(name)?;
+    }
+    Ok(out)
+}
+
+fn undo_one(host: &mut dyn Host, ledger: &Ledger, name: &str, op: &Undo) -> R<Option<String>> {
+    let e = |x: HostError| x.to_string();
+    match op {
+        Undo::RemovePath { path, privileged } => {
+            let st = host
+                .stat(std::slice::from_ref(path), false)
+                .map_err(e)?
+                .pop()
+                .flatten();
+            if matches!(st.map(|s| s.kind), Some(PathKind::Dir)) {
+                return Ok(Some(format!("{path} is now a directory; left alone")));
+            }
+            host.remove(path, *privileged).map_err(e)?;
+            Ok(None)
+        }
+        Undo::RemoveDir { path, privileged } => {
+            if host.remove(path, *privileged).map_err(e)? {
+                Ok(None)
+            } else {
+                Ok(Some(format!("{path} is not empty; left in place")))
+            }
+        }
+        Undo::RestoreFile {
+            path,
+            sha256,
+            mode,
+            uid,
+            gid,
+            privileged,
+        } => {
+            let data = ledger
+                .blob(name, sha256)
+                .map_err(|x| x.to_string())?
+                .ok_or_else(|| format!("the backup of {path} is missing from the ledger"))?;
+            host.write_file(
+                path,
+                &data,
+                &FileAttrs {
+                    mode: *mode,
+                    owner: Some((*uid, *gid)),
+                    privileged: *privileged,
+                },
+            )
+            .map_err(e)?;
+            Ok(None)
+        }
+        Undo::RestoreSymlink {
+            path,
+            target,
+            privileged,
+        } => {
+            host.remove(path, *privileged).map_err(e)?;
+            host.symlink(
+                path,
+                target,
+                &FileAttrs {
+                    mode: 0o777,
+                    owner: None,
+                    privileged: *privileged,
+                },
+            )
+            .map_err(e)?;
+            Ok(None)
+        }
+        Undo::RemoveTree { paths, privileged } => {
+            let mut left = 0;
+            for p in paths.iter().rev() {
+                if !host.remove(p, *privileged).map_err(e)? {
+                    left += 1;
+                }
+            }
+            Ok((left > 0).then(|| format!("{left} directories were not empty; left in place")))
+        }
+        Undo::RemoveBlock {
+            file,
+            marker,
+            added_newline,
+            created_file,
+            privileged,
+        } => {
+            let Some(old) = host.read_file(file, *privileged).map_err(e)? else {
+                return Ok(Some(format!("{file} is gone")));
+            };
+            let text = String::from_utf8(old).map_err(|_| format!("{file} is not UTF-8"))?;
+            if find_block(&text, marker).is_none() {
+                return Ok(None);
+            }
+            let mut rest = strip_block(&text, marker);
+            if *added_newline && rest.ends_with('\n') {
+                rest.pop();
+            }
+            if *created_file && rest.is_empty() {
+                host.remove(file, *privileged).map_err(e)?;
+                return Ok(None);
+            }
+            let st = host
+                .stat(std::slice::from_ref(file), false)
+                .map_err(e)?
+                .pop()
+                .flatten();
+            let (mode, uid, gid) = st.map_or((0o644, 0, 0), |s| (s.mode, s.uid, s.gid));
+            host.write_file(
+                file,
+                rest.as_bytes(),
+                &FileAttrs {
+                    mode,
+                    owner: Some((uid, gid)),
+                    privileged: *privileged,
+                },
+            )
+            .map_err(e)?;
+            Ok(None)
+        }
+        Undo::RemovePackages {
+            format,
+            packages,
+            command,
+            root,
+        } => {
+            let q = pkg::query_script(format, packages, root.as_deref())
+                .ok_or_else(|| format!("unknown package format {format}"))?;
+            let out = host.run(&Cmd::sh(q)).map_err(e)?;
+            let still = pkg::parse_installed(format, &out.stdout_str())?;
+            let present: Vec<String> = packages
+                .iter()
+                .filter(|p| still.contains(*p))
+                .cloned()
+                .collect();
+            if present.is_empty() {
+                return Ok(None);
+            }
+            let cmd = if present.len() == packages.len() {
+                command.clone()
+            } else {
+                pkg::remove_script(format, &present, root.as_deref())
+            };
+            let out = host.run(&Cmd::sh(cmd).privileged(true)).map_err(e)?;
+            if !out.ok() {
+                return Err(format!(
+                    "removing packages: exit {}: {}",
+                    out.status,
+                    out.stderr_tail()
+                ));
+            }
+            Ok(None)
+        }
+        Undo::Run {
+            what,
+            script,
+            privileged,
+            as_user,
+            env,
+            ignore_failure,
+        } => {
+            let mut c = Cmd::sh(script.clone()).privileged(*privileged);
+            c.as_user.clone_from(as_user);
+            for (k, v) in env {
+                c.env.insert(k.clone(), v.clone());
+            }
+            let out = host.run(&c).map_err(e)?;
+            if out.ok() {
+                Ok(None)
+            } else if *ignore_failure {
+                Ok(Some(format!("{what}: exit {} (ignored)", out.status)))
+            } else {
+                Err(format!(
+                    "{what}: exit {}: {}",
+                    out.status,
+                    out.stderr_tail()
+                ))
+            }
+        }
+        Undo::Note { text } => Ok(Some(text.clone())),
+    }
+}
