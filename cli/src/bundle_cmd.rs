@@ -6,7 +6,7 @@ use crate::session::host_arch;
 use crate::{Cli, output, project};
 use anyhow::Context;
 use charly_deploy::host::Host;
-use charly_deploy::ledger::{BundleRecord, BundleState, Ledger};
+use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger};
 use charly_deploy::local::LocalHost;
 use charly_deploy::source::StoreArtifacts;
 use charly_deploy::ssh::{SshHost, SshTarget};
@@ -175,27 +175,20 @@ fn open_ledger(cli: &Cli) -> anyhow::Result<(charly_cache::Store, Ledger)> {
     Ok((store, ledger))
 }
 
-fn host_for(conn: &serde_json::Value) -> anyhow::Result<Box<dyn Host>> {
-    match conn.get("kind").and_then(|k| k.as_str()) {
-        Some("local") => Ok(match conn.get("root").and_then(|r| r.as_str()) {
+fn host_for(conn: &Connection) -> anyhow::Result<Box<dyn Host>> {
+    match conn {
+        Connection::Local { root } => Ok(match root {
             Some(r) => Box::new(LocalHost::rooted(std::path::Path::new(r))?),
             None => Box::new(LocalHost::new()),
         }),
-        Some("ssh") => {
-            let f = |k: &str| conn.get(k).and_then(|v| v.as_str()).unwrap_or_default();
-            let t = SshTarget {
-                user: f("user").into(),
-                host: f("host").into(),
-                port: conn.get("port").and_then(|p| p.as_u64()).unwrap_or(22) as u16,
-                identity: f("identity").into(),
-                known_hosts: f("known_hosts").into(),
-            };
-            Ok(Box::new(SshHost::connect(
-                &t,
-                std::time::Duration::from_secs(30),
-            )?))
-        }
-        other => anyhow::bail!("cannot reach a target of kind {other:?} (not implemented yet)"),
+        Connection::Ssh(t) => Ok(Box::new(SshHost::connect(
+            t,
+            std::time::Duration::from_secs(30),
+        )?)),
+        Connection::Other(_) => anyhow::bail!(
+            "cannot reach a target of kind {:?} (not implemented yet)",
+            conn.kind()
+        ),
     }
 }
 
@@ -453,12 +446,6 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         };
-    let target_name = match target {
-        Target::Pod => "pod",
-        Target::K8s => "k8s",
-        Target::Vm => "vm",
-        _ => "local",
-    };
     let gates = if a.yes {
         Gates::all()
     } else {
@@ -472,30 +459,23 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         gates,
         dry_run: a.dry_run,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-        target: target_name.into(),
+        target,
         box_home: b.user.home.clone(),
         on_change: test_hooks::block_at_step(),
     };
-    let root = host.root().map(String::from);
+    let connection = match &ssh {
+        Some(t) => Connection::Ssh(t.clone()),
+        None => Connection::Local {
+            root: host.root().map(String::from),
+        },
+    };
     let record = BundleRecord {
         name: a.name.clone(),
         deploy_id: plan.deploy_id.clone(),
         box_name: a.box_name.clone(),
-        target: target_name.into(),
-        target_key: match (target, &root) {
-            (Target::Vm, _) => ssh
-                .as_ref()
-                .map(|t| format!("vm:{}@{}:{}", t.user, t.host, t.port))
-                .unwrap_or_default(),
-            (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
-            (_, Some(r)) => format!("{target_name}:local:{r}"),
-            (_, None) => format!("{target_name}:local:/"),
-        },
-        connection: match &ssh {
-            Some(t) => serde_json::json!({"kind": "ssh", "user": t.user, "host": t.host,
-                "port": t.port, "identity": t.identity, "known_hosts": t.known_hosts}),
-            None => serde_json::json!({"kind": "local", "root": root}),
-        },
+        target,
+        target_key: target_key(target, &connection, &emit),
+        connection,
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
@@ -680,6 +660,18 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The identity of a target: a target takes a deploy id once (the ledger
+/// refuses a second bundle of the same plan there).
+fn target_key(target: Target, connection: &Connection, emit: &EmitArgs) -> String {
+    match (target, connection) {
+        (Target::Vm, Connection::Ssh(t)) => format!("vm:{}@{}:{}", t.user, t.host, t.port),
+        (Target::Vm, _) => String::new(),
+        (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
+        (_, Connection::Local { root: Some(r) }) => format!("{}:local:{r}", target.as_str()),
+        (_, _) => format!("{}:local:/", target.as_str()),
+    }
+}
+
 /// The plan bundle `rec` would walk now, from the current project.
 fn current_plan(o: &project::Opened, rec: &BundleRecord) -> anyhow::Result<InstallPlan> {
     let emit: EmitArgs = rec
@@ -689,10 +681,9 @@ fn current_plan(o: &project::Opened, rec: &BundleRecord) -> anyhow::Result<Insta
         .map(serde_json::from_value)
         .transpose()?
         .unwrap_or_default();
-    match rec.target.as_str() {
-        "pod" => emitted_plan(o, &rec.box_name, Target::Pod, &emit, &rec.home),
-        "k8s" => emitted_plan(o, &rec.box_name, Target::K8s, &emit, &rec.home),
-        "vm" => merged_plan(o, &rec.box_name, Target::Vm),
+    match rec.target {
+        Target::Pod | Target::K8s => emitted_plan(o, &rec.box_name, rec.target, &emit, &rec.home),
+        Target::Vm => merged_plan(o, &rec.box_name, Target::Vm),
         _ => merged_plan(o, &rec.box_name, Target::Local),
     }
 }

@@ -30,8 +30,17 @@
 //! facts(bundle, seq, idx, fact JSON, PK(bundle, seq, idx))
 //! blobs(bundle, sha256, data, PK(bundle, sha256))   -- backups
 //! ```
+//!
+//! A record's target and connection are typed ([`Target`], [`Connection`])
+//! in memory and stored as the text they always were: the target's name
+//! (`local`, `vm`, `pod`, `k8s`) and the connection's JSON object
+//! (`{"kind":"local","root":…}` or `{"kind":"ssh","user":…,"host":…,
+//! "port":…,"identity":…,"known_hosts":…}`), so ledgers written by earlier
+//! versions read unchanged and earlier versions can read new ones.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::ssh::SshTarget;
+use charly_rules::plan::Target;
+use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -87,6 +96,109 @@ pub enum LedgerError {
         /// Why.
         message: String,
     },
+    /// A record cannot be written in the ledger's format.
+    #[error("bundle `{bundle}` cannot be recorded: {message}")]
+    Unrecordable {
+        /// Bundle.
+        bundle: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// How to reach a bundle's host again (`bundle del` and `bundle status`
+/// need only the bundle's name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// This machine, rooted at `root` when given (the host's root as it
+    /// reported it: an absolute, canonical directory).
+    Local {
+        /// The root directory.
+        root: Option<String>,
+    },
+    /// A machine over SSH.
+    Ssh(SshTarget),
+    /// A kind of connection this version cannot reach, kept as stored
+    /// (its JSON object).
+    Other(serde_json::Value),
+}
+
+impl Connection {
+    /// The `kind` it is stored under (`local`, `ssh`, or what another
+    /// kind's record says, if anything).
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            Connection::Local { .. } => Some("local"),
+            Connection::Ssh(_) => Some("ssh"),
+            Connection::Other(v) => v.get("kind").and_then(|k| k.as_str()),
+        }
+    }
+
+    /// The JSON object the ledger stores (its `connection` column). Fails
+    /// only for an SSH key or known_hosts path that is not UTF-8.
+    pub fn to_json(&self) -> Result<serde_json::Value, String> {
+        Ok(match self {
+            Connection::Local { root } => serde_json::json!({"kind": "local", "root": root}),
+            Connection::Ssh(t) => {
+                let text = |what: &str, p: &Path| {
+                    p.to_str()
+                        .map(String::from)
+                        .ok_or_else(|| format!("the {what} path {} is not UTF-8", p.display()))
+                };
+                serde_json::json!({"kind": "ssh", "user": t.user, "host": t.host,
+                    "port": t.port, "identity": text("identity", &t.identity)?,
+                    "known_hosts": text("known_hosts", &t.known_hosts)?})
+            }
+            Connection::Other(v) => v.clone(),
+        })
+    }
+
+    /// Reads the stored JSON object. As lenient as readers always were: a
+    /// missing SSH field is empty (the port 22), a `root` that is not a
+    /// string is no root, and an unknown kind is kept as [`Connection::Other`].
+    pub fn from_json(v: &serde_json::Value) -> Connection {
+        let text = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default();
+        match v.get("kind").and_then(|k| k.as_str()) {
+            Some("local") => Connection::Local {
+                root: v.get("root").and_then(|r| r.as_str()).map(String::from),
+            },
+            Some("ssh") => Connection::Ssh(SshTarget {
+                user: text("user").into(),
+                host: text("host").into(),
+                port: v.get("port").and_then(|p| p.as_u64()).unwrap_or(22) as u16,
+                identity: text("identity").into(),
+                known_hosts: text("known_hosts").into(),
+            }),
+            _ => Connection::Other(v.clone()),
+        }
+    }
+}
+
+impl Serialize for Connection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json()
+            .map_err(serde::ser::Error::custom)?
+            .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Connection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Connection::from_json(&serde_json::Value::deserialize(d)?))
+    }
+}
+
+/// The target named by its stored name ([`Target::as_str`]).
+fn parse_target(s: &str) -> Option<Target> {
+    [
+        Target::Oci,
+        Target::Local,
+        Target::Vm,
+        Target::Pod,
+        Target::K8s,
+    ]
+    .into_iter()
+    .find(|t| t.as_str() == s)
 }
 
 /// An operation that undoes one change.
@@ -359,12 +471,12 @@ pub struct BundleRecord {
     /// Box.
     #[serde(rename = "box")]
     pub box_name: String,
-    /// `local`, `vm`, `pod`, `k8s`.
-    pub target: String,
-    /// Identity of the target (host and root).
+    /// Where it was deployed (`local`, `vm`, `pod` or `k8s`).
+    pub target: Target,
+    /// Identity of the target (host and root): a target takes a deploy id once.
     pub target_key: String,
     /// How to reach the host again.
-    pub connection: serde_json::Value,
+    pub connection: Connection,
     /// Target user.
     pub user: String,
     /// Target home.
@@ -410,7 +522,7 @@ pub struct StepRecord {
 
 /// The ledger.
 pub struct Ledger {
-    conn: Connection,
+    conn: rusqlite::Connection,
     path: PathBuf,
 }
 
@@ -449,7 +561,7 @@ impl Ledger {
             path: path.display().to_string(),
             source: e,
         };
-        let conn = Connection::open(&path).map_err(sql)?;
+        let conn = rusqlite::Connection::open(&path).map_err(sql)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(sql)?;
         conn.execute_batch(
@@ -535,6 +647,13 @@ impl Ledger {
 
     /// Records a new bundle (state `applying`).
     pub fn create(&self, r: &BundleRecord) -> Result<(), LedgerError> {
+        let connection = r
+            .connection
+            .to_json()
+            .map_err(|message| LedgerError::Unrecordable {
+                bundle: r.name.clone(),
+                message,
+            })?;
         if self.get(&r.name)?.is_some() {
             return Err(LedgerError::Exists(r.name.clone()));
         }
@@ -564,9 +683,9 @@ impl Ledger {
                     r.name,
                     r.deploy_id,
                     r.box_name,
-                    r.target,
+                    r.target.as_str(),
                     r.target_key,
-                    r.connection.to_string(),
+                    connection.to_string(),
                     r.user,
                     r.home,
                     r.state.as_str(),
@@ -925,9 +1044,10 @@ impl RawBundle {
         Ok(BundleRecord {
             deploy_id: self.deploy_id.clone(),
             box_name: self.box_name.clone(),
-            target: self.target.clone(),
+            target: parse_target(&self.target)
+                .ok_or_else(|| corrupt(format!("target `{}`", self.target)))?,
             target_key: self.target_key.clone(),
-            connection: json(&self.connection)?,
+            connection: Connection::from_json(&json(&self.connection)?),
             user: self.user.clone(),
             home: self.home.clone(),
             state: BundleState::parse(&self.state)
@@ -951,9 +1071,9 @@ mod tests {
             name: name.into(),
             deploy_id: "d1".into(),
             box_name: "b".into(),
-            target: "local".into(),
+            target: Target::Local,
             target_key: "local:/r".into(),
-            connection: serde_json::json!({"kind": "local"}),
+            connection: Connection::Local { root: None },
             user: "u".into(),
             home: "/home/u".into(),
             state: BundleState::Applying,
@@ -1035,5 +1155,175 @@ mod tests {
         assert!(l2.get("a").expect("get").is_none());
         assert!(l2.steps("a").expect("steps").is_empty(), "cascade");
         assert_eq!(l2.blob("a", "ab").expect("blob"), None);
+    }
+    /// The tables as the first ledger versions created them, and rows as
+    /// `charly bundle add` wrote them (connection JSON from `json!`).
+    fn old_ledger(dir: &Path) {
+        let c = rusqlite::Connection::open(dir.join("ledger.sqlite")).expect("db");
+        c.execute_batch(
+            "CREATE TABLE bundles(
+               name TEXT PRIMARY KEY, deploy_id TEXT NOT NULL, box TEXT NOT NULL,
+               target TEXT NOT NULL, target_key TEXT NOT NULL, connection TEXT NOT NULL,
+               user TEXT NOT NULL, home TEXT NOT NULL, state TEXT NOT NULL,
+               plan TEXT NOT NULL, options TEXT NOT NULL,
+               created_unix INTEGER NOT NULL, updated_unix INTEGER NOT NULL, error TEXT,
+               UNIQUE(target_key, deploy_id));",
+        )
+        .expect("schema");
+        let rows: &[(&str, &str, &str, &str)] = &[
+            (
+                "l",
+                "local",
+                "local:local:/",
+                r#"{"kind":"local","root":null}"#,
+            ),
+            (
+                "r",
+                "local",
+                "local:local:/srv/r",
+                r#"{"kind":"local","root":"/srv/r"}"#,
+            ),
+            ("p", "pod", "pod:local:/", r#"{"kind":"local","root":null}"#),
+            (
+                "k",
+                "k8s",
+                "k8s:/p/.build/k8s/k",
+                r#"{"kind":"local","root":null}"#,
+            ),
+            (
+                "v",
+                "vm",
+                "vm:al@10.0.0.2:2222",
+                r#"{"host":"10.0.0.2","identity":"/k/id","kind":"ssh","known_hosts":"/k/kh","port":2222,"user":"al"}"#,
+            ),
+            ("t", "local", "local:/t", r#"{"kind":"test"}"#),
+            ("n", "local", "local:/n", r#"{"kind":"local"}"#),
+        ];
+        for (name, target, key, conn) in rows {
+            c.execute(
+                "INSERT INTO bundles VALUES(?1,'d1','b',?2,?3,?4,'u','/home/u','applied','{}',
+                   '{\"emit\":{\"system\":false,\"out\":null,\"image\":null}}',1,2,NULL)",
+                params![name, target, key, conn],
+            )
+            .expect("row");
+        }
+    }
+
+    #[test]
+    fn ledgers_of_earlier_versions_read_typed() {
+        let t = tempfile::tempdir().expect("tmp");
+        old_ledger(t.path());
+        let l = Ledger::open(t.path()).expect("open");
+        let get = |n: &str| l.get(n).expect("get").expect("present");
+        let local = Connection::Local { root: None };
+        assert_eq!(get("l").target, Target::Local);
+        assert_eq!(get("l").connection, local);
+        assert_eq!(get("l").target_key, "local:local:/");
+        assert_eq!(
+            get("r").connection,
+            Connection::Local {
+                root: Some("/srv/r".into())
+            }
+        );
+        assert_eq!(
+            (get("p").target, get("p").connection),
+            (Target::Pod, local.clone())
+        );
+        assert_eq!(get("k").target, Target::K8s);
+        assert_eq!(get("k").options["emit"]["out"], serde_json::Value::Null);
+        let v = get("v");
+        assert_eq!(v.target, Target::Vm);
+        assert_eq!(
+            v.connection,
+            Connection::Ssh(SshTarget {
+                user: "al".into(),
+                host: "10.0.0.2".into(),
+                port: 2222,
+                identity: "/k/id".into(),
+                known_hosts: "/k/kh".into(),
+            })
+        );
+        assert_eq!(v.state, BundleState::Applied);
+        assert_eq!((v.created_unix, v.updated_unix), (1, 2));
+        // A kind this version cannot reach is kept as it was stored.
+        assert_eq!(get("t").connection.kind(), Some("test"));
+        assert_eq!(
+            get("t").connection.to_json().expect("json"),
+            serde_json::json!({"kind": "test"})
+        );
+        assert_eq!(get("n").connection, local);
+        let names: Vec<String> = l
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["k", "l", "n", "p", "r", "t", "v"]);
+        // A target name no version wrote is a corrupt record, not a guess.
+        l.conn
+            .execute("UPDATE bundles SET target='moon' WHERE name='l'", [])
+            .expect("update");
+        assert!(matches!(l.get("l"), Err(LedgerError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn records_are_stored_as_earlier_versions_wrote_them() {
+        let t = tempfile::tempdir().expect("tmp");
+        let l = Ledger::open(t.path()).expect("open");
+        let ssh = SshTarget {
+            user: "al".into(),
+            host: "10.0.0.2".into(),
+            port: 2222,
+            identity: "/k/id".into(),
+            known_hosts: "/k/kh".into(),
+        };
+        let cases = [
+            (
+                "a",
+                Target::Local,
+                Connection::Local { root: None },
+                r#"{"kind":"local","root":null}"#,
+            ),
+            (
+                "b",
+                Target::Pod,
+                Connection::Local {
+                    root: Some("/srv/r".into()),
+                },
+                r#"{"kind":"local","root":"/srv/r"}"#,
+            ),
+            (
+                "c",
+                Target::Vm,
+                Connection::Ssh(ssh.clone()),
+                r#"{"host":"10.0.0.2","identity":"/k/id","kind":"ssh","known_hosts":"/k/kh","port":2222,"user":"al"}"#,
+            ),
+        ];
+        for (name, target, connection, _) in &cases {
+            let mut r = rec(name);
+            r.target = *target;
+            r.target_key = format!("key-{name}");
+            r.connection = connection.clone();
+            l.create(&r).expect("create");
+            let mut got = l.get(name).expect("get").expect("present");
+            (got.created_unix, got.updated_unix) = (0, 0);
+            assert_eq!(got, r);
+        }
+        for (name, target, _, stored) in &cases {
+            let (t, c): (String, String) = l
+                .conn
+                .query_row(
+                    "SELECT target, connection FROM bundles WHERE name=?1",
+                    params![name],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .expect("row");
+            assert_eq!(t, target.as_str());
+            assert_eq!(c, *stored);
+        }
+        // The old writer's exact text (serde_json's json! of the same fields).
+        let old = serde_json::json!({"kind": "ssh", "user": ssh.user, "host": ssh.host,
+            "port": ssh.port, "identity": ssh.identity, "known_hosts": ssh.known_hosts});
+        assert_eq!(old.to_string(), cases[2].3);
     }
 }

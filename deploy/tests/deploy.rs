@@ -3,7 +3,7 @@
 //! drift, and faults on the in-memory host.
 
 use charly_cache::Store;
-use charly_deploy::ledger::{BundleRecord, BundleState, Ledger, StepState};
+use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger, StepState};
 use charly_deploy::local::LocalHost;
 use charly_deploy::mem::{MemHost, Response};
 use charly_deploy::source::StoreArtifacts;
@@ -144,9 +144,9 @@ fn record(name: &str, plan: &InstallPlan, user: &TargetUser, key: &str) -> Bundl
         name: name.into(),
         deploy_id: plan.deploy_id.clone(),
         box_name: plan.box_name.clone(),
-        target: "local".into(),
+        target: Target::Local,
         target_key: key.into(),
-        connection: serde_json::json!({"kind": "test"}),
+        connection: Connection::Local { root: None },
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
@@ -426,7 +426,7 @@ fn faulty(
         &TestArts,
         &Options {
             gates: Gates::all(),
-            target: "vm".into(),
+            target: Target::Vm,
             ..Options::default()
         },
         &mut |_| {},
@@ -554,7 +554,7 @@ fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
         &TestArts,
         &Options {
             gates: Gates::default(),
-            target: "vm".into(),
+            target: Target::Vm,
             ..Options::default()
         },
         &mut |_| {},
@@ -596,7 +596,7 @@ fn vm_reboot_waits_for_a_new_boot_id() {
             &user,
             &TestArts,
             &Options {
-                target: "vm".into(),
+                target: Target::Vm,
                 timeout: std::time::Duration::from_secs(5),
                 ..Options::default()
             },
@@ -667,7 +667,7 @@ fn removing_a_unit_file_reloads_systemd_afterwards() {
         &user,
         &TestArts,
         &Options {
-            target: "vm".into(),
+            target: Target::Vm,
             ..Options::default()
         },
         &mut |_| {},

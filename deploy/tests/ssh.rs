@@ -5,7 +5,7 @@
 //! of unknown or changed host keys. All paths are inside the test's dir.
 
 use charly_deploy::host::{Cmd, FileAttrs, Host, HostError, PathKind};
-use charly_deploy::ledger::{BundleRecord, BundleState, Ledger};
+use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger};
 use charly_deploy::ssh::{SshHost, SshTarget};
 use charly_deploy::walk::{self, Artifacts, Options};
 use charly_rules::load::{self, LoadOptions};
@@ -274,9 +274,9 @@ fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
         name: "s".into(),
         deploy_id: plan.deploy_id.clone(),
         box_name: plan.box_name.clone(),
-        target: "vm".into(),
+        target: Target::Vm,
         target_key: format!("vm:root@127.0.0.1:{port}"),
-        connection: serde_json::json!({"kind": "test"}),
+        connection: Connection::Ssh(target.clone()),
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
@@ -295,7 +295,7 @@ fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
         &Arts,
         &Options {
             gates: Gates::all(),
-            target: "vm".into(),
+            target: Target::Vm,
             box_home: "/home/user".into(),
             ..Options::default()
         },

@@ -12,7 +12,7 @@ use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex, 
 use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, StepState, Undo};
 use crate::pkg;
 use charly_rules::plan::{
-    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Venue,
+    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Target, Venue,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -23,7 +23,7 @@ fn parse_mode(s: &str, default: u32) -> u32 {
 /// Why a step does not run on this target, if it does not.
 fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) -> Option<String> {
     if s.venue == Venue::Skip {
-        return Some(format!("not applied on target {}", o.target));
+        return Some(format!("not applied on target {}", o.target.as_str()));
     }
     if !o.gates.allows(s.gate) {
         return Some(format!("needs --{} (or --yes)", enum_str(&s.gate)));
@@ -74,7 +74,7 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
             Some("repository changes are not implemented for host targets yet".into())
         }
         StepData::ApkInstall(_) => Some("android packages apply to android targets only".into()),
-        StepData::Reboot(_) if o.target == "local" || rooted => {
+        StepData::Reboot(_) if o.target == Target::Local || rooted => {
             Some("warning: this candy asks for a reboot; the local target never reboots".into())
         }
         StepData::External(_) => Some("external steps need their plugin".into()),

@@ -35,7 +35,7 @@ pub use undo::{UndoReport, remove};
 
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex, sq};
 use crate::ledger::{Fact, Ledger, LedgerError, StepHead, Undo};
-use charly_rules::plan::{Gates, InstallPlan, InstallStep, Phase, StepData};
+use charly_rules::plan::{Gates, InstallPlan, InstallStep, Phase, StepData, Target};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -79,8 +79,9 @@ pub struct Options {
     pub dry_run: bool,
     /// Per-command time limit.
     pub timeout: Duration,
-    /// `local` or `vm`.
-    pub target: String,
+    /// Where the plan goes (`local` or `vm`; `pod` and `k8s` walk their
+    /// rendered files like `local`).
+    pub target: Target,
     /// The box user's home, which builder artifacts were made under.
     pub box_home: String,
     /// Told about every change a step makes (not in dry runs).
@@ -106,7 +107,7 @@ impl Default for Options {
             gates: Gates::default(),
             dry_run: false,
             timeout: Duration::from_secs(1800),
-            target: "local".into(),
+            target: Target::Local,
             box_home: "/home/user".into(),
             on_change: None,
         }
