@@ -1,10 +1,12 @@
 //! `charly bundle add|del|status|list`: deploy a box's candies to a target
-//! from the store, undo it, compare, list. The walking is in
-//! `charly_engine::deploy`; this module parses, opens, and prints.
+//! from the store, undo it, compare, list. The deploy logic (plans per
+//! target, target identity, reaching a recorded host, the walk) is in
+//! `charly_deploy::{bundle, walk}`; this module parses, opens, and prints.
 
 use crate::session::host_arch;
 use crate::{Cli, output, project};
 use anyhow::Context;
+use charly_deploy::bundle::{self, EmitSpec, NoArtifacts};
 use charly_deploy::host::Host;
 use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger};
 use charly_deploy::local::LocalHost;
@@ -12,12 +14,7 @@ use charly_deploy::source::StoreArtifacts;
 use charly_deploy::ssh::{SshHost, SshTarget};
 use charly_deploy::walk::{self, Options};
 use charly_engine::graph::GraphOptions;
-use charly_rules::emit::kustomize::{KustomizeOptions, render_kustomize};
-use charly_rules::emit::quadlet::{QuadletOptions, USER_UNIT_DIR, render_quadlet};
-use charly_rules::plan::{
-    FileStep, Gate, Gates, HostContext, InstallPlan, InstallStep, Scope, ServicePackagedStep,
-    StepData, StepKind, Target, Venue,
-};
+use charly_rules::plan::{Gates, InstallPlan, Target};
 use clap::{Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -175,173 +172,6 @@ fn open_ledger(cli: &Cli) -> anyhow::Result<(charly_cache::Store, Ledger)> {
     Ok((store, ledger))
 }
 
-fn host_for(conn: &Connection) -> anyhow::Result<Box<dyn Host>> {
-    match conn {
-        Connection::Local { root } => Ok(match root {
-            Some(r) => Box::new(LocalHost::rooted(std::path::Path::new(r))?),
-            None => Box::new(LocalHost::new()),
-        }),
-        Connection::Ssh(t) => Ok(Box::new(SshHost::connect(
-            t,
-            std::time::Duration::from_secs(30),
-        )?)),
-        Connection::Other(_) => anyhow::bail!(
-            "cannot reach a target of kind {:?} (not implemented yet)",
-            conn.kind()
-        ),
-    }
-}
-
-fn merged_plan(o: &project::Opened, box_name: &str, target: Target) -> anyhow::Result<InstallPlan> {
-    let b = crate::project::resolved(o, box_name)?;
-    let ctx = HostContext {
-        target,
-        ..HostContext::default()
-    };
-    Ok(charly_rules::plan::build_merged_plan(
-        &o.project,
-        b,
-        &ctx,
-        &[],
-    )?)
-}
-
-/// How a pod or k8s bundle was asked for (kept in the record so `status`
-/// can render the same files again for configuration drift).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-struct EmitArgs {
-    #[serde(default)]
-    system: bool,
-    #[serde(default)]
-    out: Option<String>,
-    #[serde(default)]
-    image: Option<String>,
-}
-
-fn install_step(candy: &str, scope: Scope, gate: Gate, data: StepData) -> InstallStep {
-    InstallStep {
-        candy: candy.into(),
-        kind: match &data {
-            StepData::ServicePackaged(_) => StepKind::ServicePackaged,
-            _ => StepKind::File,
-        },
-        scope,
-        venue: Venue::HostNative,
-        gate,
-        phase: None,
-        reverse: Vec::new(),
-        data,
-    }
-}
-
-fn write_step(candy: &str, scope: Scope, path: String, text: String) -> InstallStep {
-    install_step(
-        candy,
-        scope,
-        Gate::None,
-        StepData::File(FileStep {
-            verb: "write".into(),
-            path,
-            content: Some(text),
-            source: None,
-            mode: "0644".into(),
-            user: String::new(),
-            task: 0,
-        }),
-    )
-}
-
-/// The plan a pod or k8s bundle walks: the rendered quadlet unit (plus
-/// starting its service, behind --with-services) or the kustomize tree,
-/// as file-write steps, so the ledger records and `del` removes each file.
-fn emitted_plan(
-    o: &project::Opened,
-    box_name: &str,
-    target: Target,
-    e: &EmitArgs,
-    home: &str,
-) -> anyhow::Result<InstallPlan> {
-    let b = crate::project::resolved(o, box_name)?;
-    let mut plan = merged_plan(o, box_name, target)?;
-    let candy = format!("(box {box_name})");
-    plan.steps = match target {
-        Target::Pod => {
-            let q = render_quadlet(
-                &o.project,
-                b,
-                &plan,
-                &QuadletOptions {
-                    image: e.image.clone(),
-                    ..QuadletOptions::default()
-                },
-            )?;
-            let (scope, dir) = if e.system {
-                (Scope::System, "/etc/containers/systemd".to_string())
-            } else {
-                (
-                    Scope::User,
-                    format!("{}/{USER_UNIT_DIR}", home.trim_end_matches('/')),
-                )
-            };
-            vec![
-                write_step(&candy, scope, format!("{dir}/{}", q.file_name), q.text),
-                install_step(
-                    &candy,
-                    scope,
-                    Gate::WithServices,
-                    StepData::ServicePackaged(ServicePackagedStep {
-                        name: q.container_name.clone(),
-                        unit: q.service.clone(),
-                        // Quadlet services are generated: started, not enabled
-                        // (the unit's [Install] section covers boot).
-                        enable: false,
-                    }),
-                ),
-            ]
-        }
-        Target::K8s => {
-            let t = render_kustomize(
-                &o.project,
-                b,
-                &plan,
-                &KustomizeOptions {
-                    image: e.image.clone(),
-                    ..KustomizeOptions::default()
-                },
-            )?;
-            let out = e.out.clone().unwrap_or_default();
-            t.files
-                .into_iter()
-                .map(|(rel, text)| {
-                    write_step(
-                        &candy,
-                        Scope::User,
-                        format!("{}/{rel}", out.trim_end_matches('/')),
-                        text,
-                    )
-                })
-                .collect()
-        }
-        _ => return Ok(plan),
-    };
-    Ok(plan)
-}
-
-/// Artifacts for plans that only write rendered files.
-struct NoArtifacts;
-
-impl walk::Artifacts for NoArtifacts {
-    fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
-        Err(format!("{candy}: no {builder} artifact for this target"))
-    }
-    fn local_packages(&self, candy: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
-        Err(format!("{candy}: no local packages for this target"))
-    }
-    fn candy_file(&self, candy: &str, rel: &str) -> Result<Vec<u8>, String> {
-        Err(format!("{candy}: no file {rel} for this target"))
-    }
-}
-
 fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let target = match a.target {
         TargetArg::Local => Target::Local,
@@ -393,7 +223,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => Box::new(LocalHost::new()),
     };
-    let mut emit = EmitArgs {
+    let mut emit = EmitSpec {
         system: a.system,
         out: None,
         image: a.image.clone(),
@@ -406,27 +236,17 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                     None => o.project.root.join(".build/k8s").join(&a.name),
                 };
                 // The tree belongs to whoever owns the project.
-                let md = std::fs::metadata(&o.project.root)
-                    .with_context(|| o.project.root.display().to_string())?;
-                use std::os::unix::fs::MetadataExt;
-                let login = host.login()?;
-                let user = walk::TargetUser {
-                    name: login.name,
-                    uid: md.uid(),
-                    gid: md.gid(),
-                    home: o.project.root.display().to_string(),
-                    shell: "/bin/sh".into(),
-                };
+                let user = bundle::project_user(host.as_mut(), &o.project.root)?;
                 emit.out = Some(out.display().to_string());
-                let plan = emitted_plan(&o, &a.box_name, target, &emit, &user.home)?;
+                let plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
                 (plan, user, Box::new(NoArtifacts))
             }
             _ => {
-                let base = merged_plan(&o, &a.box_name, target)?;
+                let base = bundle::merged_plan(&o.project, b, target)?;
                 let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
                 let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
                 if target == Target::Pod {
-                    let plan = emitted_plan(&o, &a.box_name, target, &emit, &user.home)?;
+                    let plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
                     (plan, user, Box::new(NoArtifacts))
                 } else {
                     let arts = StoreArtifacts::new(
@@ -474,14 +294,13 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         deploy_id: plan.deploy_id.clone(),
         box_name: a.box_name.clone(),
         target,
-        target_key: target_key(target, &connection, &emit),
+        target_key: bundle::target_key(target, &connection, &emit),
         connection,
         user: user.name.clone(),
         home: user.home.clone(),
         state: BundleState::Applying,
         plan: serde_json::to_value(&plan)?,
-        options: serde_json::json!({"gates": gates, "dev_local_pkg": a.dev_local_pkg,
-            "runner": a.runner, "emit": emit}),
+        options: bundle::record_options(gates, a.dev_local_pkg, &a.runner, &emit),
         created_unix: 0,
         updated_unix: 0,
         error: None,
@@ -563,7 +382,7 @@ fn del(cli: &Cli, name: &str, dry_run: bool, json: bool) -> anyhow::Result<ExitC
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
-    let mut host = host_for(&rec.connection)?;
+    let mut host = bundle::host_for(&rec.connection)?;
     let mut progress = |r: &walk::UndoReport| {
         if json {
             return;
@@ -601,11 +420,12 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
-    let mut host = host_for(&rec.connection)?;
+    let mut host = bundle::host_for(&rec.connection)?;
     // Config drift needs the project; without it only ledger and disk are compared.
-    let current = project::open(cli)
-        .ok()
-        .and_then(|o| current_plan(&o, &rec).ok());
+    let current = project::open(cli).ok().and_then(|o| {
+        let b = crate::project::resolved(&o, &rec.box_name).ok()?;
+        bundle::current_plan(&o.project, b, &rec).ok()
+    });
     let mut drift = walk::drift(host.as_mut(), &ledger, name, current.as_ref())?;
     let running = matches!(rec.state, BundleState::Applying | BundleState::Removing)
         && ledger.is_locked(name);
@@ -658,34 +478,6 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(3)
     })
-}
-
-/// The identity of a target: a target takes a deploy id once (the ledger
-/// refuses a second bundle of the same plan there).
-fn target_key(target: Target, connection: &Connection, emit: &EmitArgs) -> String {
-    match (target, connection) {
-        (Target::Vm, Connection::Ssh(t)) => format!("vm:{}@{}:{}", t.user, t.host, t.port),
-        (Target::Vm, _) => String::new(),
-        (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
-        (_, Connection::Local { root: Some(r) }) => format!("{}:local:{r}", target.as_str()),
-        (_, _) => format!("{}:local:/", target.as_str()),
-    }
-}
-
-/// The plan bundle `rec` would walk now, from the current project.
-fn current_plan(o: &project::Opened, rec: &BundleRecord) -> anyhow::Result<InstallPlan> {
-    let emit: EmitArgs = rec
-        .options
-        .get("emit")
-        .cloned()
-        .map(serde_json::from_value)
-        .transpose()?
-        .unwrap_or_default();
-    match rec.target {
-        Target::Pod | Target::K8s => emitted_plan(o, &rec.box_name, rec.target, &emit, &rec.home),
-        Target::Vm => merged_plan(o, &rec.box_name, Target::Vm),
-        _ => merged_plan(o, &rec.box_name, Target::Local),
-    }
 }
 
 fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {

@@ -473,7 +473,8 @@ pub struct BundleRecord {
     pub box_name: String,
     /// Where it was deployed (`local`, `vm`, `pod` or `k8s`).
     pub target: Target,
-    /// Identity of the target (host and root): a target takes a deploy id once.
+    /// Identity of the target (host and root; see
+    /// [`crate::bundle::target_key`]): a target takes a deploy id once.
     pub target_key: String,
     /// How to reach the host again.
     pub connection: Connection,

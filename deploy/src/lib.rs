@@ -9,8 +9,11 @@
 //! * [`ledger`] — SQLite, write-ahead undo;
 //! * [`walk`] — the walker (`apply`, `remove`, `drift`);
 //! * [`ssh`] — a machine over SSH (russh);
-//! * [`source`] — builder artifacts and local packages from the store.
+//! * [`source`] — builder artifacts and local packages from the store;
+//! * [`bundle`] — what `charly bundle` deploys: the plan per target (pod and
+//!   k8s as rendered files), a target's identity, reaching a recorded host.
 
+pub mod bundle;
 pub mod host;
 pub mod ledger;
 pub mod local;
