@@ -188,19 +188,6 @@ impl<'de> Deserialize<'de> for Connection {
     }
 }
 
-/// The target named by its stored name ([`Target::as_str`]).
-fn parse_target(s: &str) -> Option<Target> {
-    [
-        Target::Oci,
-        Target::Local,
-        Target::Vm,
-        Target::Pod,
-        Target::K8s,
-    ]
-    .into_iter()
-    .find(|t| t.as_str() == s)
-}
-
 /// An operation that undoes one change.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -1045,7 +1032,7 @@ impl RawBundle {
         Ok(BundleRecord {
             deploy_id: self.deploy_id.clone(),
             box_name: self.box_name.clone(),
-            target: parse_target(&self.target)
+            target: Target::named(&self.target)
                 .ok_or_else(|| corrupt(format!("target `{}`", self.target)))?,
             target_key: self.target_key.clone(),
             connection: Connection::from_json(&json(&self.connection)?),

@@ -236,18 +236,6 @@ impl fmt::Display for NodeId {
 #[error("`{0}` is not a node id (e.g. image:BOX, fragment:BOX/CANDY, plan:BOX@TARGET)")]
 pub struct BadNodeId(pub String);
 
-fn target_named(s: &str) -> Option<Target> {
-    [
-        Target::Oci,
-        Target::Local,
-        Target::Vm,
-        Target::Pod,
-        Target::K8s,
-    ]
-    .into_iter()
-    .find(|t| t.as_str() == s)
-}
-
 fn nonempty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
@@ -318,7 +306,7 @@ fn parse(s: &str) -> Option<NodeId> {
             let (box_name, target) = rest.rsplit_once('@')?;
             NodeId::Plan {
                 box_name: nonempty(box_name)?,
-                target: target_named(target)?,
+                target: Target::named(target)?,
             }
         }
         _ => return None,

@@ -40,6 +40,20 @@ impl Target {
         matches!(self, Target::Oci | Target::Pod | Target::K8s)
     }
 
+    /// Every target.
+    pub const ALL: [Target; 5] = [
+        Target::Oci,
+        Target::Local,
+        Target::Vm,
+        Target::Pod,
+        Target::K8s,
+    ];
+
+    /// The target of a name ([`Target::as_str`]), if it is one.
+    pub fn named(s: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
     /// The name as used on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
