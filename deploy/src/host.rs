@@ -16,6 +16,7 @@
 //! the local and the SSH host run the very same words, and `--dry-run`
 //! prints them.
 
+use charly_rules::sh;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -212,9 +213,9 @@ impl Cmd {
     pub fn display(&self, login: &Login, rooted: bool) -> String {
         let mut s = String::new();
         if let Some(c) = &self.cwd {
-            s.push_str(&format!("cd {} && ", sq(c)));
+            s.push_str(&format!("cd {} && ", sh::quote_min(c)));
         }
-        s.push_str(&join_argv(&self.argv_for(login, rooted)));
+        s.push_str(&sh::join_min(&self.argv_for(login, rooted)));
         if let Some(i) = &self.stdin {
             s.push_str(&format!(" < ({} bytes)", i.len()));
         }
@@ -225,7 +226,7 @@ impl Cmd {
     pub fn what(&self) -> String {
         let s = match self.argv.as_slice() {
             [sh, c, script, ..] if c == "-c" && (sh.ends_with("sh")) => script.clone(),
-            v => join_argv(v),
+            v => sh::join_min(v),
         };
         shorten(s.lines().find(|l| !l.trim().is_empty()).unwrap_or(""), 120)
     }
@@ -326,27 +327,6 @@ pub fn base_env() -> BTreeMap<String, String> {
     e
 }
 
-/// Single-quotes a word for a POSIX shell (bare when it is safe).
-pub fn sq(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'/' | b'.' | b'_' | b'-' | b'=' | b':' | b'+' | b',' | b'@'
-                )
-        })
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
-/// Joins an argv into one shell command line.
-pub fn join_argv(argv: &[String]) -> String {
-    argv.iter().map(|a| sq(a)).collect::<Vec<_>>().join(" ")
-}
-
 /// Cuts a string to `n` characters, marking the cut.
 pub fn shorten(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
@@ -383,7 +363,7 @@ pub fn stat_script(real_paths: &[String], digest: bool) -> String {
     let mut s = String::from("set --");
     for p in real_paths {
         s.push(' ');
-        s.push_str(&sq(p));
+        s.push_str(&sh::quote_min(p));
     }
     s.push_str(
         "\nfor p in \"$@\"; do\n\
@@ -502,14 +482,6 @@ mod tests {
             &["sudo", "-n", "-u", "bob", "--"]
         );
         assert_eq!(u.argv_for(&login("bob", 1), false)[0], "env");
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(sq("/usr/bin"), "/usr/bin");
-        assert_eq!(sq("a b"), "'a b'");
-        assert_eq!(sq("it's"), "'it'\\''s'");
-        assert_eq!(sq(""), "''");
     }
 
     #[test]

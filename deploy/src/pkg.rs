@@ -6,7 +6,7 @@
 //! A rooted host installs local packages with the package manager's own
 //! root option (`dpkg --root`), which confines them to the directory.
 
-use crate::host::sq;
+use charly_rules::sh;
 use std::collections::BTreeSet;
 
 /// Tools a format's install needs on the target.
@@ -21,14 +21,18 @@ pub fn tools(format: &str) -> &'static [&'static str] {
 
 /// A script that lists which of `pkgs` are installed (see [`parse_installed`]).
 pub fn query_script(format: &str, pkgs: &[String], root: Option<&str>) -> Option<String> {
-    let list = pkgs.iter().map(|p| sq(p)).collect::<Vec<_>>().join(" ");
+    let list = pkgs
+        .iter()
+        .map(|p| sh::quote_min(p))
+        .collect::<Vec<_>>()
+        .join(" ");
     Some(match format {
         "deb" => {
             let admin = root
                 .map(|r| {
                     format!(
                         " --admindir={}",
-                        sq(&format!("{}/var/lib/dpkg", r.trim_end_matches('/')))
+                        sh::quote_min(&format!("{}/var/lib/dpkg", r.trim_end_matches('/')))
                     )
                 })
                 .unwrap_or_default();
@@ -38,12 +42,14 @@ pub fn query_script(format: &str, pkgs: &[String], root: Option<&str>) -> Option
         }
         "rpm" => {
             let r = root
-                .map(|r| format!(" --root {}", sq(r)))
+                .map(|r| format!(" --root {}", sh::quote_min(r)))
                 .unwrap_or_default();
             format!("rpm{r} -q --qf '%{{NAME}}\\tinstalled\\n' -- {list}; exit 0")
         }
         "pac" | "aur" => {
-            let r = root.map(|r| format!(" -r {}", sq(r))).unwrap_or_default();
+            let r = root
+                .map(|r| format!(" -r {}", sh::quote_min(r)))
+                .unwrap_or_default();
             format!("pacman{r} -Q -- {list} 2>/dev/null; exit 0")
         }
         _ => return None,
@@ -96,9 +102,9 @@ pub fn parse_installed(format: &str, out: &str) -> Result<BTreeSet<String>, Stri
 /// A script printing the package name inside a package file (a real path).
 pub fn name_script(format: &str, file: &str) -> Option<String> {
     Some(match format {
-        "deb" => format!("dpkg-deb -f {} Package", sq(file)),
-        "rpm" => format!("rpm -qp --qf '%{{NAME}}\\n' {}", sq(file)),
-        "pac" => format!("pacman -Qqp {}", sq(file)),
+        "deb" => format!("dpkg-deb -f {} Package", sh::quote_min(file)),
+        "rpm" => format!("rpm -qp --qf '%{{NAME}}\\n' {}", sh::quote_min(file)),
+        "pac" => format!("pacman -Qqp {}", sh::quote_min(file)),
         _ => return None,
     })
 }
@@ -113,30 +119,34 @@ pub fn valid_name(s: &str) -> bool {
 
 /// The built-in removal of packages (rooted: the package manager's root option).
 pub fn remove_script(format: &str, pkgs: &[String], root: Option<&str>) -> String {
-    let list = pkgs.iter().map(|p| sq(p)).collect::<Vec<_>>().join(" ");
+    let list = pkgs
+        .iter()
+        .map(|p| sh::quote_min(p))
+        .collect::<Vec<_>>()
+        .join(" ");
     match (format, root) {
-        ("deb", Some(r)) => format!("dpkg --root={} -P -- {list}", sq(r)),
+        ("deb", Some(r)) => format!("dpkg --root={} -P -- {list}", sh::quote_min(r)),
         ("deb", None) => format!("DEBIAN_FRONTEND=noninteractive apt-get purge -y -- {list}"),
-        ("rpm", Some(r)) => format!("rpm --root {} -e -- {list}", sq(r)),
+        ("rpm", Some(r)) => format!("rpm --root {} -e -- {list}", sh::quote_min(r)),
         ("rpm", None) => format!(
             "if command -v dnf >/dev/null; then dnf remove -y {list}; else rpm -e -- {list}; fi"
         ),
-        (_, Some(r)) => format!("pacman -r {} -R --noconfirm -- {list}", sq(r)),
+        (_, Some(r)) => format!("pacman -r {} -R --noconfirm -- {list}", sh::quote_min(r)),
         (_, None) => format!("pacman -R --noconfirm -- {list}"),
     }
 }
 
 /// The built-in local-package install (rooted: dpkg's root option).
 pub fn install_files_script(format: &str, dir: &str, glob: &str, root: Option<&str>) -> String {
-    let files = format!("{}/{glob}", sq(dir));
+    let files = format!("{}/{glob}", sh::quote_min(dir));
     match (format, root) {
-        ("deb", Some(r)) => format!("dpkg --root={} -i {files}", sq(r)),
+        ("deb", Some(r)) => format!("dpkg --root={} -i {files}", sh::quote_min(r)),
         ("deb", None) => format!("DEBIAN_FRONTEND=noninteractive apt-get install -y {files}"),
-        ("rpm", Some(r)) => format!("rpm --root {} -i {files}", sq(r)),
+        ("rpm", Some(r)) => format!("rpm --root {} -i {files}", sh::quote_min(r)),
         ("rpm", None) => format!(
             "if command -v dnf >/dev/null; then dnf install -y {files}; else rpm -i {files}; fi"
         ),
-        (_, Some(r)) => format!("pacman -r {} -U --noconfirm {files}", sq(r)),
+        (_, Some(r)) => format!("pacman -r {} -U --noconfirm {files}", sh::quote_min(r)),
         (_, None) => format!("pacman -U --noconfirm {files}"),
     }
 }

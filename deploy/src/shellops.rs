@@ -4,7 +4,8 @@
 //! host's root, exits with a distinct status for "absent" and "not empty",
 //! and writes atomically (temp file in the same directory, then `mv`).
 
-use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Stat, parse_stat_output, sq};
+use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Stat, parse_stat_output};
+use charly_rules::sh;
 
 fn io_err(host: &dyn Host, op: &str, path: &str, out: &CmdOutput) -> HostError {
     HostError::Io {
@@ -36,7 +37,7 @@ pub fn read_file(
     privileged: bool,
 ) -> Result<Option<Vec<u8>>, HostError> {
     check(host, "read", path)?;
-    let p = sq(&host.real(path));
+    let p = sh::quote_min(&host.real(path));
     let script = format!(
         "if [ -f {p} ]; then exec cat -- {p}; elif [ -e {p} ] || [ -L {p} ]; then echo 'not a regular file' >&2; exit 4; else exit 3; fi"
     );
@@ -61,13 +62,16 @@ pub fn write_file(
     let dir = crate::host::parent(&real).unwrap_or("/").to_string();
     let mut script = format!(
         "set -e\nt=$(mktemp {}/.charly-XXXXXXXX)\ntrap 'rm -f \"$t\"' EXIT\ncat > \"$t\"\nchmod {:o} \"$t\"\n",
-        sq(&dir),
+        sh::quote_min(&dir),
         attrs.mode
     );
     if let Some((u, g)) = attrs.owner {
         script.push_str(&format!("chown {u}:{g} \"$t\"\n"));
     }
-    script.push_str(&format!("mv -f \"$t\" {}\ntrap - EXIT\n", sq(&real)));
+    script.push_str(&format!(
+        "mv -f \"$t\" {}\ntrap - EXIT\n",
+        sh::quote_min(&real)
+    ));
     let out = host.run(
         &Cmd::sh(script)
             .privileged(attrs.privileged)
@@ -117,7 +121,7 @@ pub fn stat(
 /// `mkdir -m MODE` plus chown.
 pub fn mkdir(host: &mut dyn Host, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
     check(host, "mkdir", path)?;
-    let p = sq(&host.real(path));
+    let p = sh::quote_min(&host.real(path));
     let mut script = format!("set -e\nmkdir -m {:o} {p}\n", attrs.mode);
     if let Some((u, g)) = attrs.owner {
         script.push_str(&format!("chown {u}:{g} {p}\n"));
@@ -138,8 +142,8 @@ pub fn symlink(
     attrs: &FileAttrs,
 ) -> Result<(), HostError> {
     check(host, "symlink", path)?;
-    let p = sq(&host.real(path));
-    let mut script = format!("set -e\nln -s -- {} {p}\n", sq(target));
+    let p = sh::quote_min(&host.real(path));
+    let mut script = format!("set -e\nln -s -- {} {p}\n", sh::quote_min(target));
     if let Some((u, g)) = attrs.owner {
         script.push_str(&format!("chown -h {u}:{g} {p}\n"));
     }
@@ -154,7 +158,7 @@ pub fn symlink(
 /// Removes a file, link or empty directory (exit 5: directory not empty).
 pub fn remove(host: &mut dyn Host, path: &str, privileged: bool) -> Result<bool, HostError> {
     check(host, "remove", path)?;
-    let p = sq(&host.real(path));
+    let p = sh::quote_min(&host.real(path));
     let script = format!(
         "if [ -d {p} ] && [ ! -L {p} ]; then rmdir -- {p} 2>/dev/null || {{ [ -d {p} ] && exit 5; }}; else rm -f -- {p}; fi"
     );
@@ -172,7 +176,7 @@ pub fn extract_tar(host: &mut dyn Host, tar: &[u8], privileged: bool) -> Result<
     let dest = host.real("/");
     let script = format!(
         "exec tar -x -p -m --no-overwrite-dir --numeric-owner -f - -C {}",
-        sq(&dest)
+        sh::quote_min(&dest)
     );
     let out = host.run(&Cmd::sh(script).privileged(privileged).stdin(tar.to_vec()))?;
     if out.ok() {
@@ -186,8 +190,8 @@ pub fn extract_tar(host: &mut dyn Host, tar: &[u8], privileged: bool) -> Result<
 pub fn which(host: &mut dyn Host, name: &str, path: &str) -> Result<Option<String>, HostError> {
     let script = format!(
         "P={}; IFS=:; for d in $P; do if [ -f \"$d\"/{n} ] && [ -x \"$d\"/{n} ]; then printf '%s\\n' \"$d\"/{n}; exit 0; fi; done; exit 1",
-        sq(path),
-        n = sq(name)
+        sh::quote_min(path),
+        n = sh::quote_min(name)
     );
     let out = host.run(&Cmd::sh(script))?;
     if out.ok() {

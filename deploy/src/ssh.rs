@@ -9,8 +9,9 @@
 //! (content on the channel's stdin, `mktemp` + `mv` for atomic writes);
 //! system-scope steps run under `sudo -n` unless the login is root.
 
-use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Login, Stat, join_argv, sq};
+use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Login, Stat};
 use crate::shellops;
+use charly_rules::sh;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::{ChannelMsg, client};
 use std::path::{Path, PathBuf};
@@ -380,9 +381,9 @@ impl Host for SshHost {
             cmd.env.insert("CHARLY_RUN".into(), m.clone());
         }
         let cmd = &cmd;
-        let mut line = join_argv(&cmd.argv_for(&login, false));
+        let mut line = sh::join_min(&cmd.argv_for(&login, false));
         if let Some(c) = &cmd.cwd {
-            line = format!("cd {} && {line}", sq(c));
+            line = format!("cd {} && {line}", sh::quote_min(c));
         }
         let res = self
             .rt
@@ -394,10 +395,10 @@ impl Host for SshHost {
                 if let Some(m) = &marker {
                     let script = format!(
                         "for e in /proc/[0-9]*/environ; do if grep -qxz {} \"$e\" 2>/dev/null; then p=${{e#/proc/}}; kill -KILL \"${{p%/environ}}\" 2>/dev/null; fi; done; exit 0",
-                        sq(&format!("CHARLY_RUN={m}"))
+                        sh::quote_min(&format!("CHARLY_RUN={m}"))
                     );
                     let k = Cmd::sh(script).privileged(cmd.privileged || cmd.as_user.is_some());
-                    let line = join_argv(&k.argv_for(&login, false));
+                    let line = sh::join_min(&k.argv_for(&login, false));
                     let _ = self.rt.block_on(exec(
                         &self.handle,
                         line,

@@ -16,6 +16,7 @@ use charly_rules::check::{
 };
 use charly_rules::load::Project;
 use charly_rules::resolve::ResolvedBox;
+use charly_rules::sh;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -259,10 +260,6 @@ fn skip(owner: &str, c: &Check, reason: impl Into<String>) -> CheckResult {
     }
 }
 
-fn sq(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let (num, unit) = s.split_at(
@@ -384,7 +381,7 @@ fn attempt(
             let path = exp(path);
             let out = match run(&format!(
                 "stat -c '%F|%a' {} 2>/dev/null || echo missing",
-                sq(&path)
+                sh::quote(&path)
             )) {
                 Ok(o) => o,
                 Err(e) => return fail("could not run stat in the bed", "a result".into(), e),
@@ -429,7 +426,7 @@ fn attempt(
                 }
             }
             if !contains.is_empty() {
-                let content = match run(&format!("cat {}", sq(&path))) {
+                let content = match run(&format!("cat {}", sh::quote(&path))) {
                     Ok(o) => o.stdout,
                     Err(e) => return fail("could not read the file", "its content".into(), e),
                 };
@@ -450,9 +447,9 @@ fn attempt(
         } => {
             let script = format!(
                 "export HOME={home} USER={user}; cd {home} 2>/dev/null || true; if command -v bash >/dev/null 2>&1; then exec bash -c {cmd}; else exec sh -c {cmd}; fi",
-                home = sq(&u.home),
-                user = sq(&u.name),
-                cmd = sq(&exp(command))
+                home = sh::quote(&u.home),
+                user = sh::quote(&u.name),
+                cmd = sh::quote(&exp(command))
             );
             let out = match run(&script) {
                 Ok(o) => o,
@@ -529,10 +526,10 @@ fn attempt(
             let query = match bed.format.as_str() {
                 "deb" => format!(
                     "dpkg-query -W -f='${{Status}}' {} 2>/dev/null | grep -q 'install ok installed'",
-                    sq(&pkg)
+                    sh::quote(&pkg)
                 ),
-                "rpm" => format!("rpm -q {} >/dev/null 2>&1", sq(&pkg)),
-                "pac" => format!("pacman -Q {} >/dev/null 2>&1", sq(&pkg)),
+                "rpm" => format!("rpm -q {} >/dev/null 2>&1", sh::quote(&pkg)),
+                "pac" => format!("pacman -Q {} >/dev/null 2>&1", sh::quote(&pkg)),
                 other => return skip(owner, c, format!("no package query for format `{other}`")),
             };
             match run(&query) {
@@ -569,7 +566,7 @@ fn attempt(
             }
             match run(&format!(
                 "supervisorctl -c /etc/supervisord.conf status {} 2>&1",
-                sq(name)
+                sh::quote(name)
             )) {
                 Ok(o) => {
                     let is_running = o.stdout.contains("RUNNING");

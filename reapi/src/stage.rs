@@ -237,7 +237,10 @@ fn literal(word: &str) -> Option<String> {
     Some(out)
 }
 
-/// Quotes a string for sh.
+/// Quotes a string for sh: bare when it is only ASCII letters, digits and
+/// `-_./=:,+@%`, else single-quoted. The same bytes as
+/// `charly_rules::sh::quote_min_pct`; charly-reapi sits below charly-rules,
+/// so it keeps this copy, and a test in charly-engine pins the two together.
 pub fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.chars()

@@ -14,6 +14,7 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod resolve;
+pub mod sh;
 pub mod source;
 pub mod template;
 pub mod validate;

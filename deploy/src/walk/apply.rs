@@ -8,12 +8,13 @@ use super::managed::{hook_step, snippet_step};
 use super::{
     Artifacts, Options, R, Report, StepCx, StepReport, TargetUser, WalkError, enum_str, head, title,
 };
-use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex, sq};
+use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex};
 use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, StepState, Undo};
 use crate::pkg;
 use charly_rules::plan::{
     BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Target, Venue,
 };
+use charly_rules::sh;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -301,7 +302,7 @@ fn apply_step(
                 let list = p
                     .packages
                     .iter()
-                    .map(|x| sq(x))
+                    .map(|x| sh::quote_min(x))
                     .collect::<Vec<_>>()
                     .join(" ");
                 match p.format.as_str() {
@@ -372,7 +373,7 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
 }
 fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R<()> {
     let user_flag = if sys { "" } else { " --user" };
-    let u = sq(unit);
+    let u = sh::quote_min(unit);
     let mut c = Cmd::sh(format!(
         "systemctl{user_flag} daemon-reload && systemctl{user_flag} {} {u}",
         if enable { "enable --now" } else { "start" }

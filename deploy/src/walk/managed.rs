@@ -3,9 +3,10 @@
 //! of shell hooks and the shell snippets that use them.
 
 use super::{R, StepCx};
-use crate::host::{parent, sha256_hex, sq};
+use crate::host::{parent, sha256_hex};
 use crate::ledger::{Fact, Undo};
 use charly_rules::plan::{InstallStep, Scope, ShellHookStep, ShellSnippetStep};
+use charly_rules::sh;
 
 /// The rc file a login shell reads.
 pub fn rc_file(shell: &str, home: &str) -> String {
@@ -159,10 +160,10 @@ pub(super) fn hook_step(cx: &mut StepCx<'_>, s: &InstallStep, h: &ShellHookStep)
     let line = if rc.ends_with(".fish") {
         format!(
             "test -r {f}; and bass source {f} 2>/dev/null; or true",
-            f = sq(&h.env_file)
+            f = sh::quote_min(&h.env_file)
         )
     } else {
-        format!("[ -r {f} ] && . {f}", f = sq(&h.env_file))
+        format!("[ -r {f} ] && . {f}", f = sh::quote_min(&h.env_file))
     };
     cx.put_block(&rc, &format!("charly-env:{}", s.candy), &line, false)
 }

@@ -33,9 +33,10 @@ pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
 pub use undo::{UndoReport, remove};
 
-use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex, sq};
+use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex};
 use crate::ledger::{Fact, Ledger, LedgerError, StepHead, Undo};
 use charly_rules::plan::{Gates, InstallPlan, InstallStep, Phase, StepData, Target};
+use charly_rules::sh;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -270,7 +271,7 @@ pub fn resolve_user(
             shell: "/bin/bash".into(),
         });
     }
-    let mut c = Cmd::sh(format!("getent passwd {}", sq(name)));
+    let mut c = Cmd::sh(format!("getent passwd {}", sh::quote_min(name)));
     c.timeout = Some(Duration::from_secs(60));
     let out = host.run(&c)?;
     if out.status == 2 {

@@ -39,6 +39,7 @@ use crate::model::vocab::CacheMount;
 use crate::model::{Distro, Format, Vocab};
 use crate::plan::{FileStep, InstallPlan, InstallStep, OpStep, StepData};
 use crate::resolve::{BaseRef, ResolvedBox, effective_distro};
+use crate::sh;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -192,11 +193,6 @@ fn comment_text(s: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Single-quote for a shell.
-fn sq(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// Expands `~/`, `~`, `${HOME}`, `$HOME` to the box home.
@@ -1122,7 +1118,7 @@ impl Emitter<'_> {
                 }
                 let mut script = String::from(CMD_PREAMBLE);
                 for (k, v) in &o.env {
-                    let _ = writeln!(script, "export {k}={}", sq(v));
+                    let _ = writeln!(script, "export {k}={}", sh::quote(v));
                 }
                 script.push_str("set -e\n");
                 script.push_str(&o.value);
@@ -1159,7 +1155,7 @@ impl Emitter<'_> {
                 mounts.extend(self.task_caches(o, is_root));
                 let mut env = String::from("export BUILD_ARCH=$(uname -m);");
                 for (k, v) in &o.env {
-                    let _ = write!(env, " export {k}={};", sq(v));
+                    let _ = write!(env, " export {k}={};", sh::quote(v));
                 }
                 let url = &o.value;
                 let extract = o.extract.clone().unwrap_or_else(|| {
@@ -1181,31 +1177,34 @@ impl Emitter<'_> {
                         " {}",
                         o.include
                             .iter()
-                            .map(|x| sq(x))
+                            .map(|x| sh::quote(x))
                             .collect::<Vec<_>>()
                             .join(" ")
                     )
                 };
                 let mut x = match extract.as_str() {
-                    "tar.gz" => format!("tar -xzf \"$__c\"{strip} -C {}{include}", sq(&to)),
-                    "tar.xz" => format!("tar -xJf \"$__c\"{strip} -C {}{include}", sq(&to)),
-                    "tar.zst" => format!("tar --zstd -xf \"$__c\"{strip} -C {}{include}", sq(&to)),
-                    "zip" => format!("unzip -o \"$__c\" -d {}", sq(&to)),
+                    "tar.gz" => format!("tar -xzf \"$__c\"{strip} -C {}{include}", sh::quote(&to)),
+                    "tar.xz" => format!("tar -xJf \"$__c\"{strip} -C {}{include}", sh::quote(&to)),
+                    "tar.zst" => format!(
+                        "tar --zstd -xf \"$__c\"{strip} -C {}{include}",
+                        sh::quote(&to)
+                    ),
+                    "zip" => format!("unzip -o \"$__c\" -d {}", sh::quote(&to)),
                     "sh" => {
                         let envs: String = o
                             .env
                             .iter()
-                            .map(|(k, v)| format!(" {k}={}", sq(v)))
+                            .map(|(k, v)| format!(" {k}={}", sh::quote(v)))
                             .collect();
                         format!("BUILD_ARCH=$(uname -m){envs} sh \"$__c\"")
                     }
-                    _ => format!("cp -f \"$__c\" {}", sq(&to)),
+                    _ => format!("cp -f \"$__c\" {}", sh::quote(&to)),
                 };
                 if let Some(m) = &o.mode {
                     if extract == "none" {
-                        let _ = write!(x, " && chmod {m} {}", sq(&to));
+                        let _ = write!(x, " && chmod {m} {}", sh::quote(&to));
                     } else if extract != "sh" {
-                        let _ = write!(x, " && chmod -R {m} {}", sq(&to));
+                        let _ = write!(x, " && chmod -R {m} {}", sh::quote(&to));
                     }
                 }
                 let script = format!(
@@ -1215,7 +1214,7 @@ impl Emitter<'_> {
                 self.line(&format!(
                     "RUN {} \\\n    bash -c {}",
                     mounts.join(" \\\n    "),
-                    sq(&script)
+                    sh::quote(&script)
                 ));
             }
             _ => {}
@@ -1478,7 +1477,7 @@ impl Emitter<'_> {
         }
         for (k, v) in json_labels {
             let text = serde_json::to_string(&v).unwrap_or_default();
-            self.line(&format!("LABEL {k}={}", sq(&text)));
+            self.line(&format!("LABEL {k}={}", sh::quote(&text)));
         }
     }
 }

@@ -178,7 +178,9 @@ pub(super) fn call<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> 
         }
         "shquote" => {
             exactly(1)?;
-            s(shquote(&str_arg(&args[0]).map_err(calling)?))
+            s(crate::sh::quote_min_pct(
+                &str_arg(&args[0]).map_err(calling)?,
+            ))
         }
         "hasSuffix" => {
             exactly(2)?;
@@ -347,18 +349,4 @@ fn ids(uid: &Val<'_>, gid: &Val<'_>) -> Result<(String, String), String> {
         Some(_) => str_arg(v),
     };
     Ok((one(uid, "uid")?, one(gid, "gid")?))
-}
-
-fn shquote(s: &str) -> String {
-    if s.is_empty() {
-        return "''".to_string();
-    }
-    let safe = s
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c));
-    if safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
