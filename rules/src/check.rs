@@ -12,6 +12,7 @@
 //! as skipped with the reason.
 
 use crate::diag::{Diagnostic, nearest};
+use crate::home::{Tilde, expand_home_with};
 use crate::source::Span;
 use crate::yaml::{Node, Value};
 use serde::Serialize;
@@ -385,14 +386,10 @@ fn strings_or_matchers(n: Option<&Node>) -> Vec<String> {
 }
 
 /// Expands `${HOME}`, `$HOME`, `${USER}` and a leading `~/` for the box user.
+///
+/// A lone `~` stays as written ([`Tilde::SlashOnly`]), unlike the emitters.
 pub fn expand_user_vars(s: &str, user: &str, home: &str) -> String {
-    let s = match s.strip_prefix("~/") {
-        Some(r) => format!("{home}/{r}"),
-        None => s.to_string(),
-    };
-    s.replace("${HOME}", home)
-        .replace("$HOME", home)
-        .replace("${USER}", user)
+    expand_home_with(s, home, Tilde::SlashOnly).replace("${USER}", user)
 }
 
 /// Variables only a deployment can fill (`${HOST_PORT:…}`, `${VOLUME_CONTAINER_PATH:…}`, …).
@@ -535,5 +532,13 @@ mod tests {
             Some("HOST_PORT")
         );
         assert_eq!(deploy_only_var("${HOME}/x"), None);
+    }
+
+    /// Checks keep a lone `~` (the emitters expand it): the one difference
+    /// between the home expansions, kept on purpose.
+    #[test]
+    fn a_lone_tilde_is_not_the_home_in_checks() {
+        assert_eq!(expand_user_vars("~", "u", "/home/u"), "~");
+        assert_eq!(crate::home::expand_home("~", "/home/u"), "/home/u");
     }
 }

@@ -9,6 +9,7 @@ pub mod cascade;
 pub mod check;
 pub mod diag;
 pub mod emit;
+pub mod home;
 pub mod load;
 pub mod model;
 pub mod names;

@@ -34,6 +34,7 @@
 //! Output is deterministic: no timestamps, no absolute paths, sorted maps.
 
 use crate::cascade;
+use crate::home::expand_home;
 use crate::load::{CandyEntry, Project, relative};
 use crate::model::vocab::CacheMount;
 use crate::model::{Distro, Format, Vocab};
@@ -193,18 +194,6 @@ fn comment_text(s: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Expands `~/`, `~`, `${HOME}`, `$HOME` to the box home.
-fn expand_home(s: &str, home: &str) -> String {
-    let s = if s == "~" {
-        home.to_string()
-    } else if let Some(r) = s.strip_prefix("~/") {
-        format!("{home}/{r}")
-    } else {
-        s.to_string()
-    };
-    s.replace("${HOME}", home).replace("$HOME", home)
 }
 
 /// One candy's section of a box's Containerfile, with the files it stages.

@@ -70,6 +70,7 @@
 
 use super::EmitError;
 use super::containerfile::default_image_ref;
+use crate::home::expand_home;
 use crate::load::{BoxEntry, Project};
 use crate::plan::{InstallPlan, StepData};
 use crate::resolve::ResolvedBox;
@@ -382,18 +383,6 @@ fn image_candies(b: &ResolvedBox) -> Vec<&String> {
 /// `file:line:col` of a span.
 fn at(p: &Project, s: Span) -> String {
     format!("{}:{}:{}", p.sources.rel(s.file), s.line, s.col)
-}
-
-/// Expands `~/`, `~`, `${HOME}` and `$HOME` to the box home.
-fn expand_home(s: &str, home: &str) -> String {
-    let s = if s == "~" {
-        home.to_string()
-    } else if let Some(r) = s.strip_prefix("~/") {
-        format!("{home}/{r}")
-    } else {
-        s.to_string()
-    };
-    s.replace("${HOME}", home).replace("$HOME", home)
 }
 
 /// Parses a box port: `N`, `H:C`, `IP:H:C` or `[IPv6]:H:C`, each with an

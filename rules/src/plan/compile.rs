@@ -9,6 +9,7 @@
 
 use super::ir::*;
 use crate::cascade;
+use crate::home::{Tilde, expand_home, expand_tilde};
 use crate::load::{CandyEntry, Project};
 use crate::model::{Candy, Service, Vocab};
 use crate::resolve::{ResolvedBox, User, effective_distro};
@@ -89,15 +90,7 @@ pub struct PlanError {
 
 /// Expands `~/`, a bare `~`, `${HOME}` and `$HOME` to the home token.
 pub fn home_token(s: &str) -> String {
-    let s = if s == "~" {
-        HOME_TOKEN.to_string()
-    } else if let Some(rest) = s.strip_prefix("~/") {
-        format!("{HOME_TOKEN}/{rest}")
-    } else {
-        s.to_string()
-    };
-    s.replace("${HOME}", HOME_TOKEN)
-        .replace("$HOME", HOME_TOKEN)
+    expand_home(s, HOME_TOKEN)
 }
 
 /// Wraps a snippet so only `shell` runs it when sourced from /etc/profile.d.
@@ -111,15 +104,10 @@ fn guard_for_shell(shell: &str, text: &str) -> String {
     format!("if {test}; then\n{body}\nfi\n")
 }
 
-/// A PATH entry for a shell snippet: a leading `~` becomes `$HOME`.
+/// A PATH entry for a shell snippet: a leading `~` becomes `$HOME` (the
+/// shell expands it; `${HOME}` stays as written).
 fn shell_home(p: &str) -> String {
-    if p == "~" {
-        "$HOME".into()
-    } else if let Some(r) = p.strip_prefix("~/") {
-        format!("$HOME/{r}")
-    } else {
-        p.to_string()
-    }
+    expand_tilde(p, "$HOME", Tilde::BareAndSlash)
 }
 
 /// Substitutes `${USER}`, `${UID}`, `${GID}` and the home (as the token) in a
