@@ -119,7 +119,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
             Some((
                 Bed {
                     b,
-                    image: charly_engine::graph::image_ref(&o.resolution, &b.name),
+                    image: charly_rules::naming::box_image_ref(&o.resolution, &b.name),
                     checks,
                     init: vocab_init(b),
                     format: b.pkg().unwrap_or_default().to_string(),

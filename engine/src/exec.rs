@@ -19,16 +19,15 @@
 
 pub use crate::ctx::{Ctx, ExecError};
 use crate::generate::KEY_MARKER;
-use crate::graph::{Graph, Node, Work, image_ref};
+use crate::graph::{Graph, Node, Work};
 use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta, ImageMeta};
 use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, StageRequest};
 use charly_cache::{Output, Record};
-use charly_rules::emit::containerfile::{
-    Fragment, assemble, build_dir_of, fragment_is_last, render_fragment,
-};
+use charly_rules::emit::containerfile::{Fragment, assemble, fragment_is_last, render_fragment};
 use charly_rules::emit::{EmitOptions, Staged};
+use charly_rules::naming;
 use charly_rules::resolve::{BaseRef, ResolvedBox};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
@@ -327,10 +326,10 @@ pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptio
                 continue;
             }
             for k in &u.candies {
-                let stage = format!("{}-{}-build", ctx.project.candies[k].name, u.builder);
+                let stage = naming::stage_name(&ctx.project.candies[k].name, &u.builder);
                 o.artifacts.insert(
                     stage.clone(),
-                    format!("{}/_artifacts/{stage}.tar", build_dir_of(&b.name)),
+                    format!("{}/_artifacts/{stage}.tar", naming::build_dir(&b.name)),
                 );
             }
         }
@@ -426,7 +425,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 b,
                 c,
                 builder,
-                &image_ref(ctx.resolution, image_box),
+                &naming::box_image_ref(ctx.resolution, image_box),
                 user,
             )?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
@@ -445,7 +444,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 key: n.key.to_hex(),
                 containerfile,
                 context: ctx.project.root.clone(),
-                builder_image: image_ref(ctx.resolution, image_box),
+                builder_image: naming::box_image_ref(ctx.resolution, image_box),
                 export,
                 owner: (user.uid, user.gid),
                 out: tar.clone(),
@@ -523,7 +522,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 let dn = &graph.g[d];
                 match &dn.work {
                     Work::BuilderStage { candy, builder, .. } => {
-                        let stage = format!("{}-{builder}-build", ctx.project.candies[candy].name);
+                        let stage = naming::stage_name(&ctx.project.candies[candy].name, builder);
                         let dest =
                             prepare(build_dir.join("_artifacts").join(format!("{stage}.tar")))?;
                         copy_output(ctx, graph, d, outputs::ARTIFACT_TAR, &dest)?;
@@ -560,7 +559,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     _ => {}
                 }
             }
-            let tag = image_ref(ctx.resolution, box_name);
+            let tag = naming::box_image_ref(ctx.resolution, box_name);
             let mut build_args = BTreeMap::new();
             build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
             let mut labels = BTreeMap::new();
@@ -586,7 +585,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 tag: res.tag,
                 base: match &b.base {
                     BaseRef::External(x) => x.clone(),
-                    BaseRef::Box(p) => image_ref(ctx.resolution, p),
+                    BaseRef::Box(p) => naming::box_image_ref(ctx.resolution, p),
                     BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}"),
                 },
             });
@@ -701,7 +700,7 @@ fn materialize_record(
     // layer copies and the root (ignore files). Live writers keep theirs.
     for (rel, deep) in [
         (Path::new(&dir), true),
-        (Path::new(".build/_layers"), true),
+        (Path::new(naming::LAYERS_DIR), true),
         (Path::new(""), false),
     ] {
         let _ = froot.sweep_temps(rel, deep);
@@ -749,7 +748,7 @@ fn materialize_record(
     // Candy directories outside the project are copied in fresh.
     {
         for l in &meta.layers {
-            let name = l.trim_start_matches(".build/_layers/");
+            let name = naming::layer_candy(l);
             if let Some(c) = ctx
                 .project
                 .candies

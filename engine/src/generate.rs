@@ -5,7 +5,6 @@
 //! removes stale files from earlier runs, and writes the root
 //! `.containerignore`.
 
-use charly_rules::emit::containerfile::default_image_ref;
 use charly_rules::emit::{BuildDir, EmitOptions, Staged, render_box};
 use charly_rules::load::Project;
 use charly_rules::plan::{HostContext, Target, build_box_plans};
@@ -35,16 +34,10 @@ pub enum GenerateError {
 }
 
 /// Image references of every resolved box (`localhost/<name>:<version>`),
-/// for `ARG BASE_IMAGE` and builder stages.
+/// for `ARG BASE_IMAGE` and builder stages (see
+/// [`charly_rules::naming::box_image_refs`]).
 pub fn image_refs(r: &Resolution) -> BTreeMap<String, String> {
-    r.boxes
-        .iter()
-        .filter_map(|(n, b)| {
-            b.as_ref()
-                .ok()
-                .map(|b| (n.clone(), default_image_ref(n, &b.version)))
-        })
-        .collect()
+    charly_rules::naming::box_image_refs(r)
 }
 
 /// Renders one box (plans for target `oci`, home resolved, then the emitter).
@@ -153,7 +146,7 @@ pub fn journal_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, V
         }
     }
     let root = crate::journal::normalize(out_root);
-    outputs.push(root.join(".build/_layers"));
+    outputs.push(root.join(charly_rules::naming::LAYERS_DIR));
     outputs.push(root.join(".containerignore"));
     outputs.push(root.join(".dockerignore"));
     (outputs, skip)

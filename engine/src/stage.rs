@@ -17,10 +17,7 @@ pub fn stage_containerfile(
     builder_ref: &str,
     user: &User,
 ) -> Result<String, ExecError> {
-    let copy_src = c
-        .rel_dir
-        .clone()
-        .unwrap_or_else(|| format!(".build/_layers/{}", c.name));
+    let copy_src = charly_rules::naming::candy_context_dir(c);
     // The artifact is made for `user`; render with a box view carrying that user.
     let mut view = b.clone();
     view.user = user.clone();
@@ -70,9 +67,9 @@ pub fn local_pkg_request(
     )?;
     // Build in the box's base image: the same distro the package installs into.
     let image = match &b.base {
-        BaseRef::Box(parent) => crate::graph::image_ref(ctx.resolution, parent),
+        BaseRef::Box(parent) => charly_rules::naming::box_image_ref(ctx.resolution, parent),
         BaseRef::External(x) => x.clone(),
-        BaseRef::Bootstrap { .. } => crate::graph::image_ref(ctx.resolution, &b.name),
+        BaseRef::Bootstrap { .. } => charly_rules::naming::box_image_ref(ctx.resolution, &b.name),
     };
     Ok(LocalPkgRequest {
         node: node.to_string(),

@@ -13,6 +13,7 @@ pub mod home;
 pub mod load;
 pub mod model;
 pub mod names;
+pub mod naming;
 pub mod plan;
 pub mod resolve;
 pub mod sh;

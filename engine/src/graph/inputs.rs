@@ -322,10 +322,7 @@ fn source_candy(
     hasher: &FileHasher,
     k: &mut KeyInputs,
 ) -> Result<(), GraphError> {
-    let prefix = c
-        .rel_dir
-        .clone()
-        .unwrap_or_else(|| format!("_layers/{}", c.name));
+    let prefix = charly_rules::naming::candy_key_dir(c);
     let def_file = p.sources.get(c.file);
     for f in &c.files {
         let path = c.dir.join(f);

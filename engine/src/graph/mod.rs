@@ -15,7 +15,6 @@ use crate::hash::FileHasher;
 use crate::id::{NodeId, SourceId};
 use crate::key::{KeyInputs, NodeKind};
 use charly_cache::NodeKey;
-use charly_rules::emit::containerfile::default_image_ref;
 use charly_rules::load::Project;
 use charly_rules::plan::{HostContext, InstallPlan, Target, build_box_plans};
 use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox, User};
@@ -571,8 +570,5 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// The image reference of a box.
-pub fn image_ref(r: &Resolution, name: &str) -> String {
-    let version = r.get(name).map(|b| b.version.clone()).unwrap_or_default();
-    default_image_ref(name, &version)
-}
+/// The image reference of a box (see [`charly_rules::naming::box_image_ref`]).
+pub use charly_rules::naming::box_image_ref as image_ref;

@@ -38,6 +38,7 @@ use crate::home::expand_home;
 use crate::load::{CandyEntry, Project, relative};
 use crate::model::vocab::CacheMount;
 use crate::model::{Distro, Format, Vocab};
+use crate::naming::stage_name;
 use crate::plan::{FileStep, InstallPlan, InstallStep, OpStep, StepData};
 use crate::resolve::{BaseRef, ResolvedBox, effective_distro};
 use crate::sh;
@@ -95,22 +96,13 @@ pub struct EmitError {
     pub message: String,
 }
 
-/// The default image reference of a box.
-pub fn default_image_ref(name: &str, version: &str) -> String {
-    format!(
-        "localhost/{name}:{}",
-        if version.is_empty() {
-            "latest"
-        } else {
-            version
-        }
-    )
-}
+/// The default image reference of a box (kept under its old name; see
+/// [`crate::naming::image_ref`]).
+pub use crate::naming::image_ref as default_image_ref;
 
-/// `.build/<box>` for a qualified box name.
-pub fn build_dir_of(name: &str) -> String {
-    format!(".build/{name}")
-}
+/// `.build/<box>` for a qualified box name (kept under its old name; see
+/// [`crate::naming::build_dir`]).
+pub use crate::naming::build_dir as build_dir_of;
 
 fn sha256_hex(bytes: &[u8]) -> String {
     crate::hex(&Sha256::digest(bytes))
@@ -232,7 +224,7 @@ fn emitter<'a>(p: &'a Project, b: &'a ResolvedBox, opts: &'a EmitOptions) -> Emi
         distro,
         opts,
         out: String::new(),
-        dir: build_dir_of(&b.name),
+        dir: crate::naming::build_dir(&b.name),
         files: BTreeMap::new(),
         layers: BTreeMap::new(),
     }
@@ -333,6 +325,9 @@ impl Emitter<'_> {
         crate::template::render(name, text, data).map_err(|e| self.err(e.to_string()))
     }
 
+    /// A box's image reference: the caller's (`EmitOptions::image_refs`,
+    /// normally [`crate::naming::box_image_refs`]), else built from the
+    /// version its definition spells (no resolution at hand here).
     fn image_ref(&self, name: &str) -> String {
         if let Some(r) = self.opts.image_refs.get(name) {
             return r.clone();
@@ -345,7 +340,7 @@ impl Emitter<'_> {
             .find(|(q, _)| q == name)
             .and_then(|(_, b)| b.def.version.as_ref().map(|v| v.value.clone()))
             .unwrap_or_default();
-        default_image_ref(name, &version)
+        crate::naming::image_ref(name, &version)
     }
 
     fn candy(&self, key: &str) -> &CandyEntry {
@@ -359,7 +354,7 @@ impl Emitter<'_> {
         match &c.rel_dir {
             Some(r) => r.clone(),
             None => {
-                let path = format!(".build/_layers/{}", c.name);
+                let path = crate::naming::layer_dir(&c.name);
                 self.layers.insert(path.clone(), c.dir.clone());
                 path
             }
@@ -456,7 +451,7 @@ impl Emitter<'_> {
                 .map(|i| self.image_ref(i))
                 .unwrap_or_default();
             for k in &u.candies {
-                let stage = format!("{}-{}-build", self.candy(k).name, u.builder);
+                let stage = stage_name(&self.candy(k).name, &u.builder);
                 if self.opts.artifacts.contains_key(&stage) {
                     continue;
                 }
@@ -746,7 +741,7 @@ impl Emitter<'_> {
             }
             self.line(&format!("# Copy {} artifacts", u.builder));
             for k in &u.candies {
-                let stage = format!("{}-{}-build", self.candy(k).name, u.builder);
+                let stage = stage_name(&self.candy(k).name, &u.builder);
                 if let Some(tar) = self.opts.artifacts.get(&stage) {
                     self.line(&format!("ADD {tar} /"));
                     continue;
@@ -765,7 +760,7 @@ impl Emitter<'_> {
             if let Some(bin) = &def.copy_binary
                 && let Some(first) = u.candies.first()
             {
-                let stage = format!("{}-{}-build", self.candy(first).name, u.builder);
+                let stage = stage_name(&self.candy(first).name, &u.builder);
                 if !self.opts.artifacts.contains_key(&stage) {
                     self.line(&format!("COPY --from={stage} {} {}", bin.src, bin.dst));
                 }
@@ -905,7 +900,7 @@ impl Emitter<'_> {
             "Modules": set.modules,
             "Exclude": set.exclude,
             "Keys": set.keys,
-            "StageName": format!("{}-{}-build", self.candy(key).name, set.format),
+            "StageName": stage_name(&self.candy(key).name, &set.format),
             "BuilderRef": "",
             "User": b.user.name,
             "UID": b.user.uid,
@@ -940,7 +935,7 @@ impl Emitter<'_> {
         let data = serde_json::json!({
             "CacheMounts": fmt.cache_mount,
             "Packages": aur.packages,
-            "StageName": format!("{}-aur-build", c.name),
+            "StageName": stage_name(&c.name, "aur"),
         });
         let text = self.tmpl("format/aur/install_template", &t.value, &data)?;
         self.out.push_str(text.trim_end());
@@ -1495,7 +1490,7 @@ pub fn builder_stage_text(
         .as_ref()
         .ok_or_else(|| err(format!("builder `{builder}` has no stage_template")))?;
     let c = &p.candies[candy];
-    let stage = format!("{}-{builder}-build", c.name);
+    let stage = stage_name(&c.name, builder);
     let manifest = def
         .detect_file
         .iter()

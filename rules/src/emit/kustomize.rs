@@ -55,7 +55,6 @@
 //! exactly the string or number that was meant.
 
 use super::EmitError;
-use super::containerfile::default_image_ref;
 use super::quadlet::{Protocol, container_name, parse_size, runtime_spec};
 use crate::load::Project;
 use crate::plan::InstallPlan;
@@ -110,7 +109,7 @@ pub fn render_kustomize(
     let image = opts
         .image
         .clone()
-        .unwrap_or_else(|| default_image_ref(&b.name, &b.version));
+        .unwrap_or_else(|| crate::naming::image_ref(&b.name, &b.version));
     let overlay = opts.overlay.clone().unwrap_or_else(|| "default".into());
     let namespace = opts.namespace.clone().unwrap_or_else(|| "charly".into());
     for (what, v) in [("overlay", &overlay), ("namespace", &namespace)] {

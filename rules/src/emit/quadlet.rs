@@ -69,7 +69,6 @@
 //! sorted keys, fixed section order, no timestamps.
 
 use super::EmitError;
-use super::containerfile::default_image_ref;
 use crate::home::expand_home;
 use crate::load::{BoxEntry, Project};
 use crate::plan::{InstallPlan, StepData};
@@ -706,7 +705,7 @@ pub fn render_quadlet(
     let image = opts
         .image
         .clone()
-        .unwrap_or_else(|| default_image_ref(&b.name, &b.version));
+        .unwrap_or_else(|| crate::naming::image_ref(&b.name, &b.version));
     let name = container_name(&b.name);
     let file_name = format!("{name}.container");
     let err = |m: String| EmitError {

@@ -522,11 +522,7 @@ impl Cx<'_> {
                 builder: u.builder.clone(),
                 image: self.ctx.builder_image.clone().or_else(|| u.image.clone()),
                 manifest: manifest.clone(),
-                source: self
-                    .c
-                    .rel_dir
-                    .clone()
-                    .unwrap_or_else(|| format!("_layers/{}", self.c.name)),
+                source: crate::naming::candy_key_dir(self.c),
                 path: def
                     .path_contribution
                     .iter()
