@@ -67,10 +67,51 @@ pub enum ExecError {
     },
 }
 
+/// Spec errors are the errors the engine raised when it computed the
+/// requests itself: same variant, same message.
+impl From<charly_rules::spec::SpecError> for ExecError {
+    fn from(e: charly_rules::spec::SpecError) -> Self {
+        use charly_rules::spec::SpecError;
+        match e {
+            SpecError::Emit(e) => ExecError::Emit(e),
+            SpecError::Template(e) => ExecError::Template(e),
+            SpecError::Missing(m) => ExecError::Io(m),
+        }
+    }
+}
+
 impl<'a> Ctx<'a> {
     /// The runner, or [`ExecError::NoRunner`] naming `node`.
     pub fn runner(&self, node: &str) -> Result<&'a dyn Runner, ExecError> {
         self.runner
             .ok_or_else(|| ExecError::NoRunner(node.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use charly_rules::spec::SpecError;
+
+    /// Spec errors reach the engine as the variants (and messages) they
+    /// had when the engine computed the requests itself.
+    #[test]
+    fn spec_errors_keep_their_exec_variants() {
+        let e: ExecError =
+            SpecError::Missing("format deb has no local_pkg definition".into()).into();
+        assert!(matches!(&e, ExecError::Io(m) if m == "format deb has no local_pkg definition"));
+        assert_eq!(e.to_string(), "format deb has no local_pkg definition");
+        let t = charly_rules::template::render("t", "{{", &serde_json::Value::Null)
+            .expect_err("bad template");
+        let e: ExecError = SpecError::Template(t.clone()).into();
+        assert!(matches!(&e, ExecError::Template(x) if *x == t));
+        let emit = charly_rules::emit::EmitError {
+            box_name: "b".into(),
+            message: "m".into(),
+        };
+        let shown = emit.to_string();
+        let e: ExecError = SpecError::Emit(emit).into();
+        assert!(matches!(&e, ExecError::Emit(_)));
+        assert_eq!(e.to_string(), shown);
     }
 }

@@ -414,40 +414,21 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             for_box,
         } => {
             let b = rbox(ctx, for_box)?;
-            let vocab = &ctx.project.ns(b.ns).vocab;
-            let def = vocab
-                .builder
-                .get(builder)
-                .ok_or_else(|| ExecError::Io(format!("unknown builder {builder}")))?;
-            let c = &ctx.project.candies[candy];
-            let containerfile = crate::stage::stage_containerfile(
-                ctx.project,
+            let req = crate::stage::stage_request(
+                ctx,
                 b,
-                c,
+                candy,
                 builder,
-                &naming::box_image_ref(ctx.resolution, image_box),
+                image_box,
                 user,
+                &n.id,
+                &n.key.to_hex(),
             )?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             let tar = scratch.path().join(outputs::ARTIFACT_TAR);
-
-            let mut export: Vec<String> = def
-                .copy_artifact
-                .iter()
-                .map(|a| a.src.replace("{{.Home}}", &user.home))
-                .collect();
-            if let Some(bin) = &def.copy_binary {
-                export.push(bin.src.clone());
-            }
             ctx.runner(&n.id)?.build_stage(&StageRequest {
-                node: n.id.clone(),
-                key: n.key.to_hex(),
-                containerfile,
-                context: ctx.project.root.clone(),
-                builder_image: naming::box_image_ref(ctx.resolution, image_box),
-                export,
-                owner: (user.uid, user.gid),
                 out: tar.clone(),
+                ..req
             })?;
             out.files
                 .insert(outputs::ARTIFACT_TAR.into(), Out::File(tar));

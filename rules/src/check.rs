@@ -468,6 +468,29 @@ pub fn without_checks<'a>(text: &'a str, sections: &[&Node]) -> std::borrow::Cow
     std::borrow::Cow::Owned(out)
 }
 
+/// The key digest of a definition file's text, its check sections left out
+/// (see [`without_checks`]): blake3 hex, the digest source keys record for
+/// every other file, so a definition without checks keys as its bytes.
+pub fn definition_digest(text: &str, checks: &[&Option<crate::yaml::Yaml>]) -> String {
+    let sections: Vec<&Node> = checks
+        .iter()
+        .filter_map(|c| c.as_ref().map(|y| &y.0))
+        .collect();
+    let text = without_checks(text, &sections);
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
+/// [`definition_digest`] of a candy's definition file (`eval:` left out).
+pub fn candy_definition_digest(text: &str, c: &crate::load::CandyEntry) -> String {
+    definition_digest(text, &[&c.def.eval])
+}
+
+/// [`definition_digest`] of a box's definition file (`eval:` and
+/// `deploy_eval:` left out).
+pub fn box_definition_digest(text: &str, b: &crate::load::BoxEntry) -> String {
+    definition_digest(text, &[&b.def.eval, &b.def.deploy_eval])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

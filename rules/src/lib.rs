@@ -18,6 +18,7 @@ pub mod plan;
 pub mod resolve;
 pub mod sh;
 pub mod source;
+pub mod spec;
 pub mod template;
 pub mod validate;
 pub mod yaml;

@@ -329,7 +329,7 @@ fn source_candy(
         // The definition file is keyed without its checks (already in
         // memory; checks are not build inputs).
         let d = match def_file.filter(|s| s.path == path) {
-            Some(src) => definition_digest(&src.text, &[&c.def.eval]),
+            Some(src) => charly_rules::check::candy_definition_digest(&src.text, c),
             None => hasher.digest(&path).map_err(|source| GraphError::Io {
                 path: format!("{prefix}/{f}"),
                 source,
@@ -384,18 +384,8 @@ fn source_box(p: &Project, name: &str, k: &mut KeyInputs) {
         {
             k.files.insert(
                 src.rel.clone(),
-                definition_digest(&src.text, &[&b.def.eval, &b.def.deploy_eval]),
+                charly_rules::check::box_definition_digest(&src.text, b),
             );
         }
     }
-}
-
-/// The key digest of a definition file's text, its check sections left out.
-fn definition_digest(text: &str, checks: &[&Option<charly_rules::yaml::Yaml>]) -> String {
-    let sections: Vec<&charly_rules::yaml::Node> = checks
-        .iter()
-        .filter_map(|c| c.as_ref().map(|y| &y.0))
-        .collect();
-    let text = charly_rules::check::without_checks(text, &sections);
-    blake3::hash(text.as_bytes()).to_hex().to_string()
 }
