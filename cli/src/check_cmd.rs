@@ -92,6 +92,8 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         report_failed(&summary);
         return Ok(ExitCode::from(1));
     }
+    // Beds run in podman: images assembled earlier are loaded when it lacks them.
+    engine.ensure_images(&graph, &names)?;
 
     let vocab_init = |b: &charly_rules::resolve::ResolvedBox| -> Option<Vec<String>> {
         let own_services = b.candies.iter().chain(b.provided.iter()).any(|k| {

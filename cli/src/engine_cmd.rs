@@ -17,7 +17,6 @@ use charly_cache::Store;
 use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
-use charly_engine::outputs;
 use charly_engine::runners::Runner;
 use charly_engine::sched::{State, Summary};
 use std::io::Write;
@@ -358,7 +357,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &a.output
         && !a.dry_run
     {
-        export_oci(&o, &graph, &store, &names, dir)?;
+        export_oci(&o, &engine, &graph, &names, dir)?;
     }
     if !a.run.quiet {
         output::note(&summary_line(
@@ -370,31 +369,24 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes each built box's image into the OCI layout at `dir`.
+/// Writes each built box's image into the OCI layout at `dir` (assembled
+/// from the store: layers shared by several boxes are written once).
 fn export_oci(
     o: &project::Opened,
+    engine: &charly_engine::api::Engine<'_>,
     graph: &charly_engine::graph::Graph,
-    store: &Store,
     names: &[String],
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     for name in names {
-        let n = graph.get(&NodeId::image(name)).context("image node")?;
-        let rec = store.get_record(&n.key)?.context("image record")?;
-        let archive = rec.outputs.get(outputs::ARCHIVE).with_context(|| {
-            format!("{name}: the runner stored no image archive (a test runner writes none)")
-        })?;
-        let tmp = tempfile::tempdir()?;
-        let path = tmp.path().join("image.tar");
-        store.copy_blob_to(&archive.digest, &path)?;
         let version = o
             .resolution
             .get(name)
             .map(|b| b.version.clone())
             .unwrap_or_default();
         let reference = format!("{name}-{version}");
-        let e = charly_engine::oci::export_archive(&path, dir, &reference)?;
+        let e = engine.export_oci(graph, name, dir, &reference)?;
         writeln!(out, "oci:{}:{}", e.dir.display(), e.reference)?;
     }
     Ok(())
@@ -477,6 +469,8 @@ fn shape(k: charly_engine::key::NodeKind) -> &'static str {
         K::Containerfile => "folder",
         K::BuilderStage | K::LocalPkg | K::Rootfs => "component",
         K::Image => "box3d",
+        K::Layer => "cds",
+        K::Base => "cylinder",
         K::Plan => "tab",
     }
 }

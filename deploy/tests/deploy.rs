@@ -13,7 +13,8 @@ use charly_engine::graph::{Goal, GraphOptions};
 use charly_engine::hash::FileHasher;
 use charly_engine::runners::fake::FakeRunner;
 use charly_engine::runners::{
-    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+    ExportedImage, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
 };
 use charly_engine::sched::Quiet;
 use charly_rules::load::{self, LoadOptions, Project};
@@ -89,14 +90,19 @@ impl Runner for TarRunner {
         )
         .map_err(|x| RunError::new(x.to_string()))
     }
-    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
-        self.0.build_image(req)
+    fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
+        self.0.build_layer(req)
+    }
+
+    fn export_layers(&self, r: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        self.0.export_layers(r, out)
+    }
+
+    fn load_layout(&self, d: &Path, r: &str, t: &str) -> Result<String, RunError> {
+        self.0.load_layout(d, r, t)
     }
     fn has_image(&self, reference: &str) -> bool {
         self.0.has_image(reference)
-    }
-    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
-        self.0.restore_image(archive, tag)
     }
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
         self.0.build_local_pkg(req)

@@ -104,6 +104,7 @@ impl<'a> Engine<'a> {
     ) -> Summary {
         let ctx = self.ctx(out_root);
         let mut s = sched::run(graph, &ctx, jobs, dry_run, obs);
+        describe_layers(graph, &mut s);
         let _ = self.hasher.save();
         let _ = self.store.flush();
         if let Some(r) = self.remote
@@ -158,6 +159,38 @@ impl<'a> Engine<'a> {
         Ok(written)
     }
 
+    /// Writes a built box's image into the OCI layout at `dir` as
+    /// `reference` (from the store: its layers and assembled config).
+    pub fn export_oci(
+        &self,
+        graph: &Graph,
+        box_name: &str,
+        dir: &Path,
+        reference: &str,
+    ) -> Result<crate::oci::Exported, EngineError> {
+        let ctx = self.ctx(&self.project.root);
+        let i = crate::layers::image_node(graph, box_name)
+            .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
+        Ok(crate::layers::export_image(&ctx, graph, i, dir, reference)?)
+    }
+
+    /// Makes the built images of `boxes` present in the runner (loading
+    /// them from the store where it lacks them); returns their tags.
+    pub fn ensure_images(
+        &self,
+        graph: &Graph,
+        boxes: &[String],
+    ) -> Result<Vec<String>, EngineError> {
+        let ctx = self.ctx(&self.project.root);
+        let mut tags = Vec::new();
+        for b in boxes {
+            let i = crate::layers::image_node(graph, b)
+                .ok_or_else(|| EngineError::UnknownNode(format!("image:{b}")))?;
+            tags.push(crate::layers::ensure_image(&ctx, graph, i)?);
+        }
+        Ok(tags)
+    }
+
     /// Explains a node: why it would rebuild, or that it is cached.
     pub fn explain(&self, graph: &Graph, query: &str) -> Result<Explanation, EngineError> {
         let id = find_node(graph, query)?;
@@ -186,7 +219,16 @@ impl<'a> Engine<'a> {
                 causes: Vec::new(),
             };
         }
-        let Ok(Some((_, last))) = self.store.last_record_for(id) else {
+        // A shared layer's last record may carry a sibling box's id.
+        let ids: Vec<&str> = match graph.find(id) {
+            Some(i) => graph.ids_of(i),
+            None => vec![id],
+        };
+        let last = ids
+            .iter()
+            .filter_map(|i| self.store.last_record_for(i).ok().flatten())
+            .max_by_key(|(_, r)| r.created_unix);
+        let Some((_, last)) = last else {
             return Explanation {
                 id: id.into(),
                 key,
@@ -220,6 +262,28 @@ impl<'a> Engine<'a> {
             recorded_unix: Some(last.created_unix),
             changes,
             causes,
+        }
+    }
+}
+
+/// Names, in a summary, the candy of each layer and the requested boxes
+/// whose images contain each layer, base and image.
+fn describe_layers(graph: &Graph, s: &mut Summary) {
+    use crate::key::NodeKind;
+    for r in &mut s.nodes {
+        if !matches!(r.kind, NodeKind::Layer | NodeKind::Base | NodeKind::Image) {
+            continue;
+        }
+        let Some(i) = graph.by_id.get(&r.id) else {
+            continue;
+        };
+        r.boxes = graph.boxes_containing(*i);
+        if let crate::graph::Work::Layer {
+            part: crate::graph::LayerWork::Candy { candy, .. },
+            ..
+        } = &graph.g[*i].work
+        {
+            r.candy = Some(candy.clone());
         }
     }
 }

@@ -22,13 +22,13 @@ use crate::generate::KEY_MARKER;
 use crate::graph::{Graph, Node, Work};
 use crate::id::NodeId;
 use crate::key::NodeKind;
-use crate::outputs::{self, ContainerfileMeta, ImageMeta};
-use crate::runners::{ImageRequest, LocalPkgRequest, RootfsRequest, StageRequest};
+use crate::outputs::{self, ContainerfileMeta};
+use crate::runners::{LocalPkgRequest, RootfsRequest, StageRequest};
 use charly_cache::{Output, Record};
 use charly_rules::emit::containerfile::{Fragment, assemble, fragment_is_last, render_fragment};
 use charly_rules::emit::{EmitOptions, Staged};
 use charly_rules::naming;
-use charly_rules::resolve::{BaseRef, ResolvedBox};
+use charly_rules::resolve::ResolvedBox;
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,21 +74,19 @@ pub fn execute(
         ctx.store.put_record(&n.key, &source_record(n))?;
         return Ok(Done::Ran);
     }
-    if let Some(rec) = ctx.store.get_record(&n.key)?
-        && restored(ctx, n, &rec)?
-    {
+    // A cached image is not loaded into the runner here: whatever needs
+    // it there loads it (crate::layers::ensure_image), so a no-op build
+    // calls no runner.
+    if ctx.store.get_record(&n.key)?.is_some() {
         return Ok(Done::Cached);
     }
     let _lock = ctx.store.lock_key(&n.key)?;
-    if let Some(rec) = ctx.store.get_record(&n.key)?
-        && restored(ctx, n, &rec)?
-    {
+    if ctx.store.get_record(&n.key)?.is_some() {
         return Ok(Done::Cached);
     }
     if let Some(remote) = ctx.remote
-        && let Some(rec) = remote.fetch(ctx.store, &n.key)?
+        && remote.fetch(ctx.store, &n.key)?.is_some()
     {
-        restore_if_needed(ctx, n, &rec)?;
         return Ok(Done::Pulled);
     }
     started();
@@ -104,6 +102,7 @@ pub fn execute(
                 (d, b.len() as u64)
             }
             Out::File(p) => ctx.store.put_blob_file(&p)?,
+            Out::Stored(o) => (o.digest, o.size),
         };
         rec_outputs.insert(
             name,
@@ -125,7 +124,11 @@ pub fn execute(
         duration_ms: t.elapsed().as_millis() as u64,
         producer: if matches!(
             n.kind,
-            NodeKind::Image | NodeKind::BuilderStage | NodeKind::LocalPkg | NodeKind::Rootfs
+            NodeKind::Layer
+                | NodeKind::Base
+                | NodeKind::BuilderStage
+                | NodeKind::LocalPkg
+                | NodeKind::Rootfs
         ) {
             ctx.runner_name.clone()
         } else {
@@ -160,17 +163,6 @@ fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Whether a hit is usable: true once [`restore_if_needed`] did its work;
-/// false when the archive it needed failed verification (now quarantined:
-/// the record is a miss and the node runs).
-fn restored(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<bool, ExecError> {
-    match restore_if_needed(ctx, n, rec) {
-        Ok(()) => Ok(true),
-        Err(ExecError::MissingOutput { .. }) => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// Reads what `read` needs from the record of node `i` (a dependency, or a
@@ -230,39 +222,6 @@ fn remove_runner_scratch(d: &Path) {
     }
 }
 
-/// A cached image the runner no longer has is restored from its archive.
-fn restore_if_needed(ctx: &Ctx<'_>, n: &Node, rec: &Record) -> Result<(), ExecError> {
-    if n.kind != NodeKind::Image {
-        return Ok(());
-    }
-    let meta: ImageMeta = outputs::read_meta(&rec.meta);
-    let (id, tag) = (meta.id.as_str(), meta.tag.as_str());
-    if ctx.runner(&n.id)?.has_image(id)
-        || (!tag.is_empty() && ctx.runner(&n.id)?.has_image(tag) && id.is_empty())
-    {
-        return Ok(());
-    }
-    let Some(out) = rec.outputs.get(outputs::ARCHIVE) else {
-        return Err(ExecError::Io(format!(
-            "{}: cached image {id} is gone from the runner and no archive was stored; run with --rebuild",
-            n.id
-        )));
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix("charly-restore-")
-        .tempdir()
-        .map_err(io("temp dir"))?;
-    let path = tmp.path().join("image.tar");
-    if !ctx.store.copy_blob_to(&out.digest, &path)? {
-        return Err(ExecError::MissingOutput {
-            node: n.id.clone(),
-            output: outputs::ARCHIVE.into(),
-        });
-    }
-    ctx.runner(&n.id)?.restore_image(&path, tag)?;
-    Ok(())
-}
-
 /// A node's outputs before they are stored.
 #[derive(Default)]
 pub struct Outputs {
@@ -282,6 +241,8 @@ pub enum Out {
     Bytes(Vec<u8>),
     /// A file on disk (streamed into the store).
     File(PathBuf),
+    /// A blob already in the store (a layer, shared by the images using it).
+    Stored(Output),
 }
 
 fn rbox<'a>(ctx: &Ctx<'a>, name: &str) -> Result<&'a ResolvedBox, ExecError> {
@@ -414,6 +375,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             for_box,
         } => {
             let b = rbox(ctx, for_box)?;
+            ensure_dep_images(ctx, graph, i)?;
             let req = crate::stage::stage_request(
                 ctx,
                 b,
@@ -440,6 +402,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             for_box,
         } => {
             let b = rbox(ctx, for_box)?;
+            ensure_dep_images(ctx, graph, i)?;
             let req =
                 crate::stage::local_pkg_request(ctx, b, candy, format, &n.id, &n.key.to_hex())?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
@@ -486,90 +449,16 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 .insert(outputs::ROOTFS_TAR.into(), Out::File(req.out));
             out.keep.push(scratch);
         }
-        Work::Image { box_name } => {
-            let b = rbox(ctx, box_name)?;
-            let cf_id = NodeId::containerfile(box_name, true);
-            let cf = graph
-                .index(&cf_id)
-                .ok_or_else(|| ExecError::Io(format!("{cf_id} is not in the graph")))?;
-            // The box's directory stays locked until podman has read it.
-            let (dir, _box_lock) = materialize_locked(ctx, graph, cf, &ctx.out_root)?;
-            let root =
-                crate::fsroot::Root::open(&ctx.out_root).map_err(io(ctx.out_root.display()))?;
-            let build_dir = PathBuf::from(&dir);
-            let prepare = |rel: PathBuf| root.prepare(&rel).map_err(io(rel.display()));
-            // Builder artifacts, local packages and the rootfs go into the context.
-            for d in graph.deps(i) {
-                let dn = &graph.g[d];
-                match &dn.work {
-                    Work::BuilderStage { candy, builder, .. } => {
-                        let stage = naming::stage_name(&ctx.project.candies[candy].name, builder);
-                        let dest =
-                            prepare(build_dir.join("_artifacts").join(format!("{stage}.tar")))?;
-                        copy_output(ctx, graph, d, outputs::ARTIFACT_TAR, &dest)?;
-                    }
-                    Work::LocalPkg { candy, .. } => {
-                        let dest_rel = build_dir
-                            .join("_localpkg")
-                            .join(&ctx.project.candies[candy].name);
-                        // Confined: never follows a symlink, never leaves the root.
-                        root.remove_tree(&dest_rel)
-                            .map_err(io(dest_rel.display()))?;
-                        root.create_dir_all(&dest_rel)
-                            .map_err(io(dest_rel.display()))?;
-                        read_node(ctx, graph, d, |rec| {
-                            for (name, o) in &rec.outputs {
-                                if let Some(file) = outputs::pkg_name(name)
-                                    && !ctx
-                                        .store
-                                        .copy_output_to(o, &prepare(dest_rel.join(file))?)?
-                                {
-                                    return Err(ExecError::MissingOutput {
-                                        node: dn.id.clone(),
-                                        output: name.clone(),
-                                    });
-                                }
-                            }
-                            Ok(())
-                        })?;
-                    }
-                    Work::Rootfs { builder, .. } => {
-                        let dest = prepare(build_dir.join(format!("{builder}.tar.gz")))?;
-                        copy_output(ctx, graph, d, outputs::ROOTFS_TAR, &dest)?;
-                    }
-                    _ => {}
-                }
-            }
-            let tag = naming::box_image_ref(ctx.resolution, box_name);
-            let mut build_args = BTreeMap::new();
-            build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
-            let mut labels = BTreeMap::new();
-            labels.insert("ai.opencharly.node-key".to_string(), n.key.to_hex());
-            let res = ctx.runner(&n.id)?.build_image(&ImageRequest {
-                node: n.id.clone(),
-                key: n.key.to_hex(),
-                context: ctx.out_root.clone(),
-                containerfile: format!("{dir}/Containerfile"),
-                tag: tag.clone(),
-                build_args,
-                labels,
-            })?;
-            if let Some(a) = &res.archive {
-                out.files
-                    .insert(outputs::ARCHIVE.into(), Out::File(a.clone()));
-                if let Some(dir) = a.parent() {
-                    out.cleanup.push(dir.to_path_buf());
-                }
-            }
-            out.meta = outputs::write_meta(&ImageMeta {
-                id: res.id,
-                tag: res.tag,
-                base: match &b.base {
-                    BaseRef::External(x) => x.clone(),
-                    BaseRef::Box(p) => naming::box_image_ref(ctx.resolution, p),
-                    BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}"),
-                },
-            });
+        Work::Image { .. } => crate::layers::work_image(ctx, graph, i, &mut out)?,
+        Work::Layer { .. } => {
+            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+            crate::layers::work_layer(ctx, graph, i, scratch.path(), &mut out)?;
+            out.keep.push(scratch);
+        }
+        Work::Base { reference } => {
+            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+            crate::layers::work_base(ctx, &n.id, reference, scratch.path(), &mut out)?;
+            out.keep.push(scratch);
         }
         Work::Plan { box_name, target } => {
             let b = rbox(ctx, box_name)?;
@@ -586,6 +475,16 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
     Ok(out)
 }
 
+/// The images node `i` runs in, present in the runner.
+fn ensure_dep_images(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<(), ExecError> {
+    for d in graph.deps(i) {
+        if graph.g[d].kind == NodeKind::Image {
+            crate::layers::ensure_image(ctx, graph, d)?;
+        }
+    }
+    Ok(())
+}
+
 /// A scratch directory for a node run (inside the store's filesystem, so
 /// blobs move without crossing devices).
 fn scratch_dir(ctx: &Ctx<'_>, key: &str) -> Result<tempfile::TempDir, ExecError> {
@@ -595,30 +494,6 @@ fn scratch_dir(ctx: &Ctx<'_>, key: &str) -> Result<tempfile::TempDir, ExecError>
         .prefix(&format!("{}-", &key[..12.min(key.len())]))
         .tempdir_in(&base)
         .map_err(io("scratch dir"))
-}
-
-fn copy_output(
-    ctx: &Ctx<'_>,
-    graph: &Graph,
-    i: NodeIndex,
-    name: &str,
-    dest: &Path,
-) -> Result<(), ExecError> {
-    let n = &graph.g[i];
-    if let Some(p) = dest.parent() {
-        std::fs::create_dir_all(p).map_err(io(p.display()))?;
-    }
-    read_node(ctx, graph, i, |rec| {
-        let missing = || ExecError::MissingOutput {
-            node: n.id.clone(),
-            output: name.into(),
-        };
-        let o = rec.outputs.get(name).ok_or_else(missing)?;
-        if !ctx.store.copy_output_to(o, dest)? {
-            return Err(missing());
-        }
-        Ok(())
-    })
 }
 
 /// Writes the build directory of the Containerfile node `i` under `root`

@@ -18,6 +18,12 @@
 //! | root filesystem | `rootfs:<box>` |
 //! | image | `image:<box>` |
 //! | plan | `plan:<box>@<target>` |
+//! | layer | `layer:<box>/<candy>`, `layer:<box>#setup`, `layer:<box>#init` |
+//! | external base image | `base:<reference>` |
+//!
+//! A layer shared by several boxes (same parent, same text, same inputs:
+//! the same key) is one node named after the first of them; the others'
+//! ids are aliases of it ([`crate::graph::Graph::node`]).
 //!
 //! Box names never contain `/`, `@` or `~`; formats and builders are plain
 //! words; a candy key may contain `/` (remote candies) but never `@` or `~`.
@@ -55,6 +61,17 @@ pub struct StageUser {
     pub gid: u32,
     /// Home directory.
     pub home: String,
+}
+
+/// Which part of a box's layer chain a layer is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LayerSlot {
+    /// The box's setup on an external or bootstrapped base.
+    Setup,
+    /// One candy.
+    Candy(String),
+    /// The init configuration.
+    Init,
 }
 
 /// A node's identity.
@@ -112,6 +129,18 @@ pub enum NodeId {
         /// Target.
         target: Target,
     },
+    /// One layer of a box's image.
+    Layer {
+        /// Box (the first of the boxes sharing it).
+        box_name: String,
+        /// Which layer.
+        slot: LayerSlot,
+    },
+    /// An external base image, taken into the store layer by layer.
+    Base {
+        /// Its reference.
+        reference: String,
+    },
 }
 
 impl NodeId {
@@ -161,6 +190,14 @@ impl NodeId {
         }
     }
 
+    /// `layer:<box>/<candy>` (or `#setup`, `#init`).
+    pub fn layer(box_name: &str, slot: LayerSlot) -> Self {
+        NodeId::Layer {
+            box_name: box_name.into(),
+            slot,
+        }
+    }
+
     /// The kind of node this id names.
     pub fn kind(&self) -> NodeKind {
         match self {
@@ -172,6 +209,8 @@ impl NodeId {
             NodeId::Rootfs { .. } => NodeKind::Rootfs,
             NodeId::Image { .. } => NodeKind::Image,
             NodeId::Plan { .. } => NodeKind::Plan,
+            NodeId::Layer { .. } => NodeKind::Layer,
+            NodeId::Base { .. } => NodeKind::Base,
         }
     }
 
@@ -183,7 +222,8 @@ impl NodeId {
             | NodeId::Containerfile { box_name: b, .. }
             | NodeId::Rootfs { box_name: b }
             | NodeId::Image { box_name: b }
-            | NodeId::Plan { box_name: b, .. } => Some(b),
+            | NodeId::Plan { box_name: b, .. }
+            | NodeId::Layer { box_name: b, .. } => Some(b),
             _ => None,
         }
     }
@@ -227,6 +267,12 @@ impl fmt::Display for NodeId {
             NodeId::Rootfs { box_name } => write!(f, "rootfs:{box_name}"),
             NodeId::Image { box_name } => write!(f, "image:{box_name}"),
             NodeId::Plan { box_name, target } => write!(f, "plan:{box_name}@{}", target.as_str()),
+            NodeId::Layer { box_name, slot } => match slot {
+                LayerSlot::Setup => write!(f, "layer:{box_name}#setup"),
+                LayerSlot::Candy(c) => write!(f, "layer:{box_name}/{c}"),
+                LayerSlot::Init => write!(f, "layer:{box_name}#init"),
+            },
+            NodeId::Base { reference } => write!(f, "base:{reference}"),
         }
     }
 }
@@ -309,6 +355,19 @@ fn parse(s: &str) -> Option<NodeId> {
                 target: Target::named(target)?,
             }
         }
+        "layer" => {
+            if let Some(b) = rest.strip_suffix("#setup") {
+                NodeId::layer(&nonempty(b)?, LayerSlot::Setup)
+            } else if let Some(b) = rest.strip_suffix("#init") {
+                NodeId::layer(&nonempty(b)?, LayerSlot::Init)
+            } else {
+                let (box_name, candy) = rest.split_once('/')?;
+                NodeId::layer(&nonempty(box_name)?, LayerSlot::Candy(nonempty(candy)?))
+            }
+        }
+        "base" => NodeId::Base {
+            reference: nonempty(rest)?,
+        },
         _ => return None,
     })
 }
@@ -376,6 +435,22 @@ mod tests {
                 "rootfs:arch",
             ),
             (NodeId::image("hello"), "image:hello"),
+            (
+                NodeId::layer("hello", LayerSlot::Candy("nodejs".into())),
+                "layer:hello/nodejs",
+            ),
+            (
+                NodeId::layer("hello", LayerSlot::Candy("github.com/o/r/c".into())),
+                "layer:hello/github.com/o/r/c",
+            ),
+            (NodeId::layer("base", LayerSlot::Setup), "layer:base#setup"),
+            (NodeId::layer("hello", LayerSlot::Init), "layer:hello#init"),
+            (
+                NodeId::Base {
+                    reference: "docker.io/library/debian:12".into(),
+                },
+                "base:docker.io/library/debian:12",
+            ),
             (
                 NodeId::Plan {
                     box_name: "hello".into(),

@@ -41,6 +41,11 @@ pub enum NodeKind {
     Image,
     /// A box's InstallPlan for a deploy target.
     Plan,
+    /// One layer of a box image: a filesystem diff and the configuration
+    /// after it, on top of its parent layer.
+    Layer,
+    /// An external base image's layers and configuration.
+    Base,
 }
 
 impl NodeKind {
@@ -55,6 +60,8 @@ impl NodeKind {
             NodeKind::Rootfs => 6,
             NodeKind::Image => 7,
             NodeKind::Plan => 8,
+            NodeKind::Layer => 9,
+            NodeKind::Base => 10,
         }
     }
 
@@ -69,6 +76,8 @@ impl NodeKind {
             NodeKind::Rootfs => "rootfs",
             NodeKind::Image => "image",
             NodeKind::Plan => "plan",
+            NodeKind::Layer => "layer",
+            NodeKind::Base => "base",
         }
     }
 }

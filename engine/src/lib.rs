@@ -11,8 +11,9 @@
 //!   requests they get.
 //! * [`generate`] and [`fsroot`] write build directories confined to their
 //!   root; [`journal`] makes an unchanged repeat a no-op; [`check`] runs
-//!   check beds; [`oci`] exports images; [`api`] is the entry point the CLI
-//!   and the deploy crate use.
+//!   check beds; [`api`] is the entry point the CLI and the deploy crate use.
+//! * [`layers`]: a box image is a chain of layer nodes that sibling boxes
+//!   share; [`oci`] assembles images from them and writes OCI layouts.
 
 pub use charly_cache as cache;
 pub use charly_reapi as reapi;
@@ -30,6 +31,7 @@ pub mod hash;
 pub mod id;
 pub mod journal;
 pub mod key;
+pub mod layers;
 pub mod oci;
 pub mod outputs;
 pub mod runners;

@@ -10,7 +10,11 @@
 //! | builder stage | [`ARTIFACT_TAR`] | — |
 //! | local package | [`pkg`]`(file name)` per package | — |
 //! | root filesystem | [`ROOTFS_TAR`] | — |
-//! | image | [`ARCHIVE`] (when the runner saved one) | [`ImageMeta`] |
+//! | layer | [`LAYER`] (when the layer changed files) | [`LayerMeta`] |
+//! | external base | [`chain_layer`]`(n)` per layer | [`LayerMeta`] |
+//! | image | [`CONFIG`], [`MANIFEST`], [`chain_layer`]`(n)` per layer (blobs the layers stored) | [`ImageMeta`] |
+//!
+//! Older records of images hold one [`ARCHIVE`] instead.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +27,19 @@ pub const ROOTFS_TAR: &str = "rootfs.tar.gz";
 /// An image archive the runner can restore.
 pub const ARCHIVE: &str = "archive";
 
+/// A layer's filesystem diff (an OCI layer blob).
+pub const LAYER: &str = "layer";
+/// An image's OCI config.
+pub const CONFIG: &str = "config";
+/// An image's OCI manifest.
+pub const MANIFEST: &str = "manifest";
+
 const FILE: &str = "file:";
+
+/// The output name of the `n`th layer of an image or base (from the bottom).
+pub fn chain_layer(n: usize) -> String {
+    format!("layer/{n:03}")
+}
 const PKG: &str = "pkg:";
 
 /// The output name of a staged or build-directory file.
@@ -69,6 +85,44 @@ pub struct ImageMeta {
     /// What it was built on (an image reference, or `builder:<type>`).
     #[serde(default)]
     pub base: String,
+    /// The manifest's digest (assembled images).
+    #[serde(default)]
+    pub manifest: String,
+    /// Its layers and configuration (assembled images).
+    #[serde(default)]
+    pub layers: LayerMeta,
+}
+
+/// One layer of an image, as its manifest lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerDesc {
+    /// The blob's OCI digest (`sha256:…` of the bytes as stored).
+    pub digest: String,
+    /// The digest of the uncompressed tar (the config's `diff_id`).
+    pub diff_id: String,
+    /// Size of the blob.
+    pub size: u64,
+    /// Media type (`application/vnd.oci.image.layer.v1.tar+gzip`).
+    pub media_type: String,
+    /// The store's digest of the same bytes (blake3 hex).
+    pub blob: String,
+}
+
+/// `meta` of a layer or external base record: the whole chain up to it
+/// and the image configuration after it, so one record is enough to
+/// assemble (or load) the image it tops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerMeta {
+    /// Every layer from the bottom, this one last.
+    #[serde(default)]
+    pub chain: Vec<LayerDesc>,
+    /// The image configuration after this layer (OCI `config` object:
+    /// Env, User, WorkingDir, ExposedPorts, Labels, Cmd, Entrypoint…).
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// The runner's tag for the image this layer tops.
+    #[serde(default)]
+    pub tag: String,
 }
 
 /// Reads a typed `meta`; a record without it (or with an older shape)
@@ -109,7 +163,14 @@ mod tests {
             (m.id.as_str(), m.base.as_str()),
             ("abc", "builder:pacstrap")
         );
-        assert_eq!(write_meta(&m), img);
+        // Older records gain the assembled image's (empty) fields only.
+        let mut written = write_meta(&m);
+        for k in ["manifest", "layers"] {
+            if let Some(o) = written.as_object_mut() {
+                o.remove(k);
+            }
+        }
+        assert_eq!(written, img);
         let none: ImageMeta = read_meta(&serde_json::Value::Null);
         assert_eq!(none, ImageMeta::default());
     }

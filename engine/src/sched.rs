@@ -53,6 +53,12 @@ pub struct NodeReport {
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The candy a layer installs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candy: Option<String>,
+    /// For layers, bases and images: every requested box whose image contains it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub boxes: Vec<String>,
     /// Start, in microseconds since the schedule began (trace).
     #[serde(skip)]
     pub start_us: u64,
@@ -125,6 +131,8 @@ impl Summary {
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,
+                candy: None,
+                boxes: Vec::new(),
             })
             .collect();
         Summary {
@@ -226,6 +234,8 @@ pub fn run(
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,
+                candy: None,
+                boxes: Vec::new(),
             };
             obs.finished(&r);
             reports.insert(*i, r);
@@ -252,6 +262,8 @@ pub fn run(
                         start_us: 0,
                         thread: 0,
                         duration_us: 0,
+                        candy: None,
+                        boxes: Vec::new(),
                     },
                 );
             }
@@ -303,6 +315,8 @@ pub fn run(
                         state,
                         duration_ms: t.elapsed().as_millis() as u64,
                         duration_us: t.elapsed().as_micros() as u64,
+                        candy: None,
+                        boxes: Vec::new(),
                         error,
                         start_us: start.as_micros() as u64,
                         thread,
@@ -344,6 +358,8 @@ pub fn run(
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,
+                candy: None,
+                boxes: Vec::new(),
             }
         });
     }

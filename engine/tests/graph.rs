@@ -5,6 +5,7 @@ use charly_cache::Store;
 use charly_engine::api::{Engine, Status};
 use charly_engine::graph::{Goal, Graph};
 use charly_engine::hash::FileHasher;
+use charly_engine::key::NodeKind;
 use charly_engine::runners::Runner as _;
 use charly_engine::runners::fake::FakeRunner;
 use charly_engine::sched::{Quiet, State, Summary};
@@ -72,6 +73,33 @@ fn run(
     (g, s)
 }
 
+/// The id of the top layer of a box's image (without running anything).
+fn top_layer(w: &World, store: &Store, b: &str) -> String {
+    let (p, r) = w.open();
+    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.json"));
+    let f = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store,
+        runner: Some(&f),
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            dev_local_pkg: false,
+            runner: f.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+    };
+    let g = engine.graph(&Goal::Build, &[b.to_string()]).expect("graph");
+    let i = g.by_id[&format!("image:{b}")];
+    g.deps(i)
+        .into_iter()
+        .map(|d| g.g[d].id.clone())
+        .find(|id| id.starts_with("layer:"))
+        .expect("top layer")
+}
+
 fn ran(s: &Summary) -> BTreeSet<String> {
     s.nodes
         .iter()
@@ -111,20 +139,35 @@ fn diamonds_run_once() {
     let w = World::new(&fixture());
     let store = Store::open(&w.store_dir).expect("store");
     let f = FakeRunner::new();
-    let (_, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 4);
+    let (g, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 4);
     assert!(s.ok());
     let calls = f.calls();
     let count = |node: &str| calls.iter().filter(|c| c.node == node).count();
-    // root is the base of tools, left and right; tools is the builder of both stages.
-    assert_eq!(count("image:root"), 1);
-    assert_eq!(count("image:tools"), 1);
-    assert_eq!(count("builder-stage:a-npm/npm@tools"), 1);
-    assert_eq!(count("builder-stage:b-npm/npm@tools"), 1);
+    // root is the base of tools, left and right; tools is the builder of
+    // both stages. Every layer and stage runs once, whoever needs it.
+    for n in g.g.node_weights() {
+        if matches!(n.kind, NodeKind::Layer | NodeKind::BuilderStage) {
+            assert_eq!(count(&n.id), 1, "{}", n.id);
+        }
+    }
+    assert_eq!(
+        count("localhost/charly-test-busybox:1"),
+        1,
+        "the base is exported once"
+    );
     // Dependencies ran first.
     let pos = |node: &str| calls.iter().position(|c| c.node == node).expect("called");
-    assert!(pos("image:root") < pos("image:tools"));
-    assert!(pos("image:tools") < pos("builder-stage:a-npm/npm@tools"));
-    assert!(pos("builder-stage:a-npm/npm@tools") < pos("image:left"));
+    let top = |b: &str| -> String {
+        let i = g.by_id[&format!("image:{b}")];
+        g.deps(i)
+            .into_iter()
+            .map(|d| g.g[d].id.clone())
+            .find(|id| id.starts_with("layer:"))
+            .expect("top layer")
+    };
+    assert!(pos("layer:root#setup") < pos(&top("tools")));
+    assert!(pos(&top("tools")) < pos("builder-stage:a-npm/npm@tools"));
+    assert!(pos("builder-stage:a-npm/npm@tools") < pos(&top("left")));
 }
 
 #[test]
@@ -185,7 +228,10 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
     let w = World::new(&fixture());
     let store = Store::open(&w.store_dir).expect("store");
     let mut f = FakeRunner::new();
-    f.fail.insert("image:tools".into());
+    // The top layer of tools (the builder box), whatever it is named.
+    let failing_id = top_layer(&w, &store, "tools");
+    let failing = failing_id.as_str();
+    f.fail.insert(failing.into());
     let (g, s) = run(&w, &store, &Goal::Build, &["left", "right"], &f, 1);
     assert!(!s.ok());
     assert_eq!(s.totals.failed, 1);
@@ -195,9 +241,9 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
         .filter(|n| n.state == State::Failed)
         .map(|n| n.id.as_str())
         .collect();
-    assert_eq!(failed, vec!["image:tools"]);
+    assert_eq!(failed, vec![failing]);
     assert!(
-        s.get("image:tools")
+        s.get(failing)
             .and_then(|n| n.error.as_deref())
             .is_some_and(|e| e.contains("injected failure"))
     );
@@ -209,7 +255,7 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
             State::Ran | State::Failed
                 if matches!(
                     n.kind,
-                    charly_engine::key::NodeKind::Image
+                    charly_engine::key::NodeKind::Layer
                         | charly_engine::key::NodeKind::BuilderStage
                 ) =>
             {
@@ -219,7 +265,7 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
         }
     }
     // Everything downstream of the failure is not attempted.
-    let tools = g.by_id["image:tools"];
+    let tools = g.by_id[failing];
     let mut down = vec![tools];
     let mut seen = BTreeSet::new();
     while let Some(i) = down.pop() {
@@ -241,7 +287,7 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
     let f2 = FakeRunner::new();
     let (_, s2) = run(&w, &store, &Goal::Build, &["left", "right"], &f2, 1);
     assert!(s2.ok());
-    assert!(ran(&s2).contains("image:tools"));
+    assert!(ran(&s2).contains(failing) && ran(&s2).contains("image:tools"));
 }
 
 #[test]
@@ -397,10 +443,15 @@ fn keys_ignore_location_and_mtimes_and_follow_every_input() {
         2,
     );
     let c = changed(&g);
-    assert!(c.contains("image:root") && c.contains("containerfile:root+artifacts"));
-    assert_eq!(c, downstream(&g, "source:box/root"));
+    assert!(c.contains("image:root") && c.contains("layer:root#setup"));
+    let mut expected = downstream(&g, "source:box/root");
+    expected.extend(downstream(&g, "base:localhost/charly-test-busybox:2"));
+    assert_eq!(c, expected);
     copy_tree(&fixture(), &w.root);
-    // A template line of the vocabulary (the format's install template).
+    // A template line of the vocabulary (the format's install template):
+    // no candy of the fixture installs packages, so no layer renders it
+    // and no key changes (keys follow the rendered text, not the whole
+    // vocabulary).
     let proj = w.root.join("charly.yml");
     let text = std::fs::read_to_string(&proj).expect("read");
     std::fs::write(
@@ -416,14 +467,26 @@ fn keys_ignore_location_and_mtimes_and_follow_every_input() {
         &FakeRunner::new(),
         2,
     );
+    assert_eq!(changed(&g), BTreeSet::new());
+    // The base user's home is rendered into every setup layer (WORKDIR):
+    // the root's setup and everything above it change, sources do not.
+    std::fs::write(&proj, text.replace("home: /home/user", "home: /home/u2")).expect("edit");
+    let (g, _) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
     let c = changed(&g);
     assert!(
-        c.contains("fragment:root/common") && c.contains("image:left"),
+        c.contains("layer:root#setup") && c.contains("image:left"),
         "{c:?}"
     );
     assert!(
         c.iter().all(|id| !id.starts_with("source:")),
-        "sources do not depend on templates"
+        "sources do not depend on the vocabulary"
     );
 }
 

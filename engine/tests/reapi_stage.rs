@@ -15,7 +15,8 @@ use charly_engine::runners::fake::FakeRunner;
 use charly_engine::runners::podman::PodmanRunner;
 use charly_engine::runners::remote::{Place, RemoteOptions, RemoteRunner};
 use charly_engine::runners::{
-    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+    ExportedImage, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
+    StageRequest,
 };
 use std::path::Path;
 
@@ -356,14 +357,17 @@ impl Runner for Recorder {
         }
         self.fake.build_stage(r)
     }
-    fn build_image(&self, r: &ImageRequest) -> Result<ImageResult, RunError> {
-        self.fake.build_image(r)
+    fn build_layer(&self, r: &LayerRequest) -> Result<LayerResult, RunError> {
+        self.fake.build_layer(r)
+    }
+    fn export_layers(&self, r: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        self.fake.export_layers(r, out)
+    }
+    fn load_layout(&self, d: &Path, r: &str, t: &str) -> Result<String, RunError> {
+        self.fake.load_layout(d, r, t)
     }
     fn has_image(&self, r: &str) -> bool {
         self.fake.has_image(r)
-    }
-    fn restore_image(&self, a: &Path, t: &str) -> Result<String, RunError> {
-        self.fake.restore_image(a, t)
     }
     fn build_local_pkg(&self, r: &LocalPkgRequest) -> Result<(), RunError> {
         self.fake.build_local_pkg(r)

@@ -19,7 +19,11 @@ use petgraph::stable_graph::NodeIndex;
 
 impl Builder<'_> {
     /// Non-dependency inputs of a node.
-    pub(super) fn inputs_of(&self, i: NodeIndex) -> Result<KeyInputs, GraphError> {
+    pub(super) fn inputs_of(
+        &self,
+        i: NodeIndex,
+        hasher: &FileHasher,
+    ) -> Result<KeyInputs, GraphError> {
         let n = &self.graph.g[i];
         let mut k = KeyInputs::new(n.kind);
         match &n.work {
@@ -48,6 +52,14 @@ impl Builder<'_> {
             Work::Rootfs { box_name, builder } => self.rootfs_inputs(&mut k, box_name, builder)?,
             Work::Image { box_name } => self.image_inputs(&mut k, box_name)?,
             Work::Plan { box_name, target } => self.plan_inputs(&mut k, box_name, *target)?,
+            Work::Layer { box_name, part, .. } => {
+                self.layer_inputs(&mut k, box_name, part, hasher)?
+            }
+            Work::Base { reference } => {
+                k.base = Some(reference.clone());
+                k.value("runner", self.opts.runner.clone());
+                k.value("arch", self.opts.arch.clone());
+            }
         }
         Ok(k)
     }
@@ -182,12 +194,53 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// An image: its root image, tag, runner and architecture (the build
-    /// directory and every other input come in as dependencies).
+    /// An image: its tag, labels, final user, runner and architecture
+    /// (its layers come in as the top layer's key).
     fn image_inputs(&self, k: &mut KeyInputs, box_name: &str) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
         k.base = Some(b.root_image.clone());
         k.value("tag", image_ref(self.r, box_name));
+        k.value("runner", self.opts.runner.clone());
+        k.value("arch", self.opts.arch.clone());
+        let facts = crate::layers::image_facts(self.p, self.r, b, self.opts.dev_local_pkg);
+        k.text("labels", &canonical("the image labels", &facts.labels)?);
+        k.value("user", facts.user.unwrap_or_default());
+        Ok(())
+    }
+
+    /// A layer: its Containerfile text and the files it stages (the
+    /// candy's directory, builder artifacts, local packages and the root
+    /// filesystem come in as dependencies), the runner and architecture.
+    fn layer_inputs(
+        &self,
+        k: &mut KeyInputs,
+        box_name: &str,
+        part: &super::LayerWork,
+        hasher: &FileHasher,
+    ) -> Result<(), GraphError> {
+        let b = self.rbox(box_name)?;
+        let text = crate::layers::render(self.p, self.r, b, part, self.opts.dev_local_pkg)
+            .map_err(|e| GraphError::Canonical {
+                what: format!("a layer of box {box_name}"),
+                message: e.to_string(),
+            })?;
+        if let Some(t) = text {
+            k.text("containerfile", &t.containerfile);
+            for (path, staged) in &t.files {
+                let d = match staged {
+                    charly_rules::emit::Staged::Bytes(bytes) => {
+                        blake3::hash(bytes).to_hex().to_string()
+                    }
+                    charly_rules::emit::Staged::CopyOf(src) => {
+                        hasher.digest(src).map_err(|source| GraphError::Io {
+                            path: src.display().to_string(),
+                            source,
+                        })?
+                    }
+                };
+                k.texts.insert(format!("file:{path}"), d);
+            }
+        }
         k.value("runner", self.opts.runner.clone());
         k.value("arch", self.opts.arch.clone());
         Ok(())

@@ -12,7 +12,7 @@
 pub mod inputs;
 
 use crate::hash::FileHasher;
-use crate::id::{NodeId, SourceId};
+use crate::id::{LayerSlot, NodeId, SourceId};
 use crate::key::{KeyInputs, NodeKind};
 use charly_cache::NodeKey;
 use charly_rules::load::Project;
@@ -110,6 +110,39 @@ pub enum Work {
         /// Target.
         target: Target,
     },
+    /// Build one layer of a box image on its parent.
+    Layer {
+        /// The box whose facts it renders with (the first of the boxes
+        /// sharing it: they render it alike, or their keys would differ).
+        box_name: String,
+        /// Which layer.
+        part: LayerWork,
+        /// The image below (`None`: scratch, under a root filesystem).
+        parent: Option<NodeId>,
+        /// The boxes whose chains were merged into this node.
+        boxes: Vec<String>,
+    },
+    /// Take an external base image into the store, layer by layer.
+    Base {
+        /// Its reference.
+        reference: String,
+    },
+}
+
+/// Which layer a [`Work::Layer`] builds.
+#[derive(Clone, Debug)]
+pub enum LayerWork {
+    /// The box's setup on an external or bootstrapped base.
+    Setup,
+    /// One candy.
+    Candy {
+        /// Candy key.
+        candy: String,
+        /// Its plan (target oci, home resolved).
+        plan: Arc<InstallPlan>,
+    },
+    /// The init configuration.
+    Init,
 }
 
 /// One node.
@@ -172,17 +205,70 @@ pub struct Graph {
     pub by_id: BTreeMap<String, NodeIndex>,
     /// The goal nodes (what was asked for), in request order.
     pub goals: Vec<NodeIndex>,
+    /// Ids of layers merged into a sibling box's identical layer → that node.
+    pub aliases: BTreeMap<String, NodeIndex>,
 }
 
 impl Graph {
     /// A node by id text (as typed in a query).
     pub fn node(&self, id: &str) -> Option<&Node> {
-        self.by_id.get(id).map(|i| &self.g[*i])
+        self.find(id).map(|i| &self.g[i])
     }
 
-    /// The index of a node.
+    /// The index of a node by id text (merged layers' ids included).
+    pub fn find(&self, id: &str) -> Option<NodeIndex> {
+        self.by_id.get(id).or_else(|| self.aliases.get(id)).copied()
+    }
+
+    /// The index of a node (a merged layer's id gives the layer it was
+    /// merged into).
     pub fn index(&self, id: &NodeId) -> Option<NodeIndex> {
-        self.by_id.get(&id.to_string()).copied()
+        self.find(&id.to_string())
+    }
+
+    /// The ids a node is known by: its own and the merged layers'.
+    pub fn ids_of(&self, i: NodeIndex) -> Vec<&str> {
+        let mut v = vec![self.g[i].id.as_str()];
+        v.extend(
+            self.aliases
+                .iter()
+                .filter(|(_, j)| **j == i)
+                .map(|(id, _)| id.as_str()),
+        );
+        v
+    }
+
+    /// The requested boxes whose image contains node `i` (a layer, a base
+    /// or an image): every goal image whose chain reaches it.
+    pub fn boxes_containing(&self, i: NodeIndex) -> Vec<String> {
+        let mut out = Vec::new();
+        for g in &self.goals {
+            let Work::Image { box_name } = &self.g[*g].work else {
+                continue;
+            };
+            let mut stack = vec![*g];
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(n) = stack.pop() {
+                if n == i {
+                    out.push(box_name.clone());
+                    break;
+                }
+                if !seen.insert(n) {
+                    continue;
+                }
+                for d in self.g.neighbors_directed(n, petgraph::Direction::Incoming) {
+                    if matches!(
+                        self.g[d].kind,
+                        NodeKind::Layer | NodeKind::Image | NodeKind::Base
+                    ) {
+                        stack.push(d);
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// A node.
@@ -282,6 +368,7 @@ impl<'a> Builder<'a> {
                 g: StableDiGraph::new(),
                 by_id: BTreeMap::new(),
                 goals: Vec::new(),
+                aliases: BTreeMap::new(),
             },
             plans: BTreeMap::new(),
         }
@@ -317,7 +404,54 @@ impl<'a> Builder<'a> {
     /// Finishes: computes every key.
     pub fn finish(mut self, hasher: &FileHasher) -> Result<Graph, GraphError> {
         self.compute_keys(hasher)?;
+        self.merge_layers();
         Ok(self.graph)
+    }
+
+    /// Sibling boxes' identical layers (same key: same parent, text and
+    /// inputs) become one node, named after the smallest id; the others'
+    /// ids become aliases of it.
+    fn merge_layers(&mut self) {
+        let mut by_key: BTreeMap<NodeKey, Vec<NodeIndex>> = BTreeMap::new();
+        for i in self.graph.g.node_indices() {
+            if self.graph.g[i].kind == NodeKind::Layer {
+                by_key.entry(self.graph.g[i].key).or_default().push(i);
+            }
+        }
+        for (_, mut group) in by_key {
+            if group.len() < 2 {
+                continue;
+            }
+            group.sort_by(|a, b| self.graph.g[*a].id.cmp(&self.graph.g[*b].id));
+            let keep = group[0];
+            for other in group.into_iter().skip(1) {
+                let next: Vec<NodeIndex> = self
+                    .graph
+                    .g
+                    .neighbors_directed(other, petgraph::Direction::Outgoing)
+                    .collect();
+                for n in next {
+                    self.edge(keep, n);
+                }
+                let Some(gone) = self.graph.g.remove_node(other) else {
+                    continue;
+                };
+                self.graph.by_id.remove(&gone.id);
+                for j in self.graph.aliases.values_mut() {
+                    if *j == other {
+                        *j = keep;
+                    }
+                }
+                self.graph.aliases.insert(gone.id, keep);
+                if let (Work::Layer { boxes, .. }, Work::Layer { boxes: more, .. }) =
+                    (&mut self.graph.g[keep].work, gone.work)
+                {
+                    boxes.extend(more);
+                    boxes.sort();
+                    boxes.dedup();
+                }
+            }
+        }
     }
 
     fn source_candy(&mut self, key: &str) -> NodeIndex {
@@ -402,14 +536,65 @@ impl<'a> Builder<'a> {
                 box_name: name.into(),
             },
         );
-        let cf = self.containerfile(name, true)?;
-        self.edge(cf, node);
-        match &b.base {
+        let top = self.layer_chain(b)?;
+        self.edge(top, node);
+        // The box file (labels, user): `explain` names it when it changed.
+        let sb = self.source_box(name);
+        self.edge(sb, node);
+        Ok(node)
+    }
+
+    /// A box's layer chain, bottom up: its base (the parent box's image,
+    /// an external image's layers, or nothing under a bootstrapped root),
+    /// the setup layer (not on a box base), one layer per candy in the
+    /// box's order, the init layer when its services need one. Returns the
+    /// top; every layer depends on the one below and on what its text
+    /// reads (the candy's sources, builder artifacts, local packages, the
+    /// root filesystem).
+    fn layer_chain(&mut self, b: &'a ResolvedBox) -> Result<NodeIndex, GraphError> {
+        let name = b.name.as_str();
+        let (mut below, mut below_id) = match &b.base {
             BaseRef::Box(parent) => {
-                let pi = self.image(parent)?;
-                self.edge(pi, node);
+                let i = self.image(parent)?;
+                (Some(i), Some(NodeId::image(parent)))
             }
-            BaseRef::Bootstrap { builder, .. } => {
+            BaseRef::External(x) => {
+                let id = NodeId::Base {
+                    reference: x.clone(),
+                };
+                let i = add_node(
+                    &mut self.graph,
+                    id.clone(),
+                    Work::Base {
+                        reference: x.clone(),
+                    },
+                );
+                (Some(i), Some(id))
+            }
+            BaseRef::Bootstrap { .. } => (None, None),
+        };
+        let mut push = |this: &mut Self, slot: LayerSlot, part: LayerWork| {
+            let id = NodeId::layer(name, slot);
+            let i = add_node(
+                &mut this.graph,
+                id.clone(),
+                Work::Layer {
+                    box_name: name.into(),
+                    part,
+                    parent: below_id.clone(),
+                    boxes: vec![name.into()],
+                },
+            );
+            if let Some(p) = below {
+                this.edge(p, i);
+            }
+            below = Some(i);
+            below_id = Some(id);
+            i
+        };
+        if !matches!(b.base, BaseRef::Box(_)) {
+            let setup = push(self, LayerSlot::Setup, LayerWork::Setup);
+            if let BaseRef::Bootstrap { builder, .. } = &b.base {
                 let r = add_node(
                     &mut self.graph,
                     NodeId::Rootfs {
@@ -420,64 +605,87 @@ impl<'a> Builder<'a> {
                         builder: builder.clone(),
                     },
                 );
-                self.edge(r, node);
+                self.edge(r, setup);
             }
-            BaseRef::External(_) => {}
         }
-        // Builder stages run once per key in their builder box's image.
-        for u in &b.builders {
-            let vocab = &self.p.ns(b.ns).vocab;
-            let Some(def) = vocab.builder.get(&u.builder) else {
-                continue;
-            };
-            let Some(img) = &u.image else { continue };
-            if def.inline || def.stage_template.is_none() {
-                // Inline builders run inside the box build, in the builder image.
-                let bi = self.image(img)?;
-                self.edge(bi, node);
-                continue;
-            }
-            for k in &u.candies {
+        let plans = self.oci_plans(b)?;
+        let vocab = &self.p.ns(b.ns).vocab;
+        for (ci, k) in b.candies.iter().enumerate() {
+            let layer = push(
+                self,
+                LayerSlot::Candy(k.clone()),
+                LayerWork::Candy {
+                    candy: k.clone(),
+                    plan: plans[ci].clone(),
+                },
+            );
+            let sc = self.source_candy(k);
+            self.edge(sc, layer);
+            // Builder stages run once per key in their builder box's image;
+            // inline builders run inside the layer build, in that image.
+            for u in b.builders.iter().filter(|u| u.candies.contains(k)) {
+                let Some(def) = vocab.builder.get(&u.builder) else {
+                    continue;
+                };
+                let Some(img) = &u.image else { continue };
+                if def.inline || def.stage_template.is_none() {
+                    let bi = self.image(img)?;
+                    self.edge(bi, layer);
+                    continue;
+                }
                 let st = self.builder_stage(k, &u.builder, img, &b.user, name)?;
-                self.edge(st, node);
+                self.edge(st, layer);
             }
-        }
-        if self.opts.dev_local_pkg {
-            for (i, k) in b.candies.iter().enumerate() {
-                let plans = self.oci_plans(b)?;
-                for s in &plans[i].steps {
+            if self.opts.dev_local_pkg {
+                for s in &plans[ci].steps {
                     if let charly_rules::plan::StepData::LocalPkgInstall(l) = &s.data {
-                        let lp = add_node(
-                            &mut self.graph,
-                            NodeId::local_pkg(k, &l.format),
-                            Work::LocalPkg {
-                                candy: k.clone(),
-                                format: l.format.clone(),
-                                for_box: name.into(),
-                            },
-                        );
-                        let sc = self.source_candy(k);
-                        self.edge(sc, lp);
-                        let ls = add_node(
-                            &mut self.graph,
-                            NodeId::Source(SourceId::LocalPkg {
-                                candy: k.clone(),
-                                format: l.format.clone(),
-                            }),
-                            Work::Source,
-                        );
-                        self.edge(ls, lp);
-                        // Built in the box's base image (the distro it installs into).
-                        if let BaseRef::Box(parent) = &b.base {
-                            let pi = self.image(parent)?;
-                            self.edge(pi, lp);
-                        }
-                        self.edge(lp, node);
+                        let lp = self.local_pkg(b, k, &l.format)?;
+                        self.edge(lp, layer);
                     }
                 }
             }
         }
-        Ok(node)
+        if crate::layers::has_init(self.p, b) {
+            push(self, LayerSlot::Init, LayerWork::Init);
+        }
+        below.ok_or_else(|| GraphError::Canonical {
+            what: format!("the image of box {name}"),
+            message: "it has no base and no layers".into(),
+        })
+    }
+
+    fn local_pkg(
+        &mut self,
+        b: &ResolvedBox,
+        k: &str,
+        format: &str,
+    ) -> Result<NodeIndex, GraphError> {
+        let lp = add_node(
+            &mut self.graph,
+            NodeId::local_pkg(k, format),
+            Work::LocalPkg {
+                candy: k.into(),
+                format: format.into(),
+                for_box: b.name.clone(),
+            },
+        );
+        let sc = self.source_candy(k);
+        self.edge(sc, lp);
+        let ls = add_node(
+            &mut self.graph,
+            NodeId::Source(SourceId::LocalPkg {
+                candy: k.into(),
+                format: format.into(),
+            }),
+            Work::Source,
+        );
+        self.edge(ls, lp);
+        // Built in the box's base image (the distro it installs into).
+        if let BaseRef::Box(parent) = &b.base {
+            let pi = self.image(parent)?;
+            self.edge(pi, lp);
+        }
+        Ok(lp)
     }
 
     fn builder_stage(
@@ -557,10 +765,20 @@ impl<'a> Builder<'a> {
             if self.graph.g[i].kind == NodeKind::Source {
                 continue;
             }
-            let mut inputs = self.inputs_of(i)?;
+            let mut inputs = self.inputs_of(i, hasher)?;
+            // A layer names the layer below it by role, not by id: the id
+            // names a box, and siblings' layers must key alike.
+            let parent = match &self.graph.g[i].work {
+                Work::Layer { parent, .. } => parent.clone(),
+                _ => None,
+            };
             for d in self.graph.deps(i) {
                 let dn = &self.graph.g[d];
-                inputs.dep(dn.id.clone(), &dn.key);
+                if parent.as_ref() == Some(&dn.nid) {
+                    inputs.dep("parent", &dn.key);
+                } else {
+                    inputs.dep(dn.id.clone(), &dn.key);
+                }
             }
             let n = &mut self.graph.g[i];
             n.key = inputs.key();

@@ -6,7 +6,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{
-    ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner, StageRequest,
+    ExportedImage, LayerDesc, LayerFile, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest,
+    RunError, Runner, StageRequest,
 };
 
 /// One call the fake runner received.
@@ -129,6 +130,35 @@ fn write_fake(out: &Path, body: &str) -> Result<(), RunError> {
     std::fs::write(out, body).map_err(|e| RunError::new(e.to_string()))
 }
 
+/// A deterministic layer: a tar holding one file that names `what`.
+fn fake_layer(dir: &Path, what: &str) -> Result<LayerFile, RunError> {
+    let err = |e: std::io::Error| RunError::new(format!("fake layer: {e}"));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let mut b = tar::Builder::new(Vec::new());
+    let body = format!("{what}\n");
+    let mut h = tar::Header::new_gnu();
+    h.set_size(body.len() as u64);
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_cksum();
+    let name = format!("charly-fake/{}", blake3::hash(what.as_bytes()).to_hex());
+    b.append_data(&mut h, &name, body.as_bytes()).map_err(err)?;
+    let bytes = b.into_inner().map_err(err)?;
+    let digest = crate::oci::OciDigest::sha256(&bytes).as_str().to_string();
+    let path = dir.join(digest.trim_start_matches("sha256:"));
+    std::fs::write(&path, &bytes).map_err(err)?;
+    Ok(LayerFile {
+        path,
+        desc: LayerDesc {
+            diff_id: digest.clone(),
+            digest,
+            size: bytes.len() as u64,
+            media_type: crate::oci::LAYER_TAR.into(),
+            blob: String::new(),
+        },
+    })
+}
+
 impl Runner for FakeRunner {
     fn name(&self) -> &str {
         self.name.as_deref().unwrap_or("fake")
@@ -167,26 +197,53 @@ impl Runner for FakeRunner {
             .map_err(|e| RunError::new(format!("writing the fake artifact: {e}")))
     }
 
-    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
-        self.record("image", &req.node, &req.key)?;
-        let id = format!("sha256:{}", blake3::hash(req.key.as_bytes()).to_hex());
+    fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
+        self.record("layer", &req.node, &req.key)?;
+        if let Some(p) = &req.parent
+            && !self.has_image(p)
+        {
+            return Err(RunError::new(format!(
+                "{}: parent image {p} is not in the fake runner",
+                req.node
+            )));
+        }
+        let layer = fake_layer(&req.out, &format!("{} {}", req.node, req.key))?;
         if let Ok(mut i) = self.images.lock() {
-            i.insert(id.clone());
             i.insert(req.tag.clone());
         }
-        // A stand-in archive, so restoring from the store is exercised too.
-        let dir = tempfile::Builder::new()
-            .prefix("charly-fake-image-")
-            .tempdir()
-            .map_err(|e| RunError::new(e.to_string()))?
-            .keep();
-        let archive = dir.join("image.tar");
-        write_fake(&archive, &format!("{id} {}\n", req.tag))?;
-        Ok(ImageResult {
-            id,
-            tag: req.tag.clone(),
-            archive: Some(archive),
+        Ok(LayerResult {
+            layer: Some(layer),
+            config: serde_json::json!({
+                "User": "root",
+                "Env": [format!("FAKE_LAYER={}", &req.key[..12.min(req.key.len())])],
+            }),
         })
+    }
+
+    fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        self.record("export", reference, "")?;
+        if let Ok(mut i) = self.images.lock() {
+            i.insert(reference.to_string());
+        }
+        Ok(ExportedImage {
+            layers: vec![fake_layer(out, reference)?],
+            config: serde_json::json!({"Env": ["PATH=/usr/bin:/bin"]}),
+        })
+    }
+
+    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+        self.record("load", tag, "")?;
+        let index = std::fs::read_to_string(dir.join("index.json"))
+            .map_err(|e| RunError::new(format!("{}: {e}", dir.display())))?;
+        if !index.contains(reference) {
+            return Err(RunError::new(format!("{reference} is not in the layout")));
+        }
+        let id = format!("sha256:{}", blake3::hash(index.as_bytes()).to_hex());
+        if let Ok(mut i) = self.images.lock() {
+            i.insert(tag.to_string());
+            i.insert(id.clone());
+        }
+        Ok(id)
     }
 
     fn has_image(&self, reference: &str) -> bool {
@@ -194,21 +251,6 @@ impl Runner for FakeRunner {
             .lock()
             .map(|i| i.contains(reference))
             .unwrap_or(false)
-    }
-
-    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
-        self.record("restore", tag, "")?;
-        let text = std::fs::read_to_string(archive).map_err(|e| RunError::new(e.to_string()))?;
-        let id = text
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if let Ok(mut i) = self.images.lock() {
-            i.insert(tag.to_string());
-            i.insert(id);
-        }
-        Ok(tag.to_string())
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {

@@ -52,37 +52,6 @@ pub struct StageRequest {
     pub out: PathBuf,
 }
 
-/// A box image to build.
-#[derive(Clone, Debug)]
-pub struct ImageRequest {
-    /// Node id.
-    pub node: String,
-    /// Key hex.
-    pub key: String,
-    /// Build context (the project root or a generated context).
-    pub context: PathBuf,
-    /// Containerfile path relative to the context.
-    pub containerfile: String,
-    /// The tag to give the image (`localhost/<box>:<version>`).
-    pub tag: String,
-    /// Build arguments.
-    pub build_args: BTreeMap<String, String>,
-    /// Labels to add.
-    pub labels: BTreeMap<String, String>,
-}
-
-/// A built image.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ImageResult {
-    /// Image id (`sha256:…` from the runner).
-    pub id: String,
-    /// The tag it was given.
-    pub tag: String,
-    /// An OCI archive of the image, when the runner saved one.
-    #[serde(skip)]
-    pub archive: Option<PathBuf>,
-}
-
 /// A local package to build from source.
 #[derive(Clone, Debug)]
 pub struct LocalPkgRequest {
@@ -125,18 +94,74 @@ pub struct RootfsRequest {
     pub out: PathBuf,
 }
 
+/// One layer to build: a Containerfile whose `FROM ${PARENT}` is `parent`.
+#[derive(Clone, Debug)]
+pub struct LayerRequest {
+    /// Node id.
+    pub node: String,
+    /// Key hex.
+    pub key: String,
+    /// Build context (everything the text reads, and nothing else).
+    pub context: PathBuf,
+    /// The Containerfile (outside the context).
+    pub containerfile: PathBuf,
+    /// The parent image as the runner knows it; `None`: scratch.
+    pub parent: Option<String>,
+    /// The layers the parent already has (only what is new is exported).
+    pub parent_layers: Vec<LayerDesc>,
+    /// The tag to give the result in the runner.
+    pub tag: String,
+    /// Build arguments (besides `PARENT`).
+    pub build_args: BTreeMap<String, String>,
+    /// A directory to write the new layer blob into.
+    pub out: PathBuf,
+}
+
+/// A layer blob on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerFile {
+    /// The blob.
+    pub path: PathBuf,
+    /// Its OCI description (`blob` left empty: the store fills it).
+    pub desc: LayerDesc,
+}
+
+/// What a layer build made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerResult {
+    /// The new filesystem diff (`None`: the layer changed only configuration).
+    pub layer: Option<LayerFile>,
+    /// The image configuration after it (the OCI config's `config` object).
+    pub config: serde_json::Value,
+}
+
+/// An image taken out of the runner, layer by layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportedImage {
+    /// Its layers, bottom first.
+    pub layers: Vec<LayerFile>,
+    /// Its configuration (the OCI config's `config` object).
+    pub config: serde_json::Value,
+}
+
+pub use crate::outputs::LayerDesc;
+
 /// Executes command-running nodes.
 pub trait Runner: Send + Sync {
     /// A short name recorded as the producer (part of image keys).
     fn name(&self) -> &str;
     /// Runs a builder stage and writes its artifact tar to `req.out`.
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError>;
-    /// Builds a box image.
-    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError>;
     /// Whether an image with this id or tag is present (so a cached image needs no restore).
     fn has_image(&self, reference: &str) -> bool;
-    /// Restores an image from an archive written by [`Runner::build_image`], tagging it.
-    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError>;
+    /// Builds one layer on its parent and exports what it added.
+    fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError>;
+    /// Takes an image the runner has (an external base) out as layer blobs
+    /// written into `out`.
+    fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError>;
+    /// Loads the image `reference` of the OCI layout `dir` and tags it `tag`;
+    /// returns the image id.
+    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError>;
     /// Builds local packages into `req.out`.
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError>;
     /// Bootstraps a root filesystem tar into `req.out`.

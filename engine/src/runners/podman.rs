@@ -19,8 +19,8 @@
 //!   usual system path in every RUN and points npm/node, pip and curl at it.
 
 use super::{
-    ImageConfig, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
-    StageRequest,
+    ExportedImage, ImageConfig, LayerDesc, LayerFile, LayerRequest, LayerResult, LocalPkgRequest,
+    RootfsRequest, RunError, Runner, StageRequest,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -197,7 +197,14 @@ impl PodmanRunner {
             }
         }
         let mut c = self.cmd();
-        c.arg("build").arg("--layers=true").arg("--pull=never");
+        c.arg("build").arg("--pull=never");
+        if b.squash {
+            // Squashing excludes --layers; the epoch makes the same layer
+            // built twice give the same bytes where the commands allow it.
+            c.arg("--squash").arg("--timestamp=0");
+        } else {
+            c.arg("--layers=true");
+        }
         if self.opts.jobs > 1 {
             c.arg(format!("--jobs={}", self.opts.jobs));
         }
@@ -225,6 +232,45 @@ impl PodmanRunner {
     }
 }
 
+impl PodmanRunner {
+    /// Writes `image` into an OCI layout at `dir` (`podman push oci:`) and
+    /// returns its layers and configuration. Layers listed in `skip` get an
+    /// empty stand-in file first, named by both digests, so podman finds
+    /// them "already present" and copies only the others: taking one new
+    /// layer out costs that layer, not the image.
+    fn push_layout(
+        &self,
+        image: &str,
+        dir: &Path,
+        skip: &[LayerDesc],
+    ) -> Result<(Vec<LayerFile>, serde_json::Value), RunError> {
+        let err = |e: std::io::Error| RunError::new(format!("{}: {e}", dir.display()));
+        let blobs = dir.join("blobs").join("sha256");
+        std::fs::create_dir_all(&blobs).map_err(err)?;
+        std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).map_err(err)?;
+        std::fs::write(
+            dir.join("index.json"),
+            r#"{"schemaVersion":2,"manifests":[]}"#,
+        )
+        .map_err(err)?;
+        for l in skip {
+            for d in [&l.digest, &l.diff_id] {
+                if let Some(hex) = d.strip_prefix("sha256:") {
+                    std::fs::write(blobs.join(hex), b"").map_err(err)?;
+                }
+            }
+        }
+        self.run(
+            &format!("export {image}"),
+            self.cmd()
+                .args(["push", "-q", image])
+                .arg(format!("oci:{}:charly", dir.display())),
+        )?;
+        crate::oci::read_layout(dir, "charly", skip.len())
+            .map_err(|e| RunError::new(format!("export {image}: {e}")))
+    }
+}
+
 /// One `podman build`.
 struct BuildCall<'a> {
     what: &'a str,
@@ -234,6 +280,8 @@ struct BuildCall<'a> {
     target: Option<&'a str>,
     args: &'a [(String, String)],
     labels: &'a [(String, String)],
+    /// One new layer over the base, with timestamps at the epoch (layers).
+    squash: bool,
 }
 
 impl crate::check::BedHost for PodmanRunner {
@@ -447,6 +495,7 @@ impl Runner for PodmanRunner {
             target: stage.as_deref(),
             args: &[],
             labels: &[],
+            squash: false,
         })?;
         // Export the artifact paths from a stopped container.
         let ctr = format!("charly-export-{}", &req.key[..16.min(req.key.len())]);
@@ -476,49 +525,6 @@ impl Runner for PodmanRunner {
         result
     }
 
-    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
-        let args: Vec<(String, String)> = req
-            .build_args
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let labels: Vec<(String, String)> = req
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let file = req.context.join(&req.containerfile);
-        let what = format!("image {}", req.tag);
-        let id = self.build(&BuildCall {
-            what: &what,
-            context: &req.context,
-            file: &file,
-            tag: &req.tag,
-            target: None,
-            args: &args,
-            labels: &labels,
-        })?;
-        // Save for the store: a fresh machine restores instead of rebuilding.
-        let dir = tempfile::Builder::new()
-            .prefix("charly-image-")
-            .tempdir()
-            .map_err(|e| RunError::new(e.to_string()))?
-            .keep();
-        let archive = dir.join("image.tar");
-        self.run(
-            &format!("podman save {}", req.tag),
-            self.cmd()
-                .args(["save", "--format", "oci-archive", "-o"])
-                .arg(&archive)
-                .arg(&req.tag),
-        )?;
-        Ok(ImageResult {
-            id: format!("sha256:{}", id.trim_start_matches("sha256:")),
-            tag: req.tag.clone(),
-            archive: Some(archive),
-        })
-    }
-
     fn has_image(&self, reference: &str) -> bool {
         !reference.is_empty()
             && self
@@ -528,20 +534,78 @@ impl Runner for PodmanRunner {
                 .is_ok_and(|s| s.success())
     }
 
-    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
-        let out = self.run(
-            "podman load",
-            self.cmd().arg("load").arg("-q").arg("-i").arg(archive),
-        )?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let loaded = text
-            .lines()
-            .find_map(|l| l.split_once(": ").map(|(_, r)| r.trim().to_string()))
-            .unwrap_or_default();
-        if !tag.is_empty() && !loaded.is_empty() && loaded != tag {
-            self.run("podman tag", self.cmd().args(["tag", &loaded, tag]))?;
+    fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
+        let mut args: Vec<(String, String)> = req
+            .build_args
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        args.push((
+            charly_rules::emit::containerfile::LAYER_PARENT_ARG.to_string(),
+            req.parent.clone().unwrap_or_else(|| "scratch".into()),
+        ));
+        let what = format!("layer {}", req.node);
+        self.build(&BuildCall {
+            what: &what,
+            context: &req.context,
+            file: &req.containerfile,
+            tag: &req.tag,
+            target: None,
+            args: &args,
+            labels: &[],
+            squash: true,
+        })?;
+        let layout = req.out.join("layout");
+        let (layers, config) = self.push_layout(&req.tag, &layout, &req.parent_layers)?;
+        let known = req.parent_layers.len();
+        let same_base = layers.len() >= known
+            && layers
+                .iter()
+                .zip(&req.parent_layers)
+                .all(|(a, b)| a.desc.diff_id == b.diff_id);
+        if !same_base || layers.len() > known + 1 {
+            return Err(RunError::new(format!(
+                "{what}: the built image does not extend its parent by one layer ({} layers on a parent of {known})",
+                layers.len()
+            )));
         }
-        Ok(tag.to_string())
+        Ok(LayerResult {
+            layer: layers.into_iter().nth(known),
+            config,
+        })
+    }
+
+    fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        let (layers, config) = self.push_layout(reference, &out.join("layout"), &[])?;
+        Ok(ExportedImage { layers, config })
+    }
+
+    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+        let out = self.run(
+            &format!("load {tag}"),
+            self.cmd()
+                .args(["pull", "-q"])
+                .arg(format!("oci:{}:{reference}", dir.display())),
+        )?;
+        let id = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        if id.is_empty() {
+            return Err(RunError::new(format!(
+                "load {tag}: podman printed no image id"
+            )));
+        }
+        self.run(&format!("tag {tag}"), self.cmd().args(["tag", &id, tag]))?;
+        // podman names an image pulled from a layout after its path.
+        let _ = self
+            .cmd()
+            .args(["untag", &id])
+            .arg(format!("localhost{}:latest", dir.display()))
+            .output();
+        Ok(format!("sha256:{}", id.trim_start_matches("sha256:")))
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {

@@ -96,8 +96,8 @@ use charly_reapi::stage::{self, StageMode, Step};
 use charly_reapi::tree::InputRoot;
 
 use super::{
-    ImageConfig, ImageRequest, ImageResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
-    StageRequest,
+    ExportedImage, ImageConfig, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest,
+    RunError, Runner, StageRequest,
 };
 
 /// A builder image as stage actions need it, made once per image.
@@ -599,16 +599,20 @@ impl Runner for RemoteRunner<'_> {
         }
     }
 
-    fn build_image(&self, req: &ImageRequest) -> Result<ImageResult, RunError> {
-        self.local_kind(&req.node, || self.local.build_image(req))
+    fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
+        self.local_kind(&req.node, || self.local.build_layer(req))
+    }
+
+    fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        self.local.export_layers(reference, out)
+    }
+
+    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+        self.local.load_layout(dir, reference, tag)
     }
 
     fn has_image(&self, reference: &str) -> bool {
         self.local.has_image(reference)
-    }
-
-    fn restore_image(&self, archive: &Path, tag: &str) -> Result<String, RunError> {
-        self.local.restore_image(archive, tag)
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {

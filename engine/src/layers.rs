@@ -1,0 +1,564 @@
+//! Layers: a box image as a chain of layer nodes, assembled, never built whole.
+//!
+//! A box's chain is its base (the parent box's image, an external image
+//! taken into the store layer by layer, or nothing under a bootstrapped
+//! root filesystem), a setup layer on non-box bases, one layer per candy in
+//! the box's (global) order, and an init layer when its services need one
+//! (`graph::Builder::layer_chain`). Each layer's text is rendered by
+//! [`charly_rules::emit::containerfile::layer_containerfile`] without the
+//! box's name in it, and its key covers its parent's key by role
+//! (`parent`), so sibling boxes with a common candy prefix get the same
+//! keys and the graph merges their layers into one node: built once,
+//! stored once.
+//!
+//! Building a layer ([`work_layer`]): the parent is made present in the
+//! runner (loaded from the store when it is not there), the layer's context
+//! is put together in a scratch directory (candy directory, staged files,
+//! builder artifacts, local packages, root filesystem), and the runner
+//! builds it squashed onto the parent and exports only the new layer blob
+//! and the configuration after it. The record's `meta` ([`LayerMeta`])
+//! carries the whole chain up to it, so one record describes the image it
+//! tops.
+//!
+//! An image node ([`work_image`]) assembles config and manifest from its
+//! top layer's record ([`crate::oci::assemble`]): no runner call. Its
+//! record names every chain blob as an output, so GC roots and remote
+//! caches keep and move the layers with it (stored once: blobs are content
+//! addressed). It is loaded into the runner when it is assembled, and
+//! later only when something needs it there ([`ensure_image`]): a no-op
+//! build calls no runner at all.
+
+use crate::exec::{Ctx, ExecError, Out, Outputs, read_node};
+use crate::graph::{Graph, LayerWork, Work};
+use crate::id::NodeId;
+use crate::key::NodeKind;
+use crate::outputs::{self, ImageMeta, LayerDesc, LayerMeta};
+use crate::runners::LayerRequest;
+use charly_cache::{BlobDigest, Output, Record};
+use charly_rules::emit::containerfile::{
+    ImageFacts, LAYER_DIR, LayerPart, LayerText, layer_containerfile,
+};
+use charly_rules::emit::{EmitError, EmitOptions, Staged};
+use charly_rules::load::Project;
+use charly_rules::naming;
+use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox};
+use petgraph::stable_graph::NodeIndex;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
+    move |e| ExecError::Io(format!("{what}: {e}"))
+}
+
+/// The emitter options of a box's layers: `base` (image references,
+/// `--dev-local-pkg`) with builder stages as prebuilt artifact tars under
+/// [`LAYER_DIR`].
+pub fn emit_options(base: &EmitOptions, p: &Project, b: &ResolvedBox) -> EmitOptions {
+    let mut o = base.clone();
+    o.dir = Some(LAYER_DIR.to_string());
+    let vocab = &p.ns(b.ns).vocab;
+    for u in &b.builders {
+        let Some(def) = vocab.builder.get(&u.builder) else {
+            continue;
+        };
+        if def.inline || def.stage_template.is_none() || u.image.is_none() {
+            continue;
+        }
+        for k in &u.candies {
+            let stage = naming::stage_name(&p.candies[k].name, &u.builder);
+            o.artifacts.insert(stage.clone(), artifact_path(&stage));
+        }
+    }
+    o
+}
+
+/// Where a builder stage's artifact tar sits in a layer's context.
+fn artifact_path(stage: &str) -> String {
+    format!("{LAYER_DIR}/_artifacts/{stage}.tar")
+}
+
+fn base_options(r: &Resolution, dev_local_pkg: bool) -> EmitOptions {
+    EmitOptions {
+        dev_local_pkg,
+        image_refs: naming::box_image_refs(r),
+        ..EmitOptions::default()
+    }
+}
+
+fn part_of(part: &LayerWork) -> LayerPart<'_> {
+    match part {
+        LayerWork::Setup => LayerPart::Setup,
+        LayerWork::Candy { candy, plan } => LayerPart::Candy { key: candy, plan },
+        LayerWork::Init => LayerPart::Init,
+    }
+}
+
+/// Renders a layer of box `b` (`None`: empty for this box).
+pub fn render(
+    p: &Project,
+    r: &Resolution,
+    b: &ResolvedBox,
+    part: &LayerWork,
+    dev_local_pkg: bool,
+) -> Result<Option<LayerText>, EmitError> {
+    let opts = emit_options(&base_options(r, dev_local_pkg), p, b);
+    layer_containerfile(p, b, part_of(part), &opts)
+}
+
+/// Whether a box's chain ends with an init layer.
+pub fn has_init(p: &Project, b: &ResolvedBox) -> bool {
+    layer_containerfile(p, b, LayerPart::Init, &EmitOptions::default()).is_ok_and(|t| t.is_some())
+}
+
+/// A box's image labels and final user.
+pub fn image_facts(
+    p: &Project,
+    r: &Resolution,
+    b: &ResolvedBox,
+    dev_local_pkg: bool,
+) -> ImageFacts {
+    charly_rules::emit::containerfile::image_facts(p, b, &base_options(r, dev_local_pkg))
+}
+
+/// The runner's tag of the image a layer tops.
+fn layer_tag(key: &str) -> String {
+    format!("localhost/charly-layer:{}", &key[..32.min(key.len())])
+}
+
+/// The chain, configuration and runner tag of the image a layer, base or
+/// image node's record describes.
+fn chain_of(rec: &Record) -> LayerMeta {
+    if rec.kind == NodeKind::Image.as_str() {
+        let m: ImageMeta = outputs::read_meta(&rec.meta);
+        LayerMeta {
+            tag: m.tag,
+            ..m.layers
+        }
+    } else {
+        outputs::read_meta(&rec.meta)
+    }
+}
+
+fn missing(node: &str, output: &str) -> ExecError {
+    ExecError::MissingOutput {
+        node: node.into(),
+        output: output.into(),
+    }
+}
+
+/// Writes the image a layer, base or image record describes into the OCI
+/// layout at `dir` under `reference`, blobs from the store.
+fn write_layout(
+    ctx: &Ctx<'_>,
+    node: &str,
+    meta: &LayerMeta,
+    image: &crate::oci::Assembled,
+    dir: &Path,
+    reference: &str,
+) -> Result<crate::oci::Exported, ExecError> {
+    let fetch = |l: &LayerDesc, dest: &Path| -> Result<(), crate::oci::OciError> {
+        let d: BlobDigest = l
+            .blob
+            .parse()
+            .map_err(|e| crate::oci::OciError::Format(format!("{}: {e}", l.digest)))?;
+        match ctx.store.copy_blob_to(&d, dest) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(crate::oci::OciError::Io(format!(
+                "layer {} of {node} is missing from the store",
+                l.digest
+            ))),
+            Err(e) => Err(crate::oci::OciError::Io(e.to_string())),
+        }
+    };
+    crate::oci::write_image(dir, reference, image, &meta.chain, &fetch).map_err(|e| match e {
+        crate::oci::OciError::Io(m) if m.contains("missing from the store") => {
+            missing(node, outputs::LAYER)
+        }
+        e => ExecError::Io(format!("{node}: {e}")),
+    })
+}
+
+/// Loads the image described by `meta` into the runner as `tag`.
+fn load(ctx: &Ctx<'_>, node: &str, meta: &LayerMeta, tag: &str) -> Result<String, ExecError> {
+    let image = crate::oci::assemble(&meta.chain, &meta.config, &BTreeMap::new(), None, &ctx.arch)
+        .map_err(|e| ExecError::Io(format!("{node}: {e}")))?;
+    load_assembled(ctx, node, meta, &image, tag)
+}
+
+fn load_assembled(
+    ctx: &Ctx<'_>,
+    node: &str,
+    meta: &LayerMeta,
+    image: &crate::oci::Assembled,
+    tag: &str,
+) -> Result<String, ExecError> {
+    // A lowercase, per-process name: the runner may derive a name from it.
+    let base = ctx.store.dir().join("work");
+    std::fs::create_dir_all(&base).map_err(io(base.display()))?;
+    let dir = base.join(format!(
+        "load-{}-{}",
+        &image.digest().as_str()[7..19],
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let res = (|| {
+        write_layout(ctx, node, meta, image, &dir, "charly")?;
+        Ok(ctx.runner(node)?.load_layout(&dir, "charly", tag)?)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
+/// Makes the image that the layer, base or image node `i` tops present in
+/// the runner (loading it from the store when the runner lacks it) and
+/// returns its tag there.
+pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String, ExecError> {
+    let n = &graph.g[i];
+    read_node(ctx, graph, i, |rec| {
+        let meta = chain_of(rec);
+        let tag = if meta.tag.is_empty() {
+            match &n.work {
+                Work::Base { reference } => reference.clone(),
+                _ => layer_tag(&n.key.to_hex()),
+            }
+        } else {
+            meta.tag.clone()
+        };
+        let runner = ctx.runner(&n.id)?;
+        if runner.has_image(&tag) {
+            return Ok(tag);
+        }
+        if n.kind == NodeKind::Image {
+            let image = crate::oci::Assembled {
+                config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
+                manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
+            };
+            load_assembled(ctx, &n.id, &meta, &image, &tag)?;
+        } else {
+            load(ctx, &n.id, &meta, &tag)?;
+        }
+        Ok(tag)
+    })
+}
+
+fn record_bytes(ctx: &Ctx<'_>, node: &str, rec: &Record, name: &str) -> Result<Vec<u8>, ExecError> {
+    let o = rec.outputs.get(name).ok_or_else(|| missing(node, name))?;
+    ctx.store
+        .get_blob(&o.digest)?
+        .map(Vec::from)
+        .ok_or_else(|| missing(node, name))
+}
+
+/// Stores a runner's layer file and describes it with its store digest.
+fn store_layer(
+    ctx: &Ctx<'_>,
+    f: &crate::runners::LayerFile,
+) -> Result<(LayerDesc, Output), ExecError> {
+    let (digest, size) = ctx.store.put_blob_file(&f.path)?;
+    let mut desc = f.desc.clone();
+    desc.blob = digest.to_hex();
+    desc.size = size;
+    Ok((
+        desc,
+        Output {
+            digest,
+            size,
+            mode: 0o644,
+        },
+    ))
+}
+
+fn rbox<'a>(ctx: &Ctx<'a>, name: &str) -> Result<&'a ResolvedBox, ExecError> {
+    ctx.resolution
+        .get(name)
+        .ok_or_else(|| ExecError::Io(format!("box {name} does not resolve")))
+}
+
+/// Takes an external base image into the store, layer by layer.
+pub fn work_base(
+    ctx: &Ctx<'_>,
+    node: &str,
+    reference: &str,
+    scratch: &Path,
+    out: &mut Outputs,
+) -> Result<(), ExecError> {
+    let img = ctx.runner(node)?.export_layers(reference, scratch)?;
+    let mut chain = Vec::new();
+    for (n, f) in img.layers.iter().enumerate() {
+        let (desc, o) = store_layer(ctx, f)?;
+        out.files.insert(outputs::chain_layer(n), Out::Stored(o));
+        chain.push(desc);
+    }
+    out.meta = outputs::write_meta(&LayerMeta {
+        chain,
+        config: img.config,
+        tag: reference.to_string(),
+    });
+    Ok(())
+}
+
+/// Builds one layer on its parent (see the module docs).
+pub fn work_layer(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    scratch: &Path,
+    out: &mut Outputs,
+) -> Result<(), ExecError> {
+    let n = &graph.g[i];
+    let Work::Layer {
+        box_name,
+        part,
+        parent,
+        ..
+    } = &n.work
+    else {
+        return Ok(());
+    };
+    let b = rbox(ctx, box_name)?;
+    let opts = emit_options(&ctx.emit, ctx.project, b);
+    let Some(text) = layer_containerfile(ctx.project, b, part_of(part), &opts)? else {
+        return Err(ExecError::Io(format!("{}: the layer is empty", n.id)));
+    };
+    // The parent, present in the runner.
+    let (parent_tag, below) = match parent {
+        Some(pid) => {
+            let pi = graph
+                .index(pid)
+                .ok_or_else(|| ExecError::Io(format!("{pid} is not in the graph")))?;
+            let tag = ensure_image(ctx, graph, pi)?;
+            let meta = read_node(ctx, graph, pi, |rec| Ok(chain_of(rec)))?;
+            (Some(tag), meta)
+        }
+        None => (None, LayerMeta::default()),
+    };
+    // Other images the layer reads (inline builders' images).
+    for d in graph.deps(i) {
+        if graph.g[d].kind == NodeKind::Image && Some(&graph.g[d].nid) != parent.as_ref() {
+            ensure_image(ctx, graph, d)?;
+        }
+    }
+    let context = scratch.join("context");
+    write_context(ctx, graph, i, &text, &context)?;
+    let cf = scratch.join("Containerfile");
+    std::fs::write(&cf, &text.containerfile).map_err(io(cf.display()))?;
+    let key = n.key.to_hex();
+    let tag = layer_tag(&key);
+    let mut build_args = BTreeMap::new();
+    build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
+    let res = ctx.runner(&n.id)?.build_layer(&LayerRequest {
+        node: n.id.clone(),
+        key,
+        context,
+        containerfile: cf,
+        parent: parent_tag,
+        parent_layers: below.chain.clone(),
+        tag: tag.clone(),
+        build_args,
+        out: scratch.join("out"),
+    })?;
+    let mut chain = below.chain;
+    if let Some(f) = &res.layer {
+        let (desc, o) = store_layer(ctx, f)?;
+        out.files.insert(outputs::LAYER.into(), Out::Stored(o));
+        chain.push(desc);
+    }
+    out.meta = outputs::write_meta(&LayerMeta {
+        chain,
+        config: res.config,
+        tag,
+    });
+    Ok(())
+}
+
+/// Puts together a layer's build context: candy directories, staged
+/// files, builder artifacts, local packages, the root filesystem.
+fn write_context(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    text: &LayerText,
+    dir: &Path,
+) -> Result<(), ExecError> {
+    std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
+    let root = crate::fsroot::Root::open(dir).map_err(io(dir.display()))?;
+    let prepare = |rel: &str| root.prepare(Path::new(rel)).map_err(io(rel));
+    for (rel, src) in &text.dirs {
+        copy_tree(src, &prepare(rel)?).map_err(io(src.display()))?;
+    }
+    for (rel, staged) in &text.files {
+        let dest = prepare(rel)?;
+        match staged {
+            Staged::Bytes(b) => std::fs::write(&dest, b).map_err(io(rel))?,
+            Staged::CopyOf(src) => {
+                std::fs::copy(src, &dest).map_err(io(src.display()))?;
+            }
+        }
+    }
+    for d in graph.deps(i) {
+        let dn = &graph.g[d];
+        let copy = |name: &str, rel: String| -> Result<(), ExecError> {
+            let dest = prepare(&rel)?;
+            read_node(ctx, graph, d, |rec| {
+                let o = rec.outputs.get(name).ok_or_else(|| missing(&dn.id, name))?;
+                if ctx.store.copy_output_to(o, &dest)? {
+                    Ok(())
+                } else {
+                    Err(missing(&dn.id, name))
+                }
+            })
+        };
+        match &dn.work {
+            Work::BuilderStage { candy, builder, .. } => {
+                let stage = naming::stage_name(&ctx.project.candies[candy].name, builder);
+                copy(outputs::ARTIFACT_TAR, artifact_path(&stage))?;
+            }
+            Work::Rootfs { builder, .. } => {
+                copy(outputs::ROOTFS_TAR, format!("{LAYER_DIR}/{builder}.tar.gz"))?;
+            }
+            Work::LocalPkg { candy, .. } => {
+                let rel = format!("{LAYER_DIR}/_localpkg/{}", ctx.project.candies[candy].name);
+                read_node(ctx, graph, d, |rec| {
+                    for (name, o) in &rec.outputs {
+                        if let Some(file) = outputs::pkg_name(name)
+                            && !ctx
+                                .store
+                                .copy_output_to(o, &prepare(&format!("{rel}/{file}"))?)?
+                        {
+                            return Err(missing(&dn.id, name));
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Copies a candy directory (regular files and directories; links are
+/// left out, as the build would refuse links out of its context).
+fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+    for e in walkdir::WalkDir::new(src).sort_by_file_name() {
+        let e = e.map_err(std::io::Error::other)?;
+        let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
+        let t = dest.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&t)?;
+        } else if e.file_type().is_file() {
+            std::fs::copy(e.path(), &t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Assembles a box image from its top layer and loads it into the runner.
+pub fn work_image(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    out: &mut Outputs,
+) -> Result<(), ExecError> {
+    let n = &graph.g[i];
+    let Work::Image { box_name } = &n.work else {
+        return Ok(());
+    };
+    let b = rbox(ctx, box_name)?;
+    let top = graph
+        .deps(i)
+        .into_iter()
+        .find(|d| {
+            matches!(
+                graph.g[*d].kind,
+                NodeKind::Layer | NodeKind::Image | NodeKind::Base
+            )
+        })
+        .ok_or_else(|| ExecError::Io(format!("{}: no layers", n.id)))?;
+    let meta = read_node(ctx, graph, top, |rec| {
+        let m = chain_of(rec);
+        // Every chain blob must still be there: a damaged one reruns its layer.
+        for l in &m.chain {
+            let d: BlobDigest = l
+                .blob
+                .parse()
+                .map_err(|_| missing(&graph.g[top].id, &l.digest))?;
+            if !ctx.store.has_blob(&d) {
+                return Err(missing(&graph.g[top].id, &l.digest));
+            }
+        }
+        Ok(m)
+    })?;
+    let mut facts = charly_rules::emit::containerfile::image_facts(ctx.project, b, &ctx.emit);
+    facts
+        .labels
+        .insert("ai.opencharly.node-key".into(), n.key.to_hex());
+    let image = crate::oci::assemble(
+        &meta.chain,
+        &meta.config,
+        &facts.labels,
+        facts.user.as_deref(),
+        &ctx.arch,
+    )
+    .map_err(|e| ExecError::Io(format!("{}: {e}", n.id)))?;
+    let tag = naming::box_image_ref(ctx.resolution, box_name);
+    out.files
+        .insert(outputs::CONFIG.into(), Out::Bytes(image.config.clone()));
+    out.files
+        .insert(outputs::MANIFEST.into(), Out::Bytes(image.manifest.clone()));
+    for (k, l) in meta.chain.iter().enumerate() {
+        let digest: BlobDigest = l.blob.parse().map_err(|_| missing(&n.id, &l.digest))?;
+        out.files.insert(
+            outputs::chain_layer(k),
+            Out::Stored(Output {
+                digest,
+                size: l.size,
+                mode: 0o644,
+            }),
+        );
+    }
+    // Assembled: the user's runner gets it now (they asked for a build).
+    if ctx.runner.is_some() {
+        load_assembled(ctx, &n.id, &meta, &image, &tag)?;
+    }
+    out.meta = outputs::write_meta(&ImageMeta {
+        id: image.id().as_str().to_string(),
+        tag: tag.clone(),
+        base: match &b.base {
+            BaseRef::External(x) => x.clone(),
+            BaseRef::Box(p) => naming::box_image_ref(ctx.resolution, p),
+            BaseRef::Bootstrap { builder, .. } => format!("builder:{builder}"),
+        },
+        manifest: image.digest().as_str().to_string(),
+        layers: LayerMeta {
+            chain: meta.chain,
+            config: meta.config,
+            tag,
+        },
+    });
+    Ok(())
+}
+
+/// Writes a built box's image into the OCI layout at `dir` as `reference`.
+pub fn export_image(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    dir: &Path,
+    reference: &str,
+) -> Result<crate::oci::Exported, ExecError> {
+    let n = &graph.g[i];
+    read_node(ctx, graph, i, |rec| {
+        let m: ImageMeta = outputs::read_meta(&rec.meta);
+        let image = crate::oci::Assembled {
+            config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
+            manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
+        };
+        write_layout(ctx, &n.id, &m.layers, &image, dir, reference)
+    })
+}
+
+/// The node id of a box's image (for callers that hold box names).
+pub fn image_node(graph: &Graph, box_name: &str) -> Option<NodeIndex> {
+    graph.index(&NodeId::image(box_name))
+}
