@@ -15,7 +15,7 @@ use crate::CacheError;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn encode_hex(bytes: &[u8; 32]) -> String {
+pub(crate) fn encode_hex(bytes: &[u8; 32]) -> String {
     let mut s = String::with_capacity(64);
     for b in bytes {
         s.push(char::from(HEX[usize::from(b >> 4)]));

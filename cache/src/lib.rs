@@ -116,7 +116,9 @@ pub use error::CacheError;
 pub use gc::{GcReport, PENDING_GRACE_SECS};
 pub use lock::KeyLock;
 pub use record::{Output, Record};
-pub use remote::{PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats};
+pub use remote::{
+    ImageUpload, PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats,
+};
 pub use remote_cache::{RemoteCache, RemoteReport, human_bytes};
 pub use store::{Stats, Store, StoreHandles};
 pub use verify::VerifyReport;

@@ -36,6 +36,30 @@ pub enum BoxCommand {
     /// Build box images: builder stages, local packages, base images first;
     /// only nodes whose key changed run.
     Build(crate::engine_cmd::BuildArgs),
+    /// Build a box (as `box build` does) and push its image to a registry:
+    /// `charly box push hello registry.example:5000/team/hello:1.0`. Layers
+    /// the registry already has are not sent; `podman pull` of the
+    /// reference then runs it anywhere.
+    Push(PushArgs),
+}
+
+/// `box push`.
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// The box.
+    #[arg(value_name = "BOX")]
+    pub name: String,
+    /// `[oci://]HOST[:PORT]/REPO[:TAG]` (TAG defaults to the box's version;
+    /// plain HTTP only for loopback registries).
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// Build local packages from local source (see `box build`).
+    #[arg(long)]
+    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub run: crate::session::RunArgs,
+    #[command(flatten)]
+    pub runner: crate::session::RunnerArgs,
 }
 
 /// `--target` values.
@@ -128,6 +152,21 @@ pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
         BoxCommand::Plan { name, target, json } => plan(cli, name, (*target).into(), *json),
         BoxCommand::Generate(a) => crate::engine_cmd::generate(cli, a),
         BoxCommand::Build(a) => crate::engine_cmd::build(cli, a),
+        BoxCommand::Push(a) => crate::engine_cmd::build(
+            cli,
+            &crate::engine_cmd::BuildArgs {
+                boxes: vec![a.name.clone()],
+                all: false,
+                dry_run: false,
+                explain: false,
+                dev_local_pkg: a.dev_local_pkg,
+                load: false,
+                output: None,
+                push: Some(a.reference.clone()),
+                run: a.run.clone(),
+                runner: a.runner.clone(),
+            },
+        ),
     }
 }
 

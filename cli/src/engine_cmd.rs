@@ -73,10 +73,21 @@ pub struct BuildArgs {
     /// Build local packages from local source (hard error when the source is missing).
     #[arg(long)]
     pub dev_local_pkg: bool,
+    /// Make the built images present in podman even when nothing was
+    /// assembled (after `podman system prune`, or on a machine whose store
+    /// came from a cache). Images assembled by this build are loaded
+    /// anyway; check beds, builder stages and deploys load what they need.
+    #[arg(long)]
+    pub load: bool,
     /// Also write the built images to an OCI image layout: `--output oci:DIR`
     /// (each box under the reference `<box>-<version>`).
     #[arg(long, value_name = "oci:DIR", value_parser = parse_output)]
     pub output: Option<PathBuf>,
+    /// Push the built image to a registry: `--push [oci://]HOST[:PORT]/REPO[:TAG]`
+    /// (TAG defaults to the box's version). Layers the registry has are not
+    /// sent again. One box only.
+    #[arg(long, value_name = "REF")]
+    pub push: Option<String>,
     #[command(flatten)]
     pub run: RunArgs,
     #[command(flatten)]
@@ -354,6 +365,32 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         report_remote(&summary);
         return Ok(ExitCode::from(1));
     }
+    if a.load && !a.dry_run {
+        engine.ensure_images(&graph, &names)?;
+    }
+    if let Some(reference) = &a.push
+        && !a.dry_run
+    {
+        let [name] = names.as_slice() else {
+            anyhow::bail!("--push writes one box's image; name exactly one box");
+        };
+        let version = o
+            .resolution
+            .get(name)
+            .map(|b| b.version.clone())
+            .unwrap_or_default();
+        let (url, tag) = split_push_ref(reference, &version);
+        let remote = charly_cache::Remote::open(charly_cache::RemoteConfig::new(url.clone()))?;
+        let sent = engine.push_image(&graph, name, &remote, &tag)?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{url}:{tag}")?;
+        if !a.run.quiet {
+            output::note(&format!(
+                "pushed {name} to {url}:{tag} ({} sent)",
+                charly_cache::human_bytes(sent)
+            ));
+        }
+    }
     if let Some(dir) = &a.output
         && !a.dry_run
     {
@@ -367,6 +404,19 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `[oci://]HOST[:PORT]/REPO[:TAG]` → (`HOST[:PORT]/REPO` with its
+/// scheme, TAG or `default_tag`).
+fn split_push_ref(reference: &str, default_tag: &str) -> (String, String) {
+    let slash = reference.rfind('/').unwrap_or(0);
+    match reference[slash..].rfind(':') {
+        Some(i) => (
+            reference[..slash + i].to_string(),
+            reference[slash + i + 1..].to_string(),
+        ),
+        None => (reference.to_string(), default_tag.to_string()),
+    }
 }
 
 /// Writes each built box's image into the OCI layout at `dir` (assembled

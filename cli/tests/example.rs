@@ -3,12 +3,16 @@
 //! offline with debootstrap, apt packages, an npm builder stage whose
 //! artifact is reused, a local .deb, files, env, labels. Then: a no-op
 //! build, an edit of the npm candy, an unrelated edit, a second box using
-//! the same builder candy, and a restore after `podman rmi -a`.
+//! the same builder candy, and a restore after `podman rmi -a`. Layers:
+//! node-builder and hello share their base and `nodejs` layers (one node,
+//! one run, one blob), the store holds about the distinct layer bytes, and a
+//! no-op build calls podman zero times (a counting wrapper on PATH).
 //!
 //! Needs podman, debootstrap and network access to the Debian mirror and
 //! the npm registry (`.ci/install` installs the tools). Behind an
 //! intercepting proxy the host's CA bundle is passed with `--ca-bundle`.
 
+mod registry;
 use charly_testutil as project_copy;
 use project_copy::{copy_project, example};
 use std::path::{Path, PathBuf};
@@ -125,14 +129,21 @@ fn ran(s: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Nodes that ran and run commands (images, stages, packages, root filesystems).
+/// Nodes that ran and make something (images, layers, stages, packages,
+/// root filesystems), sorted.
 fn built(s: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = ran(s)
         .into_iter()
         .filter(|id| {
-            ["image:", "builder-stage:", "local-pkg:", "rootfs:"]
-                .iter()
-                .any(|p| id.starts_with(p))
+            [
+                "image:",
+                "layer:",
+                "builder-stage:",
+                "local-pkg:",
+                "rootfs:",
+            ]
+            .iter()
+            .any(|p| id.starts_with(p))
         })
         .collect();
     v.sort();
@@ -225,6 +236,17 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         );
     }
 
+    // node-builder (base + nodejs) and hello (base + nodejs + …) share the
+    // nodejs layer: one node, run once.
+    let nodejs: Vec<&serde_json::Value> = cold["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["kind"] == "layer" && n["candy"] == "nodejs")
+        .collect();
+    assert_eq!(nodejs.len(), 1, "one nodejs layer node: {nodejs:?}");
+    assert_eq!(nodejs[0]["state"], "ran");
+
     // What the candies say is in the image.
     assert_eq!(env.sh("jq --version"), "jq-1.6", "apt package");
     assert_eq!(
@@ -286,14 +308,148 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
             .is_some_and(|k| k.len() == 64)
     );
 
-    // No-op: nothing rebuilt, podman never asked to build.
+    // No-op: nothing rebuilt, and podman is not called at all (a wrapper
+    // first on PATH counts its invocations).
+    let wrap = env.summaries.join("podman-wrapper");
+    std::fs::create_dir_all(&wrap).expect("mkdir");
+    let count = env.summaries.join("podman-calls");
+    let real = String::from_utf8_lossy(
+        &Command::new("sh")
+            .args(["-c", "command -v podman"])
+            .output()
+            .expect("which")
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    std::fs::write(
+        wrap.join("podman"),
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{real}' \"$@\"\n",
+            count.display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(
+        wrap.join("podman"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        wrap.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let noop_summary = env.summaries.join("noop.json");
     let t = Instant::now();
-    let noop = env.build("noop", &["hello"]);
+    let out = env
+        .charly_cmd(
+            &env.project,
+            &env.store,
+            &[
+                "box",
+                "build",
+                "--dev-local-pkg",
+                "-q",
+                "--summary-json",
+                noop_summary.to_str().expect("utf8"),
+                "hello",
+                "node-builder",
+            ],
+        )
+        .env("PATH", &path)
+        .output()
+        .expect("charly");
     let noop_ms = t.elapsed().as_millis();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let noop: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&noop_summary).expect("summary")).expect("json");
     assert!(ran(&noop).is_empty(), "{:?}", ran(&noop));
-    eprintln!("[example] charly no-op build: {noop_ms} ms");
+    let calls = std::fs::read_to_string(&count).unwrap_or_default();
+    assert_eq!(calls, "", "a no-op build calls podman zero times");
+    eprintln!("[example] charly no-op build: {noop_ms} ms, 0 podman calls");
     assert!(noop_ms < 5_000, "no-op took {noop_ms} ms");
+    // Both boxes requested: the shared layer is one node naming both.
+    let nodejs: Vec<&serde_json::Value> = noop["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["kind"] == "layer" && n["candy"] == "nodejs")
+        .collect();
+    assert_eq!(nodejs.len(), 1, "{nodejs:?}");
+    assert_eq!(
+        nodejs[0]["boxes"],
+        serde_json::json!(["hello", "node-builder"])
+    );
+
+    // The store holds each distinct layer once: its bytes are at most 1.1 ×
+    // the distinct layer blobs of the three images (plus the npm artifact,
+    // the .deb and the records, all small).
+    let layout = env.summaries.join("all-oci");
+    let out = env.charly(&[
+        "box",
+        "build",
+        "--dev-local-pkg",
+        "-q",
+        "--output",
+        &format!("oci:{}", layout.display()),
+        "base",
+        "node-builder",
+        "hello",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).expect("index"))
+            .expect("json");
+    let mut distinct = std::collections::BTreeMap::new();
+    for m in index["manifests"].as_array().expect("manifests") {
+        let hex = m["digest"]
+            .as_str()
+            .expect("digest")
+            .trim_start_matches("sha256:");
+        let man: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(layout.join("blobs/sha256").join(hex)).expect("manifest"),
+        )
+        .expect("json");
+        for l in man["layers"].as_array().expect("layers") {
+            distinct.insert(
+                l["digest"].as_str().expect("digest").to_string(),
+                l["size"].as_u64().expect("size"),
+            );
+        }
+    }
+    let layer_bytes: u64 = distinct.values().sum();
+    let store_bytes: u64 = walkdir::WalkDir::new(env.store.join("blobs"))
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .sum();
+    eprintln!(
+        "[example] store blobs {store_bytes} bytes, {} distinct layers {layer_bytes} bytes, ratio {:.3}",
+        distinct.len(),
+        store_bytes as f64 / layer_bytes as f64
+    );
+    assert!(
+        (store_bytes as f64) <= 1.1 * layer_bytes as f64,
+        "store {store_bytes} > 1.1 × layers {layer_bytes}"
+    );
+
     // podman's own no-op on the same generated Containerfile, for the record.
+    let out = env.charly(&["box", "generate", "hello", "--dev-local-pkg", "-q"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let t = Instant::now();
     let out = env
         .podman()
@@ -436,8 +592,12 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         built(&edited),
         vec![
             "builder-stage:cowsay/npm@node-builder".to_string(),
-            "image:hello".to_string()
-        ]
+            "image:hello".to_string(),
+            "layer:hello#init".to_string(),
+            "layer:hello/cowsay".to_string(),
+            "layer:hello/hello-deb".to_string(),
+        ],
+        "the stage, cowsay's layer and the layers above it"
     );
 
     // An unrelated candy edit: the npm stage stays cached.
@@ -449,10 +609,23 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
     )
     .expect("edit");
     let unrelated = env.build("unrelated-edit", &["hello"]);
+    let mut above: Vec<String> = [
+        "image:hello",
+        "layer:hello#init",
+        "layer:hello/cowsay",
+        "layer:hello/greeter",
+        "layer:hello/hello-deb",
+        "layer:hello/hello-tools",
+        "layer:hello/supervisord",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    above.sort();
     assert_eq!(
         built(&unrelated),
-        vec!["image:hello".to_string()],
-        "the npm stage stays cached"
+        above,
+        "the npm stage and the layers below hello-tools stay cached"
     );
 
     // A second box using the same builder candy reuses the stored artifact.
@@ -472,16 +645,41 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         )),
         "{st:?}"
     );
-    assert_eq!(built(&second), vec!["image:hello2".to_string()]);
+    assert_eq!(
+        built(&second),
+        vec![
+            "image:hello2".to_string(),
+            "layer:hello2/cowsay".to_string()
+        ],
+        "hello2 shares base and nodejs with the others"
+    );
 
-    // Lose podman's images, keep the store: restored, no RUN step runs.
+    // Lose podman's images, keep the store: `--load` puts the assembled
+    // image back, no RUN step runs.
     let out = env
         .podman()
         .args(["rmi", "-a", "-f"])
         .output()
         .expect("rmi");
     assert!(out.status.success());
-    let restored = env.build("restore", &["hello"]);
+    let restored_json = env.summaries.join("restore.json");
+    let out = env.charly(&[
+        "box",
+        "build",
+        "--dev-local-pkg",
+        "-q",
+        "--load",
+        "--summary-json",
+        restored_json.to_str().expect("utf8"),
+        "hello",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&restored_json).expect("summary")).expect("json");
     assert!(ran(&restored).is_empty(), "{:?}", ran(&restored));
     assert_eq!(
         env.sh("cowsay -f tux restored | head -n 2 | tail -n 1"),
@@ -557,4 +755,158 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         "hello from a local .deb"
     );
     let _ = std::fs::remove_dir_all(&layout);
+
+    fresh_machine_pulls_every_layer_but_the_edited_one(&env);
+}
+
+/// Store A (this test's) pushes to a registry; the last candy of hello is
+/// edited; store B with a fresh podman storage and the same registry builds
+/// hello: only the edited candy's layer (and the init layer above it) runs,
+/// every other layer is pulled, and the image runs.
+fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
+    let Some(reg) = registry::Registry::start() else {
+        return;
+    };
+    let url = reg.url("charly/fresh");
+    let out = env.charly(&["--remote", &url, "cache", "push"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = env.project.join("candy/hello-deb/charly.yml");
+    let text = std::fs::read_to_string(&deb).expect("read");
+    std::fs::write(
+        &deb,
+        text.replace(
+            "    localpkg:",
+            "    env:\n        HELLO_EDITED: \"yes\"\n    localpkg:",
+        ),
+    )
+    .expect("edit");
+    let b_store = env.summaries.join("store-b");
+    let b_podman = env.summaries.join("podman-b");
+    let summary = env.summaries.join("fresh-b.json");
+    let t = Instant::now();
+    let out = Command::new(assert_cmd::cargo::cargo_bin("charly"))
+        .env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", &b_store)
+        .env("CHARLY_PODMAN_ROOT", &b_podman)
+        .env("CHARLY_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+        .arg("-C")
+        .arg(&env.project)
+        .args([
+            "--remote",
+            &url,
+            "box",
+            "build",
+            "--dev-local-pkg",
+            "-q",
+            "--summary-json",
+        ])
+        .arg(&summary)
+        .arg("hello")
+        .output()
+        .expect("charly");
+    let ms = t.elapsed().as_millis();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    eprintln!("[example] fresh machine after one edit: {ms} ms");
+    let mut layers_ran: Vec<String> = states(&s)
+        .into_iter()
+        .filter(|(id, st)| id.starts_with("layer:") && st == "ran")
+        .map(|(id, _)| id)
+        .collect();
+    layers_ran.sort();
+    assert_eq!(
+        layers_ran,
+        vec![
+            "layer:hello#init".to_string(),
+            "layer:hello/hello-deb".to_string()
+        ],
+        "the edited candy's layer and the init layer above it"
+    );
+    for (id, st) in states(&s) {
+        if id.starts_with("layer:") && !layers_ran.contains(&id) {
+            assert_eq!(st, "pulled", "{id}");
+        }
+    }
+    let out = Command::new("podman")
+        .env("CONTAINERS_CONF", b_store.join("podman/containers.conf"))
+        .arg("--root")
+        .arg(b_podman.join("storage"))
+        .arg("--runroot")
+        .arg(b_podman.join("run"))
+        .args([
+            "run",
+            "--rm",
+            "localhost/hello:2026.12.1",
+            "sh",
+            "-c",
+            "hello-charly; echo $HELLO_EDITED",
+        ])
+        .output()
+        .expect("podman run");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "hello from a local .deb\nyes",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `box push`: a real image in the registry; a fresh storage pulls and runs it.
+    let pushed = format!("127.0.0.1:{}/charly/pushed:v1", reg.port);
+    let out = env.charly(&["box", "push", "hello", &pushed, "--dev-local-pkg", "-q"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), pushed);
+    let out = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false"])
+        .arg(format!("docker://{pushed}"))
+        .output()
+        .expect("skopeo");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inspected: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(inspected["Labels"]["ai.opencharly.box"], "hello");
+    let c_podman = env.summaries.join("podman-c");
+    let podman_c = || {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", b_store.join("podman/containers.conf"))
+            .arg("--root")
+            .arg(c_podman.join("storage"))
+            .arg("--runroot")
+            .arg(c_podman.join("run"));
+        c
+    };
+    let out = podman_c()
+        .args(["pull", "-q", "--tls-verify=false", &pushed])
+        .output()
+        .expect("pull");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = podman_c()
+        .args(["run", "--rm", &pushed, "hello-charly"])
+        .output()
+        .expect("run");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "hello from a local .deb",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

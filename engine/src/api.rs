@@ -174,6 +174,21 @@ impl<'a> Engine<'a> {
         Ok(crate::layers::export_image(&ctx, graph, i, dir, reference)?)
     }
 
+    /// Pushes a built box's image to `remote`'s repository as `tag`; returns
+    /// the bytes sent.
+    pub fn push_image(
+        &self,
+        graph: &Graph,
+        box_name: &str,
+        remote: &charly_cache::Remote,
+        tag: &str,
+    ) -> Result<u64, EngineError> {
+        let ctx = self.ctx(&self.project.root);
+        let i = crate::layers::image_node(graph, box_name)
+            .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
+        Ok(crate::layers::push_image(&ctx, graph, i, remote, tag)?)
+    }
+
     /// Makes the built images of `boxes` present in the runner (loading
     /// them from the store where it lacks them); returns their tags.
     pub fn ensure_images(
@@ -271,7 +286,10 @@ impl<'a> Engine<'a> {
 fn describe_layers(graph: &Graph, s: &mut Summary) {
     use crate::key::NodeKind;
     for r in &mut s.nodes {
-        if !matches!(r.kind, NodeKind::Layer | NodeKind::Base | NodeKind::Image) {
+        if !matches!(
+            r.kind,
+            NodeKind::Layer | NodeKind::Base | NodeKind::Image | NodeKind::Rootfs
+        ) {
             continue;
         }
         let Some(i) = graph.by_id.get(&r.id) else {

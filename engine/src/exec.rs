@@ -445,8 +445,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                 ..req
             };
             ctx.runner(&n.id)?.build_rootfs(&req)?;
-            out.files
-                .insert(outputs::ROOTFS_TAR.into(), Out::File(req.out));
+            crate::layers::store_rootfs(ctx, &req.out, &mut out)?;
             out.keep.push(scratch);
         }
         Work::Image { .. } => crate::layers::work_image(ctx, graph, i, &mut out)?,

@@ -155,14 +155,19 @@ fn write_layout(
     image: &crate::oci::Assembled,
     dir: &Path,
     reference: &str,
+    standins: bool,
 ) -> Result<crate::oci::Exported, ExecError> {
-    let fetch = |l: &LayerDesc, dest: &Path| -> Result<(), crate::oci::OciError> {
+    let fetch = |l: &LayerDesc, dest: &Path| -> Result<bool, crate::oci::OciError> {
+        if standins {
+            std::fs::write(dest, b"").map_err(|e| crate::oci::OciError::Io(e.to_string()))?;
+            return Ok(false);
+        }
         let d: BlobDigest = l
             .blob
             .parse()
             .map_err(|e| crate::oci::OciError::Format(format!("{}: {e}", l.digest)))?;
         match ctx.store.copy_blob_to(&d, dest) {
-            Ok(true) => Ok(()),
+            Ok(true) => Ok(true),
             Ok(false) => Err(crate::oci::OciError::Io(format!(
                 "layer {} of {node} is missing from the store",
                 l.digest
@@ -182,7 +187,7 @@ fn write_layout(
 fn load(ctx: &Ctx<'_>, node: &str, meta: &LayerMeta, tag: &str) -> Result<String, ExecError> {
     let image = crate::oci::assemble(&meta.chain, &meta.config, &BTreeMap::new(), None, &ctx.arch)
         .map_err(|e| ExecError::Io(format!("{node}: {e}")))?;
-    load_assembled(ctx, node, meta, &image, tag)
+    load_assembled(ctx, node, meta, &image, tag, false)
 }
 
 fn load_assembled(
@@ -191,6 +196,7 @@ fn load_assembled(
     meta: &LayerMeta,
     image: &crate::oci::Assembled,
     tag: &str,
+    standins: bool,
 ) -> Result<String, ExecError> {
     // A lowercase, per-process name: the runner may derive a name from it.
     let base = ctx.store.dir().join("work");
@@ -202,7 +208,7 @@ fn load_assembled(
     ));
     let _ = std::fs::remove_dir_all(&dir);
     let res = (|| {
-        write_layout(ctx, node, meta, image, &dir, "charly")?;
+        write_layout(ctx, node, meta, image, &dir, "charly", standins)?;
         Ok(ctx.runner(node)?.load_layout(&dir, "charly", tag)?)
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -233,7 +239,7 @@ pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String
                 config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
                 manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
             };
-            load_assembled(ctx, &n.id, &meta, &image, &tag)?;
+            load_assembled(ctx, &n.id, &meta, &image, &tag, false)?;
         } else {
             load(ctx, &n.id, &meta, &tag)?;
         }
@@ -293,6 +299,57 @@ pub fn work_base(
         chain,
         config: img.config,
         tag: reference.to_string(),
+    });
+    Ok(())
+}
+
+/// Stores a bootstrapped root filesystem (a tar, gzip-compressed or not)
+/// as the first layer of its chain.
+pub fn store_rootfs(ctx: &Ctx<'_>, tar: &Path, out: &mut Outputs) -> Result<(), ExecError> {
+    let digest = crate::oci::sha256_file(tar).map_err(io(tar.display()))?;
+    let gz = {
+        use std::io::Read;
+        let mut magic = [0u8; 2];
+        let mut f = std::fs::File::open(tar).map_err(io(tar.display()))?;
+        f.read(&mut magic).map_err(io(tar.display()))? == 2 && magic == [0x1f, 0x8b]
+    };
+    let (diff_id, media_type) = if gz {
+        let f = std::fs::File::open(tar).map_err(io(tar.display()))?;
+        let mut d = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(f));
+        let mut h = <sha2::Sha256 as sha2::Digest>::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = std::io::Read::read(&mut d, &mut buf).map_err(io(tar.display()))?;
+            if n == 0 {
+                break;
+            }
+            sha2::Digest::update(&mut h, &buf[..n]);
+        }
+        (
+            format!("sha256:{}", charly_rules::hex(&sha2::Digest::finalize(h))),
+            crate::oci::LAYER_GZIP,
+        )
+    } else {
+        (digest.as_str().to_string(), crate::oci::LAYER_TAR)
+    };
+    let (desc, o) = store_layer(
+        ctx,
+        &crate::runners::LayerFile {
+            path: tar.to_path_buf(),
+            desc: LayerDesc {
+                digest: digest.as_str().to_string(),
+                diff_id,
+                size: 0,
+                media_type: media_type.into(),
+                blob: String::new(),
+            },
+        },
+    )?;
+    out.files.insert(outputs::ROOTFS_TAR.into(), Out::Stored(o));
+    out.meta = outputs::write_meta(&LayerMeta {
+        chain: vec![desc],
+        config: serde_json::json!({}),
+        tag: String::new(),
     });
     Ok(())
 }
@@ -413,9 +470,6 @@ fn write_context(
                 let stage = naming::stage_name(&ctx.project.candies[candy].name, builder);
                 copy(outputs::ARTIFACT_TAR, artifact_path(&stage))?;
             }
-            Work::Rootfs { builder, .. } => {
-                copy(outputs::ROOTFS_TAR, format!("{LAYER_DIR}/{builder}.tar.gz"))?;
-            }
             Work::LocalPkg { candy, .. } => {
                 let rel = format!("{LAYER_DIR}/_localpkg/{}", ctx.project.candies[candy].name);
                 read_node(ctx, graph, d, |rec| {
@@ -518,8 +572,11 @@ pub fn work_image(
         );
     }
     // Assembled: the user's runner gets it now (they asked for a build).
-    if ctx.runner.is_some() {
-        load_assembled(ctx, &n.id, &meta, &image, &tag)?;
+    // When the runner has the top layer's image, it has every layer blob:
+    // the layout gets empty stand-ins and only the config is new to it.
+    if let Some(runner) = ctx.runner {
+        let has_layers = !meta.tag.is_empty() && runner.has_image(&meta.tag);
+        load_assembled(ctx, &n.id, &meta, &image, &tag, has_layers)?;
     }
     out.meta = outputs::write_meta(&ImageMeta {
         id: image.id().as_str().to_string(),
@@ -554,7 +611,38 @@ pub fn export_image(
             config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
             manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
         };
-        write_layout(ctx, &n.id, &m.layers, &image, dir, reference)
+        write_layout(ctx, &n.id, &m.layers, &image, dir, reference, false)
+    })
+}
+
+/// Pushes a built box's image to a registry as `tag` (layers the registry
+/// has are skipped); returns the bytes sent.
+pub fn push_image(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    remote: &charly_cache::Remote,
+    tag: &str,
+) -> Result<u64, ExecError> {
+    let n = &graph.g[i];
+    read_node(ctx, graph, i, |rec| {
+        let m: ImageMeta = outputs::read_meta(&rec.meta);
+        let config = record_bytes(ctx, &n.id, rec, outputs::CONFIG)?;
+        let manifest = record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?;
+        let mut layers = Vec::new();
+        for l in &m.layers.chain {
+            let d: BlobDigest = l.blob.parse().map_err(|_| missing(&n.id, &l.digest))?;
+            layers.push((d, l.digest.clone(), l.size));
+        }
+        Ok(remote.push_image(
+            ctx.store,
+            tag,
+            &charly_cache::ImageUpload {
+                layers,
+                config: &config,
+                manifest: &manifest,
+            },
+        )?)
     })
 }
 

@@ -303,13 +303,14 @@ fn canonical_bytes(v: &serde_json::Value) -> Result<Vec<u8>, OciError> {
 
 /// Writes an assembled image into the layout at `dir` under `reference`;
 /// `fetch` writes a layer's blob to the path it is given (only for blobs
-/// the layout lacks).
+/// the layout lacks) and says whether it wrote the real content (checked
+/// against the digest) or a stand-in (for a reader known to have it).
 pub fn write_image(
     dir: &Path,
     reference: &str,
     image: &Assembled,
     chain: &[LayerDesc],
-    fetch: &dyn Fn(&LayerDesc, &Path) -> Result<(), OciError>,
+    fetch: &dyn Fn(&LayerDesc, &Path) -> Result<bool, OciError>,
 ) -> Result<Exported, OciError> {
     let root = crate::fsroot::Root::create(dir).map_err(io(dir.display()))?;
     let blobs_rel = Path::new("blobs/sha256");
@@ -326,8 +327,12 @@ pub fn write_image(
         }
         let tmp = root.prepare(&rel).map_err(io(rel.display()))?;
         let part = tmp.with_extension(format!("charly-part-{}", std::process::id()));
-        fetch(l, &part)?;
-        let actual = sha256_file(&part).map_err(io(part.display()))?;
+        let real = fetch(l, &part)?;
+        let actual = if real {
+            sha256_file(&part).map_err(io(part.display()))?
+        } else {
+            OciDigest(l.digest.clone())
+        };
         if actual.as_str() != l.digest {
             let _ = std::fs::remove_file(&part);
             return Err(OciError::Digest {
@@ -448,9 +453,10 @@ mod tests {
         layers: &[(LayerDesc, Vec<u8>)],
     ) -> Exported {
         let chain: Vec<LayerDesc> = layers.iter().map(|(d, _)| d.clone()).collect();
-        let fetch = |d: &LayerDesc, p: &Path| -> Result<(), OciError> {
+        let fetch = |d: &LayerDesc, p: &Path| -> Result<bool, OciError> {
             let bytes = &layers.iter().find(|(x, _)| x == d).expect("known").1;
-            std::fs::write(p, bytes).map_err(io(p.display()))
+            std::fs::write(p, bytes).map_err(io(p.display()))?;
+            Ok(true)
         };
         write_image(dir, reference, a, &chain, &fetch).expect("write")
     }
@@ -519,8 +525,9 @@ mod tests {
         let dir = t.path().join("layout");
         let (a, la) = image(&["x"], None);
         let chain: Vec<LayerDesc> = la.iter().map(|(d, _)| d.clone()).collect();
-        let bad = |_: &LayerDesc, p: &Path| -> Result<(), OciError> {
-            std::fs::write(p, b"not the layer").map_err(io(p.display()))
+        let bad = |_: &LayerDesc, p: &Path| -> Result<bool, OciError> {
+            std::fs::write(p, b"not the layer").map_err(io(p.display()))?;
+            Ok(true)
         };
         let err = write_image(&dir, "x", &a, &chain, &bad).expect_err("corrupt");
         assert!(matches!(err, OciError::Digest { .. }), "{err}");

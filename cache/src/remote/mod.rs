@@ -192,7 +192,51 @@ impl std::fmt::Debug for Remote {
     }
 }
 
+/// An image to write to a registry with [`Remote::push_image`].
+#[derive(Debug, Clone)]
+pub struct ImageUpload<'a> {
+    /// Its layer blobs: the store's digest, the OCI digest (`sha256:…` of
+    /// the same bytes) and the size.
+    pub layers: Vec<(BlobDigest, String, u64)>,
+    /// The OCI config.
+    pub config: &'a [u8],
+    /// The OCI image manifest naming them.
+    pub manifest: &'a [u8],
+}
+
 impl Remote {
+    /// Writes an image to the remote's repository as `tag`: each layer
+    /// blob the registry lacks (streamed from the store; registries keep
+    /// one copy per digest, so layers shared with images already there are
+    /// not sent), the config, then the manifest. Returns the bytes sent.
+    pub fn push_image(
+        &self,
+        local: &Store,
+        tag: &str,
+        image: &ImageUpload<'_>,
+    ) -> Result<u64, CacheError> {
+        let reg = &self.inner.registry;
+        let url = &self.inner.url;
+        let err = |e: RemoteError| e.into_cache_error(url);
+        let mut sent = 0;
+        for (d, sha, size) in &image.layers {
+            if !reg.has_blob(sha).map_err(err)? {
+                push::upload_stream(reg, local, d, sha, *size).map_err(err)?;
+                sent += size;
+            }
+        }
+        let sum: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(image.config).into();
+        let config_sha = format!("sha256:{}", crate::digest::encode_hex(&sum));
+        if !reg.has_blob(&config_sha).map_err(err)? {
+            reg.push_bytes(&config_sha, image.config.to_vec())
+                .map_err(err)?;
+            sent += image.config.len() as u64;
+        }
+        reg.put_manifest(tag, image.manifest.to_vec())
+            .map_err(err)?;
+        Ok(sent + image.manifest.len() as u64)
+    }
+
     /// Sets up the remote described by `cfg`. Does not contact the registry
     /// (see [`Remote::check`]); fails only on a malformed URL or if the I/O
     /// runtime cannot start.

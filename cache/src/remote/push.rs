@@ -213,7 +213,7 @@ fn stream_sha256(
 /// Streams a local blob into an upload. The registry checks the body
 /// against `sha`; should the local read fail verification, an error is
 /// sent into the body so the upload can never complete.
-fn upload_stream(
+pub(super) fn upload_stream(
     reg: &Registry,
     local: &Store,
     d: &BlobDigest,

@@ -188,6 +188,8 @@ impl Builder<'_> {
             k.text("distro", &canonical("the distro definition", &d)?);
         }
         k.value("builder", builder);
+        // Recorded as a layer (the chain's first) since layers are nodes.
+        k.value("output", "layer");
         k.value("tags", b.tags.join(","));
         k.value("runner", self.opts.runner.clone());
         k.value("arch", self.opts.arch.clone());

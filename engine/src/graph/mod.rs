@@ -259,7 +259,7 @@ impl Graph {
                 for d in self.g.neighbors_directed(n, petgraph::Direction::Incoming) {
                     if matches!(
                         self.g[d].kind,
-                        NodeKind::Layer | NodeKind::Image | NodeKind::Base
+                        NodeKind::Layer | NodeKind::Image | NodeKind::Base | NodeKind::Rootfs
                     ) {
                         stack.push(d);
                     }
@@ -545,7 +545,7 @@ impl<'a> Builder<'a> {
     }
 
     /// A box's layer chain, bottom up: its base (the parent box's image,
-    /// an external image's layers, or nothing under a bootstrapped root),
+    /// an external image's layers, or a bootstrapped root filesystem),
     /// the setup layer (not on a box base), one layer per candy in the
     /// box's order, the init layer when its services need one. Returns the
     /// top; every layer depends on the one below and on what its text
@@ -571,7 +571,21 @@ impl<'a> Builder<'a> {
                 );
                 (Some(i), Some(id))
             }
-            BaseRef::Bootstrap { .. } => (None, None),
+            BaseRef::Bootstrap { builder, .. } => {
+                // The root filesystem is the chain's first layer.
+                let id = NodeId::Rootfs {
+                    box_name: name.into(),
+                };
+                let i = add_node(
+                    &mut self.graph,
+                    id.clone(),
+                    Work::Rootfs {
+                        box_name: name.into(),
+                        builder: builder.clone(),
+                    },
+                );
+                (Some(i), Some(id))
+            }
         };
         let mut push = |this: &mut Self, slot: LayerSlot, part: LayerWork| {
             let id = NodeId::layer(name, slot);
@@ -593,20 +607,7 @@ impl<'a> Builder<'a> {
             i
         };
         if !matches!(b.base, BaseRef::Box(_)) {
-            let setup = push(self, LayerSlot::Setup, LayerWork::Setup);
-            if let BaseRef::Bootstrap { builder, .. } = &b.base {
-                let r = add_node(
-                    &mut self.graph,
-                    NodeId::Rootfs {
-                        box_name: name.into(),
-                    },
-                    Work::Rootfs {
-                        box_name: name.into(),
-                        builder: builder.clone(),
-                    },
-                );
-                self.edge(r, setup);
-            }
+            push(self, LayerSlot::Setup, LayerWork::Setup);
         }
         let plans = self.oci_plans(b)?;
         let vocab = &self.p.ns(b.ns).vocab;

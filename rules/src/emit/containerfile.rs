@@ -739,8 +739,11 @@ impl Emitter<'_> {
             }
             BaseRef::Bootstrap { builder, .. } => {
                 // A fresh root filesystem gets the same bootstrap as an
-                // external base: packages and the box user.
-                self.line(&format!("ADD {}/{builder}.tar.gz /", self.dir));
+                // external base: packages and the box user. A layer build
+                // has it as its parent image already.
+                if self.opts.dir.as_deref() != Some(LAYER_DIR) {
+                    self.line(&format!("ADD {}/{builder}.tar.gz /", self.dir));
+                }
             }
             BaseRef::External(_) => {}
         }
