@@ -137,26 +137,30 @@ fn a_corrupt_registry_blob_is_a_reported_miss_and_the_node_rebuilds() {
     let na = nodes(&sa);
 
     // Corrupt, in place and keeping its size, the registry's copy of the
-    // image archive of `left` (the fake runner's archives are unique).
-    let (key, _) = &na["image:left"];
-    let archive = outputs(&a.store, key).remove("archive").expect("archive");
+    // layer blob of `left`'s own first candy (the fake runner's layers are
+    // unique per node).
+    let id = "layer:left/a-npm";
+    let (key, _) = &na[id];
+    let layer = outputs(&a.store, key).remove("layer").expect("layer");
     let file = reg
         .blob_files()
         .into_iter()
-        .find(|p| std::fs::read(p).is_ok_and(|b| b == archive))
-        .expect("the archive blob in the registry's storage");
-    let mut bad = archive.clone();
+        .find(|p| std::fs::read(p).is_ok_and(|b| b == layer))
+        .expect("the layer blob in the registry's storage");
+    let mut bad = layer.clone();
     bad[0] ^= 0xff;
     std::fs::write(&file, &bad).expect("corrupt");
 
     let (out, sb) = b.build(Some(&url), &[]);
     assert!(out.status.success(), "{}", show(&out));
     let nb = nodes(&sb);
-    assert_eq!(nb["image:left"].1, "ran", "{nb:?}");
-    assert_eq!(b.builds(), vec!["image image:left".to_string()]);
+    assert_eq!(nb[id].1, "ran", "{nb:?}");
+    assert_eq!(b.builds(), vec![format!("layer {id}")]);
+    // Everything else came from the registry (the image names the layer
+    // too; B has it now, so it may be assembled again locally instead).
     assert!(
         nb.iter()
-            .filter(|(id, _)| *id != "image:left")
+            .filter(|(n, _)| *n != id && *n != "image:left")
             .all(|(_, (_, s))| s == "pulled"),
         "{nb:?}"
     );
@@ -167,7 +171,7 @@ fn a_corrupt_registry_blob_is_a_reported_miss_and_the_node_rebuilds() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("1 corrupt (refused)"), "{stderr}");
     // The rebuilt result is A's, not the registry's garbage.
-    assert_eq!(outputs(&b.store, key)["archive"], archive);
+    assert_eq!(outputs(&b.store, key)["layer"], layer);
 }
 
 #[test]

@@ -156,7 +156,7 @@ fn a_builder_stage_runs_on_the_engine_and_matches_a_local_build() {
     );
     let images: Vec<String> = nodes(&remote)
         .into_iter()
-        .filter(|(id, _)| id.starts_with("image:"))
+        .filter(|(id, _)| id.starts_with("layer:"))
         .map(|(id, _)| id)
         .collect();
     assert!(!images.is_empty(), "{remote}");

@@ -98,8 +98,12 @@ impl Runner for TarRunner {
         self.0.export_layers(r, out)
     }
 
-    fn load_layout(&self, d: &Path, r: &str, t: &str) -> Result<String, RunError> {
+    fn load_layout(&self, d: &Path, r: &str, t: &[String]) -> Result<String, RunError> {
         self.0.load_layout(d, r, t)
+    }
+
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError> {
+        self.0.rename_image(from, to)
     }
     fn has_image(&self, reference: &str) -> bool {
         self.0.has_image(reference)

@@ -6,7 +6,7 @@ use crate::graph::{Builder, Goal, Graph, GraphError, GraphOptions};
 use crate::hash::FileHasher;
 use crate::key::{Change, KeyInputs, diff};
 use crate::runners::Runner;
-use crate::sched::{self, Observer, Summary};
+use crate::sched::{self, Observer, State, Summary};
 use charly_cache::Store;
 use charly_rules::emit::EmitOptions;
 use charly_rules::load::Project;
@@ -105,6 +105,9 @@ impl<'a> Engine<'a> {
         let ctx = self.ctx(out_root);
         let mut s = sched::run(graph, &ctx, jobs, dry_run, obs);
         describe_layers(graph, &mut s);
+        if !dry_run {
+            self.root_images(graph, &s);
+        }
         let _ = self.hasher.save();
         let _ = self.store.flush();
         if let Some(r) = self.remote
@@ -115,6 +118,58 @@ impl<'a> Engine<'a> {
             s.totals.wall_ms += t.elapsed().as_millis() as u64;
         }
         s
+    }
+
+    /// Makes each built goal image a GC root (`box:<name>`), and every
+    /// record of its chain below it (`box:<name>#<n>`: layers, base, root
+    /// filesystem, parent images): GC keeps the newest build of every box
+    /// whole, so a build after a GC still finds its layers cached. Roots of
+    /// an older, longer chain are dropped.
+    fn root_images(&self, graph: &Graph, s: &Summary) {
+        use crate::key::NodeKind;
+        let old = self.store.roots().unwrap_or_default();
+        for i in &graph.goals {
+            let n = &graph.g[*i];
+            let crate::graph::Work::Image { box_name } = &n.work else {
+                continue;
+            };
+            let built = s
+                .get(&n.id)
+                .is_some_and(|r| !matches!(r.state, State::Failed | State::NotAttempted));
+            if !built {
+                continue;
+            }
+            let _ = self.store.set_root(&format!("box:{box_name}"), &n.key);
+            let mut chain = Vec::new();
+            let mut stack = vec![*i];
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(j) = stack.pop() {
+                for d in graph.deps(j) {
+                    let kind = graph.g[d].kind;
+                    if matches!(
+                        kind,
+                        NodeKind::Layer | NodeKind::Base | NodeKind::Rootfs | NodeKind::Image
+                    ) && seen.insert(d)
+                    {
+                        chain.push(graph.g[d].key);
+                        stack.push(d);
+                    }
+                }
+            }
+            let prefix = format!("box:{box_name}#");
+            for (k, key) in chain.iter().enumerate() {
+                let _ = self.store.set_root(&format!("{prefix}{k}"), key);
+            }
+            for (name, _) in &old {
+                let stale = name
+                    .strip_prefix(&prefix)
+                    .and_then(|k| k.parse::<usize>().ok())
+                    .is_some_and(|k| k >= chain.len());
+                if stale {
+                    let _ = self.store.remove_root(name);
+                }
+            }
+        }
     }
 
     /// Writes the build directories of the goal Containerfile nodes under
@@ -401,6 +456,10 @@ pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
     if graph.by_id.contains_key(query) {
         return Ok(query.to_string());
     }
+    // A layer merged into a sibling box's identical one.
+    if let Some(i) = graph.aliases.get(query) {
+        return Ok(graph.g[*i].id.clone());
+    }
     let hits: Vec<&String> = graph.by_id.keys().filter(|id| id.contains(query)).collect();
     match hits.as_slice() {
         [one] => Ok((*one).clone()),
@@ -419,7 +478,9 @@ pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
     }
 }
 
-fn copy_dir(src: &Path, dest: &Path) -> std::io::Result<()> {
+/// Copies a directory's regular files and directories (links are left out:
+/// a build would refuse links out of its context).
+pub(crate) fn copy_dir(src: &Path, dest: &Path) -> std::io::Result<()> {
     for e in walkdir::WalkDir::new(src).sort_by_file_name() {
         let e = e.map_err(std::io::Error::other)?;
         let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;

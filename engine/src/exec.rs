@@ -278,21 +278,11 @@ fn record_output(
 pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptions {
     let mut o = ctx.emit.clone();
     if prebuilt {
-        let vocab = &ctx.project.ns(b.ns).vocab;
-        for u in &b.builders {
-            let Some(def) = vocab.builder.get(&u.builder) else {
-                continue;
-            };
-            if def.inline || def.stage_template.is_none() || u.image.is_none() {
-                continue;
-            }
-            for k in &u.candies {
-                let stage = naming::stage_name(&ctx.project.candies[k].name, &u.builder);
-                o.artifacts.insert(
-                    stage.clone(),
-                    format!("{}/_artifacts/{stage}.tar", naming::build_dir(&b.name)),
-                );
-            }
+        for stage in crate::layers::prebuilt_stages(ctx.project, b) {
+            o.artifacts.insert(
+                stage.clone(),
+                format!("{}/_artifacts/{stage}.tar", naming::build_dir(&b.name)),
+            );
         }
     }
     o

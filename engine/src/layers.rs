@@ -56,7 +56,18 @@ fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
 pub fn emit_options(base: &EmitOptions, p: &Project, b: &ResolvedBox) -> EmitOptions {
     let mut o = base.clone();
     o.dir = Some(LAYER_DIR.to_string());
+    for stage in prebuilt_stages(p, b) {
+        o.artifacts.insert(stage.clone(), artifact_path(&stage));
+    }
+    o
+}
+
+/// The builder stages of a box that run as their own nodes (and reach its
+/// image as artifact tars): every candy of a non-inline builder with a
+/// stage template and a builder box.
+pub fn prebuilt_stages(p: &Project, b: &ResolvedBox) -> Vec<String> {
     let vocab = &p.ns(b.ns).vocab;
+    let mut out = Vec::new();
     for u in &b.builders {
         let Some(def) = vocab.builder.get(&u.builder) else {
             continue;
@@ -65,11 +76,10 @@ pub fn emit_options(base: &EmitOptions, p: &Project, b: &ResolvedBox) -> EmitOpt
             continue;
         }
         for k in &u.candies {
-            let stage = naming::stage_name(&p.candies[k].name, &u.builder);
-            o.artifacts.insert(stage.clone(), artifact_path(&stage));
+            out.push(naming::stage_name(&p.candies[k].name, &u.builder));
         }
     }
-    o
+    out
 }
 
 /// Where a builder stage's artifact tar sits in a layer's context.
@@ -120,9 +130,29 @@ pub fn image_facts(
     charly_rules::emit::containerfile::image_facts(p, b, &base_options(r, dev_local_pkg))
 }
 
-/// The runner's tag of the image a layer tops.
-fn layer_tag(key: &str) -> String {
-    format!("localhost/charly-layer:{}", &key[..32.min(key.len())])
+/// The runner's tag of the image a layer (base, root filesystem) tops,
+/// named by its content — its chain's digests and its configuration — not
+/// by its key: two stores may hold different bytes under one key (a
+/// bootstrap is not reproducible), and charly processes with different
+/// stores share one podman storage.
+pub fn content_tag(chain: &[LayerDesc], config: &serde_json::Value) -> String {
+    let mut h = blake3::Hasher::new();
+    for l in chain {
+        h.update(l.digest.as_bytes());
+        h.update(b"\0");
+        h.update(l.diff_id.as_bytes());
+        h.update(b"\n");
+    }
+    h.update(config.to_string().as_bytes());
+    format!("localhost/charly-layer:{}", &h.finalize().to_hex()[..32])
+}
+
+/// The runner's content tag of an assembled image (its id is its config's
+/// digest), beside the box's own tag, which another store's build of the
+/// same box may take over.
+fn image_content_tag(id: &str) -> String {
+    let hex = id.trim_start_matches("sha256:");
+    format!("localhost/charly-image:{}", &hex[..32.min(hex.len())])
 }
 
 /// The chain, configuration and runner tag of the image a layer, base or
@@ -187,7 +217,7 @@ fn write_layout(
 fn load(ctx: &Ctx<'_>, node: &str, meta: &LayerMeta, tag: &str) -> Result<String, ExecError> {
     let image = crate::oci::assemble(&meta.chain, &meta.config, &BTreeMap::new(), None, &ctx.arch)
         .map_err(|e| ExecError::Io(format!("{node}: {e}")))?;
-    load_assembled(ctx, node, meta, &image, tag, false)
+    load_assembled(ctx, node, meta, &image, &[tag.to_string()], false)
 }
 
 fn load_assembled(
@@ -195,12 +225,23 @@ fn load_assembled(
     node: &str,
     meta: &LayerMeta,
     image: &crate::oci::Assembled,
-    tag: &str,
+    tags: &[String],
     standins: bool,
 ) -> Result<String, ExecError> {
-    // A lowercase, per-process name: the runner may derive a name from it.
-    let base = ctx.store.dir().join("work");
-    std::fs::create_dir_all(&base).map_err(io(base.display()))?;
+    // podman names an image loaded from a layout after the layout's path,
+    // which must therefore be a valid image name: a lowercase, per-process
+    // directory under the first place whose path is one.
+    let base = [
+        ctx.store.dir().join("work"),
+        std::env::temp_dir(),
+        std::path::PathBuf::from("/var/tmp"),
+        std::path::PathBuf::from("/tmp"),
+    ]
+    .into_iter()
+    .find(|d| std::fs::create_dir_all(d).is_ok() && name_safe(d))
+    .ok_or_else(|| {
+        ExecError::Io("no directory with a lowercase path to load images from".into())
+    })?;
     let dir = base.join(format!(
         "load-{}-{}",
         &image.digest().as_str()[7..19],
@@ -209,10 +250,32 @@ fn load_assembled(
     let _ = std::fs::remove_dir_all(&dir);
     let res = (|| {
         write_layout(ctx, node, meta, image, &dir, "charly", standins)?;
-        Ok(ctx.runner(node)?.load_layout(&dir, "charly", tag)?)
+        Ok(ctx.runner(node)?.load_layout(&dir, "charly", tags)?)
     })();
     let _ = std::fs::remove_dir_all(&dir);
     res
+}
+
+/// Whether every component of an absolute path is a valid image-name
+/// component (`[a-z0-9]+` joined by `.`, `_`, `__` or dashes).
+fn name_safe(p: &Path) -> bool {
+    let Ok(p) = std::fs::canonicalize(p) else {
+        return false;
+    };
+    p.components().skip(1).all(|c| {
+        let s = c.as_os_str().to_string_lossy();
+        let b = s.as_bytes();
+        let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !b.is_empty()
+            && alnum(b[0])
+            && alnum(b[b.len() - 1])
+            && b.iter()
+                .all(|c| alnum(*c) || matches!(c, b'.' | b'_' | b'-'))
+            && !s.contains("..")
+            && !s.contains("___")
+            && !s.contains("._")
+            && !s.contains("_.")
+    })
 }
 
 /// Makes the image that the layer, base or image node `i` tops present in
@@ -222,29 +285,61 @@ pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String
     let n = &graph.g[i];
     read_node(ctx, graph, i, |rec| {
         let meta = chain_of(rec);
-        let tag = if meta.tag.is_empty() {
-            match &n.work {
-                Work::Base { reference } => reference.clone(),
-                _ => layer_tag(&n.key.to_hex()),
-            }
-        } else {
-            meta.tag.clone()
-        };
         let runner = ctx.runner(&n.id)?;
-        if runner.has_image(&tag) {
-            return Ok(tag);
-        }
         if n.kind == NodeKind::Image {
             let image = crate::oci::Assembled {
                 config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
                 manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
             };
-            load_assembled(ctx, &n.id, &meta, &image, &tag, false)?;
-        } else {
+            let tag = image_content_tag(image.id().as_str());
+            if !runner.has_image(&tag) {
+                load_assembled(
+                    ctx,
+                    &n.id,
+                    &meta,
+                    &image,
+                    &[meta.tag.clone(), tag.clone()],
+                    false,
+                )?;
+            }
+            return Ok(tag);
+        }
+        let tag = match &n.work {
+            Work::Base { reference } => reference.clone(),
+            _ => content_tag(&meta.chain, &meta.config),
+        };
+        if !runner.has_image(&tag) {
             load(ctx, &n.id, &meta, &tag)?;
         }
         Ok(tag)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_safe;
+    use std::path::Path;
+
+    #[test]
+    fn load_directories_must_be_valid_image_names() {
+        let t = tempfile::Builder::new()
+            .prefix("charly-ok-")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        let ok = name_safe(t.path());
+        let lower = t
+            .path()
+            .to_string_lossy()
+            .bytes()
+            .all(|c| !c.is_ascii_uppercase());
+        assert_eq!(ok, lower, "{}", t.path().display());
+        let bad = tempfile::Builder::new()
+            .prefix(".Hidden")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        assert!(!name_safe(bad.path()));
+        assert!(!name_safe(Path::new("/no/such/dir")));
+    }
 }
 
 fn record_bytes(ctx: &Ctx<'_>, node: &str, rec: &Record, name: &str) -> Result<Vec<u8>, ExecError> {
@@ -400,7 +495,12 @@ pub fn work_layer(
     let cf = scratch.join("Containerfile");
     std::fs::write(&cf, &text.containerfile).map_err(io(cf.display()))?;
     let key = n.key.to_hex();
-    let tag = layer_tag(&key);
+    // Built under a name of this run; named by its content once exported.
+    let build_tag = format!(
+        "localhost/charly-build:{}-{}",
+        &key[..32.min(key.len())],
+        std::process::id()
+    );
     let mut build_args = BTreeMap::new();
     build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
     let res = ctx.runner(&n.id)?.build_layer(&LayerRequest {
@@ -410,7 +510,7 @@ pub fn work_layer(
         containerfile: cf,
         parent: parent_tag,
         parent_layers: below.chain.clone(),
-        tag: tag.clone(),
+        tag: build_tag.clone(),
         build_args,
         out: scratch.join("out"),
     })?;
@@ -420,6 +520,8 @@ pub fn work_layer(
         out.files.insert(outputs::LAYER.into(), Out::Stored(o));
         chain.push(desc);
     }
+    let tag = content_tag(&chain, &res.config);
+    ctx.runner(&n.id)?.rename_image(&build_tag, &tag)?;
     out.meta = outputs::write_meta(&LayerMeta {
         chain,
         config: res.config,
@@ -441,7 +543,7 @@ fn write_context(
     let root = crate::fsroot::Root::open(dir).map_err(io(dir.display()))?;
     let prepare = |rel: &str| root.prepare(Path::new(rel)).map_err(io(rel));
     for (rel, src) in &text.dirs {
-        copy_tree(src, &prepare(rel)?).map_err(io(src.display()))?;
+        crate::api::copy_dir(src, &prepare(rel)?).map_err(io(src.display()))?;
     }
     for (rel, staged) in &text.files {
         let dest = prepare(rel)?;
@@ -486,22 +588,6 @@ fn write_context(
                 })?;
             }
             _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Copies a candy directory (regular files and directories; links are
-/// left out, as the build would refuse links out of its context).
-fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
-    for e in walkdir::WalkDir::new(src).sort_by_file_name() {
-        let e = e.map_err(std::io::Error::other)?;
-        let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
-        let t = dest.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&t)?;
-        } else if e.file_type().is_file() {
-            std::fs::copy(e.path(), &t)?;
         }
     }
     Ok(())
@@ -575,8 +661,10 @@ pub fn work_image(
     // When the runner has the top layer's image, it has every layer blob:
     // the layout gets empty stand-ins and only the config is new to it.
     if let Some(runner) = ctx.runner {
-        let has_layers = !meta.tag.is_empty() && runner.has_image(&meta.tag);
-        load_assembled(ctx, &n.id, &meta, &image, &tag, has_layers)?;
+        let top = content_tag(&meta.chain, &meta.config);
+        let has_layers = runner.has_image(&top);
+        let tags = [tag.clone(), image_content_tag(image.id().as_str())];
+        load_assembled(ctx, &n.id, &meta, &image, &tags, has_layers)?;
     }
     out.meta = outputs::write_meta(&ImageMeta {
         id: image.id().as_str().to_string(),

@@ -220,6 +220,42 @@ fn siblings_share_their_prefix_as_one_chain_of_layers() {
     let (_, s2) = build(&w, &names(), &f2);
     assert_eq!(s2.totals.ran, 0);
     assert!(f2.calls().is_empty(), "{:?}", f2.calls());
+
+    // Every built image is a GC root with its chain, and its record names
+    // the chain's blobs: a GC down to nothing keeps every layer of every
+    // image, and the next build still runs nothing.
+    let roots = w.store.roots().expect("roots");
+    let images: Vec<_> = roots
+        .iter()
+        .filter(|(n, _)| !n.contains('#'))
+        .cloned()
+        .collect();
+    assert_eq!(images.len(), BOXES);
+    let report = w.store.gc(1).expect("gc");
+    assert!(!report.within_budget);
+    let f3 = FakeRunner::new();
+    let (_, s3) = build(&w, &names(), &f3);
+    let reran: Vec<&str> = s3
+        .nodes
+        .iter()
+        .filter(|n| n.state == State::Ran && n.kind != NodeKind::Source)
+        .map(|n| n.id.as_str())
+        .collect();
+    assert!(reran.is_empty(), "nothing reran after the GC: {reran:?}");
+    assert!(!f3.calls().iter().any(|c| c.what == "layer"));
+    for (_, key) in images {
+        let rec = w
+            .store
+            .get_record(&key)
+            .expect("get")
+            .expect("rooted record");
+        let meta: charly_engine::outputs::ImageMeta = charly_engine::outputs::read_meta(&rec.meta);
+        assert!(meta.layers.chain.len() >= 7, "{:?}", meta.layers.chain);
+        for l in &meta.layers.chain {
+            let d: charly_cache::BlobDigest = l.blob.parse().expect("digest");
+            assert!(w.store.has_blob(&d), "layer {} kept", l.digest);
+        }
+    }
 }
 
 #[test]

@@ -363,8 +363,12 @@ impl Runner for Recorder {
     fn export_layers(&self, r: &str, out: &Path) -> Result<ExportedImage, RunError> {
         self.fake.export_layers(r, out)
     }
-    fn load_layout(&self, d: &Path, r: &str, t: &str) -> Result<String, RunError> {
+    fn load_layout(&self, d: &Path, r: &str, t: &[String]) -> Result<String, RunError> {
         self.fake.load_layout(d, r, t)
+    }
+
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError> {
+        self.fake.rename_image(from, to)
     }
     fn has_image(&self, r: &str) -> bool {
         self.fake.has_image(r)

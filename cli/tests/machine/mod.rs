@@ -66,12 +66,12 @@ impl Machine {
         (out, summary_json(&summary))
     }
 
-    /// Runner calls so far (`what node`), without image restores.
+    /// Runner calls so far (`what node`), without image loads.
     pub fn builds(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| !l.starts_with("restore "))
+            .filter(|l| !l.starts_with("load "))
             .map(str::to_string)
             .collect()
     }

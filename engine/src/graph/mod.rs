@@ -117,10 +117,8 @@ pub enum Work {
         box_name: String,
         /// Which layer.
         part: LayerWork,
-        /// The image below (`None`: scratch, under a root filesystem).
+        /// The image below (`None`: scratch).
         parent: Option<NodeId>,
-        /// The boxes whose chains were merged into this node.
-        boxes: Vec<String>,
     },
     /// Take an external base image into the store, layer by layer.
     Base {
@@ -443,13 +441,6 @@ impl<'a> Builder<'a> {
                     }
                 }
                 self.graph.aliases.insert(gone.id, keep);
-                if let (Work::Layer { boxes, .. }, Work::Layer { boxes: more, .. }) =
-                    (&mut self.graph.g[keep].work, gone.work)
-                {
-                    boxes.extend(more);
-                    boxes.sort();
-                    boxes.dedup();
-                }
             }
         }
     }
@@ -596,7 +587,6 @@ impl<'a> Builder<'a> {
                     box_name: name.into(),
                     part,
                     parent: below_id.clone(),
-                    boxes: vec![name.into()],
                 },
             );
             if let Some(p) = below {

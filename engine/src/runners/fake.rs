@@ -231,7 +231,23 @@ impl Runner for FakeRunner {
         })
     }
 
-    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError> {
+        if let Ok(mut i) = self.images.lock() {
+            if !i.remove(from) {
+                return Err(RunError::new(format!("no image {from} to rename")));
+            }
+            i.insert(to.to_string());
+        }
+        Ok(())
+    }
+
+    fn load_layout(
+        &self,
+        dir: &Path,
+        reference: &str,
+        tags: &[String],
+    ) -> Result<String, RunError> {
+        let tag = tags.first().map(String::as_str).unwrap_or_default();
         self.record("load", tag, "")?;
         let index = std::fs::read_to_string(dir.join("index.json"))
             .map_err(|e| RunError::new(format!("{}: {e}", dir.display())))?;
@@ -240,7 +256,7 @@ impl Runner for FakeRunner {
         }
         let id = format!("sha256:{}", blake3::hash(index.as_bytes()).to_hex());
         if let Ok(mut i) = self.images.lock() {
-            i.insert(tag.to_string());
+            i.extend(tags.iter().cloned());
             i.insert(id.clone());
         }
         Ok(id)

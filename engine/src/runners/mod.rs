@@ -159,9 +159,12 @@ pub trait Runner: Send + Sync {
     /// Takes an image the runner has (an external base) out as layer blobs
     /// written into `out`.
     fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError>;
-    /// Loads the image `reference` of the OCI layout `dir` and tags it `tag`;
-    /// returns the image id.
-    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError>;
+    /// Loads the image `reference` of the OCI layout `dir` and gives it
+    /// `tags`; returns the image id.
+    fn load_layout(&self, dir: &Path, reference: &str, tags: &[String])
+    -> Result<String, RunError>;
+    /// Renames an image (`from` is dropped, `to` added).
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError>;
     /// Builds local packages into `req.out`.
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError>;
     /// Bootstraps a root filesystem tar into `req.out`.

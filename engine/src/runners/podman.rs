@@ -580,9 +580,15 @@ impl Runner for PodmanRunner {
         Ok(ExportedImage { layers, config })
     }
 
-    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+    fn load_layout(
+        &self,
+        dir: &Path,
+        reference: &str,
+        tags: &[String],
+    ) -> Result<String, RunError> {
+        let what = format!("load {}", tags.join(", "));
         let out = self.run(
-            &format!("load {tag}"),
+            &what,
             self.cmd()
                 .args(["pull", "-q"])
                 .arg(format!("oci:{}:{reference}", dir.display())),
@@ -594,11 +600,16 @@ impl Runner for PodmanRunner {
             .trim()
             .to_string();
         if id.is_empty() {
-            return Err(RunError::new(format!(
-                "load {tag}: podman printed no image id"
-            )));
+            return Err(RunError::new(format!("{what}: podman printed no image id")));
         }
-        self.run(&format!("tag {tag}"), self.cmd().args(["tag", &id, tag]))?;
+        let tags: Vec<&str> = tags
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
+            .collect();
+        if !tags.is_empty() {
+            self.run(&what, self.cmd().arg("tag").arg(&id).args(&tags))?;
+        }
         // podman names an image pulled from a layout after its path.
         let _ = self
             .cmd()
@@ -606,6 +617,15 @@ impl Runner for PodmanRunner {
             .arg(format!("localhost{}:latest", dir.display()))
             .output();
         Ok(format!("sha256:{}", id.trim_start_matches("sha256:")))
+    }
+
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError> {
+        self.run(&format!("tag {to}"), self.cmd().args(["tag", from, to]))?;
+        self.run(
+            &format!("untag {from}"),
+            self.cmd().args(["untag", from, from]),
+        )?;
+        Ok(())
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {

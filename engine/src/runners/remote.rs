@@ -607,8 +607,12 @@ impl Runner for RemoteRunner<'_> {
         self.local.export_layers(reference, out)
     }
 
-    fn load_layout(&self, dir: &Path, reference: &str, tag: &str) -> Result<String, RunError> {
+    fn load_layout(&self, dir: &Path, reference: &str, tag: &[String]) -> Result<String, RunError> {
         self.local.load_layout(dir, reference, tag)
+    }
+
+    fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError> {
+        self.local.rename_image(from, to)
     }
 
     fn has_image(&self, reference: &str) -> bool {
