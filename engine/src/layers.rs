@@ -315,33 +315,6 @@ pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::name_safe;
-    use std::path::Path;
-
-    #[test]
-    fn load_directories_must_be_valid_image_names() {
-        let t = tempfile::Builder::new()
-            .prefix("charly-ok-")
-            .tempdir_in("/tmp")
-            .expect("tmp");
-        let ok = name_safe(t.path());
-        let lower = t
-            .path()
-            .to_string_lossy()
-            .bytes()
-            .all(|c| !c.is_ascii_uppercase());
-        assert_eq!(ok, lower, "{}", t.path().display());
-        let bad = tempfile::Builder::new()
-            .prefix(".Hidden")
-            .tempdir_in("/tmp")
-            .expect("tmp");
-        assert!(!name_safe(bad.path()));
-        assert!(!name_safe(Path::new("/no/such/dir")));
-    }
-}
-
 fn record_bytes(ctx: &Ctx<'_>, node: &str, rec: &Record, name: &str) -> Result<Vec<u8>, ExecError> {
     let o = rec.outputs.get(name).ok_or_else(|| missing(node, name))?;
     ctx.store
@@ -737,4 +710,31 @@ pub fn push_image(
 /// The node id of a box's image (for callers that hold box names).
 pub fn image_node(graph: &Graph, box_name: &str) -> Option<NodeIndex> {
     graph.index(&NodeId::image(box_name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_safe;
+    use std::path::Path;
+
+    #[test]
+    fn load_directories_must_be_valid_image_names() {
+        let t = tempfile::Builder::new()
+            .prefix("charly-ok-")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        let ok = name_safe(t.path());
+        let lower = t
+            .path()
+            .to_string_lossy()
+            .bytes()
+            .all(|c| !c.is_ascii_uppercase());
+        assert_eq!(ok, lower, "{}", t.path().display());
+        let bad = tempfile::Builder::new()
+            .prefix(".Hidden")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        assert!(!name_safe(bad.path()));
+        assert!(!name_safe(Path::new("/no/such/dir")));
+    }
 }
