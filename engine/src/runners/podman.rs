@@ -42,6 +42,14 @@ pub struct PodmanOptions {
 pub struct PodmanRunner {
     opts: PodmanOptions,
     conf: Option<PathBuf>,
+    /// What `podman info` says, asked once, when the first build needs it
+    /// (constructing the runner starts no process: a no-op build calls no
+    /// podman at all).
+    info: std::sync::OnceLock<Info>,
+}
+
+/// What the runner learns from `podman info`.
+struct Info {
     /// buildah before 1.29 deadlocks when a RUN holds two `sharing=locked`
     /// cache mounts and a later RUN mounts them again (seen with 1.28.2, the
     /// version Debian 12 ships). Package managers lock their own caches, so
@@ -57,14 +65,10 @@ const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
 impl PodmanRunner {
     /// Checks podman is installed and prepares its configuration.
     pub fn new(opts: PodmanOptions) -> Result<Self, RunError> {
-        let found = Command::new("podman").arg("--version").output();
-        match found {
-            Ok(o) if o.status.success() => {}
-            _ => {
-                return Err(RunError::new(
-                    "podman is not installed or not on PATH; install it (Debian/Ubuntu: `apt-get install podman buildah runc`, Fedora: `dnf install podman`) or use `--runner fake` to plan without building",
-                ));
-            }
+        if !which("podman") {
+            return Err(RunError::new(
+                "podman is not installed or not on PATH; install it (Debian/Ubuntu: `apt-get install podman buildah runc`, Fedora: `dnf install podman`) or use `--runner fake` to plan without building",
+            ));
         }
         let conf = if std::env::var_os("CONTAINERS_CONF").is_some() {
             None
@@ -90,33 +94,40 @@ impl PodmanRunner {
                 ca.display()
             )));
         }
-        let mut r = PodmanRunner {
+        Ok(PodmanRunner {
             opts,
             conf,
-            shared_caches: false,
-            slot_dir: PathBuf::new(),
-        };
-        let info = r
-            .cmd()
-            .args([
-                "info",
-                "--format",
-                "{{.Host.BuildahVersion}}\n{{.Store.GraphRoot}}",
-            ])
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-            .unwrap_or_default();
-        let mut lines = info.lines().map(str::trim);
-        r.shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
-        // Cache mounts live in podman's storage, so every charly process
-        // that builds into the same storage must see the same slots.
-        r.slot_dir = match (&r.opts.root, lines.next().filter(|g| !g.is_empty())) {
-            (Some(root), _) => root.join("charly-cache-slots"),
-            (None, Some(graph)) => Path::new(graph).join("charly-cache-slots"),
-            (None, None) => r.opts.conf_dir.join("podman").join("cache-slots"),
-        };
-        Ok(r)
+            info: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn info(&self) -> &Info {
+        self.info.get_or_init(|| {
+            let text = self
+                .cmd()
+                .args([
+                    "info",
+                    "--format",
+                    "{{.Host.BuildahVersion}}\n{{.Store.GraphRoot}}",
+                ])
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default();
+            let mut lines = text.lines().map(str::trim);
+            let shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
+            // Cache mounts live in podman's storage, so every charly process
+            // that builds into the same storage must see the same slots.
+            let slot_dir = match (&self.opts.root, lines.next().filter(|g| !g.is_empty())) {
+                (Some(root), _) => root.join("charly-cache-slots"),
+                (None, Some(graph)) => Path::new(graph).join("charly-cache-slots"),
+                (None, None) => self.opts.conf_dir.join("podman").join("cache-slots"),
+            };
+            Info {
+                shared_caches,
+                slot_dir,
+            }
+        })
     }
 
     /// A podman command with charly's configuration and storage.
@@ -184,12 +195,13 @@ impl PodmanRunner {
         // Held until the build ends: no other build on this storage uses
         // the same cache ids meanwhile.
         let mut _slot = None;
-        if self.shared_caches {
+        let info = self.info();
+        if info.shared_caches {
             let text = std::fs::read_to_string(b.file)
                 .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?;
             if text.contains("--mount=type=cache") {
-                let slot = CacheSlot::take(&self.slot_dir)
-                    .map_err(|e| RunError::new(format!("{}: {e}", self.slot_dir.display())))?;
+                let slot = CacheSlot::take(&info.slot_dir)
+                    .map_err(|e| RunError::new(format!("{}: {e}", info.slot_dir.display())))?;
                 file = tmp.path().join("Containerfile");
                 std::fs::write(&file, slot.rewrite(&text))
                     .map_err(|e| RunError::new(e.to_string()))?;
