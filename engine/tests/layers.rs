@@ -339,3 +339,50 @@ fn explain_names_what_changed_in_a_layer() {
     let e = engine.explain(&g, "layer:box02/a07").expect("explain");
     assert!(e.lines().join("\n").contains("parent"), "{:?}", e.lines());
 }
+
+/// A layer that cannot render without `--dev-local-pkg` (the example's
+/// local .deb) does not stop the graph: every key is computed, and the
+/// layer fails when it runs, naming the cause.
+#[test]
+fn a_layer_that_does_not_render_fails_when_it_runs_not_when_keyed() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("hello");
+    charly_testutil::copy_project(&charly_testutil::example(), &root);
+    let p = load::load(&root, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let store = Store::open(&tmp.path().join("store")).expect("store");
+    let hasher = FileHasher::with_cache_file(tmp.path().join("stat.json"));
+    let f = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store: &store,
+        runner: Some(&f),
+        hasher: &hasher,
+        opts: GraphOptions {
+            dev_local_pkg: false,
+            runner: f.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+    };
+    let g = engine
+        .graph(&Goal::Build, &["hello".to_string()])
+        .expect("the graph builds");
+    let n = g.node("layer:hello/hello-deb").expect("layer");
+    assert!(
+        n.inputs.values.contains_key("render-error"),
+        "{:?}",
+        n.inputs
+    );
+    let s = engine.run(&g, &root, 2, false, &Quiet);
+    let failed = s.get("layer:hello/hello-deb").expect("reported");
+    assert_eq!(failed.state, State::Failed);
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("--dev-local-pkg")),
+        "{failed:?}"
+    );
+}

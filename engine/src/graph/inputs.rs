@@ -221,11 +221,16 @@ impl Builder<'_> {
         hasher: &FileHasher,
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
-        let text = crate::layers::render(self.p, self.r, b, part, self.opts.dev_local_pkg)
-            .map_err(|e| GraphError::Canonical {
-                what: format!("a layer of box {box_name}"),
-                message: e.to_string(),
-            })?;
+        // A layer that does not render (a local package without
+        // --dev-local-pkg…) still gets a key: `graph` and `explain` work,
+        // and the node fails with the same message when it runs.
+        let text = match crate::layers::render(self.p, self.r, b, part, self.opts.dev_local_pkg) {
+            Ok(t) => t,
+            Err(e) => {
+                k.value("render-error", e.to_string());
+                None
+            }
+        };
         if let Some(t) = text {
             k.text("containerfile", &t.containerfile);
             for (path, staged) in &t.files {
