@@ -145,8 +145,19 @@ pub fn local_pkg(
         .get(format)
         .map(|(d, _)| d.clone())
         .ok_or_else(|| {
+            // Name the directory the candy asks for, as the emitter does.
+            let dir = c.def.localpkg.as_ref().and_then(|m| {
+                m.value
+                    .0
+                    .iter()
+                    .find(|(k, _)| k.value == format)
+                    .map(|(_, v)| v.value.clone())
+            });
+            let why = dir.map_or_else(String::new, |d| {
+                format!(": no directory `{d}` was found next to the candy or the project")
+            });
             SpecError::Missing(format!(
-                "local package source for {format} of candy {candy} is missing"
+                "local package source for {format} of candy {candy} is missing{why}"
             ))
         })?;
     let tmpl = lp.build_template.as_ref().ok_or_else(|| {
