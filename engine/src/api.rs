@@ -8,7 +8,6 @@ use crate::key::{Change, KeyInputs, diff};
 use crate::runners::Runner;
 use crate::sched::{self, Observer, State, Summary};
 use charly_cache::Store;
-use charly_rules::emit::EmitOptions;
 use charly_rules::load::Project;
 use charly_rules::resolve::Resolution;
 use serde::Serialize;
@@ -81,11 +80,7 @@ impl<'a> Engine<'a> {
             runner: self.runner,
             runner_name: self.opts.runner.clone(),
             out_root: out_root.to_path_buf(),
-            emit: EmitOptions {
-                dev_local_pkg: self.opts.dev_local_pkg,
-                image_refs: crate::generate::image_refs(self.resolution),
-                ..EmitOptions::default()
-            },
+            emit: crate::layers::base_emit_options(self.resolution, self.opts.dev_local_pkg),
             arch: self.opts.arch.clone(),
             remote: self.remote,
         }
@@ -126,7 +121,6 @@ impl<'a> Engine<'a> {
     /// whole, so a build after a GC still finds its layers cached. Roots of
     /// an older, longer chain are dropped.
     fn root_images(&self, graph: &Graph, s: &Summary) {
-        use crate::key::NodeKind;
         let old = self.store.roots().unwrap_or_default();
         for i in &graph.goals {
             let n = &graph.g[*i];
@@ -140,22 +134,11 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let _ = self.store.set_root(&format!("box:{box_name}"), &n.key);
-            let mut chain = Vec::new();
-            let mut stack = vec![*i];
-            let mut seen = std::collections::BTreeSet::new();
-            while let Some(j) = stack.pop() {
-                for d in graph.deps(j) {
-                    let kind = graph.g[d].kind;
-                    if matches!(
-                        kind,
-                        NodeKind::Layer | NodeKind::Base | NodeKind::Rootfs | NodeKind::Image
-                    ) && seen.insert(d)
-                    {
-                        chain.push(graph.g[d].key);
-                        stack.push(d);
-                    }
-                }
-            }
+            let chain: Vec<_> = graph
+                .image_parts(*i)
+                .into_iter()
+                .map(|j| graph.g[j].key)
+                .collect();
             let prefix = format!("box:{box_name}#");
             for (k, key) in chain.iter().enumerate() {
                 let _ = self.store.set_root(&format!("{prefix}{k}"), key);
@@ -339,18 +322,14 @@ impl<'a> Engine<'a> {
 /// Names, in a summary, the candy of each layer and the requested boxes
 /// whose images contain each layer, base and image.
 fn describe_layers(graph: &Graph, s: &mut Summary) {
-    use crate::key::NodeKind;
+    let boxes = graph.boxes_by_part();
     for r in &mut s.nodes {
-        if !matches!(
-            r.kind,
-            NodeKind::Layer | NodeKind::Base | NodeKind::Image | NodeKind::Rootfs
-        ) {
-            continue;
-        }
         let Some(i) = graph.by_id.get(&r.id) else {
             continue;
         };
-        r.boxes = graph.boxes_containing(*i);
+        if let Some(b) = boxes.get(i) {
+            r.boxes = b.clone();
+        }
         if let crate::graph::Work::Layer {
             part: crate::graph::LayerWork::Candy { candy, .. },
             ..

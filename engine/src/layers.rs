@@ -35,9 +35,7 @@ use crate::key::NodeKind;
 use crate::outputs::{self, ImageMeta, LayerDesc, LayerMeta};
 use crate::runners::LayerRequest;
 use charly_cache::{BlobDigest, Output, Record};
-use charly_rules::emit::containerfile::{
-    ImageFacts, LAYER_DIR, LayerPart, LayerText, layer_containerfile,
-};
+use charly_rules::emit::containerfile::{LAYER_DIR, LayerPart, LayerText, layer_containerfile};
 use charly_rules::emit::{EmitError, EmitOptions, Staged};
 use charly_rules::load::Project;
 use charly_rules::naming;
@@ -87,7 +85,10 @@ fn artifact_path(stage: &str) -> String {
     format!("{LAYER_DIR}/_artifacts/{stage}.tar")
 }
 
-fn base_options(r: &Resolution, dev_local_pkg: bool) -> EmitOptions {
+/// The emitter options of a run: every box's image reference and
+/// `--dev-local-pkg` (what `Engine::ctx` gives nodes, and what the graph
+/// keys layers and images with).
+pub fn base_emit_options(r: &Resolution, dev_local_pkg: bool) -> EmitOptions {
     EmitOptions {
         dev_local_pkg,
         image_refs: naming::box_image_refs(r),
@@ -103,31 +104,20 @@ fn part_of(part: &LayerWork) -> LayerPart<'_> {
     }
 }
 
-/// Renders a layer of box `b` (`None`: empty for this box).
+/// Renders a layer of box `b` with the run's options `base` (`None`:
+/// empty for this box).
 pub fn render(
     p: &Project,
-    r: &Resolution,
     b: &ResolvedBox,
     part: &LayerWork,
-    dev_local_pkg: bool,
+    base: &EmitOptions,
 ) -> Result<Option<LayerText>, EmitError> {
-    let opts = emit_options(&base_options(r, dev_local_pkg), p, b);
-    layer_containerfile(p, b, part_of(part), &opts)
+    layer_containerfile(p, b, part_of(part), &emit_options(base, p, b))
 }
 
 /// Whether a box's chain ends with an init layer.
 pub fn has_init(p: &Project, b: &ResolvedBox) -> bool {
     layer_containerfile(p, b, LayerPart::Init, &EmitOptions::default()).is_ok_and(|t| t.is_some())
-}
-
-/// A box's image labels and final user.
-pub fn image_facts(
-    p: &Project,
-    r: &Resolution,
-    b: &ResolvedBox,
-    dev_local_pkg: bool,
-) -> ImageFacts {
-    charly_rules::emit::containerfile::image_facts(p, b, &base_options(r, dev_local_pkg))
 }
 
 /// The runner's tag of the image a layer (base, root filesystem) tops,
@@ -379,24 +369,13 @@ pub fn store_rootfs(ctx: &Ctx<'_>, tar: &Path, out: &mut Outputs) -> Result<(), 
         use std::io::Read;
         let mut magic = [0u8; 2];
         let mut f = std::fs::File::open(tar).map_err(io(tar.display()))?;
-        f.read(&mut magic).map_err(io(tar.display()))? == 2 && magic == [0x1f, 0x8b]
+        f.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b]
     };
     let (diff_id, media_type) = if gz {
         let f = std::fs::File::open(tar).map_err(io(tar.display()))?;
-        let mut d = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(f));
-        let mut h = <sha2::Sha256 as sha2::Digest>::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = std::io::Read::read(&mut d, &mut buf).map_err(io(tar.display()))?;
-            if n == 0 {
-                break;
-            }
-            sha2::Digest::update(&mut h, &buf[..n]);
-        }
-        (
-            format!("sha256:{}", charly_rules::hex(&sha2::Digest::finalize(h))),
-            crate::oci::LAYER_GZIP,
-        )
+        let d = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(f));
+        let diff_id = crate::oci::sha256_reader(d).map_err(io(tar.display()))?;
+        (diff_id.as_str().to_string(), crate::oci::LAYER_GZIP)
     } else {
         (digest.as_str().to_string(), crate::oci::LAYER_TAR)
     };
@@ -441,8 +420,7 @@ pub fn work_layer(
         return Ok(());
     };
     let b = rbox(ctx, box_name)?;
-    let opts = emit_options(&ctx.emit, ctx.project, b);
-    let Some(text) = layer_containerfile(ctx.project, b, part_of(part), &opts)? else {
+    let Some(text) = render(ctx.project, b, part, &ctx.emit)? else {
         return Err(ExecError::Io(format!("{}: the layer is empty", n.id)));
     };
     // The parent, present in the runner.

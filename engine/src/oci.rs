@@ -92,12 +92,15 @@ const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 
 /// The sha256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> std::io::Result<OciDigest> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
+    sha256_reader(std::fs::File::open(path)?)
+}
+
+/// The sha256 of everything `r` yields, streamed.
+pub fn sha256_reader(mut r: impl std::io::Read) -> std::io::Result<OciDigest> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = f.read(&mut buf)?;
+        let n = r.read(&mut buf)?;
         if n == 0 {
             break;
         }

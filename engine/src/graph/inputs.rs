@@ -204,7 +204,7 @@ impl Builder<'_> {
         k.value("tag", image_ref(self.r, box_name));
         k.value("runner", self.opts.runner.clone());
         k.value("arch", self.opts.arch.clone());
-        let facts = crate::layers::image_facts(self.p, self.r, b, self.opts.dev_local_pkg);
+        let facts = charly_rules::emit::containerfile::image_facts(self.p, b, self.emit());
         k.text("labels", &canonical("the image labels", &facts.labels)?);
         k.value("user", facts.user.unwrap_or_default());
         Ok(())
@@ -224,7 +224,7 @@ impl Builder<'_> {
         // A layer that does not render (a local package without
         // --dev-local-pkg…) still gets a key: `graph` and `explain` work,
         // and the node fails with the same message when it runs.
-        let text = match crate::layers::render(self.p, self.r, b, part, self.opts.dev_local_pkg) {
+        let text = match crate::layers::render(self.p, b, part, self.emit()) {
             Ok(t) => t,
             Err(e) => {
                 k.value("render-error", e.to_string());

@@ -236,36 +236,43 @@ impl Graph {
         v
     }
 
-    /// The requested boxes whose image contains node `i` (a layer, a base
-    /// or an image): every goal image whose chain reaches it.
-    pub fn boxes_containing(&self, i: NodeIndex) -> Vec<String> {
+    /// The nodes the image (or layer) `i` is made of: every layer, base,
+    /// root filesystem and parent image below it, nearest first.
+    pub fn image_parts(&self, i: NodeIndex) -> Vec<NodeIndex> {
         let mut out = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack = vec![i];
+        while let Some(j) = stack.pop() {
+            for d in self.deps(j) {
+                if matches!(
+                    self.g[d].kind,
+                    NodeKind::Layer | NodeKind::Image | NodeKind::Base | NodeKind::Rootfs
+                ) && seen.insert(d)
+                {
+                    out.push(d);
+                    stack.push(d);
+                }
+            }
+        }
+        out
+    }
+
+    /// For every node some goal image is made of (and the goal images
+    /// themselves): the requested boxes whose image contains it, sorted.
+    pub fn boxes_by_part(&self) -> BTreeMap<NodeIndex, Vec<String>> {
+        let mut out: BTreeMap<NodeIndex, Vec<String>> = BTreeMap::new();
         for g in &self.goals {
             let Work::Image { box_name } = &self.g[*g].work else {
                 continue;
             };
-            let mut stack = vec![*g];
-            let mut seen = std::collections::BTreeSet::new();
-            while let Some(n) = stack.pop() {
-                if n == i {
-                    out.push(box_name.clone());
-                    break;
-                }
-                if !seen.insert(n) {
-                    continue;
-                }
-                for d in self.g.neighbors_directed(n, petgraph::Direction::Incoming) {
-                    if matches!(
-                        self.g[d].kind,
-                        NodeKind::Layer | NodeKind::Image | NodeKind::Base | NodeKind::Rootfs
-                    ) {
-                        stack.push(d);
-                    }
-                }
+            for part in std::iter::once(*g).chain(self.image_parts(*g)) {
+                out.entry(part).or_default().push(box_name.clone());
             }
         }
-        out.sort();
-        out.dedup();
+        for boxes in out.values_mut() {
+            boxes.sort();
+            boxes.dedup();
+        }
         out
     }
 
@@ -335,6 +342,9 @@ pub struct Builder<'a> {
     graph: Graph,
     /// Per box: its candies' oci plans (computed once).
     plans: BTreeMap<String, Vec<Arc<InstallPlan>>>,
+    /// The emitter options layers and images are keyed with (every box's
+    /// image reference: made once, when the first layer or image is keyed).
+    emit: std::cell::OnceCell<charly_rules::emit::EmitOptions>,
 }
 
 fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
@@ -369,7 +379,14 @@ impl<'a> Builder<'a> {
                 aliases: BTreeMap::new(),
             },
             plans: BTreeMap::new(),
+            emit: std::cell::OnceCell::new(),
         }
+    }
+
+    /// The emitter options of this run (as `Engine::ctx` gives nodes).
+    fn emit(&self) -> &charly_rules::emit::EmitOptions {
+        self.emit
+            .get_or_init(|| crate::layers::base_emit_options(self.r, self.opts.dev_local_pkg))
     }
 
     fn rbox(&self, name: &str) -> Result<&'a ResolvedBox, GraphError> {
