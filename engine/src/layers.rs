@@ -235,7 +235,7 @@ fn load_assembled(
     let dir = base.join(format!(
         "load-{}-{}",
         &image.digest().as_str()[7..19],
-        std::process::id()
+        unique_suffix()
     ));
     let _ = std::fs::remove_dir_all(&dir);
     let res = (|| {
@@ -244,6 +244,19 @@ fn load_assembled(
     })();
     let _ = std::fs::remove_dir_all(&dir);
     res
+}
+
+/// `<pid>-<n>`: unique among this host's processes and among the calls of
+/// this one (two nodes, or two engines in one process, may load or build the
+/// same content at once).
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Whether every component of an absolute path is a valid image-name
@@ -450,7 +463,7 @@ pub fn work_layer(
     let build_tag = format!(
         "localhost/charly-build:{}-{}",
         &key[..32.min(key.len())],
-        std::process::id()
+        unique_suffix()
     );
     let mut build_args = BTreeMap::new();
     build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
