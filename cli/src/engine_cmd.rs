@@ -239,7 +239,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Generate, &names)?;
-    let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.stdout);
+    let progress = a.run.progress_for(&graph, &store, a.stdout);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
     let summary = engine.run(&graph, &out_root, jobs(&a.run), false, &progress);
     progress.finish();
@@ -318,7 +318,21 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Build, &names)?;
-    let progress = crate::progress::Progress::new(graph.g.node_count(), a.run.quiet || a.dry_run);
+    let mut progress = a.run.progress_for(&graph, &store, a.dry_run);
+    if a.explain && !a.dry_run {
+        // Explained before the run: afterwards every node is cached.
+        let mut lines = std::collections::HashMap::new();
+        for n in graph.g.node_weights() {
+            if n.kind == charly_engine::key::NodeKind::Source {
+                continue;
+            }
+            let e = engine.explain(&graph, &n.id)?;
+            if e.status != charly_engine::api::Status::Cached {
+                lines.insert(n.id.clone(), e.lines());
+            }
+        }
+        progress = progress.explaining(lines);
+    }
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
     progress.finish();
     match &remote_exec {
@@ -345,18 +359,6 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
                 &n.key[..12],
                 n.id
             )?;
-        }
-    }
-    if a.explain && !a.dry_run {
-        for n in summary
-            .nodes
-            .iter()
-            .filter(|n| n.state == State::Ran && n.kind != charly_engine::key::NodeKind::Source)
-        {
-            let e = engine.explain(&graph, &n.id)?;
-            for l in e.lines() {
-                output::note(&l);
-            }
         }
     }
     if !summary.ok() {

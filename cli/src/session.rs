@@ -30,14 +30,44 @@ pub struct RunArgs {
     /// Write a Chrome trace (open in Perfetto or chrome://tracing) to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// No progress bars.
+    /// Print nothing but errors (no progress, no summary line).
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// How progress is shown on stderr: `tty` (spinners with each running
+    /// node's last log lines, a bar weighted by expected work), `plain`
+    /// (a line per node start and end: CI logs), `quiet`, or `auto` (`tty`
+    /// on a terminal, else `plain`).
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        default_value_t,
+        env = "CHARLY_PROGRESS"
+    )]
+    pub progress: crate::progress::ProgressMode,
     /// With `--all`: go on with the boxes that resolve when others do not
     /// (each dropped box is still named, with its first error). Without it,
     /// an enabled box that does not resolve stops the run with exit 1.
     #[arg(long, short = 'k')]
     pub keep_going: bool,
+}
+
+impl RunArgs {
+    /// The progress display for running `graph` (`silent`: none, e.g. when
+    /// stdout carries the result or nothing runs).
+    pub fn progress_for(
+        &self,
+        graph: &charly_engine::graph::Graph,
+        store: &Store,
+        silent: bool,
+    ) -> crate::progress::Progress {
+        crate::progress::Progress::new(
+            graph,
+            store,
+            self.progress.resolve(self.quiet || silent),
+            self.summary_json.is_some(),
+        )
+    }
 }
 
 /// Options for builders (podman).

@@ -52,26 +52,37 @@ impl Env {
     }
 
     fn build(&self, name: &str, boxes: &[&str]) -> serde_json::Value {
+        self.build_with(name, boxes, &["-q"]).0
+    }
+
+    /// A build with extra flags; its summary and stderr.
+    fn build_with(
+        &self,
+        name: &str,
+        boxes: &[&str],
+        extra: &[&str],
+    ) -> (serde_json::Value, String) {
         let summary = self.summaries.join(format!("{name}.json"));
         let mut args = vec![
             "box",
             "build",
             "--dev-local-pkg",
-            "-q",
             "--summary-json",
             summary.to_str().expect("utf8"),
         ];
+        args.extend(extra);
         args.extend(boxes);
         let t = Instant::now();
         let out = self.charly(&args);
         eprintln!("[example] {name}: {} ms", t.elapsed().as_millis());
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(
             out.status.success(),
-            "{name}: build failed:\n{}{}",
+            "{name}: build failed:\n{}{err}",
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json")
+        let s = serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+        (s, err)
     }
 
     fn podman(&self) -> Command {
@@ -175,7 +186,8 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
     // checkout and its own store, as a second CI job would have, so no lock
     // keeps them apart; the same podman storage) builds a different box
     // that also installs Debian packages: both `apt-get` RUNs overlap, and
-    // neither may die on apt's cache lock.
+    // neither may die on apt's cache lock. The other process's stderr is a
+    // pipe, as in CI: its progress comes as plain lines while nodes run.
     let other = env.summaries.join("other.json");
     let other_project = copy_project(&example(), &env.summaries.join("hello-2"));
     let other_child = env
@@ -186,24 +198,57 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
                 "box",
                 "build",
                 "--dev-local-pkg",
-                "-q",
                 "--summary-json",
                 other.to_str().expect("utf8"),
                 "node-builder",
             ],
         )
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("second charly");
+    let mut other_child = other_child;
+    let other_err = other_child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(other_err)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (Instant::now(), l))
+            .collect::<Vec<_>>()
+    });
     let cold = env.build("cold", &["hello"]);
     assert_eq!(cold["totals"]["failed"], 0);
-    let out = other_child.wait_with_output().expect("second charly");
+    let status = other_child.wait().expect("second charly");
+    let ended = Instant::now();
+    let lines = reader.join().expect("reader");
+    let text: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
     assert!(
-        out.status.success(),
+        status.success(),
         "the concurrent build of node-builder failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        text.join("\n")
     );
+    // Plain progress: a start and an end line per node that ran, printed
+    // as it happened (the first well before the process ended).
+    let first_start = lines
+        .iter()
+        .find(|(_, l)| l.contains("] start  rootfs:base (never built)"))
+        .unwrap_or_else(|| panic!("no start line: {text:?}"));
+    assert!(
+        ended.duration_since(first_start.0).as_secs() >= 5,
+        "progress came only at the end: {text:?}"
+    );
+    for id in [
+        "rootfs:base",
+        "layer:node-builder/nodejs",
+        "image:node-builder",
+    ] {
+        assert!(
+            text.iter()
+                .any(|l| l.contains(&format!("] done   {id} in "))),
+            "{id}: {text:?}"
+        );
+    }
     let mut slots: Vec<String> = std::fs::read_dir(env.podman_root.join("charly-cache-slots"))
         .map(|d| {
             d.flatten()
@@ -234,6 +279,13 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
             "{id} ran in the cold build: {:?}",
             ran(&cold)
         );
+    }
+
+    // Every node that ran says why, in the summary.
+    for n in cold["nodes"].as_array().expect("nodes") {
+        if n["state"] == "ran" && n["kind"] != "source" {
+            assert_eq!(n["reason"], "never built", "{n}");
+        }
     }
 
     // node-builder (base + nodejs) and hello (base + nodejs + …) share the
@@ -577,7 +629,31 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         text.replace("Welcome to the hello box.", "Welcome, again."),
     )
     .expect("edit");
-    let unrelated = env.build("unrelated-edit", &["hello"]);
+    let (unrelated, err) = env.build_with(
+        "unrelated-edit",
+        &["hello"],
+        &["--explain", "--progress", "plain"],
+    );
+    // The reason names the edited file, before the layer runs (explained
+    // against the records the run replaces) and in the summary.
+    let changed = "file candy/hello-tools/charly.yml changed";
+    let explained = err.find(changed).unwrap_or_else(|| panic!("{err}"));
+    let started = err
+        .find("] start  layer:hello/hello-tools (file candy/hello-tools/charly.yml changed")
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(explained < started, "{err}");
+    let tools_node = unrelated["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == "layer:hello/hello-tools")
+        .expect("node");
+    assert!(
+        tools_node["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(changed)),
+        "{tools_node}"
+    );
     let mut above: Vec<String> = [
         "image:hello",
         "layer:hello#init",
@@ -596,6 +672,42 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         above,
         "the npm stage and the layers below hello-tools stay cached"
     );
+
+    // A package that does not exist: the error names the candy, the
+    // package and its place in the candy file, and shows the command's own
+    // last lines without podman's cache chatter.
+    let edited = std::fs::read_to_string(&tools).expect("read");
+    std::fs::write(&tools, edited.replace("- jq\n", "- jqq-does-not-exist\n")).expect("edit");
+    let line = edited
+        .lines()
+        .position(|l| l.trim() == "- jq")
+        .expect("jq line")
+        + 1;
+    let out = env.charly(&[
+        "box",
+        "build",
+        "hello",
+        "--dev-local-pkg",
+        "--progress",
+        "plain",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: layer:hello/hello-tools failed: candy `hello-tools`, package `jqq-does-not-exist` at candy/hello-tools/charly.yml:{line}:11: podman build failed at step"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("  | E: Unable to locate package jqq-does-not-exist"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("Using cache") && !err.contains("--> "),
+        "{err}"
+    );
+    std::fs::write(&tools, edited).expect("restore");
 
     // A second box using the same builder candy reuses the stored artifact.
     let b2 = env.project.join("box/hello2/charly.yml");

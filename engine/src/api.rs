@@ -4,7 +4,7 @@
 use crate::exec::{self, Ctx};
 use crate::graph::{Builder, Goal, Graph, GraphError, GraphOptions};
 use crate::hash::FileHasher;
-use crate::key::{Change, KeyInputs, diff};
+use crate::key::Change;
 use crate::runners::Runner;
 use crate::sched::{self, Observer, State, Summary};
 use charly_cache::Store;
@@ -83,6 +83,7 @@ impl<'a> Engine<'a> {
             emit: crate::layers::base_emit_options(self.resolution, self.opts.dev_local_pkg),
             arch: self.opts.arch.clone(),
             remote: self.remote,
+            obs: None,
         }
     }
 
@@ -97,7 +98,10 @@ impl<'a> Engine<'a> {
         dry_run: bool,
         obs: &dyn Observer,
     ) -> Summary {
-        let ctx = self.ctx(out_root);
+        let ctx = Ctx {
+            obs: Some(obs),
+            ..self.ctx(out_root)
+        };
         let mut s = sched::run(graph, &ctx, jobs, dry_run, obs);
         describe_layers(graph, &mut s);
         if !dry_run {
@@ -272,16 +276,7 @@ impl<'a> Engine<'a> {
                 causes: Vec::new(),
             };
         }
-        // A shared layer's last record may carry a sibling box's id.
-        let ids: Vec<&str> = match graph.find(id) {
-            Some(i) => graph.ids_of(i),
-            None => vec![id],
-        };
-        let last = ids
-            .iter()
-            .filter_map(|i| self.store.last_record_for(i).ok().flatten())
-            .max_by_key(|(_, r)| r.created_unix);
-        let Some((_, last)) = last else {
+        let Some(i) = graph.find(id) else {
             return Explanation {
                 id: id.into(),
                 key,
@@ -291,9 +286,21 @@ impl<'a> Engine<'a> {
                 causes: Vec::new(),
             };
         };
-        let changes = match serde_json::from_value::<KeyInputs>(last.key_inputs.clone()) {
-            Ok(old) => diff(&old, &n.inputs),
-            Err(_) => vec![Change::OlderSchema],
+        let (recorded, changes) = match crate::why::since_last(self.store, graph, i) {
+            crate::why::Since::NeverBuilt => {
+                return Explanation {
+                    id: id.into(),
+                    key,
+                    status: Status::NeverBuilt,
+                    recorded_unix: None,
+                    changes: Vec::new(),
+                    causes: Vec::new(),
+                };
+            }
+            crate::why::Since::Changed {
+                recorded_unix,
+                changes,
+            } => (recorded_unix, changes),
         };
         let mut causes = Vec::new();
         if depth < 8 {
@@ -312,7 +319,7 @@ impl<'a> Engine<'a> {
             id: id.into(),
             key,
             status: Status::WouldRebuild,
-            recorded_unix: Some(last.created_unix),
+            recorded_unix: Some(recorded),
             changes,
             causes,
         }

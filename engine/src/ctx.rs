@@ -31,6 +31,8 @@ pub struct Ctx<'a> {
     pub arch: String,
     /// The shared cache consulted on local misses and fed with new results.
     pub remote: Option<&'a dyn charly_cache::RemoteCache>,
+    /// Who hears what running nodes print.
+    pub obs: Option<&'a dyn crate::sched::Observer>,
 }
 
 /// Why a node failed.
@@ -51,6 +53,10 @@ pub enum ExecError {
     /// The runner failed.
     #[error(transparent)]
     Run(#[from] crate::runners::RunError),
+    /// A build step failed, and the candy file says where it came from:
+    /// the candy, the part and its place; the runner's error.
+    #[error("{}: {}", .0.0, .0.1)]
+    Located(Box<(charly_rules::origin::Located, crate::runners::RunError)>),
     /// File I/O failed.
     #[error("{0}")]
     Io(String),

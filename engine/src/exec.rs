@@ -23,7 +23,7 @@ use crate::graph::{Graph, Node, Work};
 use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta};
-use crate::runners::{LocalPkgRequest, RootfsRequest, StageRequest};
+use crate::runners::{LocalPkgRequest, LogSink, RootfsRequest, StageRequest};
 use charly_cache::{Output, Record};
 use charly_rules::emit::containerfile::{Fragment, assemble, fragment_is_last, render_fragment};
 use charly_rules::emit::{EmitOptions, Staged};
@@ -56,12 +56,14 @@ pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
 
 /// Runs a node if needed, and says whether it ran or where its result came
 /// from. `started` is called once, just before the node's work begins (never
-/// for a cache hit or a pull): the scheduler reports progress through it.
+/// for a cache hit or a pull), with a function that says why it runs
+/// ([`crate::why::reason`], asked only by whoever wants to know): the
+/// scheduler reports progress through it.
 pub fn execute(
     ctx: &Ctx<'_>,
     graph: &Graph,
     i: NodeIndex,
-    started: impl FnOnce(),
+    started: impl FnOnce(&dyn Fn() -> String),
 ) -> Result<Done, ExecError> {
     let n = &graph.g[i];
     if n.kind == NodeKind::Source {
@@ -89,7 +91,7 @@ pub fn execute(
     {
         return Ok(Done::Pulled);
     }
-    started();
+    started(&|| crate::why::reason(ctx.store, graph, i));
     let t = Instant::now();
     let outputs = work(ctx, graph, i)?;
     let mut rec_outputs = BTreeMap::new();
@@ -201,7 +203,7 @@ pub fn read_node<T>(
             return Err(err);
         }
         reruns += 1;
-        execute(ctx, graph, i, || {})?;
+        execute(ctx, graph, i, |_| {})?;
     }
 }
 
@@ -291,6 +293,12 @@ pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptio
 fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError> {
     let n = &graph.g[i];
     let mut out = Outputs::default();
+    let log_line = |l: &str| {
+        if let Some(o) = ctx.obs {
+            o.log(&n.id, l)
+        }
+    };
+    let log = LogSink::new(&log_line);
     match &n.work {
         Work::Source => {}
         Work::Fragment {
@@ -380,6 +388,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let tar = scratch.path().join(outputs::ARTIFACT_TAR);
             ctx.runner(&n.id)?.build_stage(&StageRequest {
                 out: tar.clone(),
+                log,
                 ..req
             })?;
             out.files
@@ -398,6 +407,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             let req = LocalPkgRequest {
                 out: scratch.path().join("pkgs"),
+                log,
                 ..req
             };
             std::fs::create_dir_all(&req.out).map_err(io("pkgs dir"))?;
@@ -432,6 +442,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             let req = RootfsRequest {
                 out: scratch.path().join(outputs::ROOTFS_TAR),
+                log,
                 ..req
             };
             ctx.runner(&n.id)?.build_rootfs(&req)?;
@@ -441,7 +452,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
         Work::Image { .. } => crate::layers::work_image(ctx, graph, i, &mut out)?,
         Work::Layer { .. } => {
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
-            crate::layers::work_layer(ctx, graph, i, scratch.path(), &mut out)?;
+            crate::layers::work_layer(ctx, graph, i, scratch.path(), log, &mut out)?;
             out.keep.push(scratch);
         }
         Work::Base { reference } => {

@@ -420,6 +420,7 @@ pub fn work_layer(
     graph: &Graph,
     i: NodeIndex,
     scratch: &Path,
+    log: crate::runners::LogSink<'_>,
     out: &mut Outputs,
 ) -> Result<(), ExecError> {
     let n = &graph.g[i];
@@ -468,6 +469,7 @@ pub fn work_layer(
     let mut build_args = BTreeMap::new();
     build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
     let res = ctx.runner(&n.id)?.build_layer(&LayerRequest {
+        log,
         node: n.id.clone(),
         key,
         context,
@@ -477,7 +479,8 @@ pub fn work_layer(
         tag: build_tag.clone(),
         build_args,
         out: scratch.join("out"),
-    })?;
+    });
+    let res = res.map_err(|e| locate_failure(ctx, &text, e))?;
     let mut chain = below.chain;
     if let Some(f) = &res.layer {
         let (desc, o) = store_layer(ctx, f)?;
@@ -492,6 +495,22 @@ pub fn work_layer(
         tag,
     });
     Ok(())
+}
+
+/// A failed layer build, pointed at the candy file: the instruction the
+/// builder names, the part of the candy that wrote it.
+fn locate_failure(ctx: &Ctx<'_>, text: &LayerText, e: crate::runners::RunError) -> ExecError {
+    let at = e
+        .step
+        .and_then(|(stage, step)| {
+            charly_rules::origin::instruction_offset(&text.containerfile, stage, step)
+        })
+        .and_then(|o| text.origin_at(o))
+        .and_then(|o| charly_rules::origin::locate(ctx.project, o, &e.output));
+    match at {
+        Some(at) => ExecError::Located(Box::new((at, e))),
+        None => ExecError::Run(e),
+    }
 }
 
 /// Puts together a layer's build context: candy directories, staged

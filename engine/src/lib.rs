@@ -37,3 +37,4 @@ pub mod outputs;
 pub mod runners;
 pub mod sched;
 pub mod stage;
+pub mod why;

@@ -53,6 +53,10 @@ pub struct NodeReport {
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why it ran (nodes that ran): `never built`, or what changed since
+    /// its last record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The candy a layer installs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candy: Option<String>,
@@ -128,6 +132,7 @@ impl Summary {
                 state: State::Cached,
                 duration_ms: 0,
                 error: None,
+                reason: None,
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,
@@ -195,10 +200,19 @@ impl Summary {
 
 /// Receives progress events (the CLI draws bars from them; the engine never prints).
 pub trait Observer: Sync {
-    /// A node started running (not called for cache hits).
-    fn started(&self, _id: &str, _kind: NodeKind) {}
+    /// A node started running (not called for cache hits), for `reason`
+    /// ([`crate::why::reason`]; empty unless [`Observer::wants_reason`]).
+    fn started(&self, _id: &str, _kind: NodeKind, _reason: &str) {}
+    /// Whether [`Observer::started`] should get the reasons of nodes of
+    /// `kind` (they cost a store lookup per node that runs); the summary
+    /// carries them when it does.
+    fn wants_reason(&self, _kind: NodeKind) -> bool {
+        false
+    }
     /// A node finished in some state.
     fn finished(&self, _report: &NodeReport) {}
+    /// A running node's command printed a line.
+    fn log(&self, _id: &str, _line: &str) {}
 }
 
 /// An observer that ignores everything.
@@ -231,6 +245,7 @@ pub fn run(
                 },
                 duration_ms: 0,
                 error: None,
+                reason: None,
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,
@@ -259,6 +274,7 @@ pub fn run(
                         state: State::Failed,
                         duration_ms: 0,
                         error: Some(format!("cannot start worker threads: {e}")),
+                        reason: None,
                         start_us: 0,
                         thread: 0,
                         duration_us: 0,
@@ -301,7 +317,16 @@ pub fn run(
                     let start = t0.elapsed();
                     let thread = rayon::current_thread_index().unwrap_or(0);
                     let t = Instant::now();
-                    let started = || obs.started(&n.id, n.kind);
+                    let mut reason = None;
+                    let started = |why: &dyn Fn() -> String| {
+                        let why = if obs.wants_reason(n.kind) {
+                            why()
+                        } else {
+                            String::new()
+                        };
+                        obs.started(&n.id, n.kind, &why);
+                        reason = Some(why).filter(|w| !w.is_empty());
+                    };
                     let (state, error) = match exec::execute(ctx, graph, i, started) {
                         Ok(exec::Done::Ran) => (State::Ran, None),
                         Ok(exec::Done::Cached) => (State::Cached, None),
@@ -317,6 +342,7 @@ pub fn run(
                         duration_us: t.elapsed().as_micros() as u64,
                         candy: None,
                         boxes: Vec::new(),
+                        reason,
                         error,
                         start_us: start.as_micros() as u64,
                         thread,
@@ -355,6 +381,7 @@ pub fn run(
                 state: State::NotAttempted,
                 duration_ms: 0,
                 error: None,
+                reason: None,
                 start_us: 0,
                 thread: 0,
                 duration_us: 0,

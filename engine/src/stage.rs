@@ -24,7 +24,7 @@ pub fn stage_request(
     user: &User,
     node: &str,
     key: &str,
-) -> Result<StageRequest, ExecError> {
+) -> Result<StageRequest<'static>, ExecError> {
     let s = spec::builder_stage(
         ctx.project,
         ctx.resolution,
@@ -35,6 +35,7 @@ pub fn stage_request(
         user,
     )?;
     Ok(StageRequest {
+        log: Default::default(),
         node: node.to_string(),
         key: key.to_string(),
         containerfile: s.containerfile,
@@ -54,9 +55,10 @@ pub fn local_pkg_request(
     format: &str,
     node: &str,
     key: &str,
-) -> Result<LocalPkgRequest, ExecError> {
+) -> Result<LocalPkgRequest<'static>, ExecError> {
     let s = spec::local_pkg(ctx.project, ctx.resolution, b, candy, format)?;
     Ok(LocalPkgRequest {
+        log: Default::default(),
         node: node.to_string(),
         key: key.to_string(),
         format: s.format,
@@ -75,9 +77,10 @@ pub fn rootfs_request(
     builder: &str,
     node: &str,
     key: &str,
-) -> Result<RootfsRequest, ExecError> {
+) -> Result<RootfsRequest<'static>, ExecError> {
     let s = spec::rootfs(ctx.project, b, builder)?;
     Ok(RootfsRequest {
+        log: Default::default(),
         node: node.to_string(),
         key: key.to_string(),
         builder: s.builder,

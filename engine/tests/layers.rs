@@ -335,9 +335,17 @@ fn explain_names_what_changed_in_a_layer() {
         g.node("layer:box02/a03").map(|n| n.key),
         g.node("layer:box00/a03").map(|n| n.key)
     );
-    // Above it, box02's own layers would rebuild because their parent did.
+    // Above it, box02's own layers would rebuild because their parent did;
+    // the parent is named by its id (keys name it by role).
     let e = engine.explain(&g, "layer:box02/a07").expect("explain");
-    assert!(e.lines().join("\n").contains("parent"), "{:?}", e.lines());
+    let i = g.find("layer:box02/a07").expect("layer");
+    let parent = g.dep_id(i, charly_engine::graph::PARENT_DEP);
+    assert!(parent.starts_with("layer:"), "{parent}");
+    let text = e.lines().join("\n");
+    assert!(
+        text.contains(&format!("dependency {parent} rebuilt")) && !text.contains("parent:"),
+        "{text}"
+    );
 }
 
 /// A layer that cannot render without `--dev-local-pkg` (the example's

@@ -64,8 +64,9 @@ fn context(root: &Path) {
     }
 }
 
-fn request(dir: &Path, ctx: &Path, node: &str, text: String) -> StageRequest {
+fn request(dir: &Path, ctx: &Path, node: &str, text: String) -> StageRequest<'static> {
     StageRequest {
+        log: Default::default(),
         node: node.to_string(),
         key: blake3::hash(text.as_bytes()).to_hex().to_string(),
         containerfile: text,

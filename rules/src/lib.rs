@@ -14,6 +14,7 @@ pub mod load;
 pub mod model;
 pub mod names;
 pub mod naming;
+pub mod origin;
 pub mod plan;
 pub mod resolve;
 pub mod sh;

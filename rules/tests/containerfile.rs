@@ -151,3 +151,81 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Each instruction of a layer maps back to the part of its candy that
+/// wrote it: the package install to the package the build log names, a
+/// task's RUN to the task, at file:line:col.
+#[test]
+fn layer_instructions_map_back_to_the_candy_file() {
+    use charly_rules::emit::containerfile::{LayerPart, layer_containerfile};
+    use charly_rules::origin::{instruction_offset, locate};
+    let (p, r) = open(&charly_testutil::example());
+    let b = r.get("hello").expect("hello");
+    let mut plans = build_box_plans(&p, b, &HostContext::default()).expect("plans");
+    for plan in &mut plans {
+        plan.resolve_home(&b.user.home);
+    }
+    let idx = b
+        .candies
+        .iter()
+        .position(|k| k == "hello-tools")
+        .expect("candy");
+    let opts = EmitOptions {
+        dev_local_pkg: true,
+        ..EmitOptions::default()
+    };
+    let text = layer_containerfile(
+        &p,
+        b,
+        LayerPart::Candy {
+            key: "hello-tools",
+            plan: &plans[idx],
+        },
+        &opts,
+    )
+    .expect("renders")
+    .expect("a layer");
+    let cf = &text.containerfile;
+    // The step of the install RUN and of the `cmd` task's RUN, counted as
+    // buildah counts them (stage 2 is `FROM ${PARENT}`).
+    let step_of = |needle: &str| {
+        (1..60)
+            .find(|n| instruction_offset(cf, 2, *n).is_some_and(|o| cf[o..].starts_with(needle)))
+            .unwrap_or_else(|| panic!("{needle}: {cf}"))
+    };
+    let at = |step: usize, log: &[String]| {
+        let o = instruction_offset(cf, 2, step).expect("offset");
+        locate(&p, text.origin_at(o).expect("origin"), log).expect("located")
+    };
+    let install = step_of("RUN --mount=type=cache,id=charly-var-cache-apt");
+    let log = vec!["E: Unable to locate package tree".to_string()];
+    let l = at(install, &log);
+    assert_eq!(
+        (
+            l.candy.as_str(),
+            l.what.as_str(),
+            l.file.as_str(),
+            l.line,
+            l.col
+        ),
+        (
+            "hello-tools",
+            "package `tree`",
+            "candy/hello-tools/charly.yml",
+            7,
+            11
+        ),
+        "{l}"
+    );
+    // Without a name in the log: the first package.
+    assert_eq!(at(install, &[]).what, "package `jq`");
+    let cmd = step_of("RUN --mount=type=bind,from=hello-tools");
+    let l = at(cmd, &[]);
+    assert_eq!(l.what, "task #4 (cmd)", "{l}");
+    let src =
+        std::fs::read_to_string(charly_testutil::example().join("candy/hello-tools/charly.yml"))
+            .expect("read");
+    // A block scalar's span starts at its body.
+    let line = src.lines().nth(l.line as usize - 1).expect("line");
+    assert_eq!(line.trim(), "jq --version > /opt/hello/jq-version.txt");
+}

@@ -213,6 +213,19 @@ impl Graph {
         self.find(id).map(|i| &self.g[i])
     }
 
+    /// The node id a dependency of node `i` is named by in its key inputs
+    /// (a layer names its parent by role, [`PARENT_DEP`]).
+    pub fn dep_id(&self, i: NodeIndex, name: &str) -> String {
+        match &self.g[i].work {
+            Work::Layer {
+                parent: Some(p), ..
+            } if name == PARENT_DEP => self
+                .find(&p.to_string())
+                .map_or_else(|| name.to_string(), |j| self.g[j].id.clone()),
+            _ => name.to_string(),
+        }
+    }
+
     /// The index of a node by id text (merged layers' ids included).
     pub fn find(&self, id: &str) -> Option<NodeIndex> {
         self.by_id.get(id).or_else(|| self.aliases.get(id)).copied()
@@ -783,7 +796,7 @@ impl<'a> Builder<'a> {
             for d in self.graph.deps(i) {
                 let dn = &self.graph.g[d];
                 if parent.as_ref() == Some(&dn.nid) {
-                    inputs.dep("parent", &dn.key);
+                    inputs.dep(PARENT_DEP, &dn.key);
                 } else {
                     inputs.dep(dn.id.clone(), &dn.key);
                 }
@@ -795,6 +808,9 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 }
+
+/// How a layer's key inputs name the layer below it.
+pub const PARENT_DEP: &str = "parent";
 
 /// The image reference of a box (see [`charly_rules::naming::box_image_ref`]).
 pub use charly_rules::naming::box_image_ref as image_ref;

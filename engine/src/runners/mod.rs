@@ -16,24 +16,75 @@ pub mod remote;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Why a runner failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
+/// Why a runner failed: the message, then the command's last lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunError {
     /// What went wrong, for people.
     pub message: String,
+    /// The build instruction that failed: `(stage, step)`, both 1-based as
+    /// the builder counts them ([`charly_rules::origin::instruction_offset`]).
+    pub step: Option<(usize, usize)>,
+    /// The failing command's own last lines (the builder's chatter removed).
+    pub output: Vec<String>,
 }
 
 impl RunError {
     /// An error with a message.
     pub fn new(m: impl Into<String>) -> Self {
-        RunError { message: m.into() }
+        RunError {
+            message: m.into(),
+            step: None,
+            output: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        for l in &self.output {
+            write!(f, "\n  | {l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Where a runner sends the output of the command it runs for a node, line
+/// by line, as it comes (progress shows it; nothing else depends on it).
+#[derive(Clone, Copy, Default)]
+pub struct LogSink<'a>(Option<&'a (dyn Fn(&str) + Sync)>);
+
+impl<'a> LogSink<'a> {
+    /// A sink calling `f` with each line.
+    pub fn new(f: &'a (dyn Fn(&str) + Sync)) -> Self {
+        LogSink(Some(f))
+    }
+
+    /// Sends one line.
+    pub fn line(&self, l: &str) {
+        if let Some(f) = self.0 {
+            f(l)
+        }
+    }
+}
+
+impl std::fmt::Debug for LogSink<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "LogSink(on)"
+        } else {
+            "LogSink(off)"
+        })
     }
 }
 
 /// A builder stage to run.
 #[derive(Clone, Debug)]
-pub struct StageRequest {
+pub struct StageRequest<'a> {
+    /// Where the command's output goes as it runs.
+    pub log: LogSink<'a>,
     /// Node id.
     pub node: String,
     /// Key hex (tag images and containers with it).
@@ -54,7 +105,9 @@ pub struct StageRequest {
 
 /// A local package to build from source.
 #[derive(Clone, Debug)]
-pub struct LocalPkgRequest {
+pub struct LocalPkgRequest<'a> {
+    /// Where the command's output goes as it runs.
+    pub log: LogSink<'a>,
     /// Node id.
     pub node: String,
     /// Key hex.
@@ -75,7 +128,9 @@ pub struct LocalPkgRequest {
 
 /// A root filesystem to bootstrap.
 #[derive(Clone, Debug)]
-pub struct RootfsRequest {
+pub struct RootfsRequest<'a> {
+    /// Where the command's output goes as it runs.
+    pub log: LogSink<'a>,
     /// Node id.
     pub node: String,
     /// Key hex.
@@ -96,7 +151,9 @@ pub struct RootfsRequest {
 
 /// One layer to build: a Containerfile whose `FROM ${PARENT}` is `parent`.
 #[derive(Clone, Debug)]
-pub struct LayerRequest {
+pub struct LayerRequest<'a> {
+    /// Where the command's output goes as it runs.
+    pub log: LogSink<'a>,
     /// Node id.
     pub node: String,
     /// Key hex.

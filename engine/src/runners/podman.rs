@@ -20,7 +20,7 @@
 
 use super::{
     ExportedImage, ImageConfig, LayerDesc, LayerFile, LayerRequest, LayerResult, LocalPkgRequest,
-    RootfsRequest, RunError, Runner, StageRequest,
+    LogSink, RootfsRequest, RunError, Runner, StageRequest,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -162,6 +162,44 @@ impl PodmanRunner {
         Ok(out)
     }
 
+    /// Runs a command whose output is a log (builds, package builds): each
+    /// line goes to `log` as it comes, and a failure carries the failing
+    /// build step and the command's own last lines ([`build_failure`]).
+    fn run_logged(
+        &self,
+        what: &str,
+        c: &mut Command,
+        log: LogSink<'_>,
+    ) -> Result<Output, RunError> {
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                let program = c.get_program().to_string_lossy().into_owned();
+                RunError::new(format!("{what}: cannot run {program}: {e}"))
+            })?;
+        let (so, se) = (child.stdout.take(), child.stderr.take());
+        let (stdout, stderr) = std::thread::scope(|s| {
+            let err = s.spawn(move || pump(se, log));
+            let out = pump(so, log);
+            (out, err.join().unwrap_or_default())
+        });
+        let status = child
+            .wait()
+            .map_err(|e| RunError::new(format!("{what}: {e}")))?;
+        let out = Output {
+            status,
+            stdout,
+            stderr,
+        };
+        if !out.status.success() {
+            return Err(build_failure(what, &out));
+        }
+        Ok(out)
+    }
+
     fn ca_args(&self, c: &mut Command) {
         if let Some(ca) = &self.opts.ca_bundle {
             c.arg("--volume")
@@ -237,7 +275,7 @@ impl PodmanRunner {
         }
         self.ca_args(&mut c);
         c.arg(b.context);
-        self.run(b.what, &mut c)?;
+        self.run_logged(b.what, &mut c, b.log)?;
         std::fs::read_to_string(&iid)
             .map(|s| s.trim().to_string())
             .map_err(|e| RunError::new(format!("{}: no image id: {e}", b.what)))
@@ -294,6 +332,7 @@ struct BuildCall<'a> {
     labels: &'a [(String, String)],
     /// One new layer over the base, with timestamps at the epoch (layers).
     squash: bool,
+    log: LogSink<'a>,
 }
 
 impl crate::check::BedHost for PodmanRunner {
@@ -444,6 +483,112 @@ fn slot_text(text: &str, n: usize) -> String {
     out
 }
 
+/// Reads a command's output to its end, sending each line that is not
+/// builder chatter to `log`.
+fn pump(r: Option<impl std::io::Read>, log: LogSink<'_>) -> Vec<u8> {
+    use std::io::BufRead;
+    let mut all = Vec::new();
+    let Some(r) = r else { return all };
+    let mut r = std::io::BufReader::new(r);
+    let mut line = Vec::new();
+    while let Ok(n) = r.read_until(b'\n', &mut line) {
+        if n == 0 {
+            break;
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if !is_chatter(text) {
+            log.line(text);
+        }
+        all.extend_from_slice(&line);
+        line.clear();
+    }
+    all
+}
+
+/// podman's own bookkeeping lines in a build log: cache hits, commits,
+/// blob copies, image ids.
+fn is_chatter(l: &str) -> bool {
+    const PREFIXES: [&str; 9] = [
+        "--> ",
+        "COMMIT",
+        "Getting image source signatures",
+        "Copying blob ",
+        "Copying config ",
+        "Writing manifest to image destination",
+        "Storing signatures",
+        "Successfully tagged ",
+        "time=",
+    ];
+    PREFIXES.iter().any(|p| l.starts_with(p))
+        || (l.len() == 64 && l.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// `[s/t] STEP n/m: …` (the stage prefix only in multi-stage builds):
+/// `(stage, step, the instruction)`.
+fn parse_step(l: &str) -> Option<(usize, usize, &str)> {
+    let (stage, rest) = match l.strip_prefix('[') {
+        Some(r) => {
+            let (st, rest) = r.split_once("] ")?;
+            (st.split_once('/')?.0.parse().ok()?, rest)
+        }
+        None => (1, l),
+    };
+    let rest = rest.strip_prefix("STEP ")?;
+    let (num, instr) = rest.split_once(": ")?;
+    Some((stage, num.split_once('/')?.0.parse().ok()?, instr))
+}
+
+/// The error of a failed build or package build: the failing step, its
+/// instruction (shortened) and the status in the message; the command's own
+/// last lines (after the last `STEP` line, podman's chatter and its closing
+/// `Error: building at STEP …` line removed) in `output`.
+fn build_failure(what: &str, out: &Output) -> RunError {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let last_step = lines.iter().rposition(|l| parse_step(l).is_some());
+    let step = last_step.and_then(|i| parse_step(lines[i]));
+    let after = last_step.map_or(&lines[..], |i| &lines[i + 1..]);
+    let mut cause = None;
+    let mut output: Vec<String> = after
+        .iter()
+        .copied()
+        .chain(stderr.lines())
+        .filter(|l| {
+            if let Some(rest) = l.strip_prefix("Error: building at STEP ") {
+                cause = rest.rsplit_once("\": ").map(|(_, c)| c.to_string());
+                return false;
+            }
+            !is_chatter(l) && parse_step(l).is_none()
+        })
+        .map(str::to_string)
+        .collect();
+    output.drain(..output.len().saturating_sub(20));
+    let cause = cause.unwrap_or_else(|| out.status.to_string());
+    let message = match step {
+        Some((_, n, instr)) => {
+            // The keyword and the command: mount and chown flags say nothing.
+            let mut words = instr.split_whitespace();
+            let instr: String = words
+                .next()
+                .into_iter()
+                .chain(words.skip_while(|w| w.starts_with("--")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let short: String = instr.chars().take(100).collect();
+            let more = if short.len() < instr.len() { "…" } else { "" };
+            format!("{what} failed at step {n} (`{short}{more}`): {cause}")
+        }
+        None => format!("{what} failed: {cause}"),
+    };
+    RunError {
+        message,
+        step: step.map(|(st, n, _)| (st, n)),
+        output,
+    }
+}
+
 /// The last `n` lines of command output.
 fn tail_lines(bytes: &[u8], n: usize) -> String {
     let text = String::from_utf8_lossy(bytes);
@@ -508,6 +653,7 @@ impl Runner for PodmanRunner {
             args: &[],
             labels: &[],
             squash: false,
+            log: req.log,
         })?;
         // Export the artifact paths from a stopped container.
         let ctr = format!("charly-export-{}", &req.key[..16.min(req.key.len())]);
@@ -556,9 +702,8 @@ impl Runner for PodmanRunner {
             charly_rules::emit::containerfile::LAYER_PARENT_ARG.to_string(),
             req.parent.clone().unwrap_or_else(|| "scratch".into()),
         ));
-        let what = format!("layer {}", req.node);
         self.build(&BuildCall {
-            what: &what,
+            what: "podman build",
             context: &req.context,
             file: &req.containerfile,
             tag: &req.tag,
@@ -566,6 +711,7 @@ impl Runner for PodmanRunner {
             args: &args,
             labels: &[],
             squash: true,
+            log: req.log,
         })?;
         let layout = req.out.join("layout");
         let (layers, config) = self.push_layout(&req.tag, &layout, &req.parent_layers)?;
@@ -577,7 +723,8 @@ impl Runner for PodmanRunner {
                 .all(|(a, b)| a.desc.diff_id == b.diff_id);
         if !same_base || layers.len() > known + 1 {
             return Err(RunError::new(format!(
-                "{what}: the built image does not extend its parent by one layer ({} layers on a parent of {known})",
+                "layer {}: the built image does not extend its parent by one layer ({} layers on a parent of {known})",
+                req.node,
                 layers.len()
             )));
         }
@@ -656,7 +803,7 @@ impl Runner for PodmanRunner {
         .arg(format!("{}:/out", req.out.display()));
         self.ca_args(&mut c);
         c.arg(&req.image).arg("sh").arg("-c").arg(&req.script);
-        self.run(&format!("local package {}", req.node), &mut c)?;
+        self.run_logged(&format!("local package {}", req.node), &mut c, req.log)?;
         Ok(())
     }
 
@@ -685,20 +832,11 @@ impl Runner for PodmanRunner {
             c.arg(format!("--include={}", req.include.join(",")));
         }
         c.arg(&req.suite).arg(&target).arg(&req.mirror);
-        let out = c
-            .output()
-            .map_err(|e| RunError::new(format!("debootstrap: {e}")))?;
-        if !out.status.success() {
-            let text = String::from_utf8_lossy(&out.stderr).to_string()
-                + &String::from_utf8_lossy(&out.stdout);
-            let tail: Vec<&str> = text.lines().rev().take(20).collect();
-            return Err(RunError::new(format!(
-                "debootstrap {} from {} failed:\n{}",
-                req.suite,
-                req.mirror,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            )));
-        }
+        self.run_logged(
+            &format!("debootstrap {} from {}", req.suite, req.mirror),
+            &mut c,
+            req.log,
+        )?;
         // apt state that only matters inside the bootstrap.
         let _ = std::fs::remove_dir_all(target.join("var/cache/apt/archives"));
         let st = Command::new("tar")
@@ -763,6 +901,70 @@ impl Runner for PodmanRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What podman 4.3 printed for a RUN that failed in a multi-stage build
+    /// (stdout, stderr), cache hits included.
+    const OUT: &str = "[1/2] STEP 1/2: FROM scratch AS x\n[1/2] STEP 2/2: COPY candy/x/ /\n--> Using cache 2b1c4d\n--> 2b1c4d0f\n[2/2] STEP 1/4: FROM localhost/base:1\n[2/2] STEP 2/4: RUN echo one\n--> Using cache 9f0e\none\n[2/2] STEP 3/4: RUN --mount=type=cache,id=x,dst=/var/cache/x     echo start &&     ls /nonexistent\nstart\n";
+    const ERR: &str = "ls: cannot access '/nonexistent': No such file or directory\nError: building at STEP \"RUN --mount=type=cache,id=x,dst=/var/cache/x echo start &&     ls /nonexistent\": while running runtime: exit status 2\n";
+
+    #[test]
+    fn a_failed_build_names_its_step_and_keeps_only_the_commands_lines() {
+        use std::os::unix::process::ExitStatusExt;
+        let out = Output {
+            status: std::process::ExitStatus::from_raw(2 << 8),
+            stdout: OUT.as_bytes().to_vec(),
+            stderr: ERR.as_bytes().to_vec(),
+        };
+        let e = build_failure("podman build", &out);
+        assert_eq!(e.step, Some((2, 3)));
+        assert_eq!(
+            e.message,
+            "podman build failed at step 3 (`RUN echo start && ls /nonexistent`): while running runtime: exit status 2"
+        );
+        assert_eq!(
+            e.output,
+            vec![
+                "start".to_string(),
+                "ls: cannot access '/nonexistent': No such file or directory".to_string()
+            ]
+        );
+        assert!(e.to_string().ends_with(
+            "\n  | start\n  | ls: cannot access '/nonexistent': No such file or directory"
+        ));
+        // Single-stage builds have no `[s/t]` prefix.
+        assert_eq!(
+            parse_step("STEP 2/4: RUN echo one"),
+            Some((1, 2, "RUN echo one"))
+        );
+        assert_eq!(parse_step("STEP"), None);
+        assert!(is_chatter("--> Using cache 9f0e") && is_chatter(&"a".repeat(64)));
+        assert!(!is_chatter("E: Unable to locate package x"));
+    }
+
+    #[test]
+    fn logged_commands_stream_their_lines_and_drop_chatter() {
+        let seen = std::sync::Mutex::new(Vec::new());
+        let f = |l: &str| seen.lock().unwrap().push(l.to_string());
+        let runner = PodmanRunner {
+            opts: PodmanOptions::default(),
+            conf: None,
+            info: std::sync::OnceLock::new(),
+        };
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "echo one; echo '--> Using cache 1'; echo two >&2; exit 3",
+        ]);
+        let e = runner
+            .run_logged("sh", &mut c, LogSink::new(&f))
+            .expect_err("exit 3");
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, vec!["one".to_string(), "two".to_string()]);
+        assert_eq!(e.step, None);
+        assert_eq!(e.output, vec!["one".to_string(), "two".to_string()]);
+        assert!(e.message.starts_with("sh failed: "), "{}", e.message);
+    }
 
     #[test]
     fn buildah_versions() {

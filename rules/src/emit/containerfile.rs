@@ -237,6 +237,7 @@ fn emitter<'a>(p: &'a Project, b: &'a ResolvedBox, opts: &'a EmitOptions) -> Emi
             .unwrap_or_else(|| crate::naming::build_dir(&b.name)),
         files: BTreeMap::new(),
         layers: BTreeMap::new(),
+        origins: Vec::new(),
     }
 }
 
@@ -332,6 +333,35 @@ pub struct LayerText {
     pub files: BTreeMap<String, Staged>,
     /// Candy directories the text COPYs: context path → source directory.
     pub dirs: BTreeMap<String, PathBuf>,
+    /// What wrote each part of the text: `(byte offset, origin)`, sorted;
+    /// an origin covers the text up to the next one. Not part of any key.
+    pub origins: Vec<(usize, Origin)>,
+}
+
+impl LayerText {
+    /// The origin of the text at byte `offset`.
+    pub fn origin_at(&self, offset: usize) -> Option<&Origin> {
+        let i = self.origins.partition_point(|(o, _)| *o <= offset);
+        i.checked_sub(1).map(|i| &self.origins[i].1)
+    }
+}
+
+/// What part of a candy wrote a stretch of Containerfile text (for errors
+/// that point at the candy file, [`crate::origin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The candy's environment, ports, artifacts and data.
+    Setup(String),
+    /// Its packages.
+    Packages(String),
+    /// Its local packages.
+    LocalPkg(String),
+    /// Task number `.1` (0-based) of candy `.0`.
+    Task(String, usize),
+    /// Its builders (inline builder stages, aur).
+    Builder(String),
+    /// Its shell snippets.
+    Shell(String),
 }
 
 /// The build arg naming a layer's parent image.
@@ -382,6 +412,7 @@ pub fn layer_containerfile(
             e.line(&format!("FROM ${{{LAYER_PARENT_ARG}}}"));
             e.line("USER root");
             e.blank();
+            e.mark(Origin::Setup(key.to_string()));
             let keys = [key.to_string()];
             e.candy_env(&keys, Some(key), &format!("charly-path-{short}.sh"));
             e.artifacts_of(Some(key));
@@ -407,6 +438,7 @@ pub fn layer_containerfile(
         containerfile: e.out,
         files: e.files,
         dirs,
+        origins: e.origins,
     }))
 }
 
@@ -444,9 +476,15 @@ struct Emitter<'a> {
     dir: String,
     files: BTreeMap<String, Staged>,
     layers: BTreeMap<String, PathBuf>,
+    origins: Vec<(usize, Origin)>,
 }
 
 impl Emitter<'_> {
+    /// Marks the text written from here on as coming from `o`.
+    fn mark(&mut self, o: Origin) {
+        self.origins.push((self.out.len(), o));
+    }
+
     fn err(&self, message: impl Into<String>) -> EmitError {
         EmitError {
             box_name: self.b.name.clone(),
@@ -1016,9 +1054,12 @@ impl Emitter<'_> {
             _ => None,
         });
         if let Some(install) = install {
+            self.mark(Origin::Packages(key.to_string()));
             self.packages(key, &install)?;
         }
+        self.mark(Origin::Builder(key.to_string()));
         self.aur(key)?;
+        self.mark(Origin::LocalPkg(key.to_string()));
         for s in steps {
             if let StepData::LocalPkgInstall(l) = &s.data {
                 self.local_pkg(key, l)?;
@@ -1026,7 +1067,9 @@ impl Emitter<'_> {
         }
         let mut running = "0".to_string();
         self.tasks(key, steps, &mut running)?;
+        self.mark(Origin::Builder(key.to_string()));
         self.inline_builders(key, &mut running)?;
+        self.mark(Origin::Shell(key.to_string()));
         for s in steps {
             if let StepData::ShellSnippet(sn) = &s.data {
                 if running != "0" {
@@ -1227,6 +1270,11 @@ impl Emitter<'_> {
         let mut i = 0;
         while i < task_steps.len() {
             let s = task_steps[i];
+            match &s.data {
+                StepData::Op(o) => self.mark(Origin::Task(key.to_string(), o.task)),
+                StepData::File(f) => self.mark(Origin::Task(key.to_string(), f.task)),
+                _ => {}
+            }
             match &s.data {
                 StepData::Op(o) if matches!(o.verb.as_str(), "mkdir" | "link" | "setcap") => {
                     // Adjacent tasks with the same verb and the same raw user share a RUN.

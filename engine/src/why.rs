@@ -1,0 +1,103 @@
+//! Why a node runs: its key inputs against the last record of the same node
+//! (any of its ids: a shared layer's last record may carry a sibling box's
+//! id). `explain` renders it with causes; the scheduler reports it as each
+//! node starts.
+
+use crate::graph::Graph;
+use crate::key::{Change, KeyInputs, diff};
+use charly_cache::Store;
+use petgraph::stable_graph::NodeIndex;
+
+/// What the last build of a node was, against its key now.
+#[derive(Clone, Debug)]
+pub enum Since {
+    /// No record of this node at all.
+    NeverBuilt,
+    /// The last record (its time) and what changed since.
+    Changed {
+        /// When it was recorded (seconds since the epoch).
+        recorded_unix: u64,
+        /// What changed.
+        changes: Vec<Change>,
+    },
+}
+
+/// What changed for node `i` since its last record.
+pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
+    let n = &graph.g[i];
+    let last = graph
+        .ids_of(i)
+        .into_iter()
+        .filter_map(|id| store.last_record_for(id).ok().flatten())
+        .max_by_key(|(_, r)| r.created_unix);
+    let Some((_, last)) = last else {
+        return Since::NeverBuilt;
+    };
+    let changes = match serde_json::from_value::<KeyInputs>(last.key_inputs.clone()) {
+        Ok(old) => diff(&old, &n.inputs),
+        Err(_) => vec![Change::OlderSchema],
+    };
+    // Dependencies named by role become the node they are now.
+    let changes = changes
+        .into_iter()
+        .map(|c| match c {
+            Change::Dep { id, old, new } => Change::Dep {
+                id: graph.dep_id(i, &id),
+                old,
+                new,
+            },
+            c => c,
+        })
+        .collect();
+    Since::Changed {
+        recorded_unix: last.created_unix,
+        changes,
+    }
+}
+
+/// One line: why node `i` runs (`never built`, or its changes, inputs of
+/// its own before rebuilt dependencies, at most three named). A rebuilt
+/// source dependency is replaced by what changed in it (the file), read
+/// from the source's record under its old key: by the time a node runs its
+/// sources are already recorded anew.
+pub fn reason(store: &Store, graph: &Graph, i: NodeIndex) -> String {
+    match since_last(store, graph, i) {
+        Since::NeverBuilt => "never built".into(),
+        Since::Changed { changes, .. } if changes.is_empty() => {
+            "its record is gone (collected or never committed)".into()
+        }
+        Since::Changed { changes, .. } => {
+            let mut changes: Vec<Change> = changes
+                .into_iter()
+                .flat_map(|c| source_changes(store, graph, &c).unwrap_or_else(|| vec![c]))
+                .collect();
+            changes.sort_by_key(|c| matches!(c, Change::Dep { .. }));
+            changes.dedup();
+            let mut parts: Vec<String> = changes.iter().take(3).map(|c| c.to_string()).collect();
+            if changes.len() > 3 {
+                parts.push(format!("{} more", changes.len() - 3));
+            }
+            parts.join("; ")
+        }
+    }
+}
+
+/// What changed inside a rebuilt source dependency, when `c` is one.
+fn source_changes(store: &Store, graph: &Graph, c: &Change) -> Option<Vec<Change>> {
+    let Change::Dep {
+        id,
+        old: Some(old),
+        new: Some(_),
+    } = c
+    else {
+        return None;
+    };
+    let dep = graph.node(id)?;
+    if dep.kind != crate::key::NodeKind::Source {
+        return None;
+    }
+    let rec = store.get_record(&old.parse().ok()?).ok()??;
+    let before = serde_json::from_value::<KeyInputs>(rec.key_inputs).ok()?;
+    let changes = diff(&before, &dep.inputs);
+    (!changes.is_empty()).then_some(changes)
+}
