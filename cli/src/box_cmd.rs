@@ -54,7 +54,7 @@ pub struct PushArgs {
     #[arg(value_name = "REF")]
     pub reference: String,
     /// Build local packages from local source (see `box build`).
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
     #[command(flatten)]
     pub run: crate::session::RunArgs,
@@ -232,20 +232,31 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         output::json(&rows)?;
     } else {
+        // Columns as wide as their widest cell; no trailing blanks.
+        let cells: Vec<[String; 4]> =
+            std::iter::once(["BOX", "BASE", "DISTRO", "CANDIES"].map(String::from))
+                .chain(rows.iter().map(|r| match &r.error {
+                    None => [
+                        r.name.clone(),
+                        r.base.clone().unwrap_or_else(|| "-".into()),
+                        r.distro.first().cloned().unwrap_or_else(|| "-".into()),
+                        r.candies.join(" "),
+                    ],
+                    Some(e) => [r.name.clone(), "ERROR".into(), String::new(), e.clone()],
+                }))
+                .collect();
+        let width = |c: usize| {
+            cells
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        };
+        let (w0, w1, w2) = (width(0), width(1), width(2));
         let mut out = std::io::stdout().lock();
-        let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4);
-        for r in &rows {
-            match &r.error {
-                None => writeln!(
-                    out,
-                    "{:width$}  {:<28} {:<18} {}",
-                    r.name,
-                    r.base.as_deref().unwrap_or("-"),
-                    r.distro.first().map_or("-", String::as_str),
-                    r.candies.join(" "),
-                )?,
-                Some(e) => writeln!(out, "{:width$}  ERROR {e}", r.name)?,
-            }
+        for r in &cells {
+            let line = format!("{:w0$}  {:w1$}  {:w2$}  {}", r[0], r[1], r[2], r[3]);
+            writeln!(out, "{}", line.trim_end())?;
         }
         let ok = rows.iter().filter(|r| r.error.is_none()).count();
         output::note(&format!("{} boxes, {ok} resolve", rows.len()));

@@ -142,7 +142,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub json: bool,
     /// Artifacts were built with --dev-local-pkg (local packages from source).
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
     /// Runner whose builds fed the store (their keys include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::session::RUNNERS))]

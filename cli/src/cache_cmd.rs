@@ -70,7 +70,7 @@ pub struct PullArgs {
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// The `--dev-local-pkg` variant of the graph.
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
     /// Print JSON.
     #[arg(long)]

@@ -39,7 +39,7 @@ pub struct GenerateArgs {
     pub out: Option<PathBuf>,
     /// Build local packages from local source and COPY them in (hard error
     /// when a candy's source directory is missing).
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
     /// Print the Containerfile of the one named box on stdout; write nothing.
     #[arg(long)]
@@ -71,7 +71,7 @@ pub struct BuildArgs {
     #[arg(long)]
     pub explain: bool,
     /// Build local packages from local source (hard error when the source is missing).
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
     /// Make the built images present in podman even when nothing was
     /// assembled (after `podman system prune`, or on a machine whose store
@@ -116,6 +116,9 @@ pub struct GraphArgs {
     /// Runner whose image keys to show (keys of built nodes include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
+    /// The `--dev-local-pkg` variant of the graph (local packages from source).
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub dev_local_pkg: bool,
 }
 
 /// Arguments of `explain`.
@@ -131,7 +134,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
     /// Explain the `--dev-local-pkg` variant of the graph.
-    #[arg(long)]
+    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev_local_pkg: bool,
 }
 
@@ -403,6 +406,22 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
             if a.dry_run { "dry run" } else { "build" },
             &summary,
         ));
+        // podman ran with settings charly wrote for this host (runc,
+        // ulimits); without them `podman run` may fail (`error setting
+        // rlimit`), so say how to use them.
+        let conf = store.dir().join("podman").join("containers.conf");
+        if !a.dry_run
+            && a.runner.runner == "podman"
+            && std::env::var_os("CONTAINERS_CONF").is_none()
+            && conf.is_file()
+            && let Some(first) = names.first()
+        {
+            output::note(&format!(
+                "run it: CONTAINERS_CONF={} podman run --rm {}",
+                conf.display(),
+                charly_rules::naming::box_image_ref(&o.resolution, first)
+            ));
+        }
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
     Ok(ExitCode::SUCCESS)
@@ -457,7 +476,14 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     let names = select(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
     let store = open_store(cli)?;
     let hasher = stat_cache(&store);
-    let engine = engine(&o, &store, Using::Named(&a.runner), &hasher, false, None);
+    let engine = engine(
+        &o,
+        &store,
+        Using::Named(&a.runner),
+        &hasher,
+        a.dev_local_pkg,
+        None,
+    );
     let goal = if a.generate {
         Goal::Generate
     } else {

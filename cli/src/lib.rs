@@ -19,6 +19,7 @@ mod progress;
 mod project;
 mod report;
 mod session;
+mod settings;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};
@@ -156,10 +157,45 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
+/// Whether an error is a write to a closed pipe.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                c.downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            })
+            == Some(std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Parses the command line with the settings files' defaults
+/// ([`settings`]): the project is the one `-C` names or the one around the
+/// current directory.
+fn parse() -> anyhow::Result<Cli> {
+    use clap::{CommandFactory, FromArgMatches};
+    let root = match Cli::try_parse() {
+        Ok(pre) => project::root(&pre).ok(),
+        Err(_) => std::env::current_dir()
+            .ok()
+            .and_then(|d| charly_rules::load::locate(&d).ok()),
+    };
+    let defaults = settings::defaults(root.as_deref())?;
+    let matches = settings::apply(Cli::command(), &defaults).get_matches();
+    Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+}
+
 /// Parses the command line, runs the command, and says how to exit.
 pub fn main() -> ExitCode {
     output::install_hooks();
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(c) => c,
+        Err(e) => {
+            output::error(&format!("{e:#}"));
+            return ExitCode::from(1);
+        }
+    };
     let result = match &cli.command {
         Command::Validate(a) => validate_cmd::run(&cli, a),
         Command::Box(c) => box_cmd::run(&cli, c),
@@ -173,6 +209,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) if e.is::<Reported>() => ExitCode::from(1),
+        // `charly graph | head`: the reader left; nothing is wrong.
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             output::error(&format!("{e:#}"));
             ExitCode::from(1)

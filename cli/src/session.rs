@@ -22,7 +22,7 @@ use std::time::Duration;
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
     /// Nodes to run at once (default: the number of cores).
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    #[arg(short = 'j', long = "jobs", value_name = "N", env = "CHARLY_JOBS")]
     pub jobs: Option<usize>,
     /// Write a JSON summary (every node with kind, key, state, duration; totals) to FILE.
     #[arg(long, value_name = "FILE")]

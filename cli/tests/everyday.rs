@@ -1,0 +1,179 @@
+//! Everyday use: settings files that set flag defaults (and lose to flags
+//! and the environment), `box list` as a table, a reader that leaves a
+//! pipe early, and mode flags that only change the nodes they affect.
+
+use assert_cmd::Command;
+use std::path::Path;
+
+fn charly(project: &Path, home: &Path) -> Command {
+    let mut c = Command::cargo_bin("charly").expect("binary");
+    c.env("NO_COLOR", "1")
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("CHARLY_CACHE_DIR", home.join("store"))
+        .env_remove("CHARLY_DEV_LOCAL_PKG")
+        .env_remove("CHARLY_JOBS")
+        .env_remove("CHARLY_REMOTE")
+        .env_remove("CHARLY_PROGRESS")
+        .arg("-C")
+        .arg(project);
+    c
+}
+
+fn stdout(c: &mut Command) -> String {
+    let out = c.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `box generate --stdout hello`: needs dev-local-pkg (the example's local
+/// .deb has no release download).
+fn generate(project: &Path, home: &Path, extra: &[&str]) -> std::process::Output {
+    charly(project, home)
+        .args(["box", "generate", "--stdout", "hello"])
+        .args(extra)
+        .output()
+        .expect("runs")
+}
+
+#[test]
+fn settings_files_give_flag_defaults_that_flags_and_env_override() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let project = tmp.path().join("hello");
+    charly_testutil::copy_project(&charly_testutil::example(), &project);
+    let home = tmp.path();
+    // No setting: the local package has no release download.
+    let out = generate(&project, home, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dev-local-pkg"));
+    // The user's setting turns it on; the project's wins over it.
+    std::fs::create_dir_all(home.join("config/charly")).expect("mkdir");
+    std::fs::write(
+        home.join("config/charly/settings.yml"),
+        "dev_local_pkg: true\n",
+    )
+    .expect("w");
+    let out = generate(&project, home, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("/tmp/charly-pkgs/"));
+    std::fs::create_dir_all(project.join(".charly")).expect("mkdir");
+    std::fs::write(
+        project.join(".charly/settings.yml"),
+        "dev_local_pkg: false\n",
+    )
+    .expect("w");
+    assert_eq!(generate(&project, home, &[]).status.code(), Some(1));
+    // A flag wins over both, the environment over the files.
+    std::fs::write(
+        project.join(".charly/settings.yml"),
+        "dev_local_pkg: true\njobs: 1\n",
+    )
+    .expect("w");
+    assert!(generate(&project, home, &[]).status.success());
+    assert_eq!(
+        generate(&project, home, &["--dev-local-pkg=false"])
+            .status
+            .code(),
+        Some(1)
+    );
+    let out = charly(&project, home)
+        .env("CHARLY_DEV_LOCAL_PKG", "false")
+        .args(["box", "generate", "--stdout", "hello"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    // `--dev-local-pkg BOX` still reads BOX as a box.
+    assert!(
+        generate(&project, home, &["--dev-local-pkg"])
+            .status
+            .success()
+    );
+    // graph and explain take the same default: after a generate, all cached.
+    stdout(charly(&project, home).args(["box", "generate", "--all"]));
+    let g: serde_json::Value = serde_json::from_str(&stdout(charly(&project, home).args([
+        "graph",
+        "--generate",
+        "--format",
+        "json",
+    ])))
+    .expect("json");
+    let states: Vec<&str> = g["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["state"].as_str())
+        .collect();
+    assert!(
+        !states.is_empty() && states.iter().all(|s| *s == "cached"),
+        "{states:?}"
+    );
+    // A misspelt or mistyped setting is refused with its place.
+    std::fs::write(project.join(".charly/settings.yml"), "dev_locl_pkg: true\n").expect("w");
+    let out = charly(&project, home)
+        .args(["box", "list"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(".charly/settings.yml:1:1: unknown field `dev_locl_pkg`"),
+        "{err}"
+    );
+    std::fs::write(project.join(".charly/settings.yml"), "jobs: many\n").expect("w");
+    let out = charly(&project, home)
+        .args(["box", "list"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("settings.yml:1:7"));
+}
+
+#[test]
+fn box_list_is_a_table_without_trailing_blanks() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let text = stdout(charly(&charly_testutil::example(), tmp.path()).args(["box", "list"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["BOX", "BASE", "DISTRO", "CANDIES"]
+    );
+    assert!(lines.iter().all(|l| !l.ends_with(' ')), "{text:?}");
+    let base = lines.iter().find(|l| l.starts_with("base ")).expect("base");
+    assert_eq!(
+        base.split_whitespace().collect::<Vec<_>>(),
+        ["base", "builder:debootstrap", "debian:12"]
+    );
+    // Columns line up: CANDIES starts where hello's candies do.
+    let hello = lines
+        .iter()
+        .find(|l| l.starts_with("hello "))
+        .expect("hello");
+    assert_eq!(lines[0].find("CANDIES"), hello.find("nodejs"));
+}
+
+#[test]
+fn a_reader_that_leaves_early_is_not_an_error() {
+    // The corpus graph is far larger than a pipe's buffer.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
+        .env("CHARLY_CACHE_DIR", tmp.path().join("store"))
+        .arg("-C")
+        .arg(charly_testutil::corpus())
+        .arg("graph")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("waits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+}
