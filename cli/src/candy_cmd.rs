@@ -14,6 +14,12 @@ pub enum CandyCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Create `candy/NAME/charly.yml`: a skeleton with a package, a task
+    /// and a check, to edit and add to a box's `candy:` list.
+    New {
+        /// The candy's name (lowercase letters, digits, `-`, `_`, `.`).
+        name: String,
+    },
 }
 
 #[derive(Serialize)]
@@ -30,7 +36,10 @@ struct CandyRow {
 
 /// Runs a candy subcommand.
 pub fn run(cli: &Cli, c: &CandyCommand) -> anyhow::Result<ExitCode> {
-    let CandyCommand::List { json } = c;
+    let json = match c {
+        CandyCommand::List { json } => *json,
+        CandyCommand::New { name } => return crate::init_cmd::new_candy(cli, name),
+    };
     let o = project::open(cli)?;
     let p = &o.project;
     let rows: Vec<CandyRow> = p
@@ -61,7 +70,7 @@ pub fn run(cli: &Cli, c: &CandyCommand) -> anyhow::Result<ExitCode> {
             }
         })
         .collect();
-    if *json {
+    if json {
         output::json(&rows)?;
     } else {
         let mut out = std::io::stdout().lock();

@@ -14,6 +14,7 @@ mod cache_cmd;
 mod candy_cmd;
 mod check_cmd;
 mod engine_cmd;
+mod init_cmd;
 mod output;
 mod progress;
 mod project;
@@ -100,12 +101,15 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Create a new project, ready to build: a root charly.yml, a Debian base
+    /// box made with debootstrap, a box `app` and a candy `hello`.
+    Init(init_cmd::InitArgs),
     /// Check the whole project: every file, candy, box and template. Exit 1 on errors.
     Validate(validate_cmd::Args),
     /// Boxes: list, plan, generate, build.
     #[command(subcommand, name = "box")]
     Box(box_cmd::BoxCommand),
-    /// Candies: list.
+    /// Candies: list, new.
     #[command(subcommand)]
     Candy(candy_cmd::CandyCommand),
     /// Print the build graph (nodes with kind, key prefix, cache state).
@@ -197,6 +201,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match &cli.command {
+        Command::Init(a) => init_cmd::init(a),
         Command::Validate(a) => validate_cmd::run(&cli, a),
         Command::Box(c) => box_cmd::run(&cli, c),
         Command::Candy(c) => candy_cmd::run(&cli, c),

@@ -83,6 +83,11 @@ pub struct RunnerArgs {
     /// mounted read-only into every build step.
     #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
+    /// Never pull: an external base image (`base: docker.io/…`) that podman
+    /// does not have is an error. Without it, such an image is pulled once,
+    /// when its base node first runs.
+    #[arg(long, env = "CHARLY_OFFLINE")]
+    pub offline: bool,
     #[command(flatten)]
     pub remote_exec: RemoteExecArgs,
 }
@@ -272,6 +277,7 @@ pub fn podman_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Resu
         conf_dir: store.dir().to_path_buf(),
         ca_bundle: a.ca_bundle.clone(),
         jobs,
+        offline: a.offline,
     })?)
 }
 

@@ -44,6 +44,8 @@ fn settings_files_give_flag_defaults_that_flags_and_env_override() {
     let tmp = tempfile::tempdir().expect("tmp");
     let project = tmp.path().join("hello");
     charly_testutil::copy_project(&charly_testutil::example(), &project);
+    // The example sets dev_local_pkg itself; start without it.
+    std::fs::remove_dir_all(project.join(".charly")).expect("rm");
     let home = tmp.path();
     // No setting: the local package has no release download.
     let out = generate(&project, home, &[]);

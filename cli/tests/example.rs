@@ -837,7 +837,67 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
     );
     let _ = std::fs::remove_dir_all(&layout);
 
+    init_project_builds_and_checks_on_a_fresh_store(&env);
     fresh_machine_pulls_every_layer_but_the_edited_one(&env);
+}
+
+/// `charly init DIR && charly -C DIR box build --all` on a fresh store (the
+/// same podman storage): the new project builds as written, and its
+/// candy's check passes in a bed.
+fn init_project_builds_and_checks_on_a_fresh_store(env: &Env) {
+    let dir = env.summaries.join("init-project");
+    let store = env.summaries.join("init-store");
+    let out = env
+        .charly_cmd(&env.summaries, &store, &["init"])
+        .arg(&dir)
+        .output()
+        .expect("init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Instant::now();
+    let out = env
+        .charly_cmd(
+            &dir,
+            &store,
+            &["box", "build", "--all", "--progress", "plain"],
+        )
+        .output()
+        .expect("build");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    eprintln!(
+        "[example] init project cold build: {} ms",
+        t.elapsed().as_millis()
+    );
+    assert!(err.contains("] done   image:app in "), "{err}");
+    let out = env
+        .charly_cmd(&dir, &store, &["check", "--all", "--json", "-q"])
+        .output()
+        .expect("check");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let app = reports
+        .as_array()
+        .expect("reports")
+        .iter()
+        .find(|r| r["box_name"] == "app")
+        .expect("app's bed");
+    assert!(
+        app["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .any(|c| c["id"] == "hello-readme" && c["outcome"] == "pass"),
+        "{app}"
+    );
 }
 
 /// Store A (this test's) pushes to a registry; the last candy of hello is
@@ -989,5 +1049,53 @@ fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
         "hello from a local .deb",
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A box on an external base (the image just pushed) on a fresh podman
+    // storage: with --offline a clear refusal, without it pulled once.
+    let ext = env.summaries.join("ext-project");
+    for (rel, text) in [
+        (
+            "charly.yml",
+            "version: 2026.160.1301\ndiscover: [box, candy]\ndefaults:\n    distro: [debian:12, debian]\n    build: [deb]\n".to_string(),
+        ),
+        (
+            "box/ext/charly.yml",
+            format!("box:\n    name: ext\n    version: 1.0.0\n    base: {pushed}\n    candy: [note]\n"),
+        ),
+        (
+            "candy/note/charly.yml",
+            "candy:\n    version: 1.0.0\n    task:\n        - write: /etc/note\n          user: root\n          content: on an external base\n".to_string(),
+        ),
+    ] {
+        let p = ext.join(rel);
+        std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
+        std::fs::write(p, text).expect("write");
+    }
+    let d_store = env.summaries.join("store-d");
+    let d_podman = env.summaries.join("podman-d");
+    let build_ext = |extra: &[&str]| {
+        let mut args = vec!["box", "build", "ext", "--progress", "plain"];
+        args.extend(extra);
+        env.charly_cmd(&ext, &d_store, &args)
+            .env("CHARLY_PODMAN_ROOT", &d_podman)
+            .output()
+            .expect("charly")
+    };
+    let out = build_ext(&["--offline"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the base image {pushed} is not in podman's storage and --offline forbids pulling it"
+        )),
+        "{err}"
+    );
+    let out = build_ext(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("] done   base:{pushed} in ")),
+        "{err}"
     );
 }

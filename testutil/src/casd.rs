@@ -119,6 +119,7 @@ pub fn podman_with_image(
         root: Some(dir.join("podman")),
         conf_dir: dir.to_path_buf(),
         ca_bundle: None,
+        offline: true,
         jobs: 1,
     })
     .expect("podman");

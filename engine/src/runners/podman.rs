@@ -36,6 +36,9 @@ pub struct PodmanOptions {
     pub ca_bundle: Option<PathBuf>,
     /// Jobs per `podman build` (`--jobs`).
     pub jobs: usize,
+    /// Never pull: an external base image missing from podman's storage is
+    /// an error instead.
+    pub offline: bool,
 }
 
 /// Runs nodes with podman.
@@ -283,6 +286,46 @@ impl PodmanRunner {
 }
 
 impl PodmanRunner {
+    /// Pulls an external base image podman does not have (once: its layers
+    /// are then in the store, keyed by the reference). Registries on the
+    /// loopback interface are spoken to over plain HTTP, as the remote
+    /// cache does.
+    fn pull(&self, reference: &str) -> Result<(), RunError> {
+        if self.opts.offline {
+            return Err(RunError::new(format!(
+                "the base image {reference} is not in podman's storage and --offline forbids pulling it; pull or load it yourself, or drop --offline"
+            )));
+        }
+        let host = reference.split('/').next().unwrap_or("");
+        let loopback = ["localhost", "127.0.0.1", "[::1]"]
+            .iter()
+            .any(|h| host == *h || host.starts_with(&format!("{h}:")));
+        let mut c = self.cmd();
+        c.args(["pull", "-q"]);
+        if loopback {
+            c.arg("--tls-verify=false");
+        }
+        let out = c
+            .arg(reference)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RunError::new(format!("podman pull {reference}: {e}")))?;
+        if !out.status.success() {
+            return Err(RunError {
+                message: format!(
+                    "cannot pull the base image {reference} ({}): is its registry reachable from here, and are you logged in (`podman login`) if it needs credentials? (--offline never pulls)",
+                    out.status
+                ),
+                step: None,
+                output: tail_lines(&out.stderr, 5)
+                    .lines()
+                    .map(str::to_string)
+                    .collect(),
+            });
+        }
+        Ok(())
+    }
+
     /// Writes `image` into an OCI layout at `dir` (`podman push oci:`) and
     /// returns its layers and configuration. Layers listed in `skip` get an
     /// empty stand-in file first, named by both digests, so podman finds
@@ -735,6 +778,9 @@ impl Runner for PodmanRunner {
     }
 
     fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError> {
+        if !self.has_image(reference) {
+            self.pull(reference)?;
+        }
         let (layers, config) = self.push_layout(reference, &out.join("layout"), &[])?;
         Ok(ExportedImage { layers, config })
     }

@@ -1,0 +1,149 @@
+//! docs/format.md cannot drift from the loader: every field its tables
+//! document is known where it is documented (a manifest using it loads
+//! without an "unknown field" warning), and a made-up field is not.
+
+use charly_rules::load::{LoadOptions, load};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `<!-- fields: CONTEXT -->` → the names in the first column of the table
+/// that follows (`a`, or `a`, `b`, … in one cell).
+fn documented() -> BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(charly_testutil::workspace().join("docs/format.md"))
+        .expect("docs/format.md");
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut context: Option<String> = None;
+    for line in text.lines() {
+        if let Some(c) = line
+            .strip_prefix("<!-- fields: ")
+            .and_then(|r| r.strip_suffix(" -->"))
+        {
+            context = Some(c.to_string());
+            continue;
+        }
+        let Some(c) = &context else { continue };
+        if !line.starts_with('|') {
+            if !line.trim().is_empty() {
+                context = None;
+            }
+            continue;
+        }
+        let cell = line.split('|').nth(1).unwrap_or("");
+        for name in cell.split(',') {
+            if let Some(n) = name
+                .trim()
+                .strip_prefix('`')
+                .and_then(|n| n.strip_suffix('`'))
+            {
+                out.entry(c.clone()).or_default().push(n.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The text of a manifest of `context` that sets `field` (and what else
+/// it needs to be that kind of document), with its path.
+fn manifest(context: &str, field: &str) -> (&'static str, String) {
+    match context {
+        "root" => (
+            "charly.yml",
+            format!("version: 2026.160.1301\n{field}: ~\n"),
+        ),
+        "box" => (
+            "box/b/charly.yml",
+            format!("box:\n    name: b\n    base: x\n    {field}: ~\n"),
+        ),
+        "candy" => ("candy/c/charly.yml", format!("candy:\n    {field}: ~\n")),
+        "task" => (
+            "candy/c/charly.yml",
+            format!("candy:\n    version: 1.0.0\n    task:\n        - {field}: ~\n"),
+        ),
+        "service" => (
+            "candy/c/charly.yml",
+            format!("candy:\n    version: 1.0.0\n    service:\n        - {field}: ~\n"),
+        ),
+        "shell" => (
+            "candy/c/charly.yml",
+            format!("candy:\n    version: 1.0.0\n    shell:\n        {field}: ~\n"),
+        ),
+        c => panic!("docs/format.md documents fields of `{c}`, which this test cannot check"),
+    }
+}
+
+/// The loader's "unknown field" diagnostics for `field` in `context`.
+fn unknown(dir: &Path, context: &str, field: &str) -> Vec<String> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let (rel, text) = manifest(context, field);
+    if rel != "charly.yml" {
+        std::fs::write(
+            dir.join("charly.yml"),
+            "version: 2026.160.1301\ndiscover: [box, candy]\n",
+        )
+        .expect("root");
+    }
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&path, text).expect("manifest");
+    let p = load(dir, &LoadOptions::default()).expect("loads");
+    p.diags
+        .iter()
+        .map(|d| d.message.clone())
+        .filter(|m| m.contains(&format!("`{field}`")) && m.contains("unknown"))
+        .collect()
+}
+
+#[test]
+fn every_documented_field_is_known_to_the_loader() {
+    let docs = documented();
+    for c in [
+        "root", "box", "candy", "task", "service", "shell", "settings",
+    ] {
+        assert!(docs.get(c).is_some_and(|f| f.len() > 3), "{c}: {docs:?}");
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("p");
+    for (context, fields) in &docs {
+        if context == "settings" {
+            continue;
+        }
+        // The check can fail: a made-up field is reported.
+        assert!(
+            !unknown(&dir, context, "made_up_field").is_empty(),
+            "{context}: a made-up field is not reported"
+        );
+        for f in fields {
+            let u = unknown(&dir, context, f);
+            assert!(
+                u.is_empty(),
+                "{context}.{f} is documented but unknown: {u:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_documented_setting_is_read() {
+    let docs = documented();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let project = charly_testutil::copy_project(&charly_testutil::example(), &tmp.path().join("p"));
+    let settings = project.join(".charly/settings.yml");
+    let run = |text: &str| {
+        std::fs::write(&settings, text).expect("settings");
+        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
+            .env("XDG_CONFIG_HOME", tmp.path().join("config"))
+            .env("CHARLY_CACHE_DIR", tmp.path().join("store"))
+            .arg("-C")
+            .arg(&project)
+            .args(["box", "list"])
+            .output()
+            .expect("runs");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run("made_up_field: 1\n").contains("unknown field `made_up_field`"));
+    for f in &docs["settings"] {
+        let err = run(&format!("{f}: ~\n"));
+        assert!(!err.contains("unknown field"), "{f}: {err}");
+    }
+}
