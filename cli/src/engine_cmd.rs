@@ -274,7 +274,15 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         stdout.write_all(&bytes)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let ignore = o.project.root.join(".containerignore");
+    let had_ignore = ignore.exists();
     let written = engine.write_build_dirs(&graph, &out_root, a.out.is_some())?;
+    if !had_ignore && ignore.exists() && !a.run.quiet {
+        output::note(
+            "wrote .containerignore and .dockerignore: podman and docker read them when they build \
+             .build/<box>/Containerfile with the project as context (commit them or ignore them)",
+        );
+    }
     let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     for line in &lines {
         writeln!(stdout, "{line}")?;

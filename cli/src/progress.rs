@@ -239,7 +239,12 @@ impl Observer for Progress {
     }
 
     fn log(&self, id: &str, line: &str) {
-        if self.mode != ProgressMode::Tty || line.trim().is_empty() {
+        // A progress meter redraws its line after `\r`: show the last state.
+        let line = line
+            .split('\r')
+            .rfind(|s| !s.trim().is_empty())
+            .unwrap_or("");
+        if self.mode != ProgressMode::Tty || line.is_empty() {
             return;
         }
         if let Ok(mut r) = self.running.lock()

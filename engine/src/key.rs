@@ -101,7 +101,14 @@ pub struct KeyInputs {
     pub base: Option<String>,
     /// The builder image's key, for nodes run in a builder box.
     pub builder_image: Option<String>,
+    /// The full text of some `texts` (small ones explanations show line by
+    /// line). Kept in the record, never part of the key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contents: BTreeMap<String, String>,
 }
+
+/// Texts up to this size keep their content for explanations.
+const CONTENT_MAX: usize = 64 * 1024;
 
 impl KeyInputs {
     /// Inputs of a kind, with the schema version set.
@@ -119,6 +126,16 @@ impl KeyInputs {
             name.into(),
             blake3::hash(text.as_bytes()).to_hex().to_string(),
         );
+    }
+
+    /// Adds a text by its digest, keeping its content (when small) so an
+    /// explanation can say which lines changed.
+    pub fn text_with_content(&mut self, name: impl Into<String>, text: &str) {
+        let name = name.into();
+        self.text(name.clone(), text);
+        if text.len() <= CONTENT_MAX {
+            self.contents.insert(name, text.to_string());
+        }
     }
 
     /// Adds a value.
@@ -142,6 +159,7 @@ impl KeyInputs {
             deps,
             base,
             builder_image,
+            contents: _,
         } = self;
         let mut e = Encoder::default();
         e.tag(0x01);
@@ -230,6 +248,10 @@ pub enum Change {
         old: Option<String>,
         /// Digest now.
         new: Option<String>,
+        /// The lines that changed (`- `/`+ `, with context), when both
+        /// contents were kept.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        lines: Vec<String>,
     },
     /// A value changed.
     Value {
@@ -299,8 +321,17 @@ impl std::fmt::Display for Change {
             Change::File { path, old, new } => {
                 write!(f, "file {path} changed: {} -> {}", short(old), short(new))
             }
-            Change::Text { name, old, new } => {
-                write!(f, "{name} changed: {} -> {}", short(old), short(new))
+            Change::Text {
+                name,
+                old,
+                new,
+                lines,
+            } => {
+                write!(f, "{name} changed: {} -> {}", short(old), short(new))?;
+                for l in lines {
+                    write!(f, "\n      {l}")?;
+                }
+                Ok(())
             }
             Change::Value { name, old, new } => {
                 write!(f, "{name} changed: {} -> {}", val(old), val(new))
@@ -325,6 +356,37 @@ impl std::fmt::Display for Change {
     }
 }
 
+/// Lines of `b` that differ from `a`, as `- old` / `+ new` with one line of
+/// context (`@@` between hunks), at most [`DIFF_LINES`] of them.
+fn line_diff(a: &str, b: &str) -> Vec<String> {
+    let diff = similar::TextDiff::from_lines(a, b);
+    let mut out = Vec::new();
+    for (n, group) in diff.grouped_ops(1).iter().enumerate() {
+        if n > 0 {
+            out.push("@@".to_string());
+        }
+        for op in group {
+            for change in diff.iter_changes(op) {
+                let sign = match change.tag() {
+                    similar::ChangeTag::Delete => '-',
+                    similar::ChangeTag::Insert => '+',
+                    similar::ChangeTag::Equal => ' ',
+                };
+                out.push(format!("{sign} {}", change.value().trim_end_matches('\n')));
+            }
+        }
+    }
+    if out.len() > DIFF_LINES {
+        let more = out.len() - DIFF_LINES;
+        out.truncate(DIFF_LINES);
+        out.push(format!("… {more} more lines"));
+    }
+    out
+}
+
+/// The most diff lines one change shows.
+const DIFF_LINES: usize = 24;
+
 /// The differences from `old` to `new`, in a stable order.
 pub fn diff(old: &KeyInputs, new: &KeyInputs) -> Vec<Change> {
     let mut out = Vec::new();
@@ -348,8 +410,17 @@ pub fn diff(old: &KeyInputs, new: &KeyInputs) -> Vec<Change> {
     for (path, old, new) in maps(&old.files, &new.files) {
         out.push(Change::File { path, old, new });
     }
-    for (name, old, new) in maps(&old.texts, &new.texts) {
-        out.push(Change::Text { name, old, new });
+    for (name, old_d, new_d) in maps(&old.texts, &new.texts) {
+        let lines = match (old.contents.get(&name), new.contents.get(&name)) {
+            (Some(a), Some(b)) => line_diff(a, b),
+            _ => Vec::new(),
+        };
+        out.push(Change::Text {
+            name,
+            old: old_d,
+            new: new_d,
+            lines,
+        });
     }
     for (name, old, new) in maps(&old.values, &new.values) {
         out.push(Change::Value { name, old, new });

@@ -67,13 +67,26 @@ pub fn reason(store: &Store, graph: &Graph, i: NodeIndex) -> String {
             "its record is gone (collected or never committed)".into()
         }
         Since::Changed { changes, .. } => {
-            let mut changes: Vec<Change> = changes
-                .into_iter()
-                .flat_map(|c| source_changes(store, graph, &c).unwrap_or_else(|| vec![c]))
-                .collect();
-            changes.sort_by_key(|c| matches!(c, Change::Dep { .. }));
+            // What the user edited first (the files of rebuilt sources),
+            // then the node's own inputs, then rebuilt dependencies.
+            let mut edited = Vec::new();
+            let mut own = Vec::new();
+            let mut deps = Vec::new();
+            for c in changes {
+                match source_changes(store, graph, &c) {
+                    Some(s) => edited.extend(s),
+                    None if matches!(c, Change::Dep { .. }) => deps.push(c),
+                    None => own.push(c),
+                }
+            }
+            let mut changes: Vec<Change> = edited.into_iter().chain(own).chain(deps).collect();
             changes.dedup();
-            let mut parts: Vec<String> = changes.iter().take(3).map(|c| c.to_string()).collect();
+            // One line each: a text change's diff lines are for `explain`.
+            let mut parts: Vec<String> = changes
+                .iter()
+                .take(3)
+                .map(|c| c.to_string().lines().next().unwrap_or("").to_string())
+                .collect();
             if changes.len() > 3 {
                 parts.push(format!("{} more", changes.len() - 3));
             }

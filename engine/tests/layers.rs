@@ -88,6 +88,14 @@ fn world() -> World {
     }
 }
 
+/// Wants every node's reason (so the summary carries them).
+struct Reasons;
+impl charly_engine::sched::Observer for Reasons {
+    fn wants_reason(&self, _kind: charly_engine::key::NodeKind) -> bool {
+        true
+    }
+}
+
 fn build(w: &World, boxes: &[String], f: &FakeRunner) -> (Graph, Summary) {
     let p = load::load(&w.root, &LoadOptions::default()).expect("loads");
     let r = resolve::resolve(&p);
@@ -105,7 +113,7 @@ fn build(w: &World, boxes: &[String], f: &FakeRunner) -> (Graph, Summary) {
         remote: None,
     };
     let g = engine.graph(&Goal::Build, boxes).expect("graph");
-    let s = engine.run(&g, &w.root, 2, false, &Quiet);
+    let s = engine.run(&g, &w.root, 2, false, &Reasons);
     assert!(
         s.ok(),
         "{:?}",
@@ -330,6 +338,13 @@ fn explain_names_what_changed_in_a_layer() {
     assert!(text.contains("would rebuild"), "{text}");
     assert!(text.contains("source:candy/a03"), "{text}");
     assert!(text.contains("candy/a03/charly.yml"), "{text}");
+    // The layer's text changed too: which line, not only two digests.
+    assert!(
+        text.contains("containerfile changed: ")
+            && text.contains("\n      - ")
+            && text.contains("\n      + "),
+        "{text}"
+    );
     // box02 shares the layer: its id is an alias of the same node.
     assert_eq!(
         g.node("layer:box02/a03").map(|n| n.key),
@@ -345,6 +360,39 @@ fn explain_names_what_changed_in_a_layer() {
     assert!(
         text.contains(&format!("dependency {parent} rebuilt")) && !text.contains("parent:"),
         "{text}"
+    );
+    // Built: the layer's reason starts with the file the user edited, the
+    // layers above say their parent rebuilt; cached nodes have none.
+    let (_, s) = build(&w, &names(), &f);
+    let reason = |id: &str| s.get(id).and_then(|n| n.reason.clone()).unwrap_or_default();
+    assert!(
+        reason("layer:box00/a03").starts_with("file candy/a03/charly.yml changed: "),
+        "{}",
+        reason("layer:box00/a03")
+    );
+    let above = s
+        .nodes
+        .iter()
+        .find(|n| {
+            n.state == State::Ran
+                && n.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("dependency layer:"))
+        })
+        .map(|n| n.id.clone());
+    assert!(
+        above.is_some(),
+        "{:?}",
+        s.nodes
+            .iter()
+            .map(|n| (&n.id, &n.reason))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        s.nodes
+            .iter()
+            .all(|n| (n.state == State::Ran) == n.reason.is_some()
+                || n.kind == charly_engine::key::NodeKind::Source)
     );
 }
 

@@ -232,7 +232,7 @@ impl Builder<'_> {
             }
         };
         if let Some(t) = text {
-            k.text("containerfile", &t.containerfile);
+            k.text_with_content("containerfile", &t.containerfile);
             for (path, staged) in &t.files {
                 let d = match staged {
                     charly_rules::emit::Staged::Bytes(bytes) => {
