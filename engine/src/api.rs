@@ -256,14 +256,7 @@ impl<'a> Engine<'a> {
 
     fn explain_id(&self, graph: &Graph, id: &str, depth: usize) -> Explanation {
         let Some(n) = graph.node(id) else {
-            return Explanation {
-                id: id.into(),
-                key: String::new(),
-                status: Status::NeverBuilt,
-                recorded_unix: None,
-                changes: Vec::new(),
-                causes: Vec::new(),
-            };
+            return Explanation::never_built(id, String::new());
         };
         let key = n.key.to_hex();
         if let Ok(Some(rec)) = self.store.get_record(&n.key) {
@@ -277,26 +270,10 @@ impl<'a> Engine<'a> {
             };
         }
         let Some(i) = graph.find(id) else {
-            return Explanation {
-                id: id.into(),
-                key,
-                status: Status::NeverBuilt,
-                recorded_unix: None,
-                changes: Vec::new(),
-                causes: Vec::new(),
-            };
+            return Explanation::never_built(id, key);
         };
         let (recorded, changes) = match crate::why::since_last(self.store, graph, i) {
-            crate::why::Since::NeverBuilt => {
-                return Explanation {
-                    id: id.into(),
-                    key,
-                    status: Status::NeverBuilt,
-                    recorded_unix: None,
-                    changes: Vec::new(),
-                    causes: Vec::new(),
-                };
-            }
+            crate::why::Since::NeverBuilt => return Explanation::never_built(id, key),
             crate::why::Since::Changed {
                 recorded_unix,
                 changes,
@@ -377,6 +354,18 @@ pub struct Explanation {
 }
 
 impl Explanation {
+    /// A node with no record at all.
+    fn never_built(id: &str, key: String) -> Explanation {
+        Explanation {
+            id: id.into(),
+            key,
+            status: Status::NeverBuilt,
+            recorded_unix: None,
+            changes: Vec::new(),
+            causes: Vec::new(),
+        }
+    }
+
     /// Lines for people.
     pub fn lines(&self) -> Vec<String> {
         let mut out = Vec::new();
