@@ -27,10 +27,33 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The shared cache, explained once (in `charly --help`).
+const REMOTE_HELP: &str = "\
+Shared cache (--remote URL, or CHARLY_REMOTE): consulted after the local store and fed with
+new results. An OCI registry repository: oci://HOST[:PORT]/REPO (HTTPS; plain HTTP for
+127.0.0.1/localhost), or http://…/https://…; credentials from CHARLY_REMOTE_TOKEN (a bearer
+token), or CHARLY_REMOTE_USER with CHARLY_REMOTE_PASSWORD (basic auth, also exchanged for a
+token by GHCR/GitLab/Harbor-style registries); none means anonymous. Or the CAS and
+ActionCache of a Remote Execution API v2 engine (Buildbarn, BuildBuddy, NativeLink,
+buildbox-casd): grpc://HOST:PORT[/INSTANCE], grpcs://… for TLS, bearer token from
+CHARLY_REMOTE_TOKEN or the file named by CHARLY_REMOTE_TOKEN_FILE. Remote failures are
+reported, never fatal, unless --remote-required.
+
+Defaults for --dev-local-pkg, --ca-bundle, -j, --remote and --progress can be set in
+.charly/settings.yml (the project) and ~/.config/charly/settings.yml (you); see
+docs/format.md.";
+
 /// charly builds container boxes from YAML candies, with a content-addressed
 /// build graph: only what changed is rebuilt, and it can say why.
 #[derive(Parser, Debug)]
-#[command(name = "charly", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "charly",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_long_help = REMOTE_HELP
+)]
 pub struct Cli {
     /// Project directory (default: the nearest directory upwards with a charly.yml).
     #[arg(
@@ -56,22 +79,14 @@ pub struct Cli {
     #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
     pub imports: Vec<(String, PathBuf)>,
 
-    /// A shared cache, consulted after the local store and fed with new
-    /// results. Either an OCI registry repository: `oci://HOST[:PORT]/REPO`
-    /// (HTTPS; plain HTTP for 127.0.0.1/localhost), or `http://…`/`https://…`;
-    /// credentials from CHARLY_REMOTE_TOKEN (a bearer token), or
-    /// CHARLY_REMOTE_USER with CHARLY_REMOTE_PASSWORD (basic auth, also
-    /// exchanged for a token by GHCR/GitLab/Harbor-style registries); none
-    /// means anonymous. Or the CAS and ActionCache of a Remote Execution API
-    /// v2 engine (Buildbarn, BuildBuddy, NativeLink, buildbox-casd):
-    /// `grpc://HOST:PORT[/INSTANCE]`, `grpcs://…` for TLS, bearer token from
-    /// CHARLY_REMOTE_TOKEN or the file named by CHARLY_REMOTE_TOKEN_FILE.
-    /// Remote failures are reported, never fatal, unless --remote-required.
+    /// A shared cache: `oci://HOST[:PORT]/REPO` (an OCI registry) or
+    /// `grpc[s]://HOST:PORT[/INSTANCE]` (a REAPI engine); see `charly --help`.
     #[arg(
         long = "remote",
         global = true,
         env = "CHARLY_REMOTE",
-        value_name = "URL"
+        value_name = "URL",
+        help_heading = "Shared cache"
     )]
     pub remote: Option<String>,
 
@@ -80,7 +95,8 @@ pub struct Cli {
     #[arg(
         long = "remote-read-only",
         global = true,
-        env = "CHARLY_REMOTE_READ_ONLY"
+        env = "CHARLY_REMOTE_READ_ONLY",
+        help_heading = "Shared cache"
     )]
     pub remote_read_only: bool,
 
@@ -89,7 +105,8 @@ pub struct Cli {
     #[arg(
         long = "remote-required",
         global = true,
-        env = "CHARLY_REMOTE_REQUIRED"
+        env = "CHARLY_REMOTE_REQUIRED",
+        help_heading = "Shared cache"
     )]
     pub remote_required: bool,
 
