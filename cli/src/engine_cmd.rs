@@ -418,16 +418,31 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         // ulimits); without them `podman run` may fail (`error setting
         // rlimit`), so say how to use them.
         let conf = store.dir().join("podman").join("containers.conf");
+        // The first box no other requested box is built on.
+        let top = names.iter().find(|n| {
+            !names.iter().any(|m| {
+                o.resolution
+                    .get(m)
+                    .is_some_and(|b| b.base_chain.contains(n))
+            })
+        });
         if !a.dry_run
             && a.runner.runner == "podman"
             && std::env::var_os("CONTAINERS_CONF").is_none()
             && conf.is_file()
-            && let Some(first) = names.first()
+            && let Some(top) = top
         {
+            let storage = a.runner.podman_root.as_ref().map_or(String::new(), |r| {
+                format!(
+                    " --root {} --runroot {}",
+                    r.join("storage").display(),
+                    r.join("run").display()
+                )
+            });
             output::note(&format!(
-                "run it: CONTAINERS_CONF={} podman run --rm {}",
+                "run it: CONTAINERS_CONF={} podman{storage} run --rm {}",
                 conf.display(),
-                charly_rules::naming::box_image_ref(&o.resolution, first)
+                charly_rules::naming::box_image_ref(&o.resolution, top)
             ));
         }
     }
