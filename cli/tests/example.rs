@@ -438,6 +438,48 @@ fn example_builds_for_real_and_rebuilds_only_what_changed() {
         serde_json::json!(["hello", "node-builder"])
     );
 
+    // The example's .charly/settings.yml sets dev_local_pkg: without the
+    // flag, graph, explain and a deploy's dry run see what the build built.
+    let out = env.charly(&["graph", "hello", "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let not_cached: Vec<&serde_json::Value> = g["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] != "cached")
+        .collect();
+    assert!(not_cached.is_empty(), "{not_cached:?}");
+    let out = env.charly(&["explain", "image:base"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("image:base: cached"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dry_root = env.summaries.join("dry-root");
+    std::fs::create_dir_all(&dry_root).expect("mkdir");
+    let out = env.charly(&[
+        "bundle",
+        "add",
+        "dry",
+        "hello",
+        "--target",
+        "local",
+        "--root",
+        dry_root.to_str().expect("utf8"),
+        "--dry-run",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // The store holds each distinct layer once: its bytes are at most 1.1 ×
     // the distinct layer blobs of the three images (plus the npm artifact,
     // the .deb and the records, all small).
