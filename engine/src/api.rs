@@ -248,6 +248,38 @@ impl<'a> Engine<'a> {
         Ok(tags)
     }
 
+    /// For a fragment whose plan changed: which lines of its text did,
+    /// against the text its last record stored.
+    fn fragment_change(
+        &self,
+        graph: &Graph,
+        i: petgraph::stable_graph::NodeIndex,
+        last: &charly_cache::Record,
+    ) -> Option<Change> {
+        let crate::graph::Work::Fragment {
+            box_name,
+            index,
+            plan,
+            ..
+        } = &graph.g[i].work
+        else {
+            return None;
+        };
+        let old = last.outputs.get(crate::outputs::TEXT)?;
+        let old = self.store.get_blob(&old.digest).ok()??;
+        let old = String::from_utf8_lossy(&old).into_owned();
+        let new = exec::fragment(&self.ctx(&self.project.root), box_name, *index, plan)
+            .ok()?
+            .text;
+        let digest = |t: &str| Some(blake3::hash(t.as_bytes()).to_hex().to_string());
+        (old != new).then(|| Change::Text {
+            name: "fragment text".into(),
+            old: digest(&old),
+            new: digest(&new),
+            lines: crate::key::line_diff(&old, &new),
+        })
+    }
+
     /// Explains a node: why it would rebuild, or that it is cached.
     pub fn explain(&self, graph: &Graph, query: &str) -> Result<Explanation, EngineError> {
         let id = find_node(graph, query)?;
@@ -276,8 +308,12 @@ impl<'a> Engine<'a> {
             crate::why::Since::NeverBuilt => return Explanation::never_built(id, key),
             crate::why::Since::Changed {
                 recorded_unix,
-                changes,
-            } => (recorded_unix, changes),
+                mut changes,
+                last,
+            } => {
+                changes.extend(self.fragment_change(graph, i, &last));
+                (recorded_unix, changes)
+            }
         };
         let mut causes = Vec::new();
         if depth < 8 {

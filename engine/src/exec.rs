@@ -49,6 +49,23 @@ fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
     move |e| ExecError::Io(format!("{what}: {e}"))
 }
 
+/// Renders the fragment of the candy at `index` of box `box_name`.
+pub fn fragment(
+    ctx: &Ctx<'_>,
+    box_name: &str,
+    index: usize,
+    plan: &charly_rules::plan::InstallPlan,
+) -> Result<Fragment, ExecError> {
+    let b = rbox(ctx, box_name)?;
+    Ok(render_fragment(
+        ctx.project,
+        b,
+        plan,
+        fragment_is_last(ctx.project, b, index),
+        &ctx.emit,
+    )?)
+}
+
 /// Whether a node's result is in the store (dry runs).
 pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
     ctx.store.get_record(&n.key).ok().flatten().is_some()
@@ -307,14 +324,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             index,
             plan,
         } => {
-            let b = rbox(ctx, box_name)?;
-            let f = render_fragment(
-                ctx.project,
-                b,
-                plan,
-                fragment_is_last(ctx.project, b, *index),
-                &ctx.emit,
-            )?;
+            let f = fragment(ctx, box_name, *index, plan)?;
             out.files
                 .insert(outputs::TEXT.into(), Out::Bytes(f.text.into_bytes()));
             for (path, bytes) in f.files {

@@ -19,6 +19,8 @@ pub enum Since {
         recorded_unix: u64,
         /// What changed.
         changes: Vec<Change>,
+        /// That record (its outputs, for explanations that compare them).
+        last: Box<charly_cache::Record>,
     },
 }
 
@@ -52,6 +54,7 @@ pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
     Since::Changed {
         recorded_unix: last.created_unix,
         changes,
+        last: Box::new(last),
     }
 }
 

@@ -685,3 +685,39 @@ fn a_record_of_an_older_key_schema_is_explained_as_such() {
     assert!(text.contains("recorded by an older key schema"), "{text}");
     assert!(!text.contains("added"), "not everything added: {text}");
 }
+
+/// A fragment whose candy gained a package says which line of its text
+/// changed, against the text its last build stored.
+#[test]
+fn explain_shows_the_lines_of_a_fragment_that_changed() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (_, s) = run(
+        &w,
+        &store,
+        &Goal::Generate,
+        &["left"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert!(s.ok());
+    let f = w.root.join("candy/common2/charly.yml");
+    let text = std::fs::read_to_string(&f).expect("read");
+    std::fs::write(
+        &f,
+        text.replace(
+            "content: \"common2\\n\"",
+            "content: \"common2\\n\"\n        - mkdir: /opt/explained",
+        ),
+    )
+    .expect("edit");
+    let e = explain_now(&w, &store, "fragment:left/common2");
+    assert_eq!(e.status, Status::WouldRebuild);
+    let text = e.lines().join("\n");
+    assert!(text.contains("fragment text changed: "), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("+ ") && l.contains("/opt/explained")),
+        "{text}"
+    );
+}
