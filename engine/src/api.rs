@@ -102,7 +102,7 @@ impl<'a> Engine<'a> {
             obs: Some(obs),
             ..self.ctx(out_root)
         };
-        let mut s = sched::run(graph, &ctx, jobs, dry_run, obs);
+        let mut s = sched::run(graph, &ctx, jobs, dry_run);
         describe_layers(graph, &mut s);
         if !dry_run {
             self.root_images(graph, &s);
@@ -271,11 +271,10 @@ impl<'a> Engine<'a> {
         let new = exec::fragment(&self.ctx(&self.project.root), box_name, *index, plan)
             .ok()?
             .text;
-        let digest = |t: &str| Some(blake3::hash(t.as_bytes()).to_hex().to_string());
         (old != new).then(|| Change::Text {
             name: "fragment text".into(),
-            old: digest(&old),
-            new: digest(&new),
+            old: Some(crate::key::text_digest(&old)),
+            new: Some(crate::key::text_digest(&new)),
             lines: crate::key::line_diff(&old, &new),
         })
     }

@@ -31,7 +31,8 @@ pub struct Ctx<'a> {
     pub arch: String,
     /// The shared cache consulted on local misses and fed with new results.
     pub remote: Option<&'a dyn charly_cache::RemoteCache>,
-    /// Who hears what running nodes print.
+    /// Who hears how the run goes: nodes starting and ending, what their
+    /// commands print.
     pub obs: Option<&'a dyn crate::sched::Observer>,
 }
 

@@ -107,6 +107,11 @@ pub struct KeyInputs {
     pub contents: BTreeMap<String, String>,
 }
 
+/// How key inputs name a text: the blake3 hex of its bytes.
+pub fn text_digest(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
 /// Texts up to this size keep their content for explanations.
 const CONTENT_MAX: usize = 64 * 1024;
 
@@ -120,12 +125,9 @@ impl KeyInputs {
         }
     }
 
-    /// Adds a text by its digest.
+    /// Adds a text by its digest ([`text_digest`]).
     pub fn text(&mut self, name: impl Into<String>, text: &str) {
-        self.texts.insert(
-            name.into(),
-            blake3::hash(text.as_bytes()).to_hex().to_string(),
-        );
+        self.texts.insert(name.into(), text_digest(text));
     }
 
     /// Adds a text by its digest, keeping its content (when small) so an

@@ -219,14 +219,9 @@ pub trait Observer: Sync {
 pub struct Quiet;
 impl Observer for Quiet {}
 
-/// Runs the graph.
-pub fn run(
-    graph: &Graph,
-    ctx: &Ctx<'_>,
-    jobs: usize,
-    dry_run: bool,
-    obs: &dyn Observer,
-) -> Summary {
+/// Runs the graph, telling `ctx.obs` (if any) what happens.
+pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary {
+    let obs: &dyn Observer = ctx.obs.unwrap_or(&Quiet);
     let t0 = Instant::now();
     let order = graph.topo().unwrap_or_default();
     let mut reports: BTreeMap<NodeIndex, NodeReport> = BTreeMap::new();

@@ -24,6 +24,12 @@ pub enum Since {
     },
 }
 
+/// The key inputs a record was made with (`None`: an older key schema's).
+/// Decoded in place: a layer's inputs carry its whole text.
+fn recorded_inputs(rec: &charly_cache::Record) -> Option<KeyInputs> {
+    serde::Deserialize::deserialize(&rec.key_inputs).ok()
+}
+
 /// What changed for node `i` since its last record.
 pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
     let n = &graph.g[i];
@@ -35,9 +41,9 @@ pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
     let Some((_, last)) = last else {
         return Since::NeverBuilt;
     };
-    let changes = match serde_json::from_value::<KeyInputs>(last.key_inputs.clone()) {
-        Ok(old) => diff(&old, &n.inputs),
-        Err(_) => vec![Change::OlderSchema],
+    let changes = match recorded_inputs(&last) {
+        Some(old) => diff(&old, &n.inputs),
+        None => vec![Change::OlderSchema],
     };
     // Dependencies named by role become the node they are now.
     let changes = changes
@@ -113,7 +119,6 @@ fn source_changes(store: &Store, graph: &Graph, c: &Change) -> Option<Vec<Change
         return None;
     }
     let rec = store.get_record(&old.parse().ok()?).ok()??;
-    let before = serde_json::from_value::<KeyInputs>(rec.key_inputs).ok()?;
-    let changes = diff(&before, &dep.inputs);
+    let changes = diff(&recorded_inputs(&rec)?, &dep.inputs);
     (!changes.is_empty()).then_some(changes)
 }

@@ -99,7 +99,7 @@ impl RemoteConfig {
     pub fn new(url: impl Into<String>) -> RemoteConfig {
         let url = url.into();
         let insecure_http = split_url(&url)
-            .map(|(_, host, _)| is_loopback(host_name(host)))
+            .map(|(_, host, _)| is_loopback_registry(host))
             .unwrap_or(false);
         RemoteConfig {
             url,
@@ -139,6 +139,13 @@ fn host_name(host: &str) -> &str {
         return rest.split(']').next().unwrap_or(rest);
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// Whether a registry addressed as `HOST[:PORT]` (also `[v6]:port`) is on
+/// the loopback interface (`localhost`, `127.0.0.0/8`, `::1`): spoken to
+/// over plain HTTP by default.
+pub fn is_loopback_registry(host_port: &str) -> bool {
+    is_loopback(host_name(host_port))
 }
 
 fn is_loopback(host: &str) -> bool {

@@ -50,7 +50,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-pub use config::{ENV_PASSWORD, ENV_TOKEN, ENV_USER, RemoteAuth, RemoteConfig};
+pub use config::{
+    ENV_PASSWORD, ENV_TOKEN, ENV_USER, RemoteAuth, RemoteConfig, is_loopback_registry,
+};
 pub use stats::{PushReport, RemoteStats};
 
 use crate::store::lock_ignoring_poison;

@@ -296,13 +296,10 @@ impl PodmanRunner {
                 "the base image {reference} is not in podman's storage and --offline forbids pulling it; pull or load it yourself, or drop --offline"
             )));
         }
-        let host = reference.split('/').next().unwrap_or("");
-        let loopback = ["localhost", "127.0.0.1", "[::1]"]
-            .iter()
-            .any(|h| host == *h || host.starts_with(&format!("{h}:")));
+        let registry = reference.split('/').next().unwrap_or("");
         let mut c = self.cmd();
         c.args(["pull", "-q"]);
-        if loopback {
+        if charly_cache::remote::is_loopback_registry(registry) {
             c.arg("--tls-verify=false");
         }
         let out = c
