@@ -53,9 +53,8 @@ pub struct PushArgs {
     /// plain HTTP only for loopback registries).
     #[arg(value_name = "REF")]
     pub reference: String,
-    /// Build local packages from local source (see `box build`).
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
     #[command(flatten)]
     pub run: crate::session::RunArgs,
     #[command(flatten)]

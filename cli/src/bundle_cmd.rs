@@ -141,9 +141,8 @@ pub struct AddArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Artifacts were built with --dev-local-pkg (local packages from source).
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
     /// Runner whose builds fed the store (their keys include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::session::RUNNERS))]
     pub runner: String,
@@ -255,7 +254,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                         &store,
                         &hasher,
                         GraphOptions {
-                            dev_local_pkg: a.dev_local_pkg,
+                            dev_local_pkg: a.dev_local_pkg.on,
                             runner: a.runner.clone(),
                             arch: host_arch(),
                         },
@@ -300,7 +299,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         home: user.home.clone(),
         state: BundleState::Applying,
         plan: serde_json::to_value(&plan)?,
-        options: bundle::record_options(gates, a.dev_local_pkg, &a.runner, &emit),
+        options: bundle::record_options(gates, a.dev_local_pkg.on, &a.runner, &emit),
         created_unix: 0,
         updated_unix: 0,
         error: None,

@@ -69,9 +69,8 @@ pub struct PullArgs {
     /// Runner whose image keys to pull (keys of built nodes include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
-    /// The `--dev-local-pkg` variant of the graph.
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -330,7 +329,7 @@ fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
         store,
         Using::Named(&a.runner),
         &hasher,
-        a.dev_local_pkg,
+        a.dev_local_pkg.on,
         None,
     );
     let goal = if a.generate {

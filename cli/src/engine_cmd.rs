@@ -37,10 +37,8 @@ pub struct GenerateArgs {
     /// the candy directories the Containerfiles copy from) instead of the project.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Build local packages from local source and COPY them in (hard error
-    /// when a candy's source directory is missing).
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
     /// Print the Containerfile of the one named box on stdout; write nothing.
     #[arg(long)]
     pub stdout: bool,
@@ -70,9 +68,8 @@ pub struct BuildArgs {
     /// After the run, explain every node that ran (what changed since its last build).
     #[arg(long)]
     pub explain: bool,
-    /// Build local packages from local source (hard error when the source is missing).
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
     /// Make the built images present in podman even when nothing was
     /// assembled (after `podman system prune`, or on a machine whose store
     /// came from a cache). Images assembled by this build are loaded
@@ -116,9 +113,8 @@ pub struct GraphArgs {
     /// Runner whose image keys to show (keys of built nodes include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
-    /// The `--dev-local-pkg` variant of the graph (local packages from source).
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
 }
 
 /// Arguments of `explain`.
@@ -133,9 +129,8 @@ pub struct ExplainArgs {
     /// Runner whose builds to explain (keys of built nodes include it).
     #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
     pub runner: String,
-    /// Explain the `--dev-local-pkg` variant of the graph.
-    #[arg(long, env = "CHARLY_DEV_LOCAL_PKG", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dev_local_pkg: bool,
+    #[command(flatten)]
+    pub dev_local_pkg: crate::session::DevLocalPkg,
 }
 
 /// The runner `generate` keys with (it runs none, and none of its nodes'
@@ -169,7 +164,7 @@ fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal
         "boxes": boxes,
         "all": a.all,
         "keep_going": a.run.keep_going,
-        "dev_local_pkg": a.dev_local_pkg,
+        "dev_local_pkg": a.dev_local_pkg.on,
     })
     .to_string();
     #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
@@ -238,7 +233,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         &store,
         Using::Named(GENERATE_RUNNER),
         &hasher,
-        a.dev_local_pkg,
+        a.dev_local_pkg.on,
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Generate, &names)?;
@@ -325,7 +320,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         &store,
         Using::Runner(runner),
         &hasher,
-        a.dev_local_pkg,
+        a.dev_local_pkg.on,
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Build, &names)?;
@@ -504,7 +499,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
         &store,
         Using::Named(&a.runner),
         &hasher,
-        a.dev_local_pkg,
+        a.dev_local_pkg.on,
         None,
     );
     let goal = if a.generate {
@@ -587,7 +582,7 @@ pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
         &store,
         Using::Named(&a.runner),
         &hasher,
-        a.dev_local_pkg,
+        a.dev_local_pkg.on,
         None,
     );
     // One graph with every node: build directories and images of all boxes.

@@ -70,6 +70,27 @@ impl RunArgs {
     }
 }
 
+/// `--dev-local-pkg[=BOOL]`, for every command whose graph it changes.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DevLocalPkg {
+    /// Local packages from local source: built from the candy's directory
+    /// and COPYed in (a missing source is an error), instead of the
+    /// format's release download. `=false` turns off a settings default
+    /// (docs/format.md, "Settings").
+    #[arg(
+        id = "dev_local_pkg",
+        long = "dev-local-pkg",
+        env = "CHARLY_DEV_LOCAL_PKG",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub on: bool,
+}
+
 /// Options for builders (podman).
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunnerArgs {
