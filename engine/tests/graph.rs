@@ -629,8 +629,8 @@ fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explan
     engine.explain(&g, id).expect("explain")
 }
 
-/// Generates box `left`, then bumps its version (a box fact).
-fn generated_then_version_bumped() -> (World, Store) {
+/// A fresh copy of the fixture with box `left` generated.
+fn generated() -> (World, Store) {
     let w = World::new(&fixture());
     let store = Store::open(&w.store_dir).expect("store");
     let (_, s) = run(
@@ -642,6 +642,12 @@ fn generated_then_version_bumped() -> (World, Store) {
         2,
     );
     assert!(s.ok());
+    (w, store)
+}
+
+/// Generates box `left`, then bumps its version (a box fact).
+fn generated_then_version_bumped() -> (World, Store) {
+    let (w, store) = generated();
     let f = w.root.join("box/left/charly.yml");
     let text = std::fs::read_to_string(&f).expect("read");
     std::fs::write(&f, text.replace("version: 1.0.0", "version: 1.0.1")).expect("edit");
@@ -690,17 +696,7 @@ fn a_record_of_an_older_key_schema_is_explained_as_such() {
 /// changed, against the text its last build stored.
 #[test]
 fn explain_shows_the_lines_of_a_fragment_that_changed() {
-    let w = World::new(&fixture());
-    let store = Store::open(&w.store_dir).expect("store");
-    let (_, s) = run(
-        &w,
-        &store,
-        &Goal::Generate,
-        &["left"],
-        &FakeRunner::new(),
-        2,
-    );
-    assert!(s.ok());
+    let (w, store) = generated();
     let f = w.root.join("candy/common2/charly.yml");
     let text = std::fs::read_to_string(&f).expect("read");
     std::fs::write(
