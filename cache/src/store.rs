@@ -438,6 +438,50 @@ impl Store {
         Ok(Some(rec))
     }
 
+    /// Whether a usable record for `key` is present: what [`Store::get_record`]
+    /// answers with `Some`, without decoding the record's inputs and
+    /// metadata (the cache-hit check of every node of every run). A record
+    /// whose outputs do not decode is read (and dropped) as `get_record`
+    /// does.
+    pub fn has_record(&self, key: &NodeKey) -> Result<bool, CacheError> {
+        let hex = key.to_hex();
+        let row = self.with_conn(|c| {
+            let mut st =
+                c.prepare_cached("SELECT outputs, last_access FROM records WHERE key = ?1")?;
+            match st
+                .query_row([&hex], |r| {
+                    Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?)))
+                })
+                .optional()
+            {
+                Ok(row) => Ok(row.map(Ok)),
+                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
+                Err(e) => Err(e.into()),
+            }
+        })?;
+        let Some(row) = row else { return Ok(false) };
+        let outputs = row.ok().and_then(|(outputs, last_access)| {
+            serde_json::from_str::<std::collections::BTreeMap<String, crate::record::Output>>(
+                &outputs,
+            )
+            .ok()
+            .map(|o| (o, last_access))
+        });
+        let Some((outputs, last_access)) = outputs else {
+            return Ok(self.get_record(key)?.is_some());
+        };
+        if !outputs.values().all(|o| self.has_blob(&o.digest)) {
+            return Ok(false);
+        }
+        let now = self.now();
+        if now >= last_access.saturating_add(ACCESS_RESOLUTION_SECS) {
+            self.queue_touch(|t| {
+                t.records.insert(*key, now);
+            })?;
+        }
+        Ok(true)
+    }
+
     /// Deletes the record `hex` if it still does not decode (re-read under
     /// the write lock: a concurrent writer may have just replaced it).
     fn drop_undecodable_record(&self, hex: &str) -> Result<(), CacheError> {

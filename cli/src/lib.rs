@@ -228,6 +228,9 @@ pub fn main() -> ExitCode {
         Command::Bundle(c) => bundle_cmd::run(&cli, c),
         Command::Check(a) => check_cmd::run(&cli, a),
     };
+    if let Some(t) = charly_engine::timings::report() {
+        eprint!("{t}");
+    }
     match result {
         Ok(code) => code,
         Err(e) if e.is::<Reported>() => ExitCode::from(1),

@@ -79,8 +79,14 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
     };
-    let project = load::load(&root, &opts)?;
-    let resolution = resolve::resolve(&project);
+    let project = {
+        let _t = charly_engine::timings::phase("load");
+        load::load(&root, &opts)?
+    };
+    let resolution = {
+        let _t = charly_engine::timings::phase("resolve");
+        resolve::resolve(&project)
+    };
     Ok(Opened {
         project,
         resolution,

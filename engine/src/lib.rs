@@ -37,4 +37,5 @@ pub mod outputs;
 pub mod runners;
 pub mod sched;
 pub mod stage;
+pub mod timings;
 pub mod why;

@@ -85,7 +85,7 @@ impl Builder<'_> {
         for (name, v) in c.def.var.iter() {
             k.value(format!("var:{}", name.value), v.value.clone());
         }
-        vocab_texts(k, self.p, b, Some(c))
+        vocab_texts(k, self.p, b, Some(c), &self.vocab_digests)
     }
 
     /// A box's build directory: its facts, base, builder images and vocabulary.
@@ -98,7 +98,7 @@ impl Builder<'_> {
         let b = self.rbox(box_name)?;
         box_facts(k, b)?;
         k.value("prebuilt-artifacts", prebuilt.to_string());
-        vocab_texts(k, self.p, b, None)?;
+        vocab_texts(k, self.p, b, None, &self.vocab_digests)?;
         k.base = Some(b.root_image.clone());
         if let BaseRef::Box(parent) = &b.base {
             k.value("base-ref", image_ref(self.r, parent));
@@ -303,32 +303,60 @@ fn box_facts(k: &mut KeyInputs, b: &ResolvedBox) -> Result<(), GraphError> {
     Ok(())
 }
 
+/// Digests of vocabulary entries' canonical texts by namespace and entry
+/// name: every fragment of every box names the same few entries, each is
+/// encoded and digested once per graph.
+pub(super) type VocabDigests = std::cell::RefCell<std::collections::HashMap<String, String>>;
+
+/// Adds the text `name` (a vocabulary entry of namespace `ns`) by its
+/// digest, encoding it with `text` only the first time (`None`: no entry).
+fn cached_text(
+    k: &mut KeyInputs,
+    digests: &VocabDigests,
+    ns: usize,
+    name: String,
+    text: impl FnOnce() -> Result<Option<String>, GraphError>,
+) -> Result<(), GraphError> {
+    let id = format!("{ns}\0{name}");
+    if let Some(d) = digests.borrow().get(&id) {
+        k.texts.insert(name, d.clone());
+        return Ok(());
+    }
+    if let Some(text) = text()? {
+        let d = crate::key::text_digest(&text);
+        digests.borrow_mut().insert(id, d.clone());
+        k.texts.insert(name, d);
+    }
+    Ok(())
+}
+
 /// Vocabulary entries a box (or one of its candies) renders with.
 fn vocab_texts(
     k: &mut KeyInputs,
     p: &Project,
     b: &ResolvedBox,
     candy: Option<&CandyEntry>,
+    digests: &VocabDigests,
 ) -> Result<(), GraphError> {
     let vocab = &p.ns(b.ns).vocab;
-    if let Some(d) = b
-        .distro_def
-        .as_deref()
-        .and_then(|d| effective_distro(vocab, d))
-    {
-        k.text(
-            format!("vocab:distro/{}", b.distro_def.as_deref().unwrap_or("")),
-            &canonical("the distro definition", &d)?,
-        );
+    if let Some(name) = b.distro_def.as_deref() {
+        cached_text(k, digests, b.ns.0, format!("vocab:distro/{name}"), || {
+            effective_distro(vocab, name)
+                .map(|d| canonical("the distro definition", &d))
+                .transpose()
+        })?;
     }
     for u in &b.builders {
         if candy.is_none_or(|c| u.candies.contains(&c.key))
             && let Some(def) = vocab.builder.get(&u.builder)
         {
-            k.text(
+            cached_text(
+                k,
+                digests,
+                b.ns.0,
                 format!("vocab:builder/{}", u.builder),
-                &canonical("the builder definition", def)?,
-            );
+                || canonical("the builder definition", def).map(Some),
+            )?;
         }
     }
     let services = match candy {
@@ -340,10 +368,9 @@ fn vocab_texts(
     };
     if services {
         for (name, init) in &vocab.init {
-            k.text(
-                format!("vocab:init/{name}"),
-                &canonical("the init definition", init)?,
-            );
+            cached_text(k, digests, b.ns.0, format!("vocab:init/{name}"), || {
+                canonical("the init definition", init).map(Some)
+            })?;
         }
     }
     Ok(())

@@ -358,6 +358,8 @@ pub struct Builder<'a> {
     /// The emitter options layers and images are keyed with (every box's
     /// image reference: made once, when the first layer or image is keyed).
     emit: std::cell::OnceCell<charly_rules::emit::EmitOptions>,
+    /// Vocabulary entries' digests, computed once ([`inputs::VocabDigests`]).
+    vocab_digests: inputs::VocabDigests,
 }
 
 fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
@@ -393,6 +395,7 @@ impl<'a> Builder<'a> {
             },
             plans: BTreeMap::new(),
             emit: std::cell::OnceCell::new(),
+            vocab_digests: Default::default(),
         }
     }
 
@@ -772,6 +775,7 @@ impl<'a> Builder<'a> {
             })
             .collect();
         let p = self.p;
+        let _t = crate::timings::phase("graph: source keys");
         let computed: Vec<(NodeIndex, Result<KeyInputs, GraphError>)> = sources
             .par_iter()
             .map(|(i, id)| (*i, inputs::source_inputs(p, id, hasher)))
@@ -782,6 +786,8 @@ impl<'a> Builder<'a> {
             n.key = inputs.key();
             n.inputs = inputs;
         }
+        drop(_t);
+        let _t = crate::timings::phase("graph: other keys");
         for i in order {
             if self.graph.g[i].kind == NodeKind::Source {
                 continue;
