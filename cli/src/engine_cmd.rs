@@ -210,14 +210,23 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let root = project::root(cli)?;
     let journal = generate_journal(cli, a, &root);
-    if let Some((j, _)) = &journal
-        && let Ok(outcome) = j.check()
-    {
-        return replay_generate(a, &outcome, started);
+    let t = charly_engine::timings::phase("journal: check");
+    let mut memo = None;
+    if let Some((j, _)) = &journal {
+        match j.check_or_memo() {
+            Ok(outcome) => {
+                drop(t);
+                return replay_generate(a, &outcome, started);
+            }
+            Err((_, m)) => memo = m,
+        }
     }
+    drop(t);
+    let t = charly_engine::timings::phase("journal: begin");
     let recorder = journal
         .as_ref()
         .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
+    drop(t);
     let o = project::open_at(cli, root)?;
     let (names, warnings) =
         select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
@@ -239,7 +248,14 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let graph = engine.graph(&Goal::Generate, &names)?;
     let progress = a.run.progress_for(&graph, &store, a.stdout);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
-    let summary = engine.run(&graph, &out_root, jobs(&a.run), false, &progress);
+    let summary = engine.run_with_memo(
+        &graph,
+        &out_root,
+        jobs(&a.run),
+        false,
+        &progress,
+        memo.as_deref(),
+    );
     progress.finish();
     write_reports(&a.run, &summary)?;
     if !summary.ok() {
@@ -271,7 +287,8 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let ignore = o.project.root.join(".containerignore");
     let had_ignore = ignore.exists();
-    let written = engine.write_build_dirs(&graph, &out_root, a.out.is_some())?;
+    let written =
+        engine.write_build_dirs_with_memo(&graph, &out_root, a.out.is_some(), memo.as_deref())?;
     if !had_ignore && ignore.exists() && !a.run.quiet {
         output::note(
             "wrote .containerignore and .dockerignore: podman and docker read them when they build \
@@ -290,6 +307,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         if !rec.covers_project(&o.project) {
             rec.spoil();
         }
+        let _t = charly_engine::timings::phase("journal: record");
         let (outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;

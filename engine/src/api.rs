@@ -9,7 +9,10 @@ use crate::runners::Runner;
 use crate::sched::{self, Observer, State, Summary};
 use charly_cache::Store;
 use charly_rules::load::Project;
+use charly_rules::naming;
 use charly_rules::resolve::Resolution;
+use petgraph::graph::NodeIndex;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -63,11 +66,15 @@ impl<'a> Engine<'a> {
     /// One graph for several goals (shared nodes appear once).
     pub fn graph_goals(&self, goals: &[(Goal, Vec<String>)]) -> Result<Graph, EngineError> {
         let mut b = Builder::new(self.project, self.resolution, self.opts.clone());
-        for (goal, boxes) in goals {
-            for name in boxes {
-                b.add(goal, name)?;
+        {
+            let _t = crate::timings::phase("graph: nodes");
+            for (goal, boxes) in goals {
+                for name in boxes {
+                    b.add(goal, name)?;
+                }
             }
         }
+        let _t = crate::timings::phase("graph: keys");
         Ok(b.finish(self.hasher)?)
     }
 
@@ -84,6 +91,8 @@ impl<'a> Engine<'a> {
             arch: self.opts.arch.clone(),
             remote: self.remote,
             obs: None,
+            hasher: Some(self.hasher),
+            memo: None,
         }
     }
 
@@ -98,11 +107,30 @@ impl<'a> Engine<'a> {
         dry_run: bool,
         obs: &dyn Observer,
     ) -> Summary {
+        self.run_with_memo(graph, out_root, jobs, dry_run, obs, None)
+    }
+
+    /// [`Engine::run`], trusting what the last run of the same command
+    /// recorded ([`crate::journal::Memo`]): nodes whose keys it left in the
+    /// store are cached without a lookup.
+    pub fn run_with_memo(
+        &self,
+        graph: &Graph,
+        out_root: &Path,
+        jobs: usize,
+        dry_run: bool,
+        obs: &dyn Observer,
+        memo: Option<&crate::journal::Memo>,
+    ) -> Summary {
         let ctx = Ctx {
             obs: Some(obs),
+            memo,
             ..self.ctx(out_root)
         };
-        let mut s = sched::run(graph, &ctx, jobs, dry_run);
+        let mut s = {
+            let _t = crate::timings::phase("run");
+            sched::run(graph, &ctx, jobs, dry_run)
+        };
         describe_layers(graph, &mut s);
         if !dry_run {
             self.root_images(graph, &s);
@@ -169,14 +197,51 @@ impl<'a> Engine<'a> {
         out_root: &Path,
         self_contained: bool,
     ) -> Result<Vec<PathBuf>, EngineError> {
+        self.write_build_dirs_with_memo(graph, out_root, self_contained, None)
+    }
+
+    /// [`Engine::write_build_dirs`], leaving alone each box directory the
+    /// last run of the same command wrote for the same key and nobody
+    /// touched since ([`crate::journal::Memo::dir_unchanged`]).
+    pub fn write_build_dirs_with_memo(
+        &self,
+        graph: &Graph,
+        out_root: &Path,
+        self_contained: bool,
+        memo: Option<&crate::journal::Memo>,
+    ) -> Result<Vec<PathBuf>, EngineError> {
+        let _t = crate::timings::phase("write build dirs");
         let ctx = self.ctx(out_root);
+        exec::sweep_shared(out_root);
+        // Staged outside candies are shared by every box: a box directory
+        // is only left alone when they are as the last run left them too.
+        let memo = memo.filter(|m| m.dir_unchanged(&out_root.join(naming::LAYERS_DIR)));
+        let kept: std::collections::HashMap<NodeIndex, String> = match memo {
+            None => Default::default(),
+            Some(m) => graph
+                .goals
+                .par_iter()
+                .filter_map(|i| {
+                    let n = &graph.g[*i];
+                    let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
+                        return None;
+                    };
+                    let dir = naming::build_dir(box_name);
+                    (m.key_was(&n.id, &n.key) && m.dir_unchanged(&out_root.join(&dir)))
+                        .then_some((*i, dir))
+                })
+                .collect(),
+        };
         let mut written = Vec::new();
         for i in &graph.goals {
             let n = &graph.g[*i];
             if n.kind != crate::key::NodeKind::Containerfile {
                 continue;
             }
-            let dir = exec::materialize(&ctx, graph, *i, out_root)?;
+            let dir = match kept.get(i) {
+                Some(dir) => dir.clone(),
+                None => exec::materialize(&ctx, graph, *i, out_root)?,
+            };
             written.push(out_root.join(&dir).join("Containerfile"));
             if self_contained
                 && out_root != self.project.root
@@ -198,6 +263,7 @@ impl<'a> Engine<'a> {
             crate::generate::write_ignore_files(self.project)
                 .map_err(|e| exec::ExecError::Io(e.to_string()))?;
         }
+        let _ = self.hasher.save();
         Ok(written)
     }
 

@@ -34,6 +34,23 @@ pub struct Ctx<'a> {
     /// Who hears how the run goes: nodes starting and ending, what their
     /// commands print.
     pub obs: Option<&'a dyn crate::sched::Observer>,
+    /// The stat cache, when the caller has one: build-directory files are
+    /// verified through it (a stat instead of a read per unchanged file).
+    pub hasher: Option<&'a crate::hash::FileHasher>,
+    /// What the last run of the same command left ([`crate::journal::Memo`]):
+    /// a node whose key it had recorded is cached without a store lookup.
+    pub memo: Option<&'a crate::journal::Memo>,
+}
+
+impl Ctx<'_> {
+    /// The blake3 hex digest of a file of `size` bytes, through the stat
+    /// cache when there is one.
+    pub fn digest_file(&self, path: &std::path::Path, size: u64) -> std::io::Result<String> {
+        match self.hasher {
+            Some(h) => h.digest(path),
+            None => crate::hash::hash_file(path, size),
+        }
+    }
 }
 
 /// Why a node failed.

@@ -68,7 +68,7 @@ pub fn fragment(
 
 /// Whether a node's result is in the store (dry runs).
 pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
-    ctx.store.get_record(&n.key).ok().flatten().is_some()
+    ctx.memo.is_some_and(|m| m.present(&n.key)) || ctx.store.has_record(&n.key).unwrap_or(false)
 }
 
 /// Runs a node if needed, and says whether it ran or where its result came
@@ -82,12 +82,27 @@ pub fn execute(
     i: NodeIndex,
     started: impl FnOnce(&dyn Fn() -> String),
 ) -> Result<Done, ExecError> {
+    execute_as(ctx, graph, i, started, true)
+}
+
+/// [`execute`]; `trust_memo: false` looks the record up even when the
+/// last run's memo says it is present (a reader that just failed to find it).
+fn execute_as(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    started: impl FnOnce(&dyn Fn() -> String),
+    trust_memo: bool,
+) -> Result<Done, ExecError> {
     let n = &graph.g[i];
+    if trust_memo && ctx.memo.is_some_and(|m| m.present(&n.key)) {
+        return Ok(Done::Cached);
+    }
     if n.kind == NodeKind::Source {
         // Sources are recorded (inputs only) so `explain` can name the file
         // that changed; a new source key counts as "ran" (it was hashed anew).
         // They carry no outputs, so the remote never sees them.
-        if ctx.store.get_record(&n.key)?.is_some() {
+        if ctx.store.has_record(&n.key)? {
             return Ok(Done::Cached);
         }
         ctx.store.put_record(&n.key, &source_record(n))?;
@@ -96,11 +111,11 @@ pub fn execute(
     // A cached image is not loaded into the runner here: whatever needs
     // it there loads it (crate::layers::ensure_image), so a no-op build
     // calls no runner.
-    if ctx.store.get_record(&n.key)?.is_some() {
+    if ctx.store.has_record(&n.key)? {
         return Ok(Done::Cached);
     }
     let _lock = ctx.store.lock_key(&n.key)?;
-    if ctx.store.get_record(&n.key)?.is_some() {
+    if ctx.store.has_record(&n.key)? {
         return Ok(Done::Cached);
     }
     if let Some(remote) = ctx.remote
@@ -203,7 +218,10 @@ pub fn read_node<T>(
     // rerun each: bounded by the number of outputs.
     let mut reruns = 0usize;
     loop {
-        let (err, outputs) = match ctx.store.get_record(&n.key)? {
+        let t = crate::timings::phase("read: record");
+        let rec = ctx.store.get_record(&n.key)?;
+        drop(t);
+        let (err, outputs) = match rec {
             Some(rec) => match read(&rec) {
                 Err(e @ ExecError::MissingOutput { .. }) => (e, rec.outputs.len()),
                 r => return r,
@@ -220,7 +238,7 @@ pub fn read_node<T>(
             return Err(err);
         }
         reruns += 1;
-        execute(ctx, graph, i, |_| {})?;
+        execute_as(ctx, graph, i, |_| {}, false)?;
     }
 }
 
@@ -519,6 +537,16 @@ pub fn materialize(
     materialize_locked(ctx, graph, i, root).map(|(dir, _lock)| dir)
 }
 
+/// Removes the temp files killed writers left in the shared parts of an
+/// output root: the layer copies and the root itself (ignore files); once
+/// per command, before its build directories are written.
+pub fn sweep_shared(root: &Path) {
+    if let Ok(froot) = crate::fsroot::Root::create(root) {
+        let _ = froot.sweep_temps(Path::new(naming::LAYERS_DIR), true);
+        let _ = froot.sweep_temps(Path::new(""), false);
+    }
+}
+
 /// The lock file of a box's build directory: `.build/.locks/<box>` for
 /// `.build/<box>` (outside the directory, so pruning never meets it).
 fn box_lock_rel(dir: &str) -> Result<PathBuf, ExecError> {
@@ -562,15 +590,12 @@ fn materialize_record(
             );
         })
         .map_err(io(lock_rel.display()))?;
-    // Temp files of killed writers: in the box's directory, the shared
-    // layer copies and the root (ignore files). Live writers keep theirs.
-    for (rel, deep) in [
-        (Path::new(&dir), true),
-        (Path::new(naming::LAYERS_DIR), true),
-        (Path::new(""), false),
-    ] {
-        let _ = froot.sweep_temps(rel, deep);
-    }
+    // Temp files of killed writers in the box's directory (the shared
+    // ones: [`sweep_shared`]). Live writers keep theirs.
+    let t = crate::timings::phase("write: sweep");
+    let _ = froot.sweep_temps(Path::new(&dir), true);
+    drop(t);
+    let _t = crate::timings::phase("write: verify");
     let marker = root.join(&dir).join(KEY_MARKER);
     let key = cf.key.to_hex();
     // The marker alone is not trusted: every file must still hold what the
@@ -582,7 +607,9 @@ fn materialize_record(
                 let p = root.join(path);
                 std::fs::metadata(&p).is_ok_and(|m| {
                     m.len() == o.size
-                        && crate::hash::hash_file(&p, m.len()).is_ok_and(|d| d == o.digest.to_hex())
+                        && ctx
+                            .digest_file(&p, m.len())
+                            .is_ok_and(|d| d == o.digest.to_hex())
                 })
             })
         })

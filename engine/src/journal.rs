@@ -97,6 +97,88 @@ impl Fp {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct OutputEntry(String, Fp, Option<String>);
 
+impl OutputEntry {
+    /// Whether the output is as recorded (by stat; by content while its
+    /// fingerprint was too recent to trust).
+    fn unchanged(&self) -> bool {
+        let OutputEntry(p, fp, d) = self;
+        let path = Path::new(p);
+        Fp::of(path) == *fp
+            && d.as_ref()
+                .is_none_or(|d| digest_of(path).as_ref() == Some(d))
+    }
+}
+
+/// What the last run of a command still tells a full run when the journal
+/// cannot replay it (the same binary, the same store epoch): which keys
+/// have records in the store (nothing was deleted since), which key each
+/// node had, and what it left in the output directories. A full run uses
+/// it to skip the store lookup of every node whose key did not change and
+/// the rewrite of every build directory nobody touched; the work left is
+/// in proportion to the change.
+pub struct Memo {
+    present: std::collections::HashSet<charly_cache::NodeKey>,
+    keys: std::collections::HashMap<String, String>,
+    /// Output entries sorted by path (a directory's entries follow it).
+    outputs: Vec<OutputEntry>,
+}
+
+impl Memo {
+    fn of(e: Entry) -> Memo {
+        let mut present = std::collections::HashSet::new();
+        let mut keys = std::collections::HashMap::new();
+        for (id, _, hex) in e.outcome.nodes {
+            if let Ok(k) = hex.parse::<charly_cache::NodeKey>() {
+                present.insert(k);
+            }
+            keys.insert(id, hex);
+        }
+        let mut outputs = e.outputs;
+        outputs.sort_by(|a, b| a.0.cmp(&b.0));
+        Memo {
+            present,
+            keys,
+            outputs,
+        }
+    }
+
+    /// Whether the store held a record for `key` at the end of the last
+    /// run (and, the epoch being the same, still does).
+    pub fn present(&self, key: &charly_cache::NodeKey) -> bool {
+        self.present.contains(key)
+    }
+
+    /// Whether node `id` had `key` in the last run.
+    pub fn key_was(&self, id: &str, key: &charly_cache::NodeKey) -> bool {
+        self.keys.get(id).map(String::as_str) == Some(key.to_hex().as_str())
+    }
+
+    /// Whether the output `dir` the last run left is exactly as it was
+    /// left: the directory and everything recorded below it unchanged (an
+    /// added or removed entry changes the directory's own fingerprint; an
+    /// output the last run recorded as absent must still be absent).
+    pub fn dir_unchanged(&self, dir: &Path) -> bool {
+        let Some(d) = path_str(&normalize(dir)) else {
+            return false;
+        };
+        // The directory itself, then everything below it: entries starting
+        // with `d/` are contiguous in sorted order (but not adjacent to `d`:
+        // `d-x` sorts between them).
+        let Ok(at) = self.outputs.binary_search_by(|o| o.0.as_str().cmp(&d)) else {
+            return false;
+        };
+        let prefix = format!("{d}/");
+        let start = self.outputs.partition_point(|o| o.0 < prefix);
+        std::iter::once(&self.outputs[at])
+            .chain(
+                self.outputs[start..]
+                    .iter()
+                    .take_while(|o| o.0.starts_with(&prefix)),
+            )
+            .all(OutputEntry::unchanged)
+    }
+}
+
 /// What a successful run did, replayed by a matching later run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Outcome {
@@ -122,6 +204,16 @@ struct Entry {
     inputs: Vec<(String, Fp)>,
     outputs: Vec<OutputEntry>,
     outcome: Outcome,
+    /// Whether the inputs can be trusted by stat (false: the run's inputs
+    /// changed while it read them, or it used something outside the walked
+    /// roots). Such an entry never replays, but its outcome and outputs
+    /// still serve as the next run's [`Memo`].
+    #[serde(default = "replayable_default")]
+    replayable: bool,
+}
+
+fn replayable_default() -> bool {
+    true
 }
 
 /// Why a journal did not answer (for `--explain`-style reporting and tests).
@@ -137,6 +229,9 @@ pub enum Miss {
     Input(String),
     /// An output was changed, removed or added to.
     Output(String),
+    /// The last run's inputs changed while it read them (or it read
+    /// something outside the project), so they cannot be trusted by stat.
+    Unreplayable,
 }
 
 impl std::fmt::Display for Miss {
@@ -147,6 +242,10 @@ impl std::fmt::Display for Miss {
             Miss::StoreEpoch => write!(f, "the store deleted entries since"),
             Miss::Input(p) => write!(f, "input changed: {p}"),
             Miss::Output(p) => write!(f, "output changed: {p}"),
+            Miss::Unreplayable => write!(
+                f,
+                "the last run's inputs changed while it read them (or it read outside the project)"
+            ),
         }
     }
 }
@@ -222,27 +321,23 @@ impl Journal {
 
     /// The recorded outcome, when nothing it depends on changed.
     pub fn check(&self) -> Result<Outcome, Miss> {
-        let mut e = self.read().ok_or(Miss::NoEntry)?;
+        self.check_or_memo().map_err(|(m, _)| m)
+    }
+
+    /// [`Journal::check`]; on a miss, what the last run still tells the
+    /// full run ([`Memo`]), when the binary and the store's epoch are the
+    /// same.
+    pub fn check_or_memo(&self) -> Result<Outcome, (Miss, Option<Box<Memo>>)> {
+        let mut e = self.read().ok_or((Miss::NoEntry, None))?;
         if e.exe != exe_fp() {
-            return Err(Miss::Binary);
+            return Err((Miss::Binary, None));
         }
         if e.epoch != charly_cache::read_epoch(&self.store_dir) {
-            return Err(Miss::StoreEpoch);
+            return Err((Miss::StoreEpoch, None));
         }
-        if let Some((p, _)) = e
-            .inputs
-            .par_iter()
-            .find_any(|(p, fp)| Fp::of(Path::new(p)) != *fp)
-        {
-            return Err(Miss::Input(p.clone()));
-        }
-        if let Some(OutputEntry(p, ..)) = e.outputs.par_iter().find_any(|OutputEntry(p, fp, d)| {
-            let path = Path::new(p);
-            Fp::of(path) != *fp
-                || d.as_ref()
-                    .is_some_and(|d| digest_of(path).as_ref() != Some(d))
-        }) {
-            return Err(Miss::Output(p.clone()));
+        let miss = self.changed(&e);
+        if let Some(m) = miss {
+            return Err((m, Some(Box::new(Memo::of(e)))));
         }
         // Outputs verified by content that are now old enough to trust by
         // stat: drop their digests so later replays only stat.
@@ -259,6 +354,24 @@ impl Journal {
             let _ = self.write(&e);
         }
         Ok(e.outcome)
+    }
+
+    /// The first difference between the entry and the disk, if any.
+    fn changed(&self, e: &Entry) -> Option<Miss> {
+        if !e.replayable {
+            return Some(Miss::Unreplayable);
+        }
+        if let Some((p, _)) = e
+            .inputs
+            .par_iter()
+            .find_any(|(p, fp)| Fp::of(Path::new(p)) != *fp)
+        {
+            return Some(Miss::Input(p.clone()));
+        }
+        if let Some(OutputEntry(p, ..)) = e.outputs.par_iter().find_any(|o| !o.unchanged()) {
+            return Some(Miss::Output(p.clone()));
+        }
+        None
     }
 
     /// Fingerprints the inputs before a full run: every file and directory
@@ -321,16 +434,15 @@ impl Journal {
         skip_outputs: &[PathBuf],
         outcome: Outcome,
     ) -> std::io::Result<bool> {
-        if !rec.usable {
-            self.clear();
-            return Ok(false);
-        }
         let recorded_ns = now_ns();
         let mut outs = Vec::new();
+        // A set: a generate of many boxes skips a few paths in each.
+        let skip_outputs: std::collections::HashSet<&Path> =
+            skip_outputs.iter().map(PathBuf::as_path).collect();
         for root in outputs {
             for e in walkdir::WalkDir::new(root)
                 .into_iter()
-                .filter_entry(|e| !skip_outputs.iter().any(|s| s == e.path()))
+                .filter_entry(|e| !skip_outputs.contains(e.path()))
             {
                 let (path, fp) = match e {
                     Ok(e) => (e.path().to_path_buf(), Fp::of(e.path())),
@@ -353,11 +465,12 @@ impl Journal {
             exe: exe_fp(),
             epoch: rec.epoch,
             recorded_ns,
-            inputs: rec.inputs,
+            inputs: if rec.usable { rec.inputs } else { Vec::new() },
             outputs: outs,
             outcome,
+            replayable: rec.usable,
         })?;
-        Ok(true)
+        Ok(rec.usable)
     }
 }
 
@@ -604,7 +717,7 @@ mod tests {
     }
 
     #[test]
-    fn uncovered_or_racy_runs_record_nothing() {
+    fn uncovered_or_racy_runs_never_replay_but_leave_a_memo() {
         let f = Fix::new();
         // Everything was just written: inside the real racy window.
         let j = Journal::new(&f.store, "generate");
@@ -612,7 +725,13 @@ mod tests {
         let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
         assert!(!rec.usable(), "files written just now must be racy");
         assert!(!j.record(rec, &[], &[], outcome()).expect("record"));
-        assert_eq!(j.check().unwrap_err(), Miss::NoEntry);
+        assert_eq!(j.check().unwrap_err(), Miss::Unreplayable);
+        let (_, memo) = j.check_or_memo().unwrap_err();
+        let memo = memo.expect("a memo of the unreplayable run");
+        let key: charly_cache::NodeKey = outcome().nodes[0].2.parse().expect("key");
+        assert!(memo.present(&key));
+        assert!(memo.key_was(&outcome().nodes[0].0, &key));
+        assert!(!memo.key_was("fragment:other", &key));
 
         let mut j = Journal::new(&f.store, "generate");
         j.racy_ns = 0;
@@ -623,7 +742,50 @@ mod tests {
         assert!(!rec.covers(&f.proj.join(".build/x")));
         rec.spoil();
         assert!(!j.record(rec, &[], &[], outcome()).expect("record"));
-        assert_eq!(j.check().unwrap_err(), Miss::NoEntry);
+        assert_eq!(j.check().unwrap_err(), Miss::Unreplayable);
+    }
+
+    #[test]
+    fn the_memo_knows_untouched_output_dirs_and_forgets_after_a_deletion() {
+        let f = Fix::new();
+        let store = charly_cache::Store::open(&f.store).expect("store");
+        // A sibling whose name extends the directory's (`x-y` sorts
+        // between `x` and `x/Containerfile`).
+        let sibling = f.proj.join(".build/x-y");
+        std::fs::create_dir_all(&sibling).expect("mkdir");
+        std::fs::write(sibling.join("Containerfile"), "FROM c\n").expect("write");
+        let mut j = Journal::new(&f.store, "generate");
+        j.racy_ns = 0;
+        let scope = Scope::project(&f.proj, &[], &f.store);
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        let outs = [f.out.clone(), sibling.clone()];
+        assert!(j.record(rec, &outs, &[], outcome()).expect("record"));
+        std::fs::write(
+            f.proj.join("candy/a/charly.yml"),
+            "candy: {name: a, env: {X: 1}}\n",
+        )
+        .expect("edit");
+        let (miss, memo) = j.check_or_memo().unwrap_err();
+        assert!(matches!(miss, Miss::Input(_)), "{miss:?}");
+        let memo = memo.expect("memo");
+        assert!(memo.dir_unchanged(&f.out));
+        assert!(!memo.dir_unchanged(&f.proj.join("never-written")));
+        // A changed file: the directory is not as left.
+        assert!(memo.dir_unchanged(&sibling));
+        std::fs::write(f.out.join("Containerfile"), "FROM b\n").expect("edit output");
+        assert!(!memo.dir_unchanged(&f.out));
+        assert!(memo.dir_unchanged(&sibling));
+        // An added file, on a fresh fixture.
+        let g = Fix::new();
+        let jg = g.recorded();
+        std::fs::write(g.proj.join("candy/a/charly.yml"), "candy: b\n").expect("edit");
+        let memo_g = jg.check_or_memo().unwrap_err().1.expect("memo");
+        assert!(memo_g.dir_unchanged(&g.out));
+        std::fs::write(g.out.join("new"), "x").expect("add");
+        assert!(!memo_g.dir_unchanged(&g.out));
+        // After a deletion from the store nothing is trusted.
+        store.gc(u64::MAX).expect("gc");
+        assert!(j.check_or_memo().unwrap_err().1.is_none());
     }
 
     #[test]
