@@ -151,6 +151,7 @@ pub fn resolve(p: &Project) -> Resolution {
         res: Resolution::default(),
         closures: BTreeMap::new(),
         candy_errors: BTreeMap::new(),
+        order_pos: Default::default(),
     };
     r.check_candy_graph();
     let names = all_box_names(p);
@@ -232,6 +233,8 @@ struct Resolver<'p> {
     closures: BTreeMap<String, Result<Vec<String>, Diagnostic>>,
     /// Candy key → errors that make it unusable (unknown refs, cycles).
     candy_errors: BTreeMap<String, Vec<Diagnostic>>,
+    /// Candy key → its position in the global order (set by `order`).
+    order_pos: std::collections::HashMap<String, usize>,
 }
 
 impl<'p> Resolver<'p> {
@@ -705,6 +708,11 @@ impl<'p> Resolver<'p> {
             }
             order.push(k);
         }
+        self.order_pos = order
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), i))
+            .collect();
         self.res.global_order = order;
         self.res.popularity = popularity;
     }
@@ -778,13 +786,15 @@ impl<'p> Resolver<'p> {
             }
         }
 
-        let candies: Vec<String> = self
-            .res
-            .global_order
+        // The box's candies in the global order (by position: scanning the
+        // whole order per box was quadratic in large projects).
+        let mut candies: Vec<String> = part
+            .install
             .iter()
-            .filter(|k| part.install.contains(*k))
+            .filter(|k| self.order_pos.contains_key(*k))
             .cloned()
             .collect();
+        candies.sort_by_key(|k| self.order_pos[k]);
 
         if distro_def.is_none() {
             let chain = cascade::tag_chain(&tags, part.formats.first().map(String::as_str));
@@ -1162,12 +1172,24 @@ fn unknown_candy(p: &Project, span: Span, key: &str, what: &str) -> Diagnostic {
 /// array, so a query allocates nothing: the global order asks two queries
 /// per adjacent pair of every authored list, which with string sets and
 /// fresh `BTreeSet`s per query dominated resolution of large projects.
+///
+/// While the graph is acyclic it also keeps a topological order, updated on
+/// each added edge (Pearce & Kelly, "A dynamic topological sort algorithm
+/// for directed acyclic graphs", 2006): `a` can only reach `b` when `a`
+/// comes first, so most queries are answered without a search, and a search
+/// never leaves the part of the order between the two. Without it, queries
+/// walked everything reachable and resolution grew quadratically (0.56 s of
+/// 10,000 candies in 1,000 boxes).
 struct Reach<'u> {
     idx: std::collections::HashMap<&'u str, usize>,
     adj: Vec<Vec<usize>>,
+    radj: Vec<Vec<usize>>,
     seen: Vec<u32>,
     generation: u32,
     stack: Vec<usize>,
+    /// Each node's position in a topological order; `None` once the graph
+    /// has a cycle (queries then search everything reachable).
+    ord: Option<Vec<usize>>,
 }
 
 impl<'u> Reach<'u> {
@@ -1177,29 +1199,102 @@ impl<'u> Reach<'u> {
             .enumerate()
             .map(|(i, k)| (k.as_str(), i))
             .collect();
-        let mut adj = vec![Vec::new(); idx.len()];
+        let n = idx.len();
+        let mut adj = vec![Vec::new(); n];
+        let mut radj = vec![Vec::new(); n];
         for (a, outs) in succ {
             if let Some(&ia) = idx.get(a.as_str()) {
-                adj[ia].extend(outs.iter().filter_map(|b| idx.get(b.as_str()).copied()));
+                for b in outs {
+                    if let Some(&ib) = idx.get(b.as_str()) {
+                        adj[ia].push(ib);
+                        radj[ib].push(ia);
+                    }
+                }
             }
         }
-        let n = idx.len();
+        let ord = topo_positions(&adj);
         Reach {
             idx,
             adj,
+            radj,
             seen: vec![0; n],
             generation: 0,
             stack: Vec::new(),
+            ord,
         }
+    }
+
+    fn next_generation(&mut self) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.seen.fill(0);
+            self.generation = 1;
+        }
+        self.generation
     }
 
     /// Adds the edge `a → b` (both must be nodes; others are ignored).
     fn add(&mut self, a: &str, b: &str) {
-        if let (Some(&ia), Some(&ib)) = (self.idx.get(a), self.idx.get(b))
-            && !self.adj[ia].contains(&ib)
-        {
-            self.adj[ia].push(ib);
+        let (Some(&ia), Some(&ib)) = (self.idx.get(a), self.idx.get(b)) else {
+            return;
+        };
+        if self.adj[ia].contains(&ib) {
+            return;
         }
+        self.adj[ia].push(ib);
+        self.radj[ib].push(ia);
+        // Taken out while it is repaired; left out when the edge closes a cycle.
+        let Some(mut ord) = self.ord.take() else {
+            return;
+        };
+        let (lb, ub) = (ord[ib], ord[ia]);
+        if lb > ub {
+            self.ord = Some(ord); // already in order
+            return;
+        }
+        // Forward from b within [lb, ub]; meeting a means a cycle.
+        let g = self.next_generation();
+        let mut forward = Vec::new();
+        self.stack.clear();
+        self.stack.push(ib);
+        self.seen[ib] = g;
+        while let Some(n) = self.stack.pop() {
+            forward.push(n);
+            for &m in &self.adj[n] {
+                if m == ia {
+                    return;
+                }
+                if self.seen[m] != g && ord[m] <= ub {
+                    self.seen[m] = g;
+                    self.stack.push(m);
+                }
+            }
+        }
+        // Backward from a within [lb, ub].
+        let g = self.next_generation();
+        let mut backward = Vec::new();
+        self.stack.clear();
+        self.stack.push(ia);
+        self.seen[ia] = g;
+        while let Some(n) = self.stack.pop() {
+            backward.push(n);
+            for &m in &self.radj[n] {
+                if self.seen[m] != g && ord[m] >= lb {
+                    self.seen[m] = g;
+                    self.stack.push(m);
+                }
+            }
+        }
+        // What reaches a goes before what b reaches, in the positions they
+        // held, each group keeping its relative order.
+        backward.sort_unstable_by_key(|&n| ord[n]);
+        forward.sort_unstable_by_key(|&n| ord[n]);
+        let mut slots: Vec<usize> = backward.iter().chain(&forward).map(|&n| ord[n]).collect();
+        slots.sort_unstable();
+        for (n, slot) in backward.into_iter().chain(forward).zip(slots) {
+            ord[n] = slot;
+        }
+        self.ord = Some(ord);
     }
 
     /// Whether `to` is reachable from `from` (a node reaches itself).
@@ -1210,12 +1305,12 @@ impl<'u> Reach<'u> {
         let (Some(&f), Some(&t)) = (self.idx.get(from), self.idx.get(to)) else {
             return false;
         };
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            self.seen.fill(0);
-            self.generation = 1;
-        }
-        let g = self.generation;
+        let limit = match &self.ord {
+            Some(ord) if ord[f] > ord[t] => return false,
+            Some(ord) => Some(ord[t]),
+            None => None,
+        };
+        let g = self.next_generation();
         self.stack.clear();
         self.stack.push(f);
         self.seen[f] = g;
@@ -1224,7 +1319,11 @@ impl<'u> Reach<'u> {
                 if m == t {
                     return true;
                 }
-                if self.seen[m] != g {
+                let within = match (&self.ord, limit) {
+                    (Some(ord), Some(l)) => ord[m] < l,
+                    _ => true,
+                };
+                if within && self.seen[m] != g {
                     self.seen[m] = g;
                     self.stack.push(m);
                 }
@@ -1232,6 +1331,32 @@ impl<'u> Reach<'u> {
         }
         false
     }
+}
+
+/// Each node's position in a topological order of `adj` (Kahn), or `None`
+/// when it has a cycle.
+fn topo_positions(adj: &[Vec<usize>]) -> Option<Vec<usize>> {
+    let n = adj.len();
+    let mut indeg = vec![0usize; n];
+    for outs in adj {
+        for &b in outs {
+            indeg[b] += 1;
+        }
+    }
+    let mut ready: Vec<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    let mut ord = vec![0; n];
+    let mut next = 0;
+    while let Some(i) = ready.pop() {
+        ord[i] = next;
+        next += 1;
+        for &b in &adj[i] {
+            indeg[b] -= 1;
+            if indeg[b] == 0 {
+                ready.push(b);
+            }
+        }
+    }
+    (next == n).then_some(ord)
 }
 
 /// Every dependency cycle among candies: each strongly connected component
@@ -1300,6 +1425,58 @@ mod reach_tests {
         for _ in 0..1000 {
             assert!(r.reaches("b", "x"));
             assert!(!r.reaches("x", "b"));
+        }
+    }
+
+    /// Reachability by a plain search over the edge set.
+    fn naive(edges: &BTreeSet<(usize, usize)>, from: usize, to: usize) -> bool {
+        let mut seen = BTreeSet::from([from]);
+        let mut stack = vec![from];
+        while let Some(n) = stack.pop() {
+            if n == to {
+                return true;
+            }
+            for &(a, b) in edges.range((n, 0)..=(n, usize::MAX)) {
+                debug_assert_eq!(a, n);
+                if seen.insert(b) {
+                    stack.push(b);
+                }
+            }
+        }
+        false
+    }
+
+    proptest::proptest! {
+        /// The kept topological order answers exactly what a full search
+        /// answers, through any sequence of queries and the insertions the
+        /// global order makes (an edge between two unrelated nodes), and
+        /// on graphs that start with a cycle.
+        #[test]
+        fn reach_answers_what_a_search_answers(
+            initial in proptest::collection::vec((0usize..12, 0usize..12), 0..20),
+            pairs in proptest::collection::vec((0usize..12, 0usize..12), 0..60),
+        ) {
+            let name = |i: usize| format!("n{i:02}");
+            let used: BTreeSet<String> = (0..12).map(name).collect();
+            let mut succ: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let mut edges = BTreeSet::new();
+            for (a, b) in initial {
+                if a != b {
+                    succ.entry(name(a)).or_default().insert(name(b));
+                    edges.insert((a, b));
+                }
+            }
+            let mut r = Reach::new(&used, &succ);
+            for (a, b) in pairs {
+                let ab = r.reaches(&name(a), &name(b));
+                proptest::prop_assert_eq!(ab, a == b || naive(&edges, a, b), "{} -> {}", a, b);
+                let ba = r.reaches(&name(b), &name(a));
+                proptest::prop_assert_eq!(ba, a == b || naive(&edges, b, a), "{} -> {}", b, a);
+                if !ab && !ba {
+                    r.add(&name(a), &name(b));
+                    edges.insert((a, b));
+                }
+            }
         }
     }
 }
