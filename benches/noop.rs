@@ -84,7 +84,7 @@ fn boxes_of(r: &Resolution) -> Vec<String> {
 /// the library API, as the CLI runs it.
 fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summary {
     let store = Store::open(store_dir).expect("store opens");
-    let hasher = FileHasher::with_cache_file(store_dir.join("statcache.json"));
+    let hasher = FileHasher::with_cache_file(store_dir.join("statcache.bin"));
     let p = load(root, &LoadOptions::default()).expect("generated project loads");
     let r = resolve(&p);
     let runner = FakeRunner::new();
@@ -245,7 +245,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
     g.bench_function("open-store+statcache", |b| {
         b.iter(|| {
             let s = Store::open(&f.store).expect("store");
-            let h = FileHasher::with_cache_file(f.store.join("statcache.json"));
+            let h = FileHasher::with_cache_file(f.store.join("statcache.bin"));
             black_box((s, h))
         });
     });
@@ -276,7 +276,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
         });
     });
     let store = Store::open(&f.store).expect("store");
-    let hasher = FileHasher::with_cache_file(f.store.join("statcache.json"));
+    let hasher = FileHasher::with_cache_file(f.store.join("statcache.bin"));
     let runner = FakeRunner::new();
     let engine = Engine {
         project: &p,
@@ -321,7 +321,7 @@ fn key_benches(c: &mut Criterion) {
     let p = load(&f.root, &LoadOptions::default()).expect("loads");
     let r = resolve(&p);
     let store = Store::open(&f.store).expect("store");
-    let hasher = FileHasher::with_cache_file(f.store.join("statcache.json"));
+    let hasher = FileHasher::with_cache_file(f.store.join("statcache.bin"));
     let runner = FakeRunner::new();
     let engine = Engine {
         project: &p,

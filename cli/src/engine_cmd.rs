@@ -228,12 +228,16 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
     drop(t);
     let o = project::open_at(cli, root)?;
+    let t = charly_engine::timings::phase("select");
     let (names, warnings) =
         select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
+    drop(t);
     if a.stdout && names.len() != 1 {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
+    let t = charly_engine::timings::phase("store: open");
     let store = open_store(cli)?;
+    drop(t);
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let remote = open_remote_cache(cli)?;
@@ -246,7 +250,9 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Generate, &names)?;
+    let t = charly_engine::timings::phase("progress");
     let progress = a.run.progress_for(&graph, &store, a.stdout);
+    drop(t);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
     let summary = engine.run_with_memo(
         &graph,
@@ -315,6 +321,12 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
     }
+    let t = charly_engine::timings::phase("drop");
+    drop(progress);
+    drop(engine);
+    drop(graph);
+    drop(o);
+    drop(t);
     Ok(ExitCode::SUCCESS)
 }
 

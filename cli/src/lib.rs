@@ -217,6 +217,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let total = charly_engine::timings::phase("command (all of it)");
     let result = match &cli.command {
         Command::Init(a) => init_cmd::init(a),
         Command::Validate(a) => validate_cmd::run(&cli, a),
@@ -228,6 +229,7 @@ pub fn main() -> ExitCode {
         Command::Bundle(c) => bundle_cmd::run(&cli, c),
         Command::Check(a) => check_cmd::run(&cli, a),
     };
+    drop(total);
     if let Some(t) = charly_engine::timings::report() {
         eprint!("{t}");
     }

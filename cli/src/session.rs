@@ -304,7 +304,9 @@ pub fn podman_runner(a: &RunnerArgs, store: &Store, jobs: usize) -> anyhow::Resu
 
 /// The file hasher with the store's stat cache.
 pub fn stat_cache(store: &Store) -> FileHasher {
-    FileHasher::with_cache_file(store.dir().join("statcache.json"))
+    // Its JSON predecessor, left by charly before the binary cache.
+    let _ = std::fs::remove_file(store.dir().join("statcache.json"));
+    FileHasher::with_cache_file(store.dir().join("statcache.bin"))
 }
 
 /// The engine over an opened project.

@@ -92,7 +92,7 @@ impl<'a> Engine<'a> {
             remote: self.remote,
             obs: None,
             hasher: Some(self.hasher),
-            memo: None,
+            present: None,
         }
     }
 
@@ -124,7 +124,7 @@ impl<'a> Engine<'a> {
     ) -> Summary {
         let ctx = Ctx {
             obs: Some(obs),
-            memo,
+            present: memo.map(crate::journal::Memo::present_keys),
             ..self.ctx(out_root)
         };
         let mut s = {
@@ -136,7 +136,9 @@ impl<'a> Engine<'a> {
             self.root_images(graph, &s);
         }
         let _ = self.hasher.save();
+        let t = crate::timings::phase("store: flush");
         let _ = self.store.flush();
+        drop(t);
         if let Some(r) = self.remote
             && !dry_run
         {
@@ -232,16 +234,20 @@ impl<'a> Engine<'a> {
                 })
                 .collect(),
         };
+        // Each box's directory is its own (and locked while written): they
+        // are written in parallel, and listed in goal order.
+        let dirs: Vec<(NodeIndex, String)> = graph
+            .goals
+            .par_iter()
+            .filter(|i| graph.g[**i].kind == crate::key::NodeKind::Containerfile)
+            .map(|i| match kept.get(i) {
+                Some(dir) => Ok((*i, dir.clone())),
+                None => exec::materialize(&ctx, graph, *i, out_root).map(|d| (*i, d)),
+            })
+            .collect::<Result<_, _>>()?;
         let mut written = Vec::new();
-        for i in &graph.goals {
-            let n = &graph.g[*i];
-            if n.kind != crate::key::NodeKind::Containerfile {
-                continue;
-            }
-            let dir = match kept.get(i) {
-                Some(dir) => dir.clone(),
-                None => exec::materialize(&ctx, graph, *i, out_root)?,
-            };
+        for (i, dir) in dirs {
+            let n = &graph.g[i];
             written.push(out_root.join(&dir).join("Containerfile"));
             if self_contained
                 && out_root != self.project.root

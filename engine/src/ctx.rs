@@ -37,9 +37,11 @@ pub struct Ctx<'a> {
     /// The stat cache, when the caller has one: build-directory files are
     /// verified through it (a stat instead of a read per unchanged file).
     pub hasher: Option<&'a crate::hash::FileHasher>,
-    /// What the last run of the same command left ([`crate::journal::Memo`]):
-    /// a node whose key it had recorded is cached without a store lookup.
-    pub memo: Option<&'a crate::journal::Memo>,
+    /// Keys known to have records when the run started (asked of the
+    /// store for the whole graph at once, or left by the last run of the
+    /// same command: [`crate::journal::Memo`]): such a node is cached
+    /// without a lookup of its own.
+    pub present: Option<&'a std::collections::HashSet<charly_cache::NodeKey>>,
 }
 
 impl Ctx<'_> {

@@ -68,7 +68,7 @@ pub fn fragment(
 
 /// Whether a node's result is in the store (dry runs).
 pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
-    ctx.memo.is_some_and(|m| m.present(&n.key)) || ctx.store.has_record(&n.key).unwrap_or(false)
+    ctx.present.is_some_and(|p| p.contains(&n.key)) || ctx.store.has_record(&n.key).unwrap_or(false)
 }
 
 /// Runs a node if needed, and says whether it ran or where its result came
@@ -85,17 +85,17 @@ pub fn execute(
     execute_as(ctx, graph, i, started, true)
 }
 
-/// [`execute`]; `trust_memo: false` looks the record up even when the
-/// last run's memo says it is present (a reader that just failed to find it).
+/// [`execute`]; `trust_present: false` looks the record up even when the
+/// run was told it is present (a reader that just failed to find it).
 fn execute_as(
     ctx: &Ctx<'_>,
     graph: &Graph,
     i: NodeIndex,
     started: impl FnOnce(&dyn Fn() -> String),
-    trust_memo: bool,
+    trust_present: bool,
 ) -> Result<Done, ExecError> {
     let n = &graph.g[i];
-    if trust_memo && ctx.memo.is_some_and(|m| m.present(&n.key)) {
+    if trust_present && ctx.present.is_some_and(|p| p.contains(&n.key)) {
         return Ok(Done::Cached);
     }
     if n.kind == NodeKind::Source {
@@ -595,7 +595,7 @@ fn materialize_record(
     let t = crate::timings::phase("write: sweep");
     let _ = froot.sweep_temps(Path::new(&dir), true);
     drop(t);
-    let _t = crate::timings::phase("write: verify");
+    let t = crate::timings::phase("write: verify");
     let marker = root.join(&dir).join(KEY_MARKER);
     let key = cf.key.to_hex();
     // The marker alone is not trusted: every file must still hold what the
@@ -616,6 +616,7 @@ fn materialize_record(
     {
         return Ok((dir, lock));
     }
+    drop(t);
     let mut d = charly_rules::emit::BuildDir {
         dir: dir.clone(),
         ..Default::default()

@@ -20,6 +20,7 @@
 //! [`RACY_NS`] of the moment it was hashed: such a file is
 //! hashed again next time, until its timestamps are old enough.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Read;
@@ -103,9 +104,10 @@ impl FileHasher {
 
     /// A hasher whose cache lives in `file` (loaded now, saved by [`FileHasher::save`]).
     pub fn with_cache_file(file: PathBuf) -> Self {
+        let _t = crate::timings::phase("stat cache: load");
         let mut map = HashMap::new();
         if let Ok(bytes) = std::fs::read(&file)
-            && let Ok(entries) = serde_json::from_slice::<Vec<Entry>>(&bytes)
+            && let Ok(entries) = postcard::from_bytes::<Vec<Entry>>(&bytes)
         {
             for e in entries {
                 map.insert(e.path, (e.stat, e.digest));
@@ -158,9 +160,11 @@ impl FileHasher {
         if !self.dirty.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
+        let _t = crate::timings::phase("stat cache: save");
+        // Entries of deleted files are dropped (a stat each, in parallel).
         let entries: Vec<Entry> = match self.map.lock() {
             Ok(m) => m
-                .iter()
+                .par_iter()
                 .filter(|(p, _)| p.exists())
                 .map(|(p, (s, d))| Entry {
                     path: p.clone(),
@@ -170,7 +174,7 @@ impl FileHasher {
                 .collect(),
             Err(_) => return Ok(()),
         };
-        let bytes = serde_json::to_vec(&entries).map_err(std::io::Error::other)?;
+        let bytes = postcard::to_stdvec(&entries).map_err(std::io::Error::other)?;
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -203,7 +207,7 @@ mod tests {
         let t = tempfile::tempdir().expect("tmp");
         let f = t.path().join("a");
         std::fs::write(&f, b"one").expect("write");
-        let mut h = FileHasher::with_cache_file(t.path().join("stat.json"));
+        let mut h = FileHasher::with_cache_file(t.path().join("stat.bin"));
         h.racy_ns = 0;
         let d1 = h.digest(&f).expect("digest");
         assert_eq!(d1, blake3::hash(b"one").to_hex().to_string());
@@ -215,7 +219,7 @@ mod tests {
         );
         h.save().expect("save");
         // A fresh hasher loads the cache and does not re-read the file.
-        let mut h2 = FileHasher::with_cache_file(t.path().join("stat.json"));
+        let mut h2 = FileHasher::with_cache_file(t.path().join("stat.bin"));
         h2.racy_ns = 0;
         assert_eq!(h2.digest(&f).expect("cached"), d1);
         assert_eq!(h2.hashed_count(), 0);

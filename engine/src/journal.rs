@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Version of the journal file format; a different one is ignored.
-pub const JOURNAL_SCHEMA: u32 = 1;
+pub const JOURNAL_SCHEMA: u32 = 2;
 
 /// Files modified this close (nanoseconds) to a fingerprint are not trusted
 /// by stat alone (the stat cache's window, [`crate::hash::RACY_NS`]).
@@ -148,6 +148,11 @@ impl Memo {
         self.present.contains(key)
     }
 
+    /// Every key [`Memo::present`] answers yes for.
+    pub fn present_keys(&self) -> &std::collections::HashSet<charly_cache::NodeKey> {
+        &self.present
+    }
+
     /// Whether node `id` had `key` in the last run.
     pub fn key_was(&self, id: &str, key: &charly_cache::NodeKey) -> bool {
         self.keys.get(id).map(String::as_str) == Some(key.to_hex().as_str())
@@ -250,7 +255,7 @@ impl std::fmt::Display for Miss {
     }
 }
 
-/// The journal of one command in one store (`<store>/journal/<id>.json`).
+/// The journal of one command in one store (`<store>/journal/<id>.bin`, postcard).
 pub struct Journal {
     store_dir: PathBuf,
     file: PathBuf,
@@ -290,9 +295,7 @@ impl Journal {
         let id = blake3::hash(command.as_bytes()).to_hex();
         Journal {
             store_dir: store_dir.to_path_buf(),
-            file: store_dir
-                .join("journal")
-                .join(format!("{}.json", &id[..32])),
+            file: store_dir.join("journal").join(format!("{}.bin", &id[..32])),
             command: command.to_string(),
             racy_ns: RACY_NS,
         }
@@ -300,7 +303,7 @@ impl Journal {
 
     fn read(&self) -> Option<Entry> {
         let bytes = std::fs::read(&self.file).ok()?;
-        let e: Entry = serde_json::from_slice(&bytes).ok()?;
+        let e: Entry = postcard::from_bytes(&bytes).ok()?;
         (e.schema == JOURNAL_SCHEMA && e.command == self.command).then_some(e)
     }
 
@@ -308,9 +311,11 @@ impl Journal {
         let dir = self.file.parent().unwrap_or(&self.store_dir);
         std::fs::create_dir_all(dir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-        serde_json::to_writer(std::io::BufWriter::new(tmp.as_file_mut()), e)
-            .map_err(std::io::Error::other)?;
+        let bytes = postcard::to_stdvec(e).map_err(std::io::Error::other)?;
+        std::io::Write::write_all(tmp.as_file_mut(), &bytes)?;
         tmp.persist(&self.file).map_err(|e| e.error)?;
+        // The entry's JSON predecessor (journal schema 1), if any.
+        let _ = std::fs::remove_file(self.file.with_extension("json"));
         Ok(())
     }
 

@@ -53,7 +53,7 @@ fn run(
     jobs: usize,
 ) -> (Graph, Summary) {
     let (p, r) = w.open();
-    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.json"));
+    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.bin"));
     let engine = Engine {
         project: &p,
         resolution: &r,
@@ -76,7 +76,7 @@ fn run(
 /// The id of the top layer of a box's image (without running anything).
 fn top_layer(w: &World, store: &Store, b: &str) -> String {
     let (p, r) = w.open();
-    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.json"));
+    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.bin"));
     let f = FakeRunner::new();
     let engine = Engine {
         project: &p,

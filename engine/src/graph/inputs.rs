@@ -306,7 +306,7 @@ fn box_facts(k: &mut KeyInputs, b: &ResolvedBox) -> Result<(), GraphError> {
 /// Digests of vocabulary entries' canonical texts by namespace and entry
 /// name: every fragment of every box names the same few entries, each is
 /// encoded and digested once per graph.
-pub(super) type VocabDigests = std::cell::RefCell<std::collections::HashMap<String, String>>;
+pub(super) type VocabDigests = std::sync::Mutex<std::collections::HashMap<String, String>>;
 
 /// Adds the text `name` (a vocabulary entry of namespace `ns`) by its
 /// digest, encoding it with `text` only the first time (`None`: no entry).
@@ -318,13 +318,16 @@ fn cached_text(
     text: impl FnOnce() -> Result<Option<String>, GraphError>,
 ) -> Result<(), GraphError> {
     let id = format!("{ns}\0{name}");
-    if let Some(d) = digests.borrow().get(&id) {
+    if let Some(d) = digests.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
         k.texts.insert(name, d.clone());
         return Ok(());
     }
     if let Some(text) = text()? {
         let d = crate::key::text_digest(&text);
-        digests.borrow_mut().insert(id, d.clone());
+        digests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, d.clone());
         k.texts.insert(name, d);
     }
     Ok(())

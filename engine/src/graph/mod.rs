@@ -357,7 +357,7 @@ pub struct Builder<'a> {
     plans: BTreeMap<String, Vec<Arc<InstallPlan>>>,
     /// The emitter options layers and images are keyed with (every box's
     /// image reference: made once, when the first layer or image is keyed).
-    emit: std::cell::OnceCell<charly_rules::emit::EmitOptions>,
+    emit: std::sync::OnceLock<charly_rules::emit::EmitOptions>,
     /// Vocabulary entries' digests, computed once ([`inputs::VocabDigests`]).
     vocab_digests: inputs::VocabDigests,
 }
@@ -394,7 +394,7 @@ impl<'a> Builder<'a> {
                 aliases: BTreeMap::new(),
             },
             plans: BTreeMap::new(),
-            emit: std::cell::OnceCell::new(),
+            emit: std::sync::OnceLock::new(),
             vocab_digests: Default::default(),
         }
     }
@@ -788,11 +788,19 @@ impl<'a> Builder<'a> {
         }
         drop(_t);
         let _t = crate::timings::phase("graph: other keys");
-        for i in order {
-            if self.graph.g[i].kind == NodeKind::Source {
-                continue;
-            }
-            let mut inputs = self.inputs_of(i, hasher)?;
+        // A node's own inputs do not depend on other keys: computed in
+        // parallel, then chained to their dependencies' keys in order.
+        let others: Vec<NodeIndex> = order
+            .iter()
+            .copied()
+            .filter(|i| self.graph.g[*i].kind != NodeKind::Source)
+            .collect();
+        let own: Vec<Result<KeyInputs, GraphError>> = others
+            .par_iter()
+            .map(|i| self.inputs_of(*i, hasher))
+            .collect();
+        for (i, inputs) in others.into_iter().zip(own) {
+            let mut inputs = inputs?;
             // A layer names the layer below it by role, not by id: the id
             // names a box, and siblings' layers must key alike.
             let parent = match &self.graph.g[i].work {
