@@ -137,20 +137,20 @@ pub struct ExplainArgs {
 /// keys name a runner).
 const GENERATE_RUNNER: &str = "podman";
 
-/// The no-op journal of this `box generate`, when one applies: the
-/// default output directory, no `--stdout`, no remote cache (whose
-/// traffic a replay would skip), a known store, no `--no-journal`.
+/// The no-op journal of this `box generate`, when one applies: no
+/// `--stdout`, no remote cache (whose traffic a replay would skip), a known
+/// store, no `--no-journal`. With `--out DIR` the directory is an output
+/// (never an input, even inside the project).
 fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal, Scope)> {
-    if a.no_journal
-        || a.out.is_some()
-        || a.stdout
-        || cli.remote.as_deref().is_some_and(|r| !r.is_empty())
-    {
+    if a.no_journal || a.stdout || cli.remote.as_deref().is_some_and(|r| !r.is_empty()) {
         return None;
     }
     let store_dir = cli.cache_dir.clone().or_else(Store::default_dir)?;
     let imports: Vec<PathBuf> = cli.imports.iter().map(|(_, d)| d.clone()).collect();
-    let scope = Scope::project(root, &imports, &store_dir);
+    let mut scope = Scope::project(root, &imports, &store_dir);
+    if let Some(out) = &a.out {
+        scope.skip.push(charly_engine::journal::normalize(out));
+    }
     let mut boxes = a.boxes.clone();
     boxes.sort();
     let command = serde_json::json!({
@@ -165,6 +165,7 @@ fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal
         "all": a.all,
         "keep_going": a.run.keep_going,
         "dev_local_pkg": a.dev_local_pkg.on,
+        "out": a.out.as_deref().map(charly_engine::journal::normalize),
     })
     .to_string();
     #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
@@ -314,7 +315,11 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
             rec.spoil();
         }
         let _t = charly_engine::timings::phase("journal: record");
-        let (outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
+        let (mut outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
+        if a.out.is_some() {
+            // The candy directories a self-contained context carries.
+            outputs.extend(engine.context_candy_dirs(&graph, &out_root));
+        }
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;
         if let Err(e) = j.record(rec, &outputs, &skip, outcome) {

@@ -226,3 +226,45 @@ fn unchanged_runs_replay_and_every_change_falls_back() {
     let out = env.charly(&["box", "generate", &name]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("nothing changed since the last run"));
 }
+
+/// `--out DIR` replays too: the directory and the candy directories copied
+/// into it are outputs (a hand edit there is undone), never inputs.
+#[test]
+fn a_self_contained_context_replays_and_is_repaired() {
+    let env = Env::new();
+    let out = env.tmp.path().join("context");
+    let out_s = out.to_str().expect("utf8").to_string();
+    let args = ["--out", out_s.as_str()];
+    let first = env.generate(&args);
+    assert!(!first.replayed);
+    let mut replayed = false;
+    for _ in 0..3 {
+        if env.generate(&args).replayed {
+            replayed = true;
+            break;
+        }
+    }
+    assert!(replayed, "an unchanged --out run was not replayed");
+    let tree = containerfiles(&out);
+    // A copied candy file edited by hand: not replayed, put back.
+    let copied = out.join("candy/filebrowser/config.yaml");
+    let original = std::fs::read(&copied).expect("copied candy file");
+    std::fs::write(&copied, "edited by hand\n").expect("edit");
+    assert!(!env.generate(&args).replayed);
+    assert_eq!(std::fs::read(&copied).expect("read"), original);
+    assert_eq!(containerfiles(&out), tree);
+    // The default output directory is another command.
+    let default = env.generate(&[]);
+    assert!(!default.replayed);
+    // An input edit reaches the context.
+    let cfg = env.project.join("candy/filebrowser/config.yaml");
+    let mut text = std::fs::read_to_string(&cfg).expect("read");
+    text.push_str("# edited\n");
+    std::fs::write(&cfg, &text).expect("write");
+    assert!(!env.generate(&args).replayed);
+    assert_eq!(
+        std::fs::read_to_string(&copied).expect("read"),
+        text,
+        "the context carries the edited file"
+    );
+}

@@ -247,21 +247,11 @@ impl<'a> Engine<'a> {
             .collect::<Result<_, _>>()?;
         let mut written = Vec::new();
         for (i, dir) in dirs {
-            let n = &graph.g[i];
             written.push(out_root.join(&dir).join("Containerfile"));
-            if self_contained
-                && out_root != self.project.root
-                && let crate::graph::Work::Containerfile { box_name, .. } = &n.work
-                && let Some(b) = self.resolution.get(box_name)
-            {
-                {
-                    for k in &b.candies {
-                        let c = &self.project.candies[k];
-                        if let Some(rel) = &c.rel_dir {
-                            copy_dir(&c.dir, &out_root.join(rel))
-                                .map_err(|e| exec::ExecError::Io(format!("{rel}: {e}")))?;
-                        }
-                    }
+            if self_contained && out_root != self.project.root {
+                for (src, rel) in self.context_candies(&graph.g[i]) {
+                    copy_dir(src, &out_root.join(rel))
+                        .map_err(|e| exec::ExecError::Io(format!("{rel}: {e}")))?;
                 }
             }
         }
@@ -271,6 +261,39 @@ impl<'a> Engine<'a> {
         }
         let _ = self.hasher.save();
         Ok(written)
+    }
+
+    /// The candy directories (source, relative path) a self-contained
+    /// build context of a Containerfile node carries.
+    fn context_candies<'n>(&self, n: &'n crate::graph::Node) -> Vec<(&'a Path, &'a str)> {
+        let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
+            return Vec::new();
+        };
+        let Some(b) = self.resolution.get(box_name) else {
+            return Vec::new();
+        };
+        b.candies
+            .iter()
+            .filter_map(|k| {
+                let c = &self.project.candies[k];
+                c.rel_dir.as_deref().map(|rel| (c.dir.as_path(), rel))
+            })
+            .collect()
+    }
+
+    /// Where [`Engine::write_build_dirs`] with `self_contained` copies the
+    /// candy directories of the graph's goal Containerfiles under `out_root`
+    /// (for the no-op journal's outputs).
+    pub fn context_candy_dirs(&self, graph: &Graph, out_root: &Path) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = graph
+            .goals
+            .iter()
+            .flat_map(|i| self.context_candies(&graph.g[*i]))
+            .map(|(_, rel)| crate::journal::normalize(&out_root.join(rel)))
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
     }
 
     /// Writes a built box's image into the OCI layout at `dir` as

@@ -8,7 +8,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 static ENABLED: OnceLock<bool> = OnceLock::new();
-static PHASES: Mutex<Vec<(&'static str, Duration)>> = Mutex::new(Vec::new());
+static PHASES: Mutex<Vec<(&'static str, Duration, u64)>> = Mutex::new(Vec::new());
+
+/// The process's resident set size in MiB (0 where /proc is not there).
+fn rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096 / (1024 * 1024))
+}
 
 /// Whether `CHARLY_TIMINGS` asks for timings.
 pub fn enabled() -> bool {
@@ -29,40 +37,42 @@ impl Drop for Phase {
     fn drop(&mut self) {
         if let Some((name, t)) = self.0.take() {
             let mut p = PHASES.lock().unwrap_or_else(|e| e.into_inner());
-            p.push((name, t.elapsed()));
+            p.push((name, t.elapsed(), rss_mib()));
         }
     }
 }
 
-/// The recorded phases, one line each (`timing: load   12.3 ms`), in the
-/// order they first ended; a phase timed more than once is summed and
-/// says how often (`× 100`). `None` when timings are off.
+/// The recorded phases, one line each (`timing: load   12.3 ms  rss 40
+/// MiB`), in the order they first ended, with the resident set size when
+/// the phase last ended; a phase timed more than once is summed and says
+/// how often (`× 100`). `None` when timings are off.
 pub fn report() -> Option<String> {
     if !enabled() {
         return None;
     }
     let p = PHASES.lock().unwrap_or_else(|e| e.into_inner());
-    let mut sums: Vec<(&str, Duration, usize)> = Vec::new();
-    for (n, d) in p.iter() {
-        match sums.iter_mut().find(|(m, _, _)| m == n) {
+    let mut sums: Vec<(&str, Duration, usize, u64)> = Vec::new();
+    for (n, d, rss) in p.iter() {
+        match sums.iter_mut().find(|(m, ..)| m == n) {
             Some(s) => {
                 s.1 += *d;
                 s.2 += 1;
+                s.3 = *rss;
             }
-            None => sums.push((n, *d, 1)),
+            None => sums.push((n, *d, 1, *rss)),
         }
     }
-    let width = sums.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
+    let width = sums.iter().map(|(n, ..)| n.len()).max().unwrap_or(0);
     Some(
         sums.iter()
-            .map(|(n, d, c)| {
+            .map(|(n, d, c, rss)| {
                 let times = if *c > 1 {
                     format!(" × {c}")
                 } else {
                     String::new()
                 };
                 format!(
-                    "timing: {n:<width$} {:>8.1} ms{times}\n",
+                    "timing: {n:<width$} {:>8.1} ms  rss {rss:>5} MiB{times}\n",
                     d.as_secs_f64() * 1000.0
                 )
             })
