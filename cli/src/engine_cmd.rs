@@ -326,12 +326,13 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
     }
-    let t = charly_engine::timings::phase("drop");
+    // The graph and the project are trees of many small allocations that
+    // only the process's exit needs to free (0.3 s at 10,000 candies):
+    // left to it. Nothing in them holds a file or a lock.
     drop(progress);
     drop(engine);
-    drop(graph);
-    drop(o);
-    drop(t);
+    std::mem::forget(graph);
+    std::mem::forget(o);
     Ok(ExitCode::SUCCESS)
 }
 

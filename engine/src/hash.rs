@@ -142,13 +142,16 @@ impl FileHasher {
         if let Ok(mut m) = self.map.lock() {
             // A racy stat is not remembered: the file is hashed again next
             // time (an old entry for it must not survive either).
-            if stat.is_racy(now, self.racy_ns) {
-                m.remove(path);
+            let changed = if stat.is_racy(now, self.racy_ns) {
+                m.remove(path).is_some()
             } else {
                 m.insert(path.to_path_buf(), (stat, digest.clone()));
+                true
+            };
+            if changed {
+                self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(digest)
     }
 
@@ -180,7 +183,11 @@ impl FileHasher {
         }
         let tmp = file.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
-        std::fs::rename(tmp, file)
+        std::fs::rename(tmp, file)?;
+        // Saved: a later save in the same run writes only what changed since.
+        self.dirty
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 
