@@ -134,6 +134,39 @@ fn second_build_is_all_cached_and_never_reaches_the_runner() {
     );
 }
 
+/// A builder stage's key inputs name its builder image by that image's key
+/// (another node's key, chained after the own inputs computed in parallel).
+#[test]
+fn a_builder_stage_names_its_builder_image_by_key() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (g, s) = run(
+        &w,
+        &store,
+        &Goal::Build,
+        &["left", "right"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert!(s.ok());
+    let mut stages = 0;
+    for n in g.g.node_weights() {
+        if let charly_engine::graph::Work::BuilderStage { image_box, .. } = &n.work {
+            let img = g
+                .index(&charly_engine::id::NodeId::image(image_box))
+                .expect("the builder image is in the graph");
+            assert_eq!(
+                n.inputs.builder_image.as_deref(),
+                Some(g.g[img].key.to_hex().as_str()),
+                "{}",
+                n.id
+            );
+            stages += 1;
+        }
+    }
+    assert!(stages >= 2, "the fixture has builder stages");
+}
+
 #[test]
 fn diamonds_run_once() {
     let w = World::new(&fixture());

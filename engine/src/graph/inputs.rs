@@ -40,10 +40,10 @@ impl Builder<'_> {
             Work::BuilderStage {
                 candy,
                 builder,
-                image_box,
+                image_box: _,
                 user,
                 for_box,
-            } => self.builder_stage_inputs(&mut k, candy, builder, image_box, user, for_box)?,
+            } => self.builder_stage_inputs(&mut k, candy, builder, user, for_box)?,
             Work::LocalPkg {
                 candy,
                 format,
@@ -119,7 +119,6 @@ impl Builder<'_> {
         k: &mut KeyInputs,
         candy: &str,
         builder: &str,
-        image_box: &str,
         user: &User,
         for_box: &str,
     ) -> Result<(), GraphError> {
@@ -135,9 +134,8 @@ impl Builder<'_> {
         k.value("builder", builder);
         k.value("candy", candy);
         k.value("runner", self.opts.runner.clone());
-        if let Some(bi) = self.graph.index(&crate::id::NodeId::image(image_box)) {
-            k.builder_image = Some(self.graph.g[bi].key.to_hex());
-        }
+        // The builder image's key (`builder_image`) is another node's: set
+        // where keys are chained (`Builder::compute_keys`), not here.
         Ok(())
     }
 

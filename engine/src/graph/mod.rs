@@ -801,6 +801,13 @@ impl<'a> Builder<'a> {
             .collect();
         for (i, inputs) in others.into_iter().zip(own) {
             let mut inputs = inputs?;
+            // The one own input that is another node's key: a builder
+            // stage's image (a dependency, so keyed by now).
+            if let Work::BuilderStage { image_box, .. } = &self.graph.g[i].work
+                && let Some(bi) = self.graph.index(&NodeId::image(image_box))
+            {
+                inputs.builder_image = Some(self.graph.g[bi].key.to_hex());
+            }
             // A layer names the layer below it by role, not by id: the id
             // names a box, and siblings' layers must key alike.
             let parent = match &self.graph.g[i].work {
