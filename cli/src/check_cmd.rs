@@ -81,7 +81,7 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Build, &names)?;
-    let progress = a.run.progress_for(&graph, &store, false);
+    let progress = a.run.progress_for(&graph, &store, false, false);
     let summary = engine.run(&graph, &o.project.root, jobs, false, &progress);
     progress.finish();
     report_remote_unless_quiet(&summary, a.run.quiet);

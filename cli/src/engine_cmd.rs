@@ -49,6 +49,11 @@ pub struct GenerateArgs {
     /// journal, kept in the store).
     #[arg(long, env = "CHARLY_NO_JOURNAL")]
     pub no_journal: bool,
+    /// Say why the last run was not replayed (the first input or output
+    /// that changed, a new binary, a store deletion, …) and, after the run,
+    /// why each node that ran did (what changed since its last build).
+    #[arg(long)]
+    pub explain: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -182,6 +187,19 @@ fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal
     Some((journal, scope))
 }
 
+/// Why [`generate_journal`] gave none.
+fn journal_off_reason(cli: &Cli, a: &GenerateArgs) -> &'static str {
+    if a.no_journal {
+        "--no-journal"
+    } else if a.stdout {
+        "--stdout"
+    } else if cli.remote.as_deref().is_some_and(|r| !r.is_empty()) {
+        "a remote cache: a replay would skip its traffic"
+    } else {
+        "no store directory"
+    }
+}
+
 /// Prints what a replayed `box generate` printed the first time.
 fn replay_generate(
     a: &GenerateArgs,
@@ -213,14 +231,29 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let journal = generate_journal(cli, a, &root);
     let t = charly_engine::timings::phase("journal: check");
     let mut memo = None;
-    if let Some((j, _)) = &journal {
-        match j.check_or_memo() {
+    match &journal {
+        Some((j, _)) => match j.check_or_memo() {
             Ok(outcome) => {
                 drop(t);
                 return replay_generate(a, &outcome, started);
             }
-            Err((_, m)) => memo = m,
-        }
+            Err((miss, m)) => {
+                if a.explain {
+                    let memo_note = if m.is_some() {
+                        "; what it left is reused"
+                    } else {
+                        ""
+                    };
+                    output::note(&format!("journal: not replayed: {miss}{memo_note}"));
+                }
+                memo = m;
+            }
+        },
+        None if a.explain => output::note(&format!(
+            "journal: not used ({})",
+            journal_off_reason(cli, a)
+        )),
+        None => {}
     }
     drop(t);
     let t = charly_engine::timings::phase("journal: begin");
@@ -252,7 +285,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     );
     let graph = engine.graph(&Goal::Generate, &names)?;
     let t = charly_engine::timings::phase("progress");
-    let progress = a.run.progress_for(&graph, &store, a.stdout);
+    let progress = a.run.progress_for(&graph, &store, a.stdout, a.explain);
     drop(t);
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
     let summary = engine.run_with_memo(
@@ -265,6 +298,21 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     );
     progress.finish();
     write_reports(&a.run, &summary)?;
+    if a.explain {
+        // Sources are hashed, not run: the files that changed in them are
+        // named in their dependents' reasons.
+        let ran = summary
+            .nodes
+            .iter()
+            .filter(|n| n.state == State::Ran && n.kind != charly_engine::key::NodeKind::Source);
+        for n in ran {
+            let why = n
+                .reason
+                .as_deref()
+                .unwrap_or("(no earlier record to compare)");
+            output::note(&format!("explain: {} ran: {why}", n.id));
+        }
+    }
     if !summary.ok() {
         report_failures(&summary);
         report_remote(&summary);
@@ -360,7 +408,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         remote.as_deref(),
     );
     let graph = engine.graph(&Goal::Build, &names)?;
-    let mut progress = a.run.progress_for(&graph, &store, a.dry_run);
+    let mut progress = a.run.progress_for(&graph, &store, a.dry_run, false);
     if a.explain && !a.dry_run {
         // Explained before the run: afterwards every node is cached.
         let mut lines = std::collections::HashMap::new();

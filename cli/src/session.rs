@@ -60,12 +60,15 @@ impl RunArgs {
         graph: &charly_engine::graph::Graph,
         store: &Store,
         silent: bool,
+        explain: bool,
     ) -> crate::progress::Progress {
         crate::progress::Progress::new(
             graph,
             store,
             self.progress.resolve(self.quiet || silent),
-            self.summary_json.is_some(),
+            // Reasons of every node: for the summary's JSON and for
+            // explanations after the run.
+            self.summary_json.is_some() || explain,
         )
     }
 }

@@ -268,3 +268,41 @@ fn a_self_contained_context_replays_and_is_repaired() {
         "the context carries the edited file"
     );
 }
+
+/// `--explain` says why the journal did not replay and why each node ran.
+#[test]
+fn explain_says_why_the_journal_did_not_replay_and_why_nodes_ran() {
+    let env = Env::new();
+    env.full();
+    env.settle();
+    let cfg = env.project.join("candy/filebrowser/config.yaml");
+    let mut text = std::fs::read_to_string(&cfg).expect("read");
+    text.push_str("# edited\n");
+    std::fs::write(&cfg, text).expect("write");
+    let out = env.charly(&["box", "generate", "--all", "--keep-going", "--explain"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.contains("journal: not replayed: input changed: ")
+                && l.contains("filebrowser/config.yaml")),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.contains("explain: ") && l.contains("filebrowser") && l.contains(" ran: ")),
+        "{err}"
+    );
+    let off = env.charly(&[
+        "box",
+        "generate",
+        "--all",
+        "--keep-going",
+        "--explain",
+        "--no-journal",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&off.stderr).contains("journal: not used (--no-journal)"),
+        "{}",
+        String::from_utf8_lossy(&off.stderr)
+    );
+}
