@@ -68,6 +68,8 @@ impl<'a> Engine<'a> {
         let mut b = Builder::new(self.project, self.resolution, self.opts.clone());
         {
             let _t = crate::timings::phase("graph: nodes");
+            let named: Vec<String> = goals.iter().flat_map(|(_, boxes)| boxes.clone()).collect();
+            b.prepare_plans(&named);
             for (goal, boxes) in goals {
                 for name in boxes {
                     b.add(goal, name)?;

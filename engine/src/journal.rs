@@ -278,6 +278,18 @@ fn exe_fp() -> Fp {
         .unwrap_or(Fp::ABSENT)
 }
 
+/// Adds a walked entry's fingerprint (followed: what a symlink points at);
+/// false when it cannot be recorded (a walk error, a path not UTF-8).
+fn fingerprint(e: walkdir::Result<walkdir::DirEntry>, into: &mut Vec<(String, Fp)>) -> bool {
+    let Ok(e) = e else { return false };
+    let Some(p) = path_str(e.path()) else {
+        return false;
+    };
+    let fp = e.metadata().map(|m| Fp::of_meta(&m)).unwrap_or(Fp::ABSENT);
+    into.push((p, fp));
+    true
+}
+
 fn path_str(p: &Path) -> Option<String> {
     p.to_str().map(str::to_string)
 }
@@ -388,26 +400,45 @@ impl Journal {
         let started_ns = now_ns();
         let mut inputs = Vec::new();
         let mut ok = true;
+        let skipped = |e: &walkdir::DirEntry| {
+            e.file_type().is_dir()
+                && (e.file_name() == ".git" || skip.iter().any(|s| s == e.path()))
+        };
         for root in roots {
-            for e in walkdir::WalkDir::new(root)
+            // The root and its entries, then each top-level directory's
+            // tree on its own, in parallel.
+            let mut subtrees = Vec::new();
+            let top = walkdir::WalkDir::new(root)
                 .follow_links(true)
+                .max_depth(1)
                 .into_iter()
-                .filter_entry(|e| {
-                    !(e.file_type().is_dir()
-                        && (e.file_name() == ".git" || skip.iter().any(|s| s == e.path())))
+                .filter_entry(|e| !skipped(e));
+            for e in top {
+                match e {
+                    Ok(e) if e.depth() == 1 && e.file_type().is_dir() => {
+                        subtrees.push(e.into_path());
+                    }
+                    e => ok &= fingerprint(e, &mut inputs),
+                }
+            }
+            let walked: Vec<(Vec<(String, Fp)>, bool)> = subtrees
+                .par_iter()
+                .map(|dir| {
+                    let mut found = Vec::new();
+                    let mut ok = true;
+                    for e in walkdir::WalkDir::new(dir)
+                        .follow_links(true)
+                        .into_iter()
+                        .filter_entry(|e| !skipped(e))
+                    {
+                        ok &= fingerprint(e, &mut found);
+                    }
+                    (found, ok)
                 })
-            {
-                let Ok(e) = e else {
-                    ok = false;
-                    continue;
-                };
-                let Some(p) = path_str(e.path()) else {
-                    ok = false;
-                    continue;
-                };
-                // Followed: the fingerprint of what a symlink points at.
-                let fp = e.metadata().map(|m| Fp::of_meta(&m)).unwrap_or(Fp::ABSENT);
-                inputs.push((p, fp));
+                .collect();
+            for (found, sub_ok) in walked {
+                inputs.extend(found);
+                ok &= sub_ok;
             }
         }
         for f in files {
@@ -444,25 +475,36 @@ impl Journal {
         // A set: a generate of many boxes skips a few paths in each.
         let skip_outputs: std::collections::HashSet<&Path> =
             skip_outputs.iter().map(PathBuf::as_path).collect();
-        for root in outputs {
-            for e in walkdir::WalkDir::new(root)
-                .into_iter()
-                .filter_entry(|e| !skip_outputs.contains(e.path()))
-            {
-                let (path, fp) = match e {
-                    Ok(e) => (e.path().to_path_buf(), Fp::of(e.path())),
-                    // A missing output root is recorded as absent.
-                    Err(_) => (root.clone(), Fp::ABSENT),
-                };
-                let Some(p) = path_str(&path) else {
-                    self.clear();
-                    return Ok(false);
-                };
-                let digest = (fp.is_file() && fp.changed_ns() > recorded_ns - self.racy_ns)
-                    .then(|| digest_of(&path))
-                    .flatten();
-                outs.push(OutputEntry(p, fp, digest));
-            }
+        // Each output root walked on its own (in parallel), in order.
+        let walked: Vec<Option<Vec<OutputEntry>>> = outputs
+            .par_iter()
+            .map(|root| {
+                let mut outs = Vec::new();
+                for e in walkdir::WalkDir::new(root)
+                    .into_iter()
+                    .filter_entry(|e| !skip_outputs.contains(e.path()))
+                {
+                    let (path, fp) = match e {
+                        Ok(e) => (e.path().to_path_buf(), Fp::of(e.path())),
+                        // A missing output root is recorded as absent.
+                        Err(_) => (root.clone(), Fp::ABSENT),
+                    };
+                    let p = path_str(&path)?;
+                    let digest = (fp.is_file() && fp.changed_ns() > recorded_ns - self.racy_ns)
+                        .then(|| digest_of(&path))
+                        .flatten();
+                    outs.push(OutputEntry(p, fp, digest));
+                }
+                Some(outs)
+            })
+            .collect();
+        for w in walked {
+            let Some(w) = w else {
+                // A path that is not UTF-8 cannot be recorded.
+                self.clear();
+                return Ok(false);
+            };
+            outs.extend(w);
         }
         self.write(&Entry {
             schema: JOURNAL_SCHEMA,

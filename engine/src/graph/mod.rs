@@ -498,13 +498,26 @@ impl<'a> Builder<'a> {
         if let Some(p) = self.plans.get(&b.name) {
             return Ok(p.clone());
         }
-        let mut plans = build_box_plans(self.p, b, &HostContext::default())?;
-        for pl in &mut plans {
-            pl.resolve_home(&b.user.home);
-        }
-        let plans: Vec<Arc<InstallPlan>> = plans.into_iter().map(Arc::new).collect();
+        let plans = compile_oci_plans(self.p, b)?;
         self.plans.insert(b.name.clone(), plans.clone());
         Ok(plans)
+    }
+
+    /// Compiles the plans of the named boxes in parallel (each box's are
+    /// compiled once; adding nodes then finds them). A box whose plans do
+    /// not compile is left to [`Builder::add`], which reports it.
+    pub fn prepare_plans(&mut self, names: &[String]) {
+        let p = self.p;
+        let todo: Vec<&ResolvedBox> = names
+            .iter()
+            .filter_map(|n| self.r.get(n))
+            .filter(|b| !self.plans.contains_key(&b.name))
+            .collect();
+        let done: Vec<(String, Vec<Arc<InstallPlan>>)> = todo
+            .par_iter()
+            .filter_map(|b| compile_oci_plans(p, b).ok().map(|v| (b.name.clone(), v)))
+            .collect();
+        self.plans.extend(done);
     }
 
     fn containerfile(&mut self, name: &str, prebuilt: bool) -> Result<NodeIndex, GraphError> {
@@ -828,6 +841,15 @@ impl<'a> Builder<'a> {
         }
         Ok(())
     }
+}
+
+/// A box's candies' plans for the oci target, home resolved.
+fn compile_oci_plans(p: &Project, b: &ResolvedBox) -> Result<Vec<Arc<InstallPlan>>, GraphError> {
+    let mut plans = build_box_plans(p, b, &HostContext::default())?;
+    for pl in &mut plans {
+        pl.resolve_home(&b.user.home);
+    }
+    Ok(plans.into_iter().map(Arc::new).collect())
 }
 
 /// How a layer's key inputs name the layer below it.
