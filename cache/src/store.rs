@@ -10,7 +10,7 @@
 //! (a lost root could let GC delete what a live deploy uses), so root changes
 //! are committed with `synchronous=FULL`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -405,18 +405,13 @@ impl Store {
     /// node is rebuilt and recorded afresh. A hit counts as an access for GC.
     pub fn get_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
         let hex = key.to_hex();
-        let row = self.with_conn(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
-                        created_unix, meta, last_access
-                 FROM records WHERE key = ?1",
-            )?;
-            match st.query_row([&hex], RecordRow::read).optional() {
-                Ok(row) => Ok(row.map(Ok)),
-                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
-                Err(e) => Err(e.into()),
-            }
-        })?;
+        let row = self.record_row(
+            "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
+                    created_unix, meta, last_access
+             FROM records WHERE key = ?1",
+            &hex,
+            RecordRow::read,
+        )?;
         let Some(row) = row else { return Ok(None) };
         let decoded = row.ok().and_then(|row| {
             let last_access = row.last_access;
@@ -426,16 +421,7 @@ impl Store {
             self.drop_undecodable_record(&hex)?;
             return Ok(None);
         };
-        if !rec.outputs.values().all(|o| self.has_blob(&o.digest)) {
-            return Ok(None);
-        }
-        let now = self.now();
-        if now >= last_access.saturating_add(ACCESS_RESOLUTION_SECS) {
-            self.queue_touch(|t| {
-                t.records.insert(*key, now);
-            })?;
-        }
-        Ok(Some(rec))
+        Ok(self.hit(key, &rec.outputs, last_access)?.then_some(rec))
     }
 
     /// Whether a usable record for `key` is present: what [`Store::get_record`]
@@ -444,32 +430,49 @@ impl Store {
     /// whose outputs do not decode is read (and dropped) as `get_record`
     /// does.
     pub fn has_record(&self, key: &NodeKey) -> Result<bool, CacheError> {
-        let hex = key.to_hex();
-        let row = self.with_conn(|c| {
-            let mut st =
-                c.prepare_cached("SELECT outputs, last_access FROM records WHERE key = ?1")?;
-            match st
-                .query_row([&hex], |r| {
-                    Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?)))
-                })
-                .optional()
-            {
-                Ok(row) => Ok(row.map(Ok)),
-                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
-                Err(e) => Err(e.into()),
-            }
-        })?;
+        let row = self.record_row(
+            "SELECT outputs, last_access FROM records WHERE key = ?1",
+            &key.to_hex(),
+            |r| Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?))),
+        )?;
         let Some(row) = row else { return Ok(false) };
         let outputs = row.ok().and_then(|(outputs, last_access)| {
-            serde_json::from_str::<std::collections::BTreeMap<String, crate::record::Output>>(
-                &outputs,
-            )
-            .ok()
-            .map(|o| (o, last_access))
+            serde_json::from_str::<BTreeMap<String, crate::record::Output>>(&outputs)
+                .ok()
+                .map(|o| (o, last_access))
         });
         let Some((outputs, last_access)) = outputs else {
             return Ok(self.get_record(key)?.is_some());
         };
+        self.hit(key, &outputs, last_access)
+    }
+
+    /// The row of the record `hex` read by `read` from `sql` (a `SELECT …
+    /// FROM records WHERE key = ?1`): `None` when there is none,
+    /// `Some(Err(()))` when a column does not hold the type it should.
+    fn record_row<T>(
+        &self,
+        sql: &str,
+        hex: &str,
+        read: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Option<Result<T, ()>>, CacheError> {
+        self.with_conn(
+            |c| match c.prepare_cached(sql)?.query_row([hex], read).optional() {
+                Ok(row) => Ok(row.map(Ok)),
+                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
+                Err(e) => Err(e.into()),
+            },
+        )
+    }
+
+    /// Whether a found record is a hit (every output blob present); a hit
+    /// counts as an access for GC.
+    fn hit(
+        &self,
+        key: &NodeKey,
+        outputs: &BTreeMap<String, crate::record::Output>,
+        last_access: u64,
+    ) -> Result<bool, CacheError> {
         if !outputs.values().all(|o| self.has_blob(&o.digest)) {
             return Ok(false);
         }

@@ -1252,39 +1252,14 @@ impl<'u> Reach<'u> {
             self.ord = Some(ord); // already in order
             return;
         }
-        // Forward from b within [lb, ub]; meeting a means a cycle.
-        let g = self.next_generation();
+        // What b reaches within [lb, ub] (meeting a means a cycle), and
+        // what reaches a within it.
         let mut forward = Vec::new();
-        self.stack.clear();
-        self.stack.push(ib);
-        self.seen[ib] = g;
-        while let Some(n) = self.stack.pop() {
-            forward.push(n);
-            for &m in &self.adj[n] {
-                if m == ia {
-                    return;
-                }
-                if self.seen[m] != g && ord[m] <= ub {
-                    self.seen[m] = g;
-                    self.stack.push(m);
-                }
-            }
+        if self.search(ib, false, Some(ia), |m| ord[m] <= ub, Some(&mut forward)) {
+            return;
         }
-        // Backward from a within [lb, ub].
-        let g = self.next_generation();
         let mut backward = Vec::new();
-        self.stack.clear();
-        self.stack.push(ia);
-        self.seen[ia] = g;
-        while let Some(n) = self.stack.pop() {
-            backward.push(n);
-            for &m in &self.radj[n] {
-                if self.seen[m] != g && ord[m] >= lb {
-                    self.seen[m] = g;
-                    self.stack.push(m);
-                }
-            }
-        }
+        self.search(ia, true, None, |m| ord[m] >= lb, Some(&mut backward));
         // What reaches a goes before what b reaches, in the positions they
         // held, each group keeping its relative order.
         backward.sort_unstable_by_key(|&n| ord[n]);
@@ -1305,25 +1280,45 @@ impl<'u> Reach<'u> {
         let (Some(&f), Some(&t)) = (self.idx.get(from), self.idx.get(to)) else {
             return false;
         };
-        let limit = match &self.ord {
-            Some(ord) if ord[f] > ord[t] => return false,
-            Some(ord) => Some(ord[t]),
-            None => None,
+        // Taken out for the search, put back after.
+        let ord = self.ord.take();
+        let found = match &ord {
+            Some(o) if o[f] > o[t] => false,
+            Some(o) => {
+                let limit = o[t];
+                self.search(f, false, Some(t), |m| o[m] < limit, None)
+            }
+            None => self.search(f, false, Some(t), |_| true, None),
         };
+        self.ord = ord;
+        found
+    }
+
+    /// Depth first from `from` along the edges (`backward`: against them),
+    /// entering only nodes `within` admits, listing them in `visited` when
+    /// given. Returns whether it met `stop` (and stopped there).
+    fn search(
+        &mut self,
+        from: usize,
+        backward: bool,
+        stop: Option<usize>,
+        within: impl Fn(usize) -> bool,
+        mut visited: Option<&mut Vec<usize>>,
+    ) -> bool {
         let g = self.next_generation();
+        let edges = if backward { &self.radj } else { &self.adj };
         self.stack.clear();
-        self.stack.push(f);
-        self.seen[f] = g;
+        self.stack.push(from);
+        self.seen[from] = g;
         while let Some(n) = self.stack.pop() {
-            for &m in &self.adj[n] {
-                if m == t {
+            if let Some(v) = visited.as_deref_mut() {
+                v.push(n);
+            }
+            for &m in &edges[n] {
+                if Some(m) == stop {
                     return true;
                 }
-                let within = match (&self.ord, limit) {
-                    (Some(ord), Some(l)) => ord[m] < l,
-                    _ => true,
-                };
-                if within && self.seen[m] != g {
+                if self.seen[m] != g && within(m) {
                     self.seen[m] = g;
                     self.stack.push(m);
                 }
