@@ -93,7 +93,7 @@ impl<'a> Engine<'a> {
             arch: self.opts.arch.clone(),
             remote: self.remote,
             obs: None,
-            hasher: Some(self.hasher),
+            hasher: self.hasher,
             present: None,
         }
     }
@@ -220,31 +220,25 @@ impl<'a> Engine<'a> {
         // Staged outside candies are shared by every box: a box directory
         // is only left alone when they are as the last run left them too.
         let memo = memo.filter(|m| m.dir_unchanged(&out_root.join(naming::LAYERS_DIR)));
-        let kept: std::collections::HashMap<NodeIndex, String> = match memo {
-            None => Default::default(),
-            Some(m) => graph
-                .goals
-                .par_iter()
-                .filter_map(|i| {
-                    let n = &graph.g[*i];
-                    let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
-                        return None;
-                    };
-                    let dir = naming::build_dir(box_name);
-                    (m.key_was(&n.id, &n.key) && m.dir_unchanged(&out_root.join(&dir)))
-                        .then_some((*i, dir))
-                })
-                .collect(),
-        };
         // Each box's directory is its own (and locked while written): they
         // are written in parallel, and listed in goal order.
         let dirs: Vec<(NodeIndex, String)> = graph
             .goals
             .par_iter()
-            .filter(|i| graph.g[**i].kind == crate::key::NodeKind::Containerfile)
-            .map(|i| match kept.get(i) {
-                Some(dir) => Ok((*i, dir.clone())),
-                None => exec::materialize(&ctx, graph, *i, out_root).map(|d| (*i, d)),
+            .filter_map(|i| {
+                let n = &graph.g[*i];
+                let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
+                    return None;
+                };
+                let dir = naming::build_dir(box_name);
+                let kept = memo.is_some_and(|m| {
+                    m.key_was(&n.id, &n.key) && m.dir_unchanged(&out_root.join(&dir))
+                });
+                Some(if kept {
+                    Ok((*i, dir))
+                } else {
+                    exec::materialize(&ctx, graph, *i, out_root).map(|d| (*i, d))
+                })
             })
             .collect::<Result<_, _>>()?;
         let mut written = Vec::new();
@@ -267,7 +261,7 @@ impl<'a> Engine<'a> {
 
     /// The candy directories (source, relative path) a self-contained
     /// build context of a Containerfile node carries.
-    fn context_candies<'n>(&self, n: &'n crate::graph::Node) -> Vec<(&'a Path, &'a str)> {
+    fn context_candies(&self, n: &crate::graph::Node) -> Vec<(&'a Path, &'a str)> {
         let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
             return Vec::new();
         };

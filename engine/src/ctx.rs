@@ -34,25 +34,13 @@ pub struct Ctx<'a> {
     /// Who hears how the run goes: nodes starting and ending, what their
     /// commands print.
     pub obs: Option<&'a dyn crate::sched::Observer>,
-    /// The stat cache, when the caller has one: build-directory files are
-    /// verified through it (a stat instead of a read per unchanged file).
-    pub hasher: Option<&'a crate::hash::FileHasher>,
-    /// Keys known to have records when the run started (asked of the
-    /// store for the whole graph at once, or left by the last run of the
-    /// same command: [`crate::journal::Memo`]): such a node is cached
-    /// without a lookup of its own.
+    /// The stat cache: build-directory files are verified through it (a
+    /// stat instead of a read per unchanged file).
+    pub hasher: &'a crate::hash::FileHasher,
+    /// Keys the last run of the same command left in the store
+    /// ([`crate::journal::Memo`]): such a node is cached without a lookup
+    /// of its own.
     pub present: Option<&'a std::collections::HashSet<charly_cache::NodeKey>>,
-}
-
-impl Ctx<'_> {
-    /// The blake3 hex digest of a file of `size` bytes, through the stat
-    /// cache when there is one.
-    pub fn digest_file(&self, path: &std::path::Path, size: u64) -> std::io::Result<String> {
-        match self.hasher {
-            Some(h) => h.digest(path),
-            None => crate::hash::hash_file(path, size),
-        }
-    }
 }
 
 /// Why a node failed.

@@ -606,10 +606,7 @@ fn materialize_record(
             outputs::file_path(name).is_none_or(|path| {
                 let p = root.join(path);
                 std::fs::metadata(&p).is_ok_and(|m| {
-                    m.len() == o.size
-                        && ctx
-                            .digest_file(&p, m.len())
-                            .is_ok_and(|d| d == o.digest.to_hex())
+                    m.len() == o.size && ctx.hasher.digest(&p).is_ok_and(|d| d == o.digest.to_hex())
                 })
             })
         })

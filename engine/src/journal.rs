@@ -118,7 +118,7 @@ impl OutputEntry {
 /// in proportion to the change.
 pub struct Memo {
     present: std::collections::HashSet<charly_cache::NodeKey>,
-    keys: std::collections::HashMap<String, String>,
+    keys: std::collections::HashMap<String, charly_cache::NodeKey>,
     /// Output entries sorted by path (a directory's entries follow it).
     outputs: Vec<OutputEntry>,
 }
@@ -130,8 +130,8 @@ impl Memo {
         for (id, _, hex) in e.outcome.nodes {
             if let Ok(k) = hex.parse::<charly_cache::NodeKey>() {
                 present.insert(k);
+                keys.insert(id, k);
             }
-            keys.insert(id, hex);
         }
         let mut outputs = e.outputs;
         outputs.sort_by(|a, b| a.0.cmp(&b.0));
@@ -142,20 +142,15 @@ impl Memo {
         }
     }
 
-    /// Whether the store held a record for `key` at the end of the last
-    /// run (and, the epoch being the same, still does).
-    pub fn present(&self, key: &charly_cache::NodeKey) -> bool {
-        self.present.contains(key)
-    }
-
-    /// Every key [`Memo::present`] answers yes for.
+    /// The keys the store held records for at the end of the last run
+    /// (and, the epoch being the same, still does).
     pub fn present_keys(&self) -> &std::collections::HashSet<charly_cache::NodeKey> {
         &self.present
     }
 
     /// Whether node `id` had `key` in the last run.
     pub fn key_was(&self, id: &str, key: &charly_cache::NodeKey) -> bool {
-        self.keys.get(id).map(String::as_str) == Some(key.to_hex().as_str())
+        self.keys.get(id) == Some(key)
     }
 
     /// Whether the output `dir` the last run left is exactly as it was
@@ -352,8 +347,7 @@ impl Journal {
         if e.epoch != charly_cache::read_epoch(&self.store_dir) {
             return Err((Miss::StoreEpoch, None));
         }
-        let miss = self.changed(&e);
-        if let Some(m) = miss {
+        if let Some(m) = self.changed(&e) {
             return Err((m, Some(Box::new(Memo::of(e)))));
         }
         // Outputs verified by content that are now old enough to trust by
@@ -776,7 +770,7 @@ mod tests {
         let (_, memo) = j.check_or_memo().unwrap_err();
         let memo = memo.expect("a memo of the unreplayable run");
         let key: charly_cache::NodeKey = outcome().nodes[0].2.parse().expect("key");
-        assert!(memo.present(&key));
+        assert!(memo.present_keys().contains(&key));
         assert!(memo.key_was(&outcome().nodes[0].0, &key));
         assert!(!memo.key_was("fragment:other", &key));
 

@@ -801,8 +801,9 @@ impl<'a> Builder<'a> {
         }
         drop(_t);
         let _t = crate::timings::phase("graph: other keys");
-        // A node's own inputs do not depend on other keys: computed in
-        // parallel, then chained to their dependencies' keys in order.
+        // A node's own inputs do not depend on other keys (but for a
+        // builder stage's image, set below): computed in parallel, then
+        // chained to their dependencies' keys in order.
         let others: Vec<NodeIndex> = order
             .iter()
             .copied()
