@@ -135,7 +135,7 @@ prepare() {
     grep -q "generate: ${nodes#nodes=} nodes" "$OUT/cold-$size.txt" \
         || { echo "compare.sh: charly's graph is not the generator's (${nodes})" >&2; exit 1; }
     local edges
-    edges=$(grep -c '^build .ninja/' "$dir/build.ninja")
+    edges=$(grep -c '^build .build/ninja/' "$dir/build.ninja")
     [ "$edges" = "${nodes#nodes=}" ] \
         || { echo "compare.sh: build.ninja has $edges edges, charly $nodes" >&2; exit 1; }
     # The no-op journal trusts no file changed in the last 2 s: let the
@@ -185,8 +185,8 @@ fi
 if [ -d "$WORK/p$A" ]; then
     # A config file of a candy that 2-6 boxes install (not a hub): the
     # first such candy by name.
-    read -r c cand users < <(awk '/^build \.ninja\/frag\// {
-            split($2, a, "/"); c = a[4]; sub(":$", "", c); n[c]++
+    read -r c cand users < <(awk '/^build \.build\/ninja\/frag\// {
+            split($2, a, "/"); c = a[5]; sub(":$", "", c); n[c]++
             for (i = 5; i <= NF; i++) if ($i ~ ("^candy/" c "/files/")) f[c] = $i
         }
         END { for (c in n) if ((c in f) && n[c] >= 2 && n[c] <= 6) print c, f[c], n[c] }' \
