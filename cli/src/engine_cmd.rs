@@ -224,6 +224,11 @@ fn replay_generate(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A scoped thread's result; its panic goes on in this thread.
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
 /// `box generate` on the engine.
 pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
@@ -256,12 +261,28 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         None => {}
     }
     drop(t);
-    let t = charly_engine::timings::phase("journal: begin");
-    let recorder = journal
-        .as_ref()
-        .map(|(j, scope)| j.begin(&scope.roots, &scope.files, &scope.skip));
-    drop(t);
-    let o = project::open_at(cli, root)?;
+    // The project loads on this thread while others fingerprint the inputs
+    // (from a start taken before anything is read) and open the store: none
+    // of the three needs another's result.
+    let started = journal.as_ref().map(|(j, _)| j.start());
+    let (recorder, o, opened) = std::thread::scope(|s| {
+        let walk = s.spawn(|| {
+            let _t = charly_engine::timings::phase("journal: begin");
+            journal.as_ref().zip(started).map(|((j, scope), st)| {
+                j.fingerprint_inputs(st, &scope.roots, &scope.files, &scope.skip)
+            })
+        });
+        let store = s.spawn(|| {
+            let t = charly_engine::timings::phase("store: open");
+            let store = open_store(cli)?;
+            drop(t);
+            let hasher = stat_cache(&store);
+            anyhow::Ok((store, hasher))
+        });
+        let o = project::open_at(cli, root);
+        (join(walk), o, join(store))
+    });
+    let o = o?;
     let t = charly_engine::timings::phase("select");
     let (names, warnings) =
         select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
@@ -269,11 +290,8 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if a.stdout && names.len() != 1 {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
-    let t = charly_engine::timings::phase("store: open");
-    let store = open_store(cli)?;
-    drop(t);
+    let (store, hasher) = opened?;
     let _notes = StoreNotes(&store);
-    let hasher = stat_cache(&store);
     let remote = open_remote_cache(cli)?;
     let engine = engine(
         &o,
@@ -342,8 +360,8 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let ignore = o.project.root.join(".containerignore");
     let had_ignore = ignore.exists();
-    let written =
-        engine.write_build_dirs_with_memo(&graph, &out_root, a.out.is_some(), memo.as_deref())?;
+    let (written, kept) =
+        engine.write_build_dirs_keeping(&graph, &out_root, a.out.is_some(), memo.as_deref())?;
     if !had_ignore && ignore.exists() && !a.run.quiet {
         output::note(
             "wrote .containerignore and .dockerignore: podman and docker read them when they build \
@@ -370,7 +388,12 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;
-        if let Err(e) = j.record(rec, &outputs, &skip, outcome) {
+        let kept: Vec<PathBuf> = kept
+            .iter()
+            .map(|d| charly_engine::journal::normalize(d))
+            .collect();
+        let reuse = memo.as_deref().map(|m| (m, kept.as_slice()));
+        if let Err(e) = j.record_reusing(rec, &outputs, &skip, outcome, reuse) {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
     }

@@ -214,6 +214,21 @@ impl<'a> Engine<'a> {
         self_contained: bool,
         memo: Option<&crate::journal::Memo>,
     ) -> Result<Vec<PathBuf>, EngineError> {
+        self.write_build_dirs_keeping(graph, out_root, self_contained, memo)
+            .map(|(written, _)| written)
+    }
+
+    /// [`Engine::write_build_dirs_with_memo`], also returning the box
+    /// directories the memo showed untouched (left as they were, not
+    /// rewritten): the journal's record takes their fingerprints from the
+    /// memo instead of walking them again.
+    pub fn write_build_dirs_keeping(
+        &self,
+        graph: &Graph,
+        out_root: &Path,
+        self_contained: bool,
+        memo: Option<&crate::journal::Memo>,
+    ) -> Result<(Vec<PathBuf>, Vec<PathBuf>), EngineError> {
         let _t = crate::timings::phase("write build dirs");
         let ctx = self.ctx(out_root);
         exec::sweep_shared(out_root);
@@ -222,7 +237,7 @@ impl<'a> Engine<'a> {
         let memo = memo.filter(|m| m.dir_unchanged(&out_root.join(naming::LAYERS_DIR)));
         // Each box's directory is its own (and locked while written): they
         // are written in parallel, and listed in goal order.
-        let dirs: Vec<(NodeIndex, String)> = graph
+        let dirs: Vec<(NodeIndex, String, bool)> = graph
             .goals
             .par_iter()
             .filter_map(|i| {
@@ -235,14 +250,18 @@ impl<'a> Engine<'a> {
                     m.key_was(&n.id, &n.key) && m.dir_unchanged(&out_root.join(&dir))
                 });
                 Some(if kept {
-                    Ok((*i, dir))
+                    Ok((*i, dir, true))
                 } else {
-                    exec::materialize(&ctx, graph, *i, out_root).map(|d| (*i, d))
+                    exec::materialize(&ctx, graph, *i, out_root).map(|d| (*i, d, false))
                 })
             })
             .collect::<Result<_, _>>()?;
         let mut written = Vec::new();
-        for (i, dir) in dirs {
+        let mut kept_dirs = Vec::new();
+        for (i, dir, kept) in dirs {
+            if kept {
+                kept_dirs.push(out_root.join(&dir));
+            }
             written.push(out_root.join(&dir).join("Containerfile"));
             if self_contained && out_root != self.project.root {
                 for (src, rel) in self.context_candies(&graph.g[i]) {
@@ -256,7 +275,7 @@ impl<'a> Engine<'a> {
                 .map_err(|e| exec::ExecError::Io(e.to_string()))?;
         }
         let _ = self.hasher.save();
-        Ok(written)
+        Ok((written, kept_dirs))
     }
 
     /// The candy directories (source, relative path) a self-contained

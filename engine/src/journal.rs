@@ -94,7 +94,7 @@ impl Fp {
 
 /// One output file or directory: fingerprint, and the content digest while
 /// the fingerprint is too recent to trust.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct OutputEntry(String, Fp, Option<String>);
 
 impl OutputEntry {
@@ -158,24 +158,29 @@ impl Memo {
     /// added or removed entry changes the directory's own fingerprint; an
     /// output the last run recorded as absent must still be absent).
     pub fn dir_unchanged(&self, dir: &Path) -> bool {
-        let Some(d) = path_str(&normalize(dir)) else {
-            return false;
-        };
-        // The directory itself, then everything below it: entries starting
-        // with `d/` are contiguous in sorted order (but not adjacent to `d`:
-        // `d-x` sorts between them).
-        let Ok(at) = self.outputs.binary_search_by(|o| o.0.as_str().cmp(&d)) else {
-            return false;
-        };
+        self.entries_of(dir)
+            .is_some_and(|mut es| es.all(OutputEntry::unchanged))
+    }
+
+    /// The recorded entries of output `dir`: the directory itself, then
+    /// everything below it (None when the directory was not recorded).
+    fn entries_of(&self, dir: &Path) -> Option<impl Iterator<Item = &OutputEntry>> {
+        let d = path_str(&normalize(dir))?;
+        // Entries starting with `d/` are contiguous in sorted order (but not
+        // adjacent to `d`: `d-x` sorts between them).
+        let at = self
+            .outputs
+            .binary_search_by(|o| o.0.as_str().cmp(&d))
+            .ok()?;
         let prefix = format!("{d}/");
         let start = self.outputs.partition_point(|o| o.0 < prefix);
-        std::iter::once(&self.outputs[at])
-            .chain(
+        Some(
+            std::iter::once(&self.outputs[at]).chain(
                 self.outputs[start..]
                     .iter()
-                    .take_while(|o| o.0.starts_with(&prefix)),
-            )
-            .all(OutputEntry::unchanged)
+                    .take_while(move |o| o.0.starts_with(&prefix)),
+            ),
+        )
     }
 }
 
@@ -390,8 +395,30 @@ impl Journal {
     /// `files`. The epoch is read first, so a deletion during the run
     /// invalidates what it records.
     pub fn begin(&self, roots: &[PathBuf], files: &[PathBuf], skip: &[PathBuf]) -> Recorder {
-        let epoch = charly_cache::read_epoch(&self.store_dir);
-        let started_ns = now_ns();
+        self.fingerprint_inputs(self.start(), roots, files, skip)
+    }
+
+    /// The moment a full run starts: the store's epoch and the time, taken
+    /// before the run reads anything. [`Journal::fingerprint_inputs`] may
+    /// then walk the inputs while the run already reads them (on another
+    /// thread): a file changed after this moment has a change time inside
+    /// the racy window, so the entry is never replayed.
+    pub fn start(&self) -> Started {
+        Started {
+            epoch: charly_cache::read_epoch(&self.store_dir),
+            started_ns: now_ns(),
+        }
+    }
+
+    /// [`Journal::begin`] from a [`Journal::start`] taken earlier.
+    pub fn fingerprint_inputs(
+        &self,
+        started: Started,
+        roots: &[PathBuf],
+        files: &[PathBuf],
+        skip: &[PathBuf],
+    ) -> Recorder {
+        let Started { epoch, started_ns } = started;
         let mut inputs = Vec::new();
         let mut ok = true;
         let skipped = |e: &walkdir::DirEntry| {
@@ -464,6 +491,22 @@ impl Journal {
         skip_outputs: &[PathBuf],
         outcome: Outcome,
     ) -> std::io::Result<bool> {
+        self.record_reusing(rec, outputs, skip_outputs, outcome, None)
+    }
+
+    /// [`Journal::record`], taking the entries of the output directories
+    /// in `reuse.1` from the memo instead of walking them: the caller found
+    /// them unchanged ([`Memo::dir_unchanged`]) during this run and left
+    /// them alone. A change made to one since is still seen by the next
+    /// run: its fingerprint differs from the one recorded.
+    pub fn record_reusing(
+        &self,
+        rec: Recorder,
+        outputs: &[PathBuf],
+        skip_outputs: &[PathBuf],
+        outcome: Outcome,
+        reuse: Option<(&Memo, &[PathBuf])>,
+    ) -> std::io::Result<bool> {
         let recorded_ns = now_ns();
         let mut outs = Vec::new();
         // A set: a generate of many boxes skips a few paths in each.
@@ -473,6 +516,12 @@ impl Journal {
         let walked: Vec<Option<Vec<OutputEntry>>> = outputs
             .par_iter()
             .map(|root| {
+                if let Some((memo, kept)) = reuse
+                    && kept.contains(root)
+                    && let Some(es) = memo.entries_of(root)
+                {
+                    return Some(es.cloned().collect());
+                }
                 let mut outs = Vec::new();
                 for e in walkdir::WalkDir::new(root)
                     .into_iter()
@@ -513,6 +562,13 @@ impl Journal {
         })?;
         Ok(rec.usable)
     }
+}
+
+/// When a full run started ([`Journal::start`]).
+#[derive(Debug, Clone)]
+pub struct Started {
+    epoch: String,
+    started_ns: i64,
 }
 
 /// Input fingerprints taken before a full run ([`Journal::begin`]).
@@ -827,6 +883,36 @@ mod tests {
         // After a deletion from the store nothing is trusted.
         store.gc(u64::MAX).expect("gc");
         assert!(j.check_or_memo().unwrap_err().1.is_none());
+    }
+
+    #[test]
+    fn a_kept_output_dir_is_recorded_from_the_memo_and_still_checked() {
+        let f = Fix::new();
+        let j = f.recorded();
+        let walked = j.read().expect("entry").outputs;
+        std::fs::write(f.proj.join("candy/a/charly.yml"), "candy: b\n").expect("edit");
+        let memo = j.check_or_memo().unwrap_err().1.expect("memo");
+        assert!(memo.dir_unchanged(&f.out));
+        // The next run keeps the directory: its entries come from the memo
+        // and equal what a walk records.
+        let scope = Scope::project(&f.proj, &[], &f.store);
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        let kept = [normalize(&f.out)];
+        assert!(
+            j.record_reusing(
+                rec,
+                std::slice::from_ref(&kept[0]),
+                &[],
+                outcome(),
+                Some((&memo, &kept[..]))
+            )
+            .expect("record")
+        );
+        assert_eq!(j.read().expect("entry").outputs, walked);
+        j.check().expect("replay");
+        // A change to the kept directory after the record is still seen.
+        std::fs::write(f.out.join("Containerfile"), "FROM z\n").expect("edit output");
+        assert!(matches!(j.check().unwrap_err(), Miss::Output(_)));
     }
 
     #[test]
