@@ -21,7 +21,7 @@ use crate::model::project::{KIND_KEYS, LEGACY_KEYS, ROOT_KEYS};
 use crate::model::{BoxDef, Candy, Defaults, DiscoverItem, ImportItem, RootDoc, Vocab};
 use crate::source::{FileId, SourceMap, Span};
 use crate::yaml::{self, Node, Spanned};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -305,6 +305,8 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
         opts,
         in_progress: Vec::new(),
         loaded_dirs: BTreeMap::new(),
+        prefetched: HashMap::new(),
+        listed: HashMap::new(),
     };
     if l.load_namespace(&root, String::new(), None, None).is_none() {
         // The root file is unusable (read_docs diagnosed why). Namespace 0
@@ -328,7 +330,25 @@ struct Loader<'o> {
     in_progress: Vec<(NsId, Option<String>)>,
     /// Canonical dir → namespace (memoization).
     loaded_dirs: BTreeMap<PathBuf, NsId>,
+    /// Manifests read and parsed ahead, in parallel ([`Loader::prefetch`]),
+    /// and the listings of their directories: taken by the first use.
+    prefetched: HashMap<PathBuf, Prefetched>,
+    listed: HashMap<PathBuf, Listing>,
 }
+
+/// A manifest read and parsed ahead of its registration: its text and its
+/// documents, whose spans name [`PROVISIONAL`] until they are registered.
+struct Prefetched {
+    text: Arc<str>,
+    docs: Vec<Node>,
+}
+
+/// What a candy directory holds: its files, and the small manifests among
+/// them with their text ([`list_files`], [`read_small_manifests`]).
+type Listing = (BTreeSet<String>, BTreeMap<String, String>);
+
+/// The file id of a tree parsed before its file had one.
+const PROVISIONAL: FileId = FileId(u32::MAX);
 
 /// One document, classified.
 enum Doc {
@@ -351,6 +371,59 @@ impl Loader<'_> {
 
     /// Reads and parses a file. `None` when it cannot be used (diagnosed).
     fn read_docs(&mut self, path: &Path, at: Option<Span>) -> Option<(FileId, Vec<Node>)> {
+        let parsed = match self.prefetched.remove(path) {
+            Some(Prefetched { text, mut docs }) => {
+                let id = self
+                    .p
+                    .sources
+                    .add(path.to_path_buf(), self.rel_of(path), text);
+                docs.iter_mut().for_each(|d| d.set_file(id));
+                (id, Ok(docs))
+            }
+            None => self.read_and_parse(path, at)?,
+        };
+        let (id, docs) = parsed;
+        let rel = self.p.sources.rel(id).to_string();
+        match docs {
+            Ok(docs) => {
+                if docs.iter().all(Node::is_null) {
+                    let at = Span {
+                        file: id,
+                        line: 1,
+                        col: 1,
+                        ..Span::default()
+                    };
+                    if path == self.p.root.join("charly.yml") {
+                        // An empty project file is no project: without it the
+                        // commands would act on "no boxes" and succeed.
+                        self.p.root_unusable = true;
+                        self.diag(Diagnostic::error(at, format!("{rel} is empty")).with_hint(
+                            format!("a project file needs at least `version: {SCHEMA_VERSION}`"),
+                        ));
+                    } else {
+                        self.diag(Diagnostic::warning(
+                            at,
+                            format!("{rel} is empty; it defines nothing"),
+                        ));
+                    }
+                }
+                Some((id, docs))
+            }
+            Err(d) => {
+                self.diag(d);
+                None
+            }
+        }
+    }
+
+    /// Reads a file, registers its text and parses it. `None` when it
+    /// cannot be read or is no text (diagnosed).
+    #[allow(clippy::type_complexity)]
+    fn read_and_parse(
+        &mut self,
+        path: &Path,
+        at: Option<Span>,
+    ) -> Option<(FileId, Result<Vec<Node>, Diagnostic>)> {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) => {
@@ -409,38 +482,39 @@ impl Loader<'_> {
                 return None;
             }
         };
-        let id = self
-            .p
-            .sources
-            .add(path.to_path_buf(), rel.clone(), text.clone());
-        match yaml::parse_stream(id, &text) {
-            Ok(docs) => {
-                if docs.iter().all(Node::is_null) {
-                    let at = Span {
-                        file: id,
-                        line: 1,
-                        col: 1,
-                        ..Span::default()
-                    };
-                    if path == self.p.root.join("charly.yml") {
-                        // An empty project file is no project: without it the
-                        // commands would act on "no boxes" and succeed.
-                        self.p.root_unusable = true;
-                        self.diag(Diagnostic::error(at, format!("{rel} is empty")).with_hint(
-                            format!("a project file needs at least `version: {SCHEMA_VERSION}`"),
-                        ));
-                    } else {
-                        self.diag(Diagnostic::warning(
-                            at,
-                            format!("{rel} is empty; it defines nothing"),
-                        ));
-                    }
-                }
-                Some((id, docs))
+        let id = self.p.sources.add(path.to_path_buf(), rel, text.clone());
+        Some((id, yaml::parse_stream(id, &text)))
+    }
+
+    /// Reads and parses `manifests` ahead, in parallel, with the listings
+    /// of their directories: [`Loader::read_docs`] and
+    /// [`Loader::add_candy`] then take them in order, so file ids,
+    /// diagnostics and the model are what a sequential load gives. A file
+    /// that cannot be read or parsed is left to `read_docs` to diagnose.
+    fn prefetch(&mut self, manifests: &[PathBuf]) {
+        use rayon::prelude::*;
+        let ahead: Vec<_> = manifests
+            .par_iter()
+            .map(|m| {
+                let parsed = std::fs::read(m).ok().and_then(|bytes| {
+                    let text: Arc<str> = Arc::from(yaml::check_text(&bytes).ok()?);
+                    let docs = yaml::parse_stream(PROVISIONAL, &text).ok()?;
+                    Some(Prefetched { text, docs })
+                });
+                let listing = m.parent().map(|d| {
+                    let files = list_files(d);
+                    let small = read_small_manifests(d, &files);
+                    (d.to_path_buf(), (files, small))
+                });
+                (m.clone(), parsed, listing)
+            })
+            .collect();
+        for (m, parsed, listing) in ahead {
+            if let Some(p) = parsed {
+                self.prefetched.insert(m, p);
             }
-            Err(d) => {
-                self.diag(d);
-                None
+            if let Some((d, l)) = listing {
+                self.listed.insert(d, l);
             }
         }
     }
@@ -785,8 +859,11 @@ impl Loader<'_> {
             }
             return key;
         }
-        let files = list_files(dir);
-        let small_files = read_small_manifests(dir, &files);
+        let (files, small_files) = self.listed.remove(dir).unwrap_or_else(|| {
+            let files = list_files(dir);
+            let small = read_small_manifests(dir, &files);
+            (files, small)
+        });
         let localpkg_sources = find_localpkg_sources(&def, dir, &self.p.root);
         let rel_dir = dir.strip_prefix(&self.p.root).ok().map(unix);
         self.p.candies.insert(
@@ -1142,6 +1219,7 @@ impl Loader<'_> {
                 }
             }
         }
+        self.prefetch(&manifests);
         for m in manifests {
             let Some((fid, docs)) = self.read_docs(&m, None) else {
                 continue;

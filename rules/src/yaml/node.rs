@@ -50,6 +50,20 @@ pub enum Value {
 }
 
 impl Node {
+    /// Moves the node and everything in it to `file` (a tree parsed ahead,
+    /// under a provisional id, before its file was registered).
+    pub fn set_file(&mut self, file: FileId) {
+        self.span.file = file;
+        match &mut self.value {
+            Value::Scalar(..) => {}
+            Value::Seq(items) => items.iter_mut().for_each(|n| n.set_file(file)),
+            Value::Map(entries) => entries.iter_mut().for_each(|(k, v)| {
+                k.set_file(file);
+                v.set_file(file);
+            }),
+        }
+    }
+
     /// Whether this is a plain null (`~`, `null`, or nothing).
     pub fn is_null(&self) -> bool {
         matches!(&self.value, Value::Scalar(s, Style::Plain) if is_null_text(s))
