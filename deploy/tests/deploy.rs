@@ -5,7 +5,7 @@
 use charly_cache::Store;
 use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger, StepState};
 use charly_deploy::local::LocalHost;
-use charly_deploy::mem::{MemHost, Response};
+use charly_deploy::mem::{MemHost, MemNode, Response};
 use charly_deploy::source::StoreArtifacts;
 use charly_deploy::walk::{self, Artifacts, Options, TargetUser, WalkError};
 use charly_engine::api::Engine;
@@ -696,4 +696,169 @@ fn removing_a_unit_file_reloads_systemd_afterwards() {
         .unwrap_or_else(|| panic!("no reload in {after:#?}"));
     assert!(rm < reload, "{after:#?}");
     assert_eq!(host.files, original.files);
+}
+
+/// A packaged service's undo restores the state the host had before the
+/// deploy, read at apply time: enabled and running stays so, enabled but
+/// stopped is only stopped again, running but not enabled is only disabled,
+/// neither is disabled and stopped.
+#[test]
+fn removing_a_packaged_service_restores_its_prior_state() {
+    let (p, r) = open();
+    let cases = [
+        ("enabled active", None),
+        ("enabled inactive", Some("systemctl stop sshd.service")),
+        ("disabled active", Some("systemctl disable sshd.service")),
+        (
+            "disabled inactive",
+            Some("systemctl disable --now sshd.service"),
+        ),
+        ("", Some("systemctl disable --now sshd.service")),
+    ];
+    for (prior, undo) in cases {
+        let mut plan = plan(&p, &r);
+        plan.steps = vec![charly_rules::plan::InstallStep {
+            candy: "ssh".into(),
+            kind: charly_rules::plan::StepKind::ServicePackaged,
+            scope: charly_rules::plan::Scope::System,
+            venue: charly_rules::plan::Venue::HostNative,
+            gate: charly_rules::plan::Gate::None,
+            phase: None,
+            reverse: Vec::new(),
+            data: charly_rules::plan::StepData::ServicePackaged(
+                charly_rules::plan::ServicePackagedStep {
+                    name: "sshd".into(),
+                    unit: "sshd.service".into(),
+                    enable: true,
+                },
+            ),
+        }];
+        let mut host = MemHost::new("user", 1000);
+        host.on("is-enabled", Response::ok(&format!("{prior}\n")));
+        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        walk::apply(
+            &mut host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                target: Target::Vm,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+        .expect("apply");
+        assert!(
+            host.commands()
+                .iter()
+                .any(|c| c.contains("systemctl enable --now sshd.service")),
+            "{:#?}",
+            host.log
+        );
+        let n = host.log.len();
+        walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+        let after: Vec<&str> = host.log[n..]
+            .iter()
+            .filter_map(|l| l.strip_prefix("run "))
+            .filter(|l| l.contains("systemctl"))
+            .collect();
+        match undo {
+            None => assert!(after.is_empty(), "{prior}: {after:#?}"),
+            Some(cmd) => assert!(
+                after.len() == 1 && after[0].contains(cmd),
+                "{prior}: expected `{cmd}`, ran {after:#?}"
+            ),
+        }
+    }
+}
+
+/// A local package installs with its format's own install template and
+/// glob (an Arch package is `*.pkg.tar.zst`, not `*.pac`), and the format's
+/// probe gates it: a host without the package manager is refused before
+/// anything is staged.
+#[test]
+fn local_packages_install_with_the_formats_template_behind_its_probe() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep::local_pkg(
+        "hello",
+        charly_rules::plan::LocalPkgStep {
+            format: "pac".into(),
+            source: "pkg/arch".into(),
+            glob: "*.pkg.tar.zst".into(),
+            install_template: Some("pacman -U --noconfirm {{.StageDir}}/{{.Glob}}\n".into()),
+            probe: Some("command -v pacman".into()),
+        },
+    )];
+    struct ArchPkgs;
+    impl Artifacts for ArchPkgs {
+        fn builder_tar(&self, _: &str, _: &str) -> Result<Vec<u8>, String> {
+            Err("no artifacts".into())
+        }
+        fn local_packages(&self, _: &str, f: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+            assert_eq!(f, "pac");
+            Ok(vec![(
+                "hello-1.0-1-any.pkg.tar.zst".into(),
+                b"zst".to_vec(),
+            )])
+        }
+        fn candy_file(&self, _: &str, _: &str) -> Result<Vec<u8>, String> {
+            Err("no files".into())
+        }
+    }
+    let run = |host: &mut MemHost| {
+        let user = walk::resolve_user(host, "user", &plan).expect("user");
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        walk::apply(
+            host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &ArchPkgs,
+            &Options {
+                target: Target::Vm,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+    };
+    let tmp = || MemNode::Dir { mode: 0o1777 };
+    let mut host = MemHost::new("user", 1000);
+    host.files.insert("/tmp".into(), tmp());
+    host.binaries.insert("pacman".into());
+    host.on("pacman -Qqp", Response::ok("hello\n"));
+    host.on("pacman -Q -- hello", Response::ok("hello 1.0-1\n"));
+    run(&mut host).expect("apply");
+    let install = host
+        .commands()
+        .into_iter()
+        .find(|c| c.contains("pacman -U"))
+        .unwrap_or_else(|| panic!("no install in {:#?}", host.log))
+        .to_string();
+    assert!(
+        install.contains("/tmp/charly-pkgs-b-") && install.contains("/*.pkg.tar.zst"),
+        "{install}"
+    );
+    assert!(!install.contains("*.pac"), "{install}");
+
+    // No pacman: the probe fails, nothing is written.
+    let mut host = MemHost::new("user", 1000);
+    host.files.insert("/tmp".into(), tmp());
+    host.on("command -v pacman", Response::fail(1, ""));
+    let err = run(&mut host).expect_err("probe gates").to_string();
+    assert!(
+        err.contains("cannot install pac packages") && err.contains("command -v pacman"),
+        "{err}"
+    );
+    assert!(
+        !host.log.iter().any(|l| l.starts_with("write ")),
+        "{:#?}",
+        host.log
+    );
 }

@@ -268,3 +268,34 @@ fn merged_plans_keep_candy_boundaries() {
         }
     }
 }
+
+/// A local package step carries what its format's `local_pkg` block says
+/// (glob, install template, probe): a host walker installs from it, never
+/// from a glob guessed from the format's name (`*.pac`).
+#[test]
+fn local_packages_carry_their_formats_install_template_glob_and_probe() {
+    let (_t, p, r) = with_boxes(&[(
+        "lp",
+        "box:\n  name: lp\n  base: cachyos.cachyos\n  candy: [charly]\n",
+    )]);
+    let pl = plan(&p, &r, "lp", "charly", Target::Vm);
+    let l = pl
+        .steps
+        .iter()
+        .find_map(|s| match &s.data {
+            StepData::LocalPkgInstall(l) => Some(l),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no local package step in {:#?}", pl.steps));
+    assert_eq!(
+        (l.format.as_str(), l.source.as_str(), l.glob.as_str()),
+        ("pac", "pkg/arch", "*.pkg.tar.zst")
+    );
+    assert!(
+        l.install_template
+            .as_deref()
+            .is_some_and(|t| t.contains("pacman -U") && t.contains("{{.Glob}}")),
+        "{l:?}"
+    );
+    assert_eq!(l.probe.as_deref(), Some("command -v pacman"));
+}

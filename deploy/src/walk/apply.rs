@@ -387,26 +387,79 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
         );
     }
     if !cx.dry() {
-        cx.undo(
-            &Undo::Run {
-                what: format!("{} {unit}", if enable { "disable" } else { "stop" }),
-                // A started (generated, e.g. quadlet) unit cannot be disabled.
-                script: if enable {
-                    format!("systemctl{user_flag} disable --now {u}")
-                } else {
-                    format!("systemctl{user_flag} stop {u}")
-                },
+        // What the unit was before, so the undo restores exactly that: a
+        // unit the host had enabled (a packaged service) stays enabled.
+        let mut q = Cmd::sh(format!(
+            "e=$(systemctl{user_flag} is-enabled {u} 2>/dev/null); \
+             a=$(systemctl{user_flag} is-active {u} 2>/dev/null); echo \"$e $a\""
+        ));
+        q.privileged = c.privileged;
+        q.as_user = c.as_user.clone();
+        q.env = c.env.clone();
+        let prior = PriorState::parse(&cx.run(q, &format!("read the state of {unit}"))?);
+        let undo = match prior.undo(enable) {
+            Some((what, verb)) => Undo::Run {
+                what: format!("{what} {unit}"),
+                script: format!("systemctl{user_flag} {verb} {u}"),
                 privileged: sys,
                 as_user: (!sys).then(|| cx.user.name.clone()),
                 env: c.env.clone(),
                 ignore_failure: true,
             },
-            &[],
-        )?;
+            None => Undo::Note {
+                text: format!(
+                    "{unit} was already {} before the deploy; left as it was",
+                    if enable {
+                        "enabled and running"
+                    } else {
+                        "running"
+                    }
+                ),
+            },
+        };
+        cx.undo(&undo, &[])?;
     }
     cx.run(c, &format!("enable {unit}"))?;
     cx.changed();
     Ok(())
+}
+
+/// A unit's state before a step enabled or started it (`systemctl
+/// is-enabled` and `is-active`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PriorState {
+    enabled: bool,
+    active: bool,
+}
+
+impl PriorState {
+    /// From `"<is-enabled> <is-active>"` (either word may be missing: a
+    /// unit systemd does not know is neither).
+    fn parse(out: &str) -> PriorState {
+        let mut w = out.split_whitespace();
+        let enabled = w.next().unwrap_or_default();
+        let active = w.next().unwrap_or_default();
+        PriorState {
+            // `enabled-runtime` is gone after a reboot: the deploy's
+            // `enable` made it persistent, which the undo takes back.
+            enabled: enabled == "enabled",
+            active: active == "active" || active == "reloading" || active == "activating",
+        }
+    }
+
+    /// What undoes `enable --now` (or `start`) from this state: (what,
+    /// systemctl verb), or None when the unit was already as the step
+    /// leaves it.
+    fn undo(self, enable: bool) -> Option<(&'static str, &'static str)> {
+        match (enable, self.enabled, self.active) {
+            (true, true, true) | (false, _, true) => None,
+            // A started unit (generated, e.g. by quadlet) cannot be
+            // disabled, only stopped.
+            (true, true, false) | (false, _, false) => Some(("stop", "stop")),
+            (true, false, true) => Some(("disable", "disable")),
+            (true, false, false) => Some(("disable", "disable --now")),
+        }
+    }
 }
 
 /// Reboots the target and waits (up to the step timeout) until it answers
@@ -568,6 +621,18 @@ fn local_pkg_step(
     l: &charly_rules::plan::LocalPkgStep,
     arts: &dyn Artifacts,
 ) -> R<()> {
+    // The format's probe gates the install: a host that cannot install
+    // the format is refused before anything is staged.
+    if let Some(probe) = l.probe.as_deref().filter(|p| !p.trim().is_empty()) {
+        cx.run(Cmd::sh(probe.to_string()), "probe").map_err(|e| {
+            format!(
+                "{} cannot install {} packages (the format's probe `{}` failed): {e}",
+                cx.host.describe(),
+                l.format,
+                probe.trim()
+            )
+        })?;
+    }
     let files = arts.local_packages(&s.candy, &l.format)?;
     let dir = format!("/tmp/charly-pkgs-{}-{}", cx.bundle, cx.seq);
     let mut names = Vec::new();
@@ -616,8 +681,7 @@ fn local_pkg_step(
             names.push(name);
         }
     }
-    let glob = format!("*.{}", l.format);
-    let install = pkg::install_files_script(&l.format, &cx.host.real(&dir), &glob, None);
+    let install = local_pkg_install(l, &cx.host.real(&dir))?;
     let res = packages(cx, &l.format, &names, &install, None);
     if !cx.dry() {
         for (n, _) in &files {
@@ -626,6 +690,30 @@ fn local_pkg_step(
         let _ = cx.host.remove(&dir, true);
     }
     res
+}
+
+/// The command that installs a local package step's staged packages in
+/// `dir`: the format's `install_template` (as in the Containerfile, with
+/// the staging directory for `.StageDir` and the step's glob for `.Glob`),
+/// else the format's built-in install.
+fn local_pkg_install(l: &charly_rules::plan::LocalPkgStep, dir: &str) -> R<String> {
+    let glob = if l.glob.is_empty() {
+        format!("*.{}", l.format)
+    } else {
+        l.glob.clone()
+    };
+    match l.install_template.as_deref() {
+        Some(t) => charly_rules::template::render(
+            &format!("format/{}/local_pkg.install_template", l.format),
+            t,
+            // Quoted for the shell when it needs to be; the glob stays a
+            // glob, as in the Containerfile.
+            &serde_json::json!({"StageDir": sh::quote_min(dir), "Glob": glob}),
+        )
+        .map(|s| s.trim().to_string())
+        .map_err(|e| e.to_string()),
+        None => Ok(pkg::install_files_script(&l.format, dir, &glob, None)),
+    }
 }
 
 /// Rewrites an artifact tar made for the box user (home `from`) for the

@@ -370,20 +370,21 @@ impl Cx<'_> {
         let Some(src) = map.value.0.get(&fmt) else {
             return;
         };
-        let glob = self
+        let def = self
             .b
             .distro_def
             .as_deref()
             .and_then(|d| effective_distro(self.vocab, d))
             .and_then(|d| d.format.get(&fmt).and_then(|f| f.local_pkg.clone()))
-            .map(|l| l.pkg_glob)
             .unwrap_or_default();
         let step = InstallStep::local_pkg(
             self.key(),
             LocalPkgStep {
                 format: fmt,
                 source: src.value.clone(),
-                glob,
+                glob: def.pkg_glob,
+                install_template: def.install_template.map(|t| t.value),
+                probe: def.probe,
             },
         );
         self.steps.push(step);

@@ -505,6 +505,15 @@ pub struct LocalPkgStep {
     pub source: String,
     /// Package glob.
     pub glob: String,
+    /// The format's `local_pkg.install_template` (`.StageDir`, `.Glob`):
+    /// how a host installs the staged packages (none: the built-in
+    /// install of the format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_template: Option<String>,
+    /// The format's `local_pkg.probe`: a command that fails on a host
+    /// that cannot install the format; it gates the install there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<String>,
 }
 
 /// A reboot request.
@@ -1616,6 +1625,7 @@ mod tests {
                     format: "deb".into(),
                     source: "pkg/debian".into(),
                     glob: "*.deb".into(),
+                    ..LocalPkgStep::default()
                 },
             ),
             InstallStep::reboot("c"),
