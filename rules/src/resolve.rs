@@ -110,6 +110,10 @@ pub struct ResolvedBox {
     pub version: String,
     /// Whether `--all` includes it.
     pub enabled: bool,
+    /// `preserve_user:` — the image keeps its base's user (no `USER`
+    /// switch), which is what lets systemd be its init.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub preserve_user: bool,
 }
 
 impl ResolvedBox {
@@ -990,6 +994,7 @@ impl<'p> Resolver<'p> {
             user,
             version,
             enabled: def.enabled.unwrap_or(true),
+            preserve_user: def.preserve_user.unwrap_or(false),
         })
     }
 

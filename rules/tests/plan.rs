@@ -299,3 +299,34 @@ fn local_packages_carry_their_formats_install_template_glob_and_probe() {
     );
     assert_eq!(l.probe.as_deref(), Some("command -v pacman"));
 }
+
+/// A box that keeps its base's user may run systemd: pod and k8s plans pick
+/// it for custom services, as the Containerfile does; other boxes get
+/// supervisord.
+#[test]
+fn a_box_keeping_its_base_user_runs_its_services_under_systemd() {
+    let (_t, p, r) = with_boxes(&[
+        (
+            "keeps",
+            "box:\n  name: keeps\n  base: fedora\n  preserve_user: true\n  candy: [dbus]\n",
+        ),
+        (
+            "plain",
+            "box:\n  name: plain\n  base: fedora\n  candy: [dbus]\n",
+        ),
+    ]);
+    let init = |b: &str, target: Target| {
+        plan(&p, &r, b, "dbus", target)
+            .steps
+            .iter()
+            .find_map(|s| match &s.data {
+                StepData::ServiceCustom(c) => Some(c.init.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{b}: no custom service"))
+    };
+    for target in [Target::Pod, Target::K8s, Target::Oci] {
+        assert_eq!(init("keeps", target), "systemd", "{target:?}");
+        assert_eq!(init("plain", target), "supervisord", "{target:?}");
+    }
+}

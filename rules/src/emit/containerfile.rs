@@ -459,7 +459,7 @@ pub fn image_facts(p: &Project, b: &ResolvedBox, opts: &EmitOptions) -> ImageFac
     let (plain, json) = e.label_list();
     ImageFacts {
         labels: plain.into_iter().chain(json).collect(),
-        user: (!e.preserve_user()).then(|| b.user.uid.to_string()),
+        user: (!e.b.preserve_user).then(|| b.user.uid.to_string()),
     }
 }
 
@@ -600,22 +600,11 @@ impl Emitter<'_> {
             self.out.push_str(&assembly);
             self.blank();
         }
-        let preserve = self.preserve_user();
-        if !preserve {
+        if !self.b.preserve_user {
             self.line(&format!("USER {uid}"));
         }
         self.labels();
         Ok(())
-    }
-
-    fn preserve_user(&self) -> bool {
-        self.p
-            .namespaces
-            .iter()
-            .flat_map(|n| n.boxes.values().map(move |bx| (n.qualify(&bx.name), bx)))
-            .find(|(q, _)| *q == self.b.name)
-            .and_then(|(_, bx)| bx.def.preserve_user)
-            .unwrap_or(false)
     }
 
     fn builder_stages(&mut self) -> Result<(), EmitError> {

@@ -676,7 +676,9 @@ impl Cx<'_> {
     /// met (systemd needs `preserve_user`), prefer systemd when the box keeps
     /// the base user, then supervisord, then by name.
     fn container_init(&self) -> Option<String> {
-        let preserve = false;
+        // The capability the Containerfile reads too: a box that keeps its
+        // base's user may run systemd.
+        let preserve = self.b.preserve_user;
         let mut names: Vec<&String> = self
             .vocab
             .init
@@ -688,7 +690,14 @@ impl Cx<'_> {
             })
             .map(|(n, _)| n)
             .collect();
-        names.sort_by_key(|n| (n.as_str() != "supervisord", n.as_str().to_string()));
+        names.sort_by_key(|n| {
+            let rank = match n.as_str() {
+                "systemd" if preserve => 0,
+                "supervisord" => 1,
+                _ => 2,
+            };
+            (rank, n.as_str().to_string())
+        });
         names.first().map(|s| s.to_string())
     }
 
