@@ -862,3 +862,72 @@ fn local_packages_install_with_the_formats_template_behind_its_probe() {
         host.log
     );
 }
+
+/// A fish user's env hook is native fish (no third-party `bass`): a `.fish`
+/// env file next to the POSIX one, sourced from config.fish; `bundle del`
+/// removes both and the block.
+#[test]
+fn a_fish_users_env_hook_is_native_fish_and_undone() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep::shell_hook(
+        "tool",
+        charly_rules::plan::ShellHookStep {
+            env: [("TOOL_HOME".to_string(), "/opt/tool".to_string())]
+                .into_iter()
+                .collect(),
+            path: vec!["/opt/tool/bin".into()],
+            env_file: "/home/user/.config/charly/env.d/tool.sh".into(),
+        },
+    )];
+    let mut host = MemHost::new("user", 1000);
+    host.passwd[1] = "user:x:1000:1000::/home/user:/usr/bin/fish".into();
+    for d in ["/home/user/.config", "/home/user/.config/fish"] {
+        host.files.insert(d.into(), MemNode::Dir { mode: 0o755 });
+    }
+    host.files.insert(
+        "/home/user/.config/fish/config.fish".into(),
+        MemNode::File {
+            data: b"set -g fish_greeting\n".to_vec(),
+            mode: 0o644,
+            uid: 1000,
+            gid: 1000,
+        },
+    );
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("b", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let text = |host: &MemHost, p: &str| match host.files.get(p) {
+        Some(MemNode::File { data, .. }) => String::from_utf8_lossy(data).into_owned(),
+        other => panic!("{p}: {other:?}"),
+    };
+    let fish = text(&host, "/home/user/.config/charly/env.d/tool.fish");
+    assert!(
+        fish.contains("set -gx TOOL_HOME '/opt/tool'")
+            && fish.contains("set -gx PATH '/opt/tool/bin' $PATH"),
+        "{fish}"
+    );
+    let config = text(&host, "/home/user/.config/fish/config.fish");
+    assert!(
+        config.contains("source /home/user/.config/charly/env.d/tool.fish")
+            && !config.contains("bass"),
+        "{config}"
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
+}

@@ -135,13 +135,41 @@ fn env_file_text(h: &ShellHookStep) -> String {
         t.push_str(&format!("export {k}={}\n", dq(v)));
     }
     for p in h.path.iter().rev() {
+        // Quoted in the pattern too: a path entry is literal there.
+        let p = dq(p);
         t.push_str(&format!(
-            "case \":$PATH:\" in *:{p}:*) ;; *) PATH={}:$PATH ;; esac\n",
-            dq(p)
+            "case \":$PATH:\" in *:{p}:*) ;; *) PATH={p}:$PATH ;; esac\n"
         ));
     }
     t.push_str("export PATH\n");
     t
+}
+
+/// The env file in fish's own syntax (fish cannot source a POSIX file):
+/// values are literal, as in the POSIX file; PATH entries are prepended in
+/// order unless already present.
+fn fish_env_text(h: &ShellHookStep) -> String {
+    let mut t = String::from("# Written by charly; removed by `charly bundle del`.\n");
+    for (k, v) in &h.env {
+        t.push_str(&format!("set -gx {k} {}\n", fq(v)));
+    }
+    for p in h.path.iter().rev() {
+        let p = fq(p);
+        t.push_str(&format!(
+            "contains -- {p} $PATH; or set -gx PATH {p} $PATH\n"
+        ));
+    }
+    t
+}
+
+/// A fish single-quoted string: only `\\` and `\'` are escapes inside.
+fn fq(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Where the fish form of an env file goes: next to it, `.fish` for `.sh`.
+fn fish_env_file(env_file: &str) -> String {
+    format!("{}.fish", env_file.strip_suffix(".sh").unwrap_or(env_file))
 }
 
 fn dq(s: &str) -> String {
@@ -158,10 +186,9 @@ pub(super) fn hook_step(cx: &mut StepCx<'_>, s: &InstallStep, h: &ShellHookStep)
     cx.put_file(&h.env_file, env_file_text(h).as_bytes(), 0o644, false)?;
     let rc = rc_file(&cx.user.shell, &cx.user.home);
     let line = if rc.ends_with(".fish") {
-        format!(
-            "test -r {f}; and bass source {f} 2>/dev/null; or true",
-            f = sh::quote_min(&h.env_file)
-        )
+        let fish = fish_env_file(&h.env_file);
+        cx.put_file(&fish, fish_env_text(h).as_bytes(), 0o644, false)?;
+        format!("test -r {f}; and source {f}", f = sh::quote_min(&fish))
     } else {
         format!("[ -r {f} ] && . {f}", f = sh::quote_min(&h.env_file))
     };
@@ -180,6 +207,66 @@ pub(super) fn snippet_step(cx: &mut StepCx<'_>, s: &InstallStep, sn: &ShellSnipp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fish env file sets what the POSIX one sets, byte for byte, in a
+    /// real fish and a real sh (fish is required under CI: `.ci/install`).
+    #[test]
+    fn the_fish_env_file_sets_what_the_posix_one_does() {
+        let h = ShellHookStep {
+            env: [
+                ("A".to_string(), r#"it's $HOME \ "q" `x`"#.to_string()),
+                ("B".to_string(), "plain".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            path: vec!["/opt/a b/bin".into(), "/opt/c".into(), "/usr/bin".into()],
+            env_file: "/h/.config/charly/env/x.sh".into(),
+        };
+        assert_eq!(fish_env_file(&h.env_file), "/h/.config/charly/env/x.fish");
+        let t = tempfile::tempdir().expect("tmp");
+        let (posix, fish) = (t.path().join("x.sh"), t.path().join("x.fish"));
+        std::fs::write(&posix, env_file_text(&h)).expect("write");
+        std::fs::write(&fish, fish_env_text(&h)).expect("write");
+        let show = "printf '%s|' \"$A\" \"$B\"";
+        let run = |prog: &str, script: String| {
+            let out = std::process::Command::new(prog)
+                .args(["-c", &script])
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .output()
+                .unwrap_or_else(|e| panic!("{prog}: {e}"));
+            assert!(out.status.success(), "{prog}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let sh_out = run(
+            "sh",
+            format!(". '{}'; {show}; printf '%s' \"$PATH\"", posix.display()),
+        );
+        assert_eq!(
+            sh_out,
+            r#"it's $HOME \ "q" `x`|plain|/opt/a b/bin:/opt/c:/usr/bin:/bin"#
+        );
+        if std::process::Command::new("fish")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "fish is required under CI (.ci/install)"
+            );
+            eprintln!("skipped: fish is not installed");
+            return;
+        }
+        let fish_out = run(
+            "fish",
+            format!(
+                "source '{}'; {show}; printf '%s' (string join : $PATH)",
+                fish.display()
+            ),
+        );
+        assert_eq!(fish_out, sh_out);
+    }
 
     #[test]
     fn blocks_round_trip() {
