@@ -41,6 +41,11 @@ pub enum BundleCommand {
         /// Print what would be undone; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Also remove files changed since the deploy (and put back what
+        /// the deploy overwrote even where it was changed since); without
+        /// it such files are kept and named.
+        #[arg(long)]
+        force: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -158,8 +163,17 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
         BundleCommand::Del {
             name,
             dry_run,
+            force,
             json,
-        } => del(cli, name, *dry_run, *json),
+        } => del(
+            cli,
+            name,
+            &walk::DelOptions {
+                dry_run: *dry_run,
+                force: *force,
+            },
+            *json,
+        ),
         BundleCommand::Status { name, json } => status(cli, name, *json),
         BundleCommand::List { json } => list(cli, *json),
     }
@@ -217,6 +231,11 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let hasher = crate::session::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
         (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
+        // A dry run into a directory that does not exist yet previews it
+        // as empty (and creates nothing).
+        (None, Some(r)) if a.dry_run => {
+            Box::new(LocalHost::preview(r).with_context(|| format!("--root {}", r.display()))?)
+        }
         (None, Some(r)) => {
             Box::new(LocalHost::rooted(r).with_context(|| format!("--root {}", r.display()))?)
         }
@@ -376,7 +395,8 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn del(cli: &Cli, name: &str, dry_run: bool, json: bool) -> anyhow::Result<ExitCode> {
+fn del(cli: &Cli, name: &str, opts: &walk::DelOptions, json: bool) -> anyhow::Result<ExitCode> {
+    let dry_run = opts.dry_run;
     let (_store, mut ledger) = open_ledger(cli)?;
     let rec = ledger
         .get(name)?
@@ -393,7 +413,7 @@ fn del(cli: &Cli, name: &str, dry_run: bool, json: bool) -> anyhow::Result<ExitC
             .unwrap_or_default();
         output::note(&format!("[{:>3}] {:<9} {}{note}", r.seq, r.state, r.what));
     };
-    match walk::remove(host.as_mut(), &mut ledger, name, dry_run, &mut progress) {
+    match walk::remove_with(host.as_mut(), &mut ledger, name, opts, &mut progress) {
         Ok(reports) => {
             if json {
                 output::json(
@@ -420,11 +440,20 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
     let mut host = bundle::host_for(&rec.connection)?;
-    // Config drift needs the project; without it only ledger and disk are compared.
-    let current = project::open(cli).ok().and_then(|o| {
-        let b = crate::project::resolved(&o, &rec.box_name).ok()?;
-        bundle::current_plan(&o.project, b, &rec).ok()
-    });
+    // Config drift needs the project; without it only ledger and disk are
+    // compared, and the report says why.
+    let current = match project::open(cli) {
+        Err(_) => Err("no project here".to_string()),
+        Ok(o) => match crate::project::resolved(&o, &rec.box_name) {
+            Err(e) => Err(format!("box {} does not resolve: {e}", rec.box_name)),
+            Ok(b) => bundle::current_plan(&o.project, b, &rec)
+                .map_err(|e| format!("its plan does not compile: {e}")),
+        },
+    };
+    let (current, not_compared) = match current {
+        Ok(p) => (Some(p), None),
+        Err(why) => (None, Some(why)),
+    };
     let mut drift = walk::drift(host.as_mut(), &ledger, name, current.as_ref())?;
     let running = matches!(rec.state, BundleState::Applying | BundleState::Removing)
         && ledger.is_locked(name);
@@ -451,7 +480,8 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
         output::json(&serde_json::json!({
             "bundle": name, "box": rec.box_name, "target": rec.target_key,
             "state": state, "running": running, "clean": drift.is_empty(),
-            "config_compared": current.is_some(), "drift": drift,
+            "config_compared": current.is_some(), "config_not_compared_because": not_compared,
+            "drift": drift,
         }))?;
     } else {
         output::note(&format!(
@@ -461,11 +491,15 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
             state.as_str().unwrap_or(""),
             if running { ", being changed now" } else { "" }
         ));
-        if current.is_none() {
-            output::note("  (project not found: configuration drift not compared)");
-        }
-        if drift.is_empty() {
-            output::note("  clean: disk and configuration match the ledger");
+        match (&not_compared, drift.is_empty()) {
+            (None, true) => output::note("  clean: disk and configuration match the ledger"),
+            (Some(why), true) => output::note(&format!(
+                "  clean: the disk matches the ledger (configuration not compared: {why})"
+            )),
+            (Some(why), false) => {
+                output::note(&format!("  (configuration not compared: {why})"));
+            }
+            (None, false) => {}
         }
         for d in &drift {
             let seq = d.seq.map(|s| format!("[{s}] ")).unwrap_or_default();

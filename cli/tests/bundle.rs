@@ -352,7 +352,13 @@ fn pod_writes_the_quadlet_unit_and_del_removes_it() {
         .expect("status");
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(json(&out)["drift"][0]["kind"], "disk");
-    let out = w.cmd().args(["bundle", "del", "p"]).output().expect("del");
+    // The changed unit is only removed with --force (without, it is kept
+    // and named: deploy/tests/deploy.rs).
+    let out = w
+        .cmd()
+        .args(["bundle", "del", "p", "--force"])
+        .output()
+        .expect("del");
     assert!(
         out.status.success(),
         "{}",
@@ -455,4 +461,53 @@ fn k8s_writes_the_kustomize_tree_and_del_removes_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(tree(&w.root), before);
+}
+
+/// Small things a new user meets: a dry run into a directory that does not
+/// exist yet previews it and creates nothing; `bundle status` outside the
+/// project says that only the disk was compared, never that the
+/// configuration matches.
+#[test]
+fn dry_run_into_a_new_root_and_status_outside_the_project() {
+    let w = World::new();
+    let fresh = w.root.join("new/deeper");
+    let mut args = w.add_args("n");
+    let at = args.iter().position(|a| a == "--root").expect("--root") + 1;
+    args[at] = fresh.display().to_string();
+    args.push("--dry-run".into());
+    let out = w.cmd().args(&args).output().expect("add --dry-run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!w.root.join("new").exists(), "a dry run created the root");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("motd.txt"), "{said}");
+
+    let out = w.cmd().args(w.add_args("s")).output().expect("add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elsewhere = tempfile::tempdir().expect("tmp");
+    let out = Command::cargo_bin("charly")
+        .expect("binary")
+        .env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", &w.cache)
+        .env_remove("CHARLY_PROJECT_DIR")
+        .current_dir(elsewhere.path())
+        .args(["bundle", "status", "s"])
+        .output()
+        .expect("status");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "clean: the disk matches the ledger (configuration not compared: no project here)"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("disk and configuration match"), "{said}");
 }

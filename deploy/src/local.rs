@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+/// Why a [`LocalHost::preview`] of a missing root refuses a change.
+const ABSENT_ROOT: &str = "the root directory does not exist (a dry run's view changes nothing)";
+
 /// This machine.
 pub struct LocalHost {
     root: Option<String>,
@@ -29,6 +32,9 @@ pub struct LocalHost {
     /// through it, so no path leaves the root ([`charly_engine::fsroot`]).
     froot: Option<charly_engine::fsroot::Root>,
     login: Option<Login>,
+    /// Rooted at a directory that does not exist ([`LocalHost::preview`]):
+    /// everything in it reads as absent and nothing can change.
+    absent: bool,
 }
 
 impl LocalHost {
@@ -38,6 +44,7 @@ impl LocalHost {
             root: None,
             froot: None,
             login: None,
+            absent: false,
         }
     }
 
@@ -59,6 +66,29 @@ impl LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: Some(froot),
             login: None,
+            absent: false,
+        })
+    }
+
+    /// Rooted at `dir` for a dry run: as [`LocalHost::rooted`] when `dir`
+    /// exists; when it does not (yet), a view in which everything reads as
+    /// absent and every change or command is refused (a dry run makes
+    /// none), so previewing a deploy into a new directory creates nothing.
+    pub fn preview(dir: &Path) -> Result<Self, HostError> {
+        if std::fs::symlink_metadata(dir).is_ok() {
+            return Self::rooted(dir);
+        }
+        let abs = std::path::absolute(dir).map_err(|e| HostError::Io {
+            host: "local".into(),
+            op: "open root".into(),
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(LocalHost {
+            root: Some(abs.to_string_lossy().into_owned()),
+            froot: None,
+            login: None,
+            absent: true,
         })
     }
 
@@ -117,6 +147,9 @@ impl LocalHost {
     /// A target path checked lexically (absolute, no `..` or `.`), relative
     /// to the root. Every host file operation starts here.
     fn rel(&self, op: &str, path: &str) -> Result<PathBuf, HostError> {
+        if self.absent && !matches!(op, "read" | "stat") {
+            return Err(self.err(op, path, ABSENT_ROOT));
+        }
         charly_engine::fsroot::target_rel(path).map_err(|e| self.err(op, path, e))
     }
 
@@ -260,6 +293,9 @@ impl Host for LocalHost {
     }
 
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
+        if self.absent {
+            return Err(self.err("run", &cmd.what(), ABSENT_ROOT));
+        }
         let login = self.login()?;
         let argv = cmd.argv_for(&login, self.root.is_some());
         let Some((prog, args)) = argv.split_first() else {

@@ -350,8 +350,19 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
     let d = walk::drift(&mut host, &ledger, "hello-local", Some(&changed)).expect("drift");
     assert!(d.iter().any(|x| x.kind == "config"), "{d:?}");
 
-    let undone =
-        walk::remove(&mut host, &mut ledger, "hello-local", false, &mut |_| {}).expect("del");
+    // The tampered file is removed only when forced (without, it is kept:
+    // del_keeps_a_file_changed_since_the_deploy_unless_forced).
+    let undone = walk::remove_with(
+        &mut host,
+        &mut ledger,
+        "hello-local",
+        &walk::DelOptions {
+            dry_run: false,
+            force: true,
+        },
+        &mut |_| {},
+    )
+    .expect("del");
     assert!(!undone.is_empty());
     assert_eq!(tree(&root), before, "del restores the tree exactly");
     assert!(ledger.get("hello-local").expect("get").is_none());
@@ -930,4 +941,97 @@ fn a_fish_users_env_hook_is_native_fish_and_undone() {
     );
     walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
     assert_eq!(host.files, original.files);
+}
+
+/// `bundle del` keeps a file the user changed after the deploy and says so
+/// (as it does for a file the deploy overwrote); `--force` removes it.
+#[test]
+fn del_keeps_a_file_changed_since_the_deploy_unless_forced() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    let file = |path: &str| charly_rules::plan::InstallStep {
+        candy: "cfg".into(),
+        kind: charly_rules::plan::StepKind::File,
+        scope: charly_rules::plan::Scope::System,
+        venue: charly_rules::plan::Venue::HostNative,
+        gate: charly_rules::plan::Gate::None,
+        phase: None,
+        reverse: Vec::new(),
+        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+            verb: "write".into(),
+            path: path.into(),
+            content: Some("deployed\n".into()),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    };
+    plan.steps = vec![file("/etc/tool.conf"), file("/etc/motd")];
+    for force in [false, true] {
+        let mut host = MemHost::new("user", 1000);
+        // /etc/motd was there before: the deploy overwrote it.
+        let before = MemNode::File {
+            data: b"welcome\n".to_vec(),
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        host.files.insert("/etc/motd".into(), before.clone());
+        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        walk::apply(
+            &mut host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                target: Target::Vm,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+        .expect("apply");
+        let edited = MemNode::File {
+            data: b"deployed\nmine\n".to_vec(),
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        host.files.insert("/etc/tool.conf".into(), edited.clone());
+        host.files.insert("/etc/motd".into(), edited.clone());
+        let reports = walk::remove_with(
+            &mut host,
+            &mut ledger,
+            "b",
+            &walk::DelOptions {
+                dry_run: false,
+                force,
+            },
+            &mut |_| {},
+        )
+        .expect("del");
+        let notes: Vec<String> = reports.iter().filter_map(|r| r.note.clone()).collect();
+        if force {
+            assert!(!host.files.contains_key("/etc/tool.conf"), "{notes:?}");
+            assert_eq!(host.files.get("/etc/motd"), Some(&before));
+        } else {
+            assert_eq!(host.files.get("/etc/tool.conf"), Some(&edited));
+            assert_eq!(host.files.get("/etc/motd"), Some(&edited));
+            for f in ["/etc/tool.conf", "/etc/motd"] {
+                assert!(
+                    notes.iter().any(|n| n.contains(f)
+                        && n.contains("changed since the deploy; kept as it is now")),
+                    "{f}: {notes:?}"
+                );
+            }
+        }
+        assert!(
+            ledger.get("b").expect("ledger").is_none(),
+            "the record is gone"
+        );
+    }
 }

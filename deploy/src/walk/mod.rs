@@ -31,7 +31,7 @@ mod undo;
 pub use apply::{apply, retarget_artifact};
 pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
-pub use undo::{UndoReport, remove};
+pub use undo::{DelOptions, UndoReport, remove, remove_with};
 
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex};
 use crate::ledger::{Fact, Ledger, LedgerError, StepHead, Undo};

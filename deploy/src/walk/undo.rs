@@ -5,10 +5,11 @@
 use super::drift::sweep;
 use super::managed::{find_block, strip_block};
 use super::{R, WalkError};
-use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind};
-use crate::ledger::{BundleState, Ledger, LedgerError, Undo};
+use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, sha256_hex};
+use crate::ledger::{BundleState, Fact, Ledger, LedgerError, Undo};
 use crate::pkg;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// One undo operation's outcome.
 #[derive(Clone, Debug, Serialize)]
@@ -25,7 +26,9 @@ pub struct UndoReport {
 }
 
 /// Undoes a bundle: its undo operations LIFO, each deleted from the ledger
-/// as it succeeds (an interrupted `del` resumes), then the record.
+/// as it succeeds (an interrupted `del` resumes), then the record. A file
+/// changed since the deploy is kept ([`remove_with`] with `force` removes
+/// it).
 pub fn remove(
     host: &mut dyn Host,
     ledger: &mut Ledger,
@@ -33,6 +36,36 @@ pub fn remove(
     dry_run: bool,
     progress: &mut dyn FnMut(&UndoReport),
 ) -> Result<Vec<UndoReport>, WalkError> {
+    remove_with(
+        host,
+        ledger,
+        name,
+        &DelOptions {
+            dry_run,
+            force: false,
+        },
+        progress,
+    )
+}
+
+/// How `bundle del` undoes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DelOptions {
+    /// Report what would be undone; change nothing.
+    pub dry_run: bool,
+    /// Also remove (or restore over) files changed since the deploy.
+    pub force: bool,
+}
+
+/// [`remove`] with options.
+pub fn remove_with(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    name: &str,
+    opts: &DelOptions,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<Vec<UndoReport>, WalkError> {
+    let dry_run = opts.dry_run;
     let rec = ledger
         .get(name)?
         .ok_or_else(|| LedgerError::NotFound(name.into()))?;
@@ -61,6 +94,19 @@ pub fn remove(
         .flat_map(|s| s.undo.iter().map(move |(i, u)| (s.seq, *i, u.clone())))
         .collect();
     ops.sort_by_key(|o| std::cmp::Reverse((o.0, o.1)));
+    // What the deploy left in each file it wrote (the last step's word).
+    let left: BTreeMap<String, String> = steps
+        .iter()
+        .flat_map(|s| &s.facts)
+        .filter_map(|f| match f {
+            Fact::File { path, sha256, .. } => Some((path.clone(), sha256.clone())),
+            _ => None,
+        })
+        .collect();
+    let cx = UndoCx {
+        left: &left,
+        force: opts.force,
+    };
     let mut out = Vec::new();
     for (seq, idx, op) in ops {
         let what = op.describe();
@@ -75,7 +121,7 @@ pub fn remove(
             out.push(r);
             continue;
         }
-        let res = undo_one(host, ledger, name, &op);
+        let res = undo_one(host, ledger, name, &op, &cx);
         let (state, note) = match res {
             Ok(None) => ("done", None),
             Ok(Some(w)) => ("warning", Some(w)),
@@ -112,7 +158,35 @@ pub fn remove(
     Ok(out)
 }
 
-fn undo_one(host: &mut dyn Host, ledger: &Ledger, name: &str, op: &Undo) -> R<Option<String>> {
+/// What every undo operation of one `del` may consult.
+struct UndoCx<'a> {
+    /// sha256 of what the deploy left in each file it wrote.
+    left: &'a BTreeMap<String, String>,
+    /// Remove or restore over changed files too.
+    force: bool,
+}
+
+impl UndoCx<'_> {
+    /// Whether `path` must be kept: it was changed since the deploy wrote
+    /// it, and `--force` was not given.
+    fn keeps(&self, host: &mut dyn Host, path: &str, privileged: bool) -> R<bool> {
+        let Some(want) = self.left.get(path).filter(|_| !self.force) else {
+            return Ok(false);
+        };
+        let now = host
+            .read_file(path, privileged)
+            .map_err(|x| x.to_string())?;
+        Ok(now.is_some_and(|d| sha256_hex(&d) != *want))
+    }
+}
+
+fn undo_one(
+    host: &mut dyn Host,
+    ledger: &Ledger,
+    name: &str,
+    op: &Undo,
+    cx: &UndoCx<'_>,
+) -> R<Option<String>> {
     let e = |x: HostError| x.to_string();
     match op {
         Undo::RemovePath { path, privileged } => {
@@ -120,9 +194,16 @@ fn undo_one(host: &mut dyn Host, ledger: &Ledger, name: &str, op: &Undo) -> R<Op
                 .stat(std::slice::from_ref(path), false)
                 .map_err(e)?
                 .pop()
-                .flatten();
-            if matches!(st.map(|s| s.kind), Some(PathKind::Dir)) {
+                .flatten()
+                .map(|s| s.kind);
+            if matches!(st, Some(PathKind::Dir)) {
                 return Ok(Some(format!("{path} is now a directory; left alone")));
+            }
+            if matches!(st, Some(PathKind::File { .. })) && cx.keeps(host, path, *privileged)? {
+                return Ok(Some(format!(
+                    "{path} was changed since the deploy; kept as it is now \
+                     (`bundle del --force` removes changed files)"
+                )));
             }
             host.remove(path, *privileged).map_err(e)?;
             Ok(None)
@@ -142,6 +223,12 @@ fn undo_one(host: &mut dyn Host, ledger: &Ledger, name: &str, op: &Undo) -> R<Op
             gid,
             privileged,
         } => {
+            if cx.keeps(host, path, *privileged)? {
+                return Ok(Some(format!(
+                    "{path} was changed since the deploy; kept as it is now \
+                     (`bundle del --force` puts back what was there before)"
+                )));
+            }
             let data = ledger
                 .blob(name, sha256)
                 .map_err(|x| x.to_string())?
