@@ -260,7 +260,15 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                 (plan, user, Box::new(NoArtifacts))
             }
             _ => {
-                let base = bundle::merged_plan(&o.project, b, target)?;
+                // A host deploy installs with the host's package manager:
+                // a box for another distro is refused here, before any
+                // change (pods run the image, whatever the host runs).
+                let base = if target == Target::Pod {
+                    bundle::merged_plan(&o.project, b, target)?
+                } else {
+                    let os = bundle::host_os(host.as_mut())?;
+                    bundle::host_plan(&o.project, b, target, os.as_ref())?
+                };
                 let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
                 let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
                 if target == Target::Pod {
@@ -446,7 +454,8 @@ fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
         Err(_) => Err("no project here".to_string()),
         Ok(o) => match crate::project::resolved(&o, &rec.box_name) {
             Err(e) => Err(format!("box {} does not resolve: {e}", rec.box_name)),
-            Ok(b) => bundle::current_plan(&o.project, b, &rec)
+            Ok(b) => bundle::host_os(host.as_mut())
+                .and_then(|os| bundle::current_plan(&o.project, b, &rec, os.as_ref()))
                 .map_err(|e| format!("its plan does not compile: {e}")),
         },
     };

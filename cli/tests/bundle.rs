@@ -511,3 +511,37 @@ fn dry_run_into_a_new_root_and_status_outside_the_project() {
     );
     assert!(!said.contains("disk and configuration match"), "{said}");
 }
+
+/// A target that runs another distro than the box is made for is refused
+/// before any change, naming both and the candies that keep it from
+/// installing there (the example's local .deb); `bundle list` stays empty.
+#[test]
+fn a_host_of_another_distro_is_refused_before_any_change() {
+    let w = World::new();
+    std::fs::write(
+        w.root.join("etc/os-release"),
+        "NAME=\"Fedora Linux\"\nID=fedora\nVERSION_ID=43\n",
+    )
+    .expect("os-release");
+    let before = tree(&w.root);
+    let out = w.cmd().args(w.add_args("f")).output().expect("add");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("made for debian (deb packages)")
+            && said.contains("fedora 43 (rpm packages)")
+            && said.contains("hello-deb"),
+        "{said}"
+    );
+    assert_eq!(tree(&w.root), before, "nothing changed");
+    let out = w
+        .cmd()
+        .args(["bundle", "list", "--json"])
+        .output()
+        .expect("list");
+    assert_eq!(
+        json(&out).as_array().map(Vec::len),
+        Some(0),
+        "no bundle recorded"
+    );
+}

@@ -345,6 +345,48 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         "removed again: {status:?}"
     );
 
+    // A box made for Fedora is refused on this Debian guest before any
+    // change, naming both distros and the candy.
+    w(
+        "box/fbox/charly.yml",
+        "box:\n    name: fbox\n    version: 2026.1.1\n    from: builder:debootstrap\n    distro: [fedora]\n    build: [rpm]\n    candy:\n        - fonly\n",
+    );
+    w(
+        "candy/fonly/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: fonly\n    distro:\n        fedora:\n            package:\n                - hello\n",
+    );
+    let dpkg_before = std::fs::read(guest.join("var/lib/dpkg/status")).expect("dpkg status");
+    let guest_root_before = tree(&guest.join("root"));
+    let out = Command::cargo_bin("charly")
+        .expect("binary")
+        .env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", &cache)
+        .arg("-C")
+        .arg(&p)
+        .args([
+            "bundle", "add", "f", "fbox", "--target", "vm", "--host", &host,
+        ])
+        .args(["--user", "root", "--yes", "--identity"])
+        .arg(t.join("userkey"))
+        .arg("--known-hosts")
+        .arg(t.join("known_hosts"))
+        .output()
+        .expect("charly runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("made for fedora (rpm packages)")
+            && said.contains("debian 12 (deb packages)")
+            && said.contains("fonly"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read(guest.join("var/lib/dpkg/status")).expect("dpkg status"),
+        dpkg_before,
+        "no package changed"
+    );
+    assert_eq!(tree(&guest.join("root")), guest_root_before);
+
     // A builder artifact from the store, extracted into the guest's home:
     // box `left` of the graph fixture (an npm builder stage, system files
     // from its base chain), built with the fake runner, whose stage writes

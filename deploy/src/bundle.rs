@@ -17,8 +17,8 @@ use charly_rules::emit::kustomize::{KustomizeOptions, render_kustomize};
 use charly_rules::emit::quadlet::{QuadletOptions, USER_UNIT_DIR, render_quadlet};
 use charly_rules::load::Project;
 use charly_rules::plan::{
-    FileStep, Gate, Gates, HostContext, InstallPlan, InstallStep, PlanError, Scope,
-    ServicePackagedStep, StepData, StepKind, Target, Venue,
+    FileStep, Gate, Gates, HostContext, HostMismatch, HostOs, InstallPlan, InstallStep, PlanError,
+    Scope, ServicePackagedStep, StepData, StepKind, Target, Venue, for_host,
 };
 use charly_rules::resolve::ResolvedBox;
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,9 @@ pub enum BundleError {
     /// A recorded connection of a kind this version cannot reach.
     #[error("cannot reach a target of kind {0:?} (not implemented yet)")]
     Unreachable(Option<String>),
+    /// The box is made for another distro than the host runs.
+    #[error(transparent)]
+    Distro(#[from] HostMismatch),
     /// A local file cannot be read.
     #[error("{path}")]
     Io {
@@ -111,6 +114,47 @@ pub fn merged_plan(
     Ok(charly_rules::plan::build_merged_plan(
         project,
         b,
+        &ctx,
+        &[],
+    )?)
+}
+
+/// What the host runs, from its `/etc/os-release` (else
+/// `/usr/lib/os-release`); None when it does not say (a fresh `--root`
+/// tree).
+pub fn host_os(host: &mut dyn Host) -> Result<Option<HostOs>, BundleError> {
+    for f in ["/etc/os-release", "/usr/lib/os-release"] {
+        if let Some(text) = host.read_file(f, false)? {
+            return Ok(HostOs::parse(&String::from_utf8_lossy(&text)));
+        }
+    }
+    Ok(None)
+}
+
+/// The merged plan a host target walks: compiled for the distro the host
+/// runs ([`charly_rules::plan::for_host`]: a box for another distro is
+/// refused, naming both, unless its candies have sections for the host's),
+/// or for the box's own when the host does not say.
+pub fn host_plan(
+    project: &Project,
+    b: &ResolvedBox,
+    target: Target,
+    os: Option<&HostOs>,
+) -> Result<InstallPlan, BundleError> {
+    let Some(os) = os else {
+        return merged_plan(project, b, target);
+    };
+    let hb = for_host(project, b, os)?;
+    let ctx = HostContext {
+        target,
+        distro: (hb.distro_def != b.distro_def)
+            .then(|| hb.distro_def.clone())
+            .flatten(),
+        ..HostContext::default()
+    };
+    Ok(charly_rules::plan::build_merged_plan(
+        project,
+        &hb,
         &ctx,
         &[],
     )?)
@@ -230,12 +274,13 @@ pub fn current_plan(
     project: &Project,
     b: &ResolvedBox,
     rec: &BundleRecord,
+    os: Option<&HostOs>,
 ) -> Result<InstallPlan, BundleError> {
     let emit = EmitSpec::recorded(rec)?;
     match rec.target {
         Target::Pod | Target::K8s => emitted_plan(project, b, rec.target, &emit, &rec.home),
-        Target::Vm => merged_plan(project, b, Target::Vm),
-        _ => merged_plan(project, b, Target::Local),
+        Target::Vm => host_plan(project, b, Target::Vm, os),
+        _ => host_plan(project, b, Target::Local, os),
     }
 }
 

@@ -330,3 +330,65 @@ fn a_box_keeping_its_base_user_runs_its_services_under_systemd() {
         assert_eq!(init("plain", target), "supervisord", "{target:?}");
     }
 }
+
+/// A box made for Fedora, deployed on a Debian host: refused before any
+/// change, naming both distros and the candies without a Debian section;
+/// with only candies that have one, compiled with the Debian section and
+/// the deb format. On its own distro the box is unchanged.
+#[test]
+fn a_box_for_another_distro_is_refused_or_compiled_for_the_host() {
+    let (_t, p, r) = with_boxes(&[
+        (
+            "fmixed",
+            "box:\n  name: fmixed\n  base: fedora\n  candy: [dbus, ffmpeg]\n",
+        ),
+        (
+            "fdbus",
+            "box:\n  name: fdbus\n  base: fedora\n  candy: [dbus]\n",
+        ),
+    ]);
+    let debian = HostOs::parse("ID=debian\nVERSION_ID=\"12\"\n").expect("os");
+    let mixed = r.get("fmixed").expect("fmixed resolves");
+    let err = for_host(&p, mixed, &debian).expect_err("ffmpeg has no debian section");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("fedora (rpm packages)")
+            && msg.contains("debian 12 (deb packages)")
+            && msg.contains("ffmpeg")
+            && !msg.contains("dbus"),
+        "{msg}"
+    );
+
+    let dbus = r.get("fdbus").expect("fdbus resolves");
+    let hb = for_host(&p, dbus, &debian).expect("dbus has a debian section");
+    assert_eq!(hb.distro_def.as_deref(), Some("debian"));
+    assert_eq!(hb.pkg(), Some("deb"));
+    let pl = build_deploy_plan(
+        &p,
+        &hb,
+        "dbus",
+        &HostContext {
+            target: Target::Vm,
+            distro: hb.distro_def.clone(),
+            ..HostContext::default()
+        },
+    )
+    .expect("compiles");
+    let pk = pl
+        .steps
+        .iter()
+        .find_map(|s| match &s.data {
+            StepData::SystemPackages(pk) => Some(pk),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no packages: {:#?}", pl.steps));
+    assert_eq!(
+        (pk.format.as_str(), pk.packages.as_slice()),
+        ("deb", &["dbus".to_string()][..])
+    );
+
+    let fedora = HostOs::parse("ID=fedora\nVERSION_ID=43\n").expect("os");
+    let same = for_host(&p, mixed, &fedora).expect("its own distro");
+    assert_eq!(same.tags, mixed.tags);
+    assert_eq!(same.formats, mixed.formats);
+}
