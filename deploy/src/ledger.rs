@@ -948,6 +948,66 @@ impl Ledger {
             .map_err(self.sql())
     }
 
+    /// Hands an undo operation of one bundle over to another on the same
+    /// target that still needs what it would undo (a package both
+    /// installed, a file the other wrote last): `op` is added to the
+    /// other's step `seq` (with the backups it needs, copied), replacing
+    /// the other's operations `replace` there (which would have put back
+    /// what the first bundle left); all in one transaction.
+    pub fn hand_over(
+        &mut self,
+        from: &str,
+        to: &str,
+        seq: u32,
+        replace: &[u32],
+        op: &Undo,
+    ) -> Result<(), LedgerError> {
+        let json = serde_json::to_string(op).map_err(|e| LedgerError::Corrupt {
+            bundle: from.into(),
+            message: e.to_string(),
+        })?;
+        let path = self.path.display().to_string();
+        let sql = |e| LedgerError::Sql {
+            path: path.clone(),
+            source: e,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        if let Undo::RestoreFile { sha256, .. } = op {
+            tx.execute(
+                "INSERT OR IGNORE INTO blobs(bundle, sha256, data)
+                 SELECT ?1, sha256, data FROM blobs WHERE bundle=?2 AND sha256=?3",
+                params![to, from, sha256],
+            )
+            .map_err(sql)?;
+        }
+        for idx in replace {
+            tx.execute(
+                "DELETE FROM undo WHERE bundle=?1 AND seq=?2 AND idx=?3",
+                params![to, seq, idx],
+            )
+            .map_err(sql)?;
+        }
+        // In the place of the first one replaced (undo runs last first),
+        // else after the step's others.
+        let idx: i64 = match replace.first() {
+            Some(i) => i64::from(*i),
+            None => tx
+                .query_row(
+                    "SELECT COALESCE(MAX(idx)+1, 0) FROM undo WHERE bundle=?1 AND seq=?2",
+                    params![to, seq],
+                    |r| r.get(0),
+                )
+                .map_err(sql)?,
+        };
+        tx.execute(
+            "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
+            params![to, seq, idx, json],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        Ok(())
+    }
+
     /// Deletes one undo operation (it was carried out).
     pub fn done_undo(&self, name: &str, seq: u32, idx: u32) -> Result<(), LedgerError> {
         self.conn

@@ -83,6 +83,9 @@ pub struct MemHost {
     pub binaries: BTreeSet<String>,
     /// Scripted responses: substring → response.
     pub rules: Vec<(String, Response)>,
+    /// Responses used once (before `rules`), in order: the first match is
+    /// taken out (a package absent before its install, present after).
+    pub once: Vec<(String, Response)>,
     /// passwd lines (`name:x:uid:gid::home:shell`).
     pub passwd: Vec<String>,
     /// Everything that happened, in order.
@@ -120,6 +123,7 @@ impl MemHost {
             .map(String::from)
             .collect(),
             rules: Vec::new(),
+            once: Vec::new(),
             passwd: vec![
                 "root:x:0:0:root:/root:/bin/bash".into(),
                 format!("{user}:x:{uid}:{uid}::/home/{user}:/bin/bash"),
@@ -144,6 +148,12 @@ impl MemHost {
     /// Adds a scripted response.
     pub fn on(&mut self, pattern: &str, r: Response) -> &mut Self {
         self.rules.push((pattern.into(), r));
+        self
+    }
+
+    /// Adds a response used once, before the rules.
+    pub fn once(&mut self, pattern: &str, r: Response) -> &mut Self {
+        self.once.push((pattern.into(), r));
         self
     }
 
@@ -188,8 +198,18 @@ impl Host for MemHost {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
         let line = cmd.display(&self.login, false);
         self.log.push(format!("run {line}"));
-        if let Some((_, r)) = self.rules.iter().find(|(p, _)| line.contains(p.as_str())) {
-            return match r.clone() {
+        let once = self
+            .once
+            .iter()
+            .position(|(p, _)| line.contains(p.as_str()))
+            .map(|i| self.once.remove(i).1);
+        if let Some(r) = once.or_else(|| {
+            self.rules
+                .iter()
+                .find(|(p, _)| line.contains(p.as_str()))
+                .map(|(_, r)| r.clone())
+        }) {
+            return match r {
                 Response::Exit {
                     status,
                     stdout,

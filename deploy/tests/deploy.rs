@@ -1035,3 +1035,95 @@ fn del_keeps_a_file_changed_since_the_deploy_unless_forced() {
         );
     }
 }
+
+/// Two bundles on one target that install the same package and write the
+/// same file: deleting either leaves what the other still needs (the
+/// package stays, the file keeps the other's content), and deleting both,
+/// in either order, leaves the target as it was.
+#[test]
+fn shared_packages_and_files_outlive_the_first_del() {
+    let (p, r) = open();
+    let base = plan(&p, &r);
+    let plan_of = |name: &str, content: &str| {
+        let mut pl = base.clone();
+        pl.deploy_id = format!("id-{name}");
+        pl.steps = vec![
+            charly_rules::plan::InstallStep::system_packages(
+                name,
+                charly_rules::plan::Phase::Install,
+                charly_rules::plan::SystemPackages {
+                    format: "deb".into(),
+                    packages: vec!["jq".into()],
+                    ..Default::default()
+                },
+                None,
+            ),
+            charly_rules::plan::InstallStep {
+                candy: name.into(),
+                kind: charly_rules::plan::StepKind::File,
+                scope: charly_rules::plan::Scope::System,
+                venue: charly_rules::plan::Venue::HostNative,
+                gate: charly_rules::plan::Gate::None,
+                phase: None,
+                reverse: Vec::new(),
+                data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+                    verb: "write".into(),
+                    path: "/etc/shared.conf".into(),
+                    content: Some(content.into()),
+                    source: None,
+                    mode: "0644".into(),
+                    user: String::new(),
+                    task: 0,
+                }),
+            },
+        ];
+        pl
+    };
+    let (pa, pb) = (plan_of("a", "from a\n"), plan_of("b", "from b\n"));
+    let text = |h: &MemHost| match h.files.get("/etc/shared.conf") {
+        Some(MemNode::File { data, .. }) => Some(String::from_utf8_lossy(data).into_owned()),
+        _ => None,
+    };
+    let purges = |h: &MemHost| {
+        h.commands()
+            .iter()
+            .filter(|c| c.contains("apt-get purge"))
+            .count()
+    };
+    for b_first in [false, true] {
+        let mut host = MemHost::new("user", 1000);
+        // jq is absent until a installs it.
+        host.once("dpkg-query", Response::ok(""));
+        host.on("dpkg-query", Response::ok("jq\tii \n"));
+        let original = host.files.clone();
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        for (name, pl) in [("a", &pa), ("b", &pb)] {
+            let user = walk::resolve_user(&mut host, "user", pl).expect("user");
+            walk::apply(
+                &mut host,
+                Some(&mut ledger),
+                &record(name, pl, &user, "mem"),
+                pl,
+                &user,
+                &TestArts,
+                &Options {
+                    target: Target::Vm,
+                    ..Options::default()
+                },
+                &mut |_| {},
+            )
+            .expect("apply");
+        }
+        assert_eq!(text(&host).as_deref(), Some("from b\n"));
+        let (first, second) = if b_first { ("b", "a") } else { ("a", "b") };
+        let reports =
+            walk::remove(&mut host, &mut ledger, first, false, &mut |_| {}).expect("del first");
+        assert_eq!(purges(&host), 0, "jq is still needed: {reports:#?}");
+        let still = if b_first { "from a\n" } else { "from b\n" };
+        assert_eq!(text(&host).as_deref(), Some(still), "{reports:#?}");
+        walk::remove(&mut host, &mut ledger, second, false, &mut |_| {}).expect("del second");
+        assert_eq!(purges(&host), 1, "the last one removes jq");
+        assert_eq!(host.files, original, "b_first={b_first}");
+    }
+}

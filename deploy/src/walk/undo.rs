@@ -6,7 +6,7 @@ use super::drift::sweep;
 use super::managed::{find_block, strip_block};
 use super::{R, WalkError};
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, sha256_hex};
-use crate::ledger::{BundleState, Fact, Ledger, LedgerError, Undo};
+use crate::ledger::{BundleState, Fact, Ledger, LedgerError, StepRecord, Undo};
 use crate::pkg;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -77,7 +77,6 @@ pub fn remove_with(
     if !dry_run {
         ledger.set_state(name, BundleState::Removing, None)?;
     }
-    let _ = rec;
     let steps = ledger.steps(name)?;
     if !dry_run {
         for d in sweep(host, &steps, None) {
@@ -107,6 +106,19 @@ pub fn remove_with(
         left: &left,
         force: opts.force,
     };
+    // The other bundles on the same target: what they still need is handed
+    // over to them instead of undone.
+    let mut others: Vec<Other> = ledger
+        .list()?
+        .into_iter()
+        .filter(|o| o.name != name && o.target_key == rec.target_key)
+        .map(|o| {
+            ledger.steps(&o.name).map(|steps| Other {
+                name: o.name,
+                steps,
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let mut out = Vec::new();
     for (seq, idx, op) in ops {
         let what = op.describe();
@@ -121,7 +133,27 @@ pub fn remove_with(
             out.push(r);
             continue;
         }
-        let res = undo_one(host, ledger, name, &op, &cx);
+        let res = match share(host, ledger, name, &mut others, &left, op) {
+            Err(e) => Err(e),
+            Ok(Shared::Handed(note)) => {
+                ledger.done_undo(name, seq, idx)?;
+                let r = UndoReport {
+                    seq,
+                    what,
+                    state: "handed-over".into(),
+                    note: Some(note),
+                };
+                progress(&r);
+                out.push(r);
+                continue;
+            }
+            Ok(Shared::Mine(op, shared)) => {
+                undo_one(host, ledger, name, &op, &cx).map(|w| match (shared, w) {
+                    (Some(n), Some(w)) => Some(format!("{n}; {w}")),
+                    (n, w) => n.or(w),
+                })
+            }
+        };
         let (state, note) = match res {
             Ok(None) => ("done", None),
             Ok(Some(w)) => ("warning", Some(w)),
@@ -156,6 +188,177 @@ pub fn remove_with(
         ledger.remove(name)?;
     }
     Ok(out)
+}
+
+/// Another bundle on the same target, with its steps as recorded.
+struct Other {
+    name: String,
+    steps: Vec<StepRecord>,
+}
+
+/// An undo operation after checking what other bundles on the target
+/// still need.
+enum Shared {
+    /// Carry it out (what others need taken out of it; why, if so).
+    Mine(Undo, Option<String>),
+    /// All of it was handed over to another bundle (why).
+    Handed(String),
+}
+
+/// Takes out of `op` what other bundles on the same target still need, and
+/// hands it over to them in the ledger: packages another bundle installs
+/// too are removed by whichever bundle goes last; a file another bundle
+/// wrote last (its recorded content is what is there now) is left to it,
+/// and its own undo of that file becomes this one's (so its `del` puts
+/// back what was there before either, not what this bundle wrote).
+fn share(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    me: &str,
+    others: &mut [Other],
+    left: &BTreeMap<String, String>,
+    op: Undo,
+) -> R<Shared> {
+    let lerr = |e: LedgerError| e.to_string();
+    if others.is_empty() {
+        return Ok(Shared::Mine(op, None));
+    }
+    match op {
+        Undo::RemovePackages {
+            format,
+            packages,
+            command,
+            root,
+        } => {
+            // Package → (other bundle, its step) that still has it.
+            let mut held: BTreeMap<(usize, u32), Vec<String>> = BTreeMap::new();
+            let mut left = Vec::new();
+            for p in &packages {
+                let holder = others.iter().enumerate().find_map(|(i, o)| {
+                    o.steps.iter().find_map(|s| {
+                        s.facts
+                            .iter()
+                            .any(|f| {
+                                matches!(f, Fact::Packages { format: f2, packages: ps, root: r2 }
+                                    if *f2 == format && *r2 == root && ps.contains(p))
+                            })
+                            .then_some((i, s.seq))
+                    })
+                });
+                match holder {
+                    Some(at) => held.entry(at).or_default().push(p.clone()),
+                    None => left.push(p.clone()),
+                }
+            }
+            if held.is_empty() {
+                return Ok(Shared::Mine(
+                    Undo::RemovePackages {
+                        format,
+                        packages,
+                        command,
+                        root,
+                    },
+                    None,
+                ));
+            }
+            let mut said = Vec::new();
+            for ((i, seq), pk) in &held {
+                let o = &others[*i];
+                let handed = Undo::RemovePackages {
+                    format: format.clone(),
+                    packages: pk.clone(),
+                    command: pkg::remove_script(&format, pk, root.as_deref()),
+                    root: root.clone(),
+                };
+                ledger
+                    .hand_over(me, &o.name, *seq, &[], &handed)
+                    .map_err(lerr)?;
+                said.push(format!(
+                    "{} (bundle {} still needs it)",
+                    pk.join(" "),
+                    o.name
+                ));
+            }
+            let note = format!("kept {}", said.join(", "));
+            if left.is_empty() {
+                return Ok(Shared::Handed(note));
+            }
+            let command = pkg::remove_script(&format, &left, root.as_deref());
+            Ok(Shared::Mine(
+                Undo::RemovePackages {
+                    format,
+                    packages: left,
+                    command,
+                    root,
+                },
+                Some(note),
+            ))
+        }
+        Undo::RemovePath {
+            ref path,
+            privileged,
+        }
+        | Undo::RestoreFile {
+            ref path,
+            privileged,
+            ..
+        } => {
+            // What this bundle left there (nothing recorded: not shared).
+            let Some(mine) = left.get(path) else {
+                return Ok(Shared::Mine(op, None));
+            };
+            // Only a regular file is shared (a link or a directory there is
+            // the undo's own business).
+            let is_file = host
+                .stat(std::slice::from_ref(path), false)
+                .map_err(|e| e.to_string())?
+                .pop()
+                .flatten()
+                .is_some_and(|st| matches!(st.kind, PathKind::File { .. }));
+            let now = if is_file {
+                host.read_file(path, privileged)
+                    .map_err(|e| e.to_string())?
+                    .map(|d| sha256_hex(&d))
+            } else {
+                None
+            };
+            let Some(now) = now else {
+                return Ok(Shared::Mine(op, None));
+            };
+            // The bundle that wrote it last: what is there now is what it
+            // left, and its undo puts back what this bundle left.
+            let holder = others.iter().enumerate().find_map(|(i, o)| {
+                o.steps.iter().find_map(|s| {
+                    let wrote_now = s.facts.iter().any(
+                        |f| matches!(f, Fact::File { path: p, sha256, .. } if p == path && *sha256 == now),
+                    );
+                    let over_mine: Vec<u32> = s
+                        .undo
+                        .iter()
+                        .filter(|(_, u)| {
+                            matches!(u, Undo::RestoreFile { path: p, sha256, .. } if p == path && sha256 == mine)
+                        })
+                        .map(|(idx, _)| *idx)
+                        .collect();
+                    (wrote_now && !over_mine.is_empty()).then_some((i, s.seq, over_mine))
+                })
+            });
+            let Some((i, seq, replace)) = holder else {
+                return Ok(Shared::Mine(op, None));
+            };
+            let to = others[i].name.clone();
+            ledger
+                .hand_over(me, &to, seq, &replace, &op)
+                .map_err(lerr)?;
+            // Its steps changed: read them again for the next operation.
+            others[i].steps = ledger.steps(&to).map_err(lerr)?;
+            Ok(Shared::Handed(format!(
+                "{path} was written last by bundle {to}: left to it (its `del` now puts back \
+                 what this one would have)"
+            )))
+        }
+        op => Ok(Shared::Mine(op, None)),
+    }
 }
 
 /// What every undo operation of one `del` may consult.
