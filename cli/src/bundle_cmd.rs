@@ -125,6 +125,10 @@ pub struct AddArgs {
     /// pod, k8s: image to run (default localhost/<box>:<version>).
     #[arg(long, value_name = "REF")]
     pub image: Option<String>,
+    /// local, vm: also deploy CANDY (a candy of the project the box lacks),
+    /// after the box's own; the deploy id names it. Repeatable.
+    #[arg(long = "add", value_name = "CANDY")]
+    pub add: Vec<String>,
     /// The user whose home and profile receive user-scope steps (default: the box's user).
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
@@ -225,8 +229,15 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             "--root is for --target local and pod (k8s writes under the project or --out)"
         );
     }
+    if !a.add.is_empty() && !matches!(target, Target::Local | Target::Vm) {
+        anyhow::bail!(
+            "--add is for --target local and vm (a pod or k8s deploy runs the box's image, which \
+             lacks the added candies)"
+        );
+    }
     let o = project::open(cli)?;
     let b = crate::project::resolved(&o, &a.box_name)?;
+    let add = added_keys(&o.project, &a.add)?;
     let (store, mut ledger) = open_ledger(cli)?;
     let hasher = crate::session::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
@@ -267,7 +278,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                     bundle::merged_plan(&o.project, b, target)?
                 } else {
                     let os = bundle::host_os(host.as_mut())?;
-                    bundle::host_plan(&o.project, b, target, os.as_ref())?
+                    bundle::host_plan(&o.project, b, target, &add, os.as_ref())?
                 };
                 let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
                 let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
@@ -401,6 +412,24 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             Err(crate::Reported.into())
         }
     }
+}
+
+/// The candy keys `--add` names (each must be a candy of the project).
+fn added_keys(p: &charly_rules::load::Project, refs: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut keys = Vec::new();
+    for r in refs {
+        let k = p.candy_key(r).map_err(anyhow::Error::msg)?;
+        if !p.candies.contains_key(&k) {
+            let hint = charly_rules::diag::nearest(&k, p.candies.keys().map(String::as_str))
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+            anyhow::bail!("--add {r}: no candy `{k}` in this project{hint}");
+        }
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    Ok(keys)
 }
 
 fn del(cli: &Cli, name: &str, opts: &walk::DelOptions, json: bool) -> anyhow::Result<ExitCode> {

@@ -545,3 +545,88 @@ fn a_host_of_another_distro_is_refused_before_any_change() {
         "no bundle recorded"
     );
 }
+
+/// `bundle add NAME BOX --add CANDY` deploys a candy the box lacks after the
+/// box's own: its steps run, the deploy id names it (another than the box's
+/// alone), `status` compares against the same plan, `del` undoes it all.
+/// An unknown candy is refused with the nearest name; pods refuse `--add`.
+#[test]
+fn add_deploys_extra_candies_on_top_of_a_box() {
+    let w = World::new();
+    let before = tree(&w.root);
+    let args = |name: &str, extra: &[&str]| {
+        let mut a = w.add_args(name);
+        let at = a.iter().position(|x| x == "hello").expect("box");
+        a[at] = "base".into();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let out = w
+        .cmd()
+        .args(args("x", &["--add", "hello-tols"]))
+        .output()
+        .expect("add");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("did you mean `hello-tools`"), "{said}");
+
+    let out = w
+        .cmd()
+        .args(args("x", &["--add", "hello-tools", "--json"]))
+        .output()
+        .expect("add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep = json(&out);
+    assert!(
+        w.root.join("opt/hello/motd.txt").is_file(),
+        "the added candy's file: {rep}"
+    );
+    let list = json(
+        &w.cmd()
+            .args(["bundle", "list", "--json"])
+            .output()
+            .expect("list"),
+    );
+    let id = list[0]["deploy_id"].as_str().expect("id").to_string();
+    let plain = charly_rules::plan::deploy_id("base", &[], &[]);
+    assert_ne!(id, plain, "the deploy id names the added candy");
+    assert_eq!(
+        id,
+        charly_rules::plan::deploy_id("base", &[], &["hello-tools".into()])
+    );
+    let out = w
+        .cmd()
+        .args(["bundle", "status", "x"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "status compares against the plan with the added candy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = w.cmd().args(["bundle", "del", "x"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&w.root), before);
+
+    let out = w
+        .cmd()
+        .args([
+            "bundle", "add", "p", "hello", "--target", "pod", "--add", "jq",
+        ])
+        .output()
+        .expect("pod");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--add is for --target local and vm"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -139,12 +139,13 @@ pub fn host_plan(
     project: &Project,
     b: &ResolvedBox,
     target: Target,
+    add: &[String],
     os: Option<&HostOs>,
 ) -> Result<InstallPlan, BundleError> {
-    let Some(os) = os else {
-        return merged_plan(project, b, target);
+    let hb = match os {
+        Some(os) => for_host(project, b, add, os)?,
+        None => b.clone(),
     };
-    let hb = for_host(project, b, os)?;
     let ctx = HostContext {
         target,
         distro: (hb.distro_def != b.distro_def)
@@ -153,11 +154,17 @@ pub fn host_plan(
         ..HostContext::default()
     };
     Ok(charly_rules::plan::build_merged_plan(
-        project,
-        &hb,
-        &ctx,
-        &[],
+        project, &hb, &ctx, add,
     )?)
+}
+
+/// The candies a bundle's recorded plan added to its box (`--add`).
+pub fn added_candies(rec: &BundleRecord) -> Vec<String> {
+    rec.plan
+        .get("add_candies")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
 }
 
 fn install_step(candy: &str, scope: Scope, gate: Gate, data: StepData) -> InstallStep {
@@ -279,8 +286,8 @@ pub fn current_plan(
     let emit = EmitSpec::recorded(rec)?;
     match rec.target {
         Target::Pod | Target::K8s => emitted_plan(project, b, rec.target, &emit, &rec.home),
-        Target::Vm => host_plan(project, b, Target::Vm, os),
-        _ => host_plan(project, b, Target::Local, os),
+        Target::Vm => host_plan(project, b, Target::Vm, &added_candies(rec), os),
+        _ => host_plan(project, b, Target::Local, &added_candies(rec), os),
     }
 }
 

@@ -349,7 +349,7 @@ fn a_box_for_another_distro_is_refused_or_compiled_for_the_host() {
     ]);
     let debian = HostOs::parse("ID=debian\nVERSION_ID=\"12\"\n").expect("os");
     let mixed = r.get("fmixed").expect("fmixed resolves");
-    let err = for_host(&p, mixed, &debian).expect_err("ffmpeg has no debian section");
+    let err = for_host(&p, mixed, &[], &debian).expect_err("ffmpeg has no debian section");
     let msg = err.to_string();
     assert!(
         msg.contains("fedora (rpm packages)")
@@ -360,7 +360,7 @@ fn a_box_for_another_distro_is_refused_or_compiled_for_the_host() {
     );
 
     let dbus = r.get("fdbus").expect("fdbus resolves");
-    let hb = for_host(&p, dbus, &debian).expect("dbus has a debian section");
+    let hb = for_host(&p, dbus, &[], &debian).expect("dbus has a debian section");
     assert_eq!(hb.distro_def.as_deref(), Some("debian"));
     assert_eq!(hb.pkg(), Some("deb"));
     let pl = build_deploy_plan(
@@ -388,7 +388,7 @@ fn a_box_for_another_distro_is_refused_or_compiled_for_the_host() {
     );
 
     let fedora = HostOs::parse("ID=fedora\nVERSION_ID=43\n").expect("os");
-    let same = for_host(&p, mixed, &fedora).expect("its own distro");
+    let same = for_host(&p, mixed, &[], &fedora).expect("its own distro");
     assert_eq!(same.tags, mixed.tags);
     assert_eq!(same.formats, mixed.formats);
 }

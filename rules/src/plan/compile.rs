@@ -156,7 +156,9 @@ pub fn build_box_plans(
         .collect()
 }
 
-/// Compiles the box's merged plan.
+/// Compiles the box's merged plan, with the candies `add` (keys in
+/// [`Project::candies`], not in the box) compiled after the box's own, as
+/// part of the same deploy (its id names them).
 pub fn build_merged_plan(
     p: &Project,
     b: &ResolvedBox,
@@ -165,6 +167,19 @@ pub fn build_merged_plan(
 ) -> Result<InstallPlan, PlanError> {
     let plans = build_box_plans(p, b, ctx)?;
     let mut m = merge_plans(&plans, &b.name, add);
+    for k in add {
+        if b.candies.contains(k) {
+            return Err(PlanError {
+                candy: k.clone(),
+                message: format!(
+                    "is already in box {}; --add is for candies it lacks",
+                    b.name
+                ),
+            });
+        }
+        let extra = build_deploy_plan(p, b, k, ctx)?;
+        m.steps.extend(extra.steps);
+    }
     if plans.is_empty() {
         m.version.clone_from(&b.version);
         m.meta = meta(b, ctx);

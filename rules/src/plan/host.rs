@@ -111,7 +111,12 @@ pub enum HostMismatch {
 /// candy of the box that installs packages has a section for the host's
 /// distro (or a distro-independent package list). Refused otherwise,
 /// before anything is changed.
-pub fn for_host(p: &Project, b: &ResolvedBox, host: &HostOs) -> Result<ResolvedBox, HostMismatch> {
+pub fn for_host(
+    p: &Project,
+    b: &ResolvedBox,
+    add: &[String],
+    host: &HostOs,
+) -> Result<ResolvedBox, HostMismatch> {
     let vocab = &p.ns(b.ns).vocab;
     let box_distro = format!(
         "{} ({} packages)",
@@ -120,7 +125,7 @@ pub fn for_host(p: &Project, b: &ResolvedBox, host: &HostOs) -> Result<ResolvedB
     );
     let host_tags = expand_tags(vocab, &host.tags());
     let Some(host_distro) = pick_distro(vocab, &host_tags) else {
-        if !installs_packages(p, b) {
+        if !installs_packages(p, b, add) {
             return Ok(b.clone());
         }
         return Err(HostMismatch::UnknownDistro {
@@ -152,6 +157,8 @@ pub fn for_host(p: &Project, b: &ResolvedBox, host: &HostOs) -> Result<ResolvedB
     let missing: Vec<String> = b
         .candies
         .iter()
+        .chain(add)
+        .filter(|k| p.candies.contains_key(*k))
         .filter(|k| {
             let def = &p.candies[*k].def;
             let here = cascade::resolve(def, &box_chain);
@@ -187,12 +194,15 @@ pub fn for_host(p: &Project, b: &ResolvedBox, host: &HostOs) -> Result<ResolvedB
     Ok(hb)
 }
 
-/// Whether any candy of the box installs packages on the box's distro.
-fn installs_packages(p: &Project, b: &ResolvedBox) -> bool {
+/// Whether any candy of the box (or added to it) installs packages on the
+/// box's distro.
+fn installs_packages(p: &Project, b: &ResolvedBox, add: &[String]) -> bool {
     let chain = b.tag_chain();
-    b.candies.iter().any(|k| {
-        let set = cascade::resolve(&p.candies[k].def, &chain);
-        set.matched && !set.packages.is_empty()
+    b.candies.iter().chain(add).any(|k| {
+        p.candies.get(k).is_some_and(|c| {
+            let set = cascade::resolve(&c.def, &chain);
+            set.matched && !set.packages.is_empty()
+        })
     })
 }
 
