@@ -50,6 +50,25 @@ pub enum BundleCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Converge bundle NAME to the plan its box makes now: the steps
+    /// before the first one that changed, drifted on disk or did not
+    /// complete are kept; from there on what the bundle did is undone and
+    /// the plan applied, under the same ledger rules as `add` (the gates,
+    /// runner and user it was added with). `status` is clean afterwards.
+    #[command(after_long_help = LEDGER_HELP)]
+    Apply {
+        /// Bundle name.
+        name: String,
+        /// Print what would be undone and applied; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Per-command time limit in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Compare bundle NAME three ways: the ledger (interrupted or failed
     /// steps), the disk (files changed behind charly's back) and the
     /// configuration (the box's plan changed since it was deployed).
@@ -178,6 +197,12 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
             },
             *json,
         ),
+        BundleCommand::Apply {
+            name,
+            dry_run,
+            timeout,
+            json,
+        } => reapply(cli, name, *dry_run, *timeout, *json),
         BundleCommand::Status { name, json } => status(cli, name, *json),
         BundleCommand::List { json } => list(cli, *json),
     }
@@ -409,6 +434,129 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                     a.name
                 ));
             }
+            Err(crate::Reported.into())
+        }
+    }
+}
+
+fn reapply(
+    cli: &Cli,
+    name: &str,
+    dry_run: bool,
+    timeout: u64,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (store, mut ledger) = open_ledger(cli)?;
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
+    let o = project::open(cli)?;
+    let b = crate::project::resolved(&o, &rec.box_name)?;
+    let hasher = crate::session::stat_cache(&store);
+    let mut host = bundle::host_for(&rec.connection)?;
+    let os = bundle::host_os(host.as_mut())?;
+    let plan = bundle::current_plan(&o.project, b, &rec, os.as_ref())?;
+    let user = walk::resolve_user(host.as_mut(), &rec.user, &plan)?;
+    let recorded = |k: &str| rec.options.get(k).cloned();
+    let gates: Gates = recorded("gates")
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let dev_local_pkg = recorded("dev_local_pkg")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let runner = recorded("runner")
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_else(|| "podman".into());
+    let arts: Box<dyn walk::Artifacts + '_> = match rec.target {
+        Target::Pod | Target::K8s => Box::new(NoArtifacts),
+        _ => Box::new(
+            StoreArtifacts::new(
+                &o.project,
+                &o.resolution,
+                &store,
+                &hasher,
+                GraphOptions {
+                    dev_local_pkg,
+                    runner,
+                    arch: host_arch(),
+                },
+                &rec.box_name,
+            )
+            .map_err(anyhow::Error::msg)?,
+        ),
+    };
+    let opts = Options {
+        gates,
+        dry_run,
+        timeout: std::time::Duration::from_secs(timeout.max(1)),
+        target: rec.target,
+        box_home: b.user.home.clone(),
+        on_change: None,
+    };
+    let record = BundleRecord {
+        deploy_id: plan.deploy_id.clone(),
+        plan: serde_json::to_value(&plan)?,
+        ..rec.clone()
+    };
+    let mut progress = |r: &walk::StepReport| {
+        if !json {
+            let note = r
+                .note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            output::note(&format!("[{:>3}] {:<9} {}{note}", r.seq, r.state, r.title));
+        }
+    };
+    let mut undo_progress = |r: &walk::UndoReport| {
+        if !json {
+            let note = r
+                .note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            output::note(&format!(
+                "[{:>3}] undo {:<9} {}{note}",
+                r.seq, r.state, r.what
+            ));
+        }
+    };
+    match walk::reapply(
+        host.as_mut(),
+        &mut ledger,
+        &record,
+        &plan,
+        &user,
+        arts.as_ref(),
+        &opts,
+        &mut progress,
+        &mut undo_progress,
+    ) {
+        Ok(r) => {
+            if json {
+                output::json(&r)?;
+            } else {
+                let redone = r.applied.steps.len();
+                let kept = r.from;
+                output::note(&format!(
+                    "bundle {name} {}: {kept} steps kept, {} changes undone, {redone} steps applied{}",
+                    if dry_run {
+                        "would converge"
+                    } else {
+                        "converged"
+                    },
+                    r.undone.len(),
+                    if dry_run {
+                        " (dry run: nothing changed)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            output::error(&e.to_string());
             Err(crate::Reported.into())
         }
     }

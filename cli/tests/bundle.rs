@@ -630,3 +630,82 @@ fn add_deploys_extra_candies_on_top_of_a_box() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `bundle apply` converges: a file changed behind charly's back is put
+/// back (status 3, apply, status 0), and a changed candy is re-deployed
+/// from its first changed step; `del` then leaves the target as it was.
+#[test]
+fn apply_converges_disk_and_configuration_drift() {
+    let w = World::new();
+    let before = tree(&w.root);
+    let out = w.cmd().args(w.add_args("a")).output().expect("add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let motd = w.root.join("opt/hello/motd.txt");
+    let deployed = std::fs::read_to_string(&motd).expect("motd");
+    let status = |w: &World| {
+        let out = w
+            .cmd()
+            .args(["bundle", "status", "a"])
+            .output()
+            .expect("status");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let apply = |w: &World| {
+        let out = w
+            .cmd()
+            .args(["bundle", "apply", "a"])
+            .output()
+            .expect("apply");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        said
+    };
+
+    std::fs::write(&motd, "tampered\n").expect("tamper");
+    assert_eq!(status(&w).0, Some(3));
+    let said = apply(&w);
+    assert!(said.contains("converged"), "{said}");
+    assert_eq!(std::fs::read_to_string(&motd).expect("motd"), deployed);
+    let (code, said) = status(&w);
+    assert_eq!(code, Some(0), "{said}");
+
+    // The candy changes: the motd says something else now.
+    let candy = w.project.join("candy/hello-tools/charly.yml");
+    let text = std::fs::read_to_string(&candy).expect("candy");
+    std::fs::write(
+        &candy,
+        text.replace(
+            "Welcome to the hello box.",
+            "Welcome back to the hello box.",
+        ),
+    )
+    .expect("edit");
+    let (code, said) = status(&w);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(
+        said.contains("Welcome back") && said.contains("Welcome to"),
+        "config drift shows what changed: {said}"
+    );
+    apply(&w);
+    assert_eq!(
+        std::fs::read_to_string(&motd).expect("motd"),
+        "Welcome back to the hello box.\n"
+    );
+    let (code, said) = status(&w);
+    assert_eq!(code, Some(0), "{said}");
+
+    let out = w.cmd().args(["bundle", "del", "a"]).output().expect("del");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&w.root), before);
+}

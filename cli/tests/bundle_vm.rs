@@ -185,8 +185,30 @@ fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
                 && d["subject"].as_str().unwrap_or("").ends_with("vmt.conf")),
         "{st}"
     );
-    // Put it back as deployed, then del restores both trees exactly.
-    std::fs::write(sys.join("vmt.conf"), "deployed over ssh\n").expect("untamper");
+    // `bundle apply` converges over SSH: the file is as deployed again and
+    // status is clean; then del restores both trees exactly.
+    let out = cmd()
+        .args(["bundle", "apply", "v"])
+        .output()
+        .expect("apply");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(sys.join("vmt.conf")).expect("vmt.conf"),
+        "deployed over ssh\n"
+    );
+    let out = cmd()
+        .args(["bundle", "status", "v"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "clean after apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = cmd().args(["bundle", "del", "v"]).output().expect("del");
     assert!(
         out.status.success(),

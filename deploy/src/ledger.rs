@@ -1008,6 +1008,42 @@ impl Ledger {
         Ok(())
     }
 
+    /// Forgets steps `from` and later (their undo was carried out): a
+    /// re-apply records them again.
+    pub fn clear_steps_from(&mut self, name: &str, from: u32) -> Result<(), LedgerError> {
+        let path = self.path.display().to_string();
+        let sql = |e| LedgerError::Sql {
+            path: path.clone(),
+            source: e,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        for table in ["undo", "facts", "steps"] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE bundle=?1 AND seq>=?2"),
+                params![name, from],
+            )
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)?;
+        Ok(())
+    }
+
+    /// A re-apply's new plan (and its deploy id) for a bundle.
+    pub fn update_plan(
+        &self,
+        name: &str,
+        deploy_id: &str,
+        plan: &serde_json::Value,
+    ) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "UPDATE bundles SET deploy_id=?2, plan=?3, updated_unix=?4 WHERE name=?1",
+                params![name, deploy_id, plan.to_string(), now() as i64],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
     /// Deletes one undo operation (it was carried out).
     pub fn done_undo(&self, name: &str, seq: u32, idx: u32) -> Result<(), LedgerError> {
         self.conn

@@ -5,6 +5,7 @@
 
 use super::drift::sweep;
 use super::managed::{hook_step, snippet_step};
+use super::undo::UndoReport;
 use super::{
     Artifacts, Options, R, Report, StepCx, StepReport, TargetUser, WalkError, enum_str, head, title,
 };
@@ -15,6 +16,7 @@ use charly_rules::plan::{
     BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Target, Venue,
 };
 use charly_rules::sh;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -128,12 +130,131 @@ pub fn apply(
         .map(|s| skip_reason(s, o, rooted, user))
         .collect();
     // Privilege: checked once up front, naming the steps that need it.
+    check_privilege(host, &plan, &skip, rooted, dry)?;
+    let _lock = match ledger.as_deref_mut() {
+        Some(l) if !dry => {
+            let lock = l.lock(&record.name)?;
+            l.create(record)?;
+            Some(lock)
+        }
+        _ => None,
+    };
+    walk_steps(
+        host, ledger, record, &plan, &skip, user, arts, o, progress, 0,
+    )
+}
+
+/// What `bundle apply` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReapplyReport {
+    /// The first step that was not kept (the plan length when all were).
+    pub from: u32,
+    /// What was undone (steps from `from` on, last first).
+    pub undone: Vec<UndoReport>,
+    /// The walk of the steps from `from` on.
+    pub applied: Report,
+}
+
+/// Converges bundle `record.name` to `plan` (`bundle apply`): the steps
+/// before the first one that changed in the plan, drifted on disk, or did
+/// not complete are kept; from there on, what the recorded steps did is
+/// undone (changed files too: converging means putting back what the plan
+/// says) and the plan's steps are applied, under the same ledger rules as
+/// `bundle add`. `record` carries the new plan and deploy id.
+#[allow(clippy::too_many_arguments)]
+pub fn reapply(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    record: &BundleRecord,
+    plan: &InstallPlan,
+    user: &TargetUser,
+    arts: &dyn Artifacts,
+    o: &Options,
+    progress: &mut dyn FnMut(&StepReport),
+    undo_progress: &mut dyn FnMut(&UndoReport),
+) -> Result<ReapplyReport, WalkError> {
+    let name = record.name.as_str();
+    let rooted = host.root().is_some();
+    let mut plan = plan.clone();
+    plan.resolve_home(&user.home);
+    let skip: Vec<Option<String>> = plan
+        .steps
+        .iter()
+        .map(|s| skip_reason(s, o, rooted, user))
+        .collect();
+    let _lock = (!o.dry_run).then(|| ledger.lock(name)).transpose()?;
+    let steps = ledger.steps(name)?;
+    let drifted: BTreeSet<u32> = super::drift(host, ledger, name, None)?
+        .into_iter()
+        .filter_map(|d| d.seq)
+        .collect();
+    let from = (0..plan.steps.len().max(steps.len()))
+        .find(|&i| {
+            let (Some(now), Some(was)) = (
+                plan.steps.get(i),
+                steps.iter().find(|s| s.seq as usize == i),
+            ) else {
+                return true;
+            };
+            // Applied then and now, or skipped then and now.
+            let kept_state = matches!(
+                (&skip[i], was.state),
+                (None, StepState::Complete) | (Some(_), StepState::Skipped)
+            );
+            !kept_state
+                || drifted.contains(&(i as u32))
+                || serde_json::to_value(now).ok().as_ref() != Some(&was.step)
+        })
+        .unwrap_or(plan.steps.len());
+    let from_seq = from as u32;
+    let opts = super::undo::DelOptions {
+        dry_run: o.dry_run,
+        force: true,
+    };
+    check_privilege(host, &plan, &skip, rooted, o.dry_run)?;
+    if !o.dry_run {
+        ledger.set_state(name, BundleState::Applying, None)?;
+    }
+    let undone = super::undo::undo_from(
+        host,
+        ledger,
+        &record.target_key,
+        name,
+        from_seq,
+        &opts,
+        &format!("charly bundle apply {name}"),
+        undo_progress,
+    )?;
+    if !o.dry_run {
+        ledger.clear_steps_from(name, from_seq)?;
+        ledger.update_plan(name, &record.deploy_id, &record.plan)?;
+    }
+    let led = (!o.dry_run).then_some(&mut *ledger);
+    let applied = walk_steps(
+        host, led, record, &plan, &skip, user, arts, o, progress, from,
+    )?;
+    Ok(ReapplyReport {
+        from: from_seq,
+        undone,
+        applied,
+    })
+}
+
+/// Whether the login may do what the walk needs: checked once up front,
+/// naming the steps that need root.
+fn check_privilege(
+    host: &mut dyn Host,
+    plan: &InstallPlan,
+    skip: &[Option<String>],
+    rooted: bool,
+    dry: bool,
+) -> Result<(), WalkError> {
     let login = host.login()?;
     if !rooted && login.uid != 0 && !dry {
         let needs: Vec<String> = plan
             .steps
             .iter()
-            .zip(&skip)
+            .zip(skip)
             .filter(|(s, k)| k.is_none() && s.scope == Scope::System)
             .map(|(s, _)| title(s))
             .collect();
@@ -153,17 +274,29 @@ pub fn apply(
             }
         }
     }
-    let _lock = match ledger.as_deref_mut() {
-        Some(l) if !dry => {
-            let lock = l.lock(&record.name)?;
-            l.create(record)?;
-            Some(lock)
-        }
-        _ => None,
-    };
+    Ok(())
+}
+
+/// Walks the plan's steps from `from` on (the record exists and is
+/// locked, or this is a dry run), recording each as it goes.
+#[allow(clippy::too_many_arguments)]
+fn walk_steps(
+    host: &mut dyn Host,
+    mut ledger: Option<&mut Ledger>,
+    record: &BundleRecord,
+    plan: &InstallPlan,
+    skip: &[Option<String>],
+    user: &TargetUser,
+    arts: &dyn Artifacts,
+    o: &Options,
+    progress: &mut dyn FnMut(&StepReport),
+    from: usize,
+) -> Result<Report, WalkError> {
+    let rooted = host.root().is_some();
+    let dry = o.dry_run || ledger.is_none();
     if !dry {
         // A killed earlier walk's temp files in the directories this one writes.
-        let _ = sweep(host, &[], Some(&plan));
+        let _ = sweep(host, &[], Some(plan));
     }
     let mut report = Report {
         bundle: record.name.clone(),
@@ -176,7 +309,7 @@ pub fn apply(
     let mut bin_dirs: Vec<String> = Vec::new();
     // Directories a dry run would have created so far.
     let mut planned_dirs: BTreeSet<String> = BTreeSet::new();
-    for (i, s) in plan.steps.iter().enumerate() {
+    for (i, s) in plan.steps.iter().enumerate().skip(from) {
         let seq = i as u32;
         let h = head(s);
         if let Some(reason) = &skip[i] {

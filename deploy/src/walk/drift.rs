@@ -262,11 +262,23 @@ pub fn drift(
                 (Some(a), Some(b)) => {
                     let v = serde_json::to_value(a).unwrap_or_default();
                     if v != b.step {
+                        let mut changes = Vec::new();
+                        json_diff("", &b.step, &v, &mut changes);
+                        let more = changes.len().saturating_sub(3);
+                        changes.truncate(3);
                         out.push(Drift {
                             kind: "config".into(),
                             seq: Some(i as u32),
                             subject: b.title.clone(),
-                            detail: format!("the plan now says: {}", title(a)),
+                            detail: format!(
+                                "changed in the plan: {}{}",
+                                changes.join("; "),
+                                if more > 0 {
+                                    format!(" (and {more} more)")
+                                } else {
+                                    String::new()
+                                }
+                            ),
                         });
                     }
                 }
@@ -287,4 +299,77 @@ pub fn drift(
         }
     }
     Ok(out)
+}
+
+/// What differs between a step as deployed (`was`) and as the plan says
+/// now, field by field: `path: old → new`, values shortened.
+fn json_diff(at: &str, was: &serde_json::Value, now: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    let field = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
+    match (was, now) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let null = Value::Null;
+                json_diff(
+                    &field(k),
+                    a.get(k).unwrap_or(&null),
+                    b.get(k).unwrap_or(&null),
+                    out,
+                );
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                json_diff(&format!("{at}[{i}]"), x, y, out);
+            }
+        }
+        (a, b) if a != b => {
+            let show = |v: &Value| {
+                let s = v.to_string();
+                if s.chars().count() > 60 {
+                    format!("{}…", s.chars().take(59).collect::<String>())
+                } else {
+                    s
+                }
+            };
+            out.push(format!(
+                "{}: {} → {}",
+                if at.is_empty() { "step" } else { at },
+                show(a),
+                show(b)
+            ));
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_diff;
+
+    #[test]
+    fn step_diffs_name_the_fields() {
+        let mut out = Vec::new();
+        json_diff(
+            "",
+            &serde_json::json!({"path": "/a", "content": "x", "list": [1, 2]}),
+            &serde_json::json!({"path": "/a", "content": "y", "list": [1, 3], "mode": "0600"}),
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [
+                r#"content: "x" → "y""#,
+                "list[1]: 2 → 3",
+                r#"mode: null → "0600""#
+            ]
+        );
+    }
 }

@@ -28,7 +28,7 @@ mod drift;
 mod managed;
 mod undo;
 
-pub use apply::{apply, retarget_artifact};
+pub use apply::{ReapplyReport, apply, reapply, retarget_artifact};
 pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
 pub use undo::{DelOptions, UndoReport, remove, remove_with};

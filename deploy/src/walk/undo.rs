@@ -77,8 +77,8 @@ pub fn remove_with(
     if !dry_run {
         ledger.set_state(name, BundleState::Removing, None)?;
     }
-    let steps = ledger.steps(name)?;
     if !dry_run {
+        let steps = ledger.steps(name)?;
         for d in sweep(host, &steps, None) {
             progress(&UndoReport {
                 seq: 0,
@@ -88,8 +88,41 @@ pub fn remove_with(
             });
         }
     }
+    let out = undo_from(
+        host,
+        ledger,
+        &rec.target_key,
+        name,
+        0,
+        opts,
+        &format!("charly bundle del {name}"),
+        progress,
+    )?;
+    if !dry_run {
+        ledger.remove(name)?;
+    }
+    Ok(out)
+}
+
+/// Carries out the undo operations of bundle `name`'s steps from `from`
+/// on, last first, each deleted from the ledger once done (`resume` is
+/// the command that goes on after a failure). The caller holds the lock.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn undo_from(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    target_key: &str,
+    name: &str,
+    from: u32,
+    opts: &DelOptions,
+    resume: &str,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<Vec<UndoReport>, WalkError> {
+    let dry_run = opts.dry_run;
+    let steps = ledger.steps(name)?;
     let mut ops: Vec<(u32, u32, Undo)> = steps
         .iter()
+        .filter(|s| s.seq >= from)
         .flat_map(|s| s.undo.iter().map(move |(i, u)| (s.seq, *i, u.clone())))
         .collect();
     ops.sort_by_key(|o| std::cmp::Reverse((o.0, o.1)));
@@ -111,7 +144,7 @@ pub fn remove_with(
     let mut others: Vec<Other> = ledger
         .list()?
         .into_iter()
-        .filter(|o| o.name != name && o.target_key == rec.target_key)
+        .filter(|o| o.name != name && o.target_key == target_key)
         .map(|o| {
             ledger.steps(&o.name).map(|steps| Other {
                 name: o.name,
@@ -169,7 +202,7 @@ pub fn remove_with(
                 return Err(WalkError::Step {
                     seq,
                     title: what,
-                    message: format!("{e} (run `charly bundle del {name}` again to resume)"),
+                    message: format!("{e} (run `{resume}` again to resume)"),
                     not_attempted: Vec::new(),
                 });
             }
@@ -183,9 +216,6 @@ pub fn remove_with(
         };
         progress(&r);
         out.push(r);
-    }
-    if !dry_run {
-        ledger.remove(name)?;
     }
     Ok(out)
 }
