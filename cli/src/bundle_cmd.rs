@@ -144,6 +144,12 @@ pub struct AddArgs {
     /// pod, k8s: image to run (default localhost/<box>:<version>).
     #[arg(long, value_name = "REF")]
     pub image: Option<String>,
+    /// vm: how long to wait for a machine that is still booting: for SSH
+    /// to answer, then (local and vm) for cloud-init to finish and the
+    /// package manager's lock to be free, before the first step. 0 waits
+    /// for nothing.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub wait: u64,
     /// local, vm: also deploy CANDY (a candy of the project the box lacks),
     /// after the box's own; the deploy id names it. Repeatable.
     #[arg(long = "add", value_name = "CANDY")]
@@ -266,7 +272,12 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let (store, mut ledger) = open_ledger(cli)?;
     let hasher = crate::session::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
-        (Some(t), _) => Box::new(SshHost::connect(t, std::time::Duration::from_secs(30))?),
+        (Some(t), _) => Box::new(SshHost::connect_waiting(
+            t,
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(a.wait),
+            &mut |m| output::note(m),
+        )?),
         // A dry run into a directory that does not exist yet previews it
         // as empty (and creates nothing).
         (None, Some(r)) if a.dry_run => {
@@ -395,6 +406,19 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
+    // A machine's own first boot (cloud-init, unattended upgrades) holds
+    // the package manager: wait for it before the first step.
+    if !a.dry_run
+        && a.wait > 0
+        && matches!(target, Target::Local | Target::Vm)
+        && host.root().is_none()
+    {
+        bundle::preflight(
+            host.as_mut(),
+            std::time::Duration::from_secs(a.wait),
+            bundle::PACKAGE_LOCKS,
+        )?;
+    }
     let led = if a.dry_run { None } else { Some(&mut ledger) };
     let res = walk::apply(
         host.as_mut(),

@@ -46,6 +46,14 @@ pub enum BundleError {
     /// A recorded connection of a kind this version cannot reach.
     #[error("cannot reach a target of kind {0:?} (not implemented yet)")]
     Unreachable(Option<String>),
+    /// The machine is not ready for a deploy.
+    #[error("{host} is not ready: {message}")]
+    Preflight {
+        /// The host.
+        host: String,
+        /// Why.
+        message: String,
+    },
     /// The box is made for another distro than the host runs.
     #[error(transparent)]
     Distro(#[from] HostMismatch),
@@ -302,6 +310,59 @@ pub fn target_key(target: Target, connection: &Connection, emit: &EmitSpec) -> S
         (Target::K8s, _) => format!("k8s:{}", emit.out.clone().unwrap_or_default()),
         (_, Connection::Local { root: Some(r) }) => format!("{}:local:{r}", target.as_str()),
         (_, _) => format!("{}:local:/", target.as_str()),
+    }
+}
+
+/// The package managers' lock files a preflight waits for: dpkg's (held
+/// with fcntl locks, seen in /proc/locks) and pacman's (the file is the
+/// lock).
+pub const PACKAGE_LOCKS: &[&str] = &[
+    "/var/lib/dpkg/lock-frontend",
+    "/var/lib/dpkg/lock",
+    "/var/lib/pacman/db.lck",
+];
+
+/// Before the first step on a fresh machine: waits (at most `wait`) for
+/// cloud-init to finish and for the package manager locks in `locks` to
+/// be free, so a deploy does not race the machine's own first boot. A lock
+/// still held at the end is an error naming it.
+pub fn preflight(host: &mut dyn Host, wait: Duration, locks: &[&str]) -> Result<(), BundleError> {
+    let secs = wait.as_secs().max(1);
+    let files = locks
+        .iter()
+        .map(|f| charly_rules::sh::quote_min(f))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let script = format!(
+        r#"end=$(( $(date +%s) + {secs} ))
+if command -v cloud-init >/dev/null 2>&1; then
+  timeout {secs} cloud-init status --wait >/dev/null 2>&1 || true
+fi
+held() {{
+  [ -e "$1" ] || return 1
+  case "$1" in *.lck) return 0 ;; esac
+  [ -r /proc/locks ] || return 1
+  ino=$(stat -c %i "$1" 2>/dev/null) || return 1
+  grep -q ":$ino " /proc/locks
+}}
+for f in {files}; do
+  while held "$f"; do
+    if [ "$(date +%s)" -ge "$end" ]; then
+      echo "$f is still locked after {secs} s (another package manager is running)" >&2
+      exit 75
+    fi
+    sleep 1
+  done
+done"#
+    );
+    let out = host.run(&crate::host::Cmd::sh(script).timeout(wait + Duration::from_secs(30)))?;
+    if out.ok() {
+        Ok(())
+    } else {
+        Err(BundleError::Preflight {
+            host: host.describe(),
+            message: out.stderr_tail(),
+        })
     }
 }
 

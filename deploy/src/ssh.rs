@@ -139,6 +139,20 @@ pub struct SshHost {
 impl SshHost {
     /// Connects and authenticates.
     pub fn connect(target: &SshTarget, timeout: Duration) -> Result<SshHost, HostError> {
+        Self::connect_waiting(target, timeout, Duration::ZERO, &mut |_| {})
+    }
+
+    /// [`SshHost::connect`], waiting up to `wait` for a machine that does
+    /// not answer yet (booting: the connection is refused, reset or times
+    /// out), trying again every second and telling `progress` every few
+    /// seconds. A host key, identity or authentication refusal is never
+    /// retried.
+    pub fn connect_waiting(
+        target: &SshTarget,
+        timeout: Duration,
+        wait: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SshHost, HostError> {
         // One worker keeps the session task (keepalives, queued signals and
         // closes) running between calls.
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -146,7 +160,45 @@ impl SshHost {
             .enable_all()
             .build()
             .map_err(|e| conn_err(target, format!("tokio runtime: {e}")))?;
-        let handle = rt.block_on(open(target, timeout))?;
+        let started = std::time::Instant::now();
+        let mut told = Duration::ZERO;
+        let handle = loop {
+            let try_for = if wait.is_zero() {
+                timeout
+            } else {
+                timeout.min(
+                    wait.saturating_sub(started.elapsed())
+                        .max(Duration::from_secs(1)),
+                )
+            };
+            match rt.block_on(open(target, try_for)) {
+                Ok(h) => break h,
+                Err(Opened::Refused(e)) => return Err(e),
+                Err(Opened::NotYet(e)) => {
+                    let waited = started.elapsed();
+                    if waited + Duration::from_secs(1) >= wait {
+                        return Err(if wait.is_zero() {
+                            e
+                        } else {
+                            conn_err(
+                                target,
+                                format!("{e} (waited {} s for SSH to answer)", waited.as_secs()),
+                            )
+                        });
+                    }
+                    if waited >= told {
+                        progress(&format!(
+                            "waiting for SSH on {} ({} s of {} s): {e}",
+                            target.describe(),
+                            waited.as_secs(),
+                            wait.as_secs()
+                        ));
+                        told = waited + Duration::from_secs(5);
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        };
         Ok(SshHost {
             target: target.clone(),
             rt,
@@ -167,7 +219,20 @@ fn conn_err(t: &SshTarget, message: String) -> HostError {
     }
 }
 
-async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker>, HostError> {
+/// Why a connection was not made: the machine does not answer yet (worth
+/// another try while booting), or it answered and refused.
+enum Opened {
+    NotYet(HostError),
+    Refused(HostError),
+}
+
+impl From<HostError> for Opened {
+    fn from(e: HostError) -> Self {
+        Opened::Refused(e)
+    }
+}
+
+async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker>, Opened> {
     let key = russh::keys::load_secret_key(&t.identity, None).map_err(|e| {
         conn_err(
             t,
@@ -175,13 +240,13 @@ async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker
         )
     })?;
     if !t.known_hosts.is_file() {
-        return Err(HostError::HostKey {
+        return Err(Opened::Refused(HostError::HostKey {
             host: t.describe(),
             message: format!(
                 "known_hosts file {} does not exist (charly never trusts an unknown host key)",
                 t.known_hosts.display()
             ),
-        });
+        }));
     }
     let refusal = Arc::new(Mutex::new(None));
     let checker = Checker {
@@ -196,21 +261,23 @@ async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker
     });
     let connect = client::connect(config, (t.host.as_str(), t.port), checker);
     let res = tokio::time::timeout(timeout, connect).await.map_err(|_| {
-        conn_err(
+        Opened::NotYet(conn_err(
             t,
             format!("connect timed out after {} s", timeout.as_secs()),
-        )
+        ))
     })?;
     let mut handle = match res {
         Ok(h) => h,
         Err(e) => {
             if let Some(why) = refusal.lock().expect("lock").take() {
-                return Err(HostError::HostKey {
+                return Err(Opened::Refused(HostError::HostKey {
                     host: t.describe(),
                     message: why,
-                });
+                }));
             }
-            return Err(conn_err(t, format!("connect: {e}")));
+            // Refused, reset, unreachable, or closed before the handshake
+            // ended: a machine still booting.
+            return Err(Opened::NotYet(conn_err(t, format!("connect: {e}"))));
         }
     };
     let hash = handle
@@ -223,14 +290,14 @@ async fn open(t: &SshTarget, timeout: Duration) -> Result<client::Handle<Checker
         .await
         .map_err(|e| conn_err(t, format!("authentication: {e}")))?;
     if !auth.success() {
-        return Err(conn_err(
+        return Err(Opened::Refused(conn_err(
             t,
             format!(
                 "the server refused key {} for user {}",
                 t.identity.display(),
                 t.user
             ),
-        ));
+        )));
     }
     Ok(handle)
 }
@@ -459,8 +526,12 @@ impl Host for SshHost {
                     self.login = None;
                     return Ok(());
                 }
-                Err(e @ HostError::HostKey { .. }) => return Err(e),
-                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(Opened::Refused(e @ HostError::HostKey { .. })) => return Err(e),
+                Err(Opened::Refused(e) | Opened::NotYet(e))
+                    if std::time::Instant::now() >= deadline =>
+                {
+                    return Err(e);
+                }
                 Err(_) => std::thread::sleep(Duration::from_secs(2)),
             }
         }

@@ -1127,3 +1127,57 @@ fn shared_packages_and_files_outlive_the_first_del() {
         assert_eq!(host.files, original, "b_first={b_first}");
     }
 }
+
+/// The preflight waits for a package manager lock held by another process
+/// (an fcntl lock, as dpkg takes) and names it when it is still held at the
+/// end; a lock released in time lets the deploy go on.
+#[test]
+fn preflight_waits_for_the_package_managers_lock() {
+    let t = tempfile::tempdir().expect("tmp");
+    let lock = t.path().join("lock-frontend");
+    std::fs::write(&lock, "").expect("lock file");
+    let hold = |secs: u32| {
+        let child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl,sys,time\nf=open(sys.argv[1],'w')\nfcntl.lockf(f,fcntl.LOCK_EX)\nprint('held',flush=True)\ntime.sleep(float(sys.argv[2]))",
+            ])
+            .arg(&lock)
+            .arg(secs.to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut child = child;
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
+            &mut line,
+        )
+        .expect("held");
+        child
+    };
+    let path = lock.to_str().expect("utf8");
+    let mut host = LocalHost::new();
+    let mut c = hold(30);
+    let err =
+        charly_deploy::bundle::preflight(&mut host, std::time::Duration::from_secs(2), &[path])
+            .expect_err("still locked");
+    assert!(
+        err.to_string().contains(path) && err.to_string().contains("still locked"),
+        "{err}"
+    );
+    let _ = c.kill();
+    let _ = c.wait();
+    let mut c = hold(2);
+    let t0 = std::time::Instant::now();
+    charly_deploy::bundle::preflight(&mut host, std::time::Duration::from_secs(20), &[path])
+        .expect("released in time");
+    assert!(
+        t0.elapsed() >= std::time::Duration::from_secs(1),
+        "it waited"
+    );
+    let _ = c.wait();
+    // Nothing to wait for: at once.
+    charly_deploy::bundle::preflight(&mut host, std::time::Duration::from_secs(20), &[path])
+        .expect("free");
+}

@@ -322,3 +322,71 @@ fn walker_over_ssh_extracts_the_builder_artifact_into_the_guest_home() {
     walk::remove(&mut h, &mut ledger, "s", false, &mut |_| {}).expect("del");
     assert_eq!(tree(&home), before);
 }
+
+/// A machine still booting: connecting waits (bounded, with progress) for
+/// SSH to answer; a machine that never answers is an error after the wait,
+/// naming how long it waited; a refused host key is never retried.
+#[test]
+fn connecting_waits_for_a_booting_machine() {
+    if !charly_testutil::sshd::root_available("sshd with a root login") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let port = charly_testutil::sshd::prepare(t);
+    let target = |kh: &str| {
+        SshTarget::parse(
+            &format!("root@127.0.0.1:{port}"),
+            &t.join("userkey"),
+            &t.join(kh),
+        )
+        .expect("target")
+    };
+    // Nobody listens: an error after the wait, which it says it waited.
+    let t0 = Instant::now();
+    let mut said = Vec::new();
+    let err = SshHost::connect_waiting(
+        &target("known_hosts"),
+        Duration::from_secs(5),
+        Duration::from_secs(3),
+        &mut |m| said.push(m.to_string()),
+    )
+    .err()
+    .expect("nobody answers");
+    assert!(t0.elapsed() >= Duration::from_secs(2), "it waited");
+    assert!(err.to_string().contains("waited"), "{err}");
+    assert!(
+        said.first().is_some_and(|m| m.contains("waiting for SSH")),
+        "{said:?}"
+    );
+    // The daemon comes up while the client waits.
+    let boot = std::thread::spawn({
+        let t = t.to_path_buf();
+        move || {
+            std::thread::sleep(Duration::from_secs(2));
+            charly_testutil::sshd::launch(&t, None, port)
+        }
+    });
+    let mut h = SshHost::connect_waiting(
+        &target("known_hosts"),
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+        &mut |_| {},
+    )
+    .expect("connects once sshd answers");
+    let _sshd = boot.join().expect("sshd");
+    assert!(h.run(&Cmd::sh("true")).expect("run").ok());
+    // A wrong host key is refused at once, however long the wait.
+    std::fs::write(t.join("empty"), "").expect("w");
+    let t0 = Instant::now();
+    let err = SshHost::connect_waiting(
+        &target("empty"),
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+        &mut |_| {},
+    )
+    .err()
+    .expect("refused");
+    assert!(matches!(err, HostError::HostKey { .. }), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}

@@ -77,10 +77,30 @@ pub fn guest_wrap(guest: &Path) -> String {
 /// [`home_wrap`], [`guest_wrap`]), every session runs through it. Returns
 /// the daemon and its port once it accepts connections.
 pub fn start(t: &Path, wrap: Option<&str>) -> (Sshd, u16) {
+    let port = prepare(t);
+    (launch(t, wrap, port), port)
+}
+
+/// What [`start`] does before the daemon runs: the keys, `known_hosts`
+/// and a free port (returned), so a client can be pointed at a machine
+/// that does not answer yet; [`launch`] then starts it there.
+pub fn prepare(t: &Path) -> u16 {
     keygen(&t.join("hostkey"));
     keygen(&t.join("userkey"));
     std::fs::copy(t.join("userkey.pub"), t.join("authorized_keys")).expect("authorized");
     let port = crate::free_port();
+    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
+    std::fs::write(
+        t.join("known_hosts"),
+        format!("[127.0.0.1]:{port} {pubkey}"),
+    )
+    .expect("known_hosts");
+    port
+}
+
+/// Starts sshd on `port` with the files [`prepare`] made in `t`; returns
+/// once it accepts connections.
+pub fn launch(t: &Path, wrap: Option<&str>, port: u16) -> Sshd {
     let mut text = format!(
         "Port {port}\nListenAddress 127.0.0.1\nHostKey {t}/hostkey\nAuthorizedKeysFile {t}/authorized_keys\nPidFile {t}/sshd.pid\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\nLogLevel DEBUG1\n",
         t = t.display()
@@ -107,11 +127,5 @@ pub fn start(t: &Path, wrap: Option<&str>) -> (Sshd, u16) {
         assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let pubkey = std::fs::read_to_string(t.join("hostkey.pub")).expect("pub");
-    std::fs::write(
-        t.join("known_hosts"),
-        format!("[127.0.0.1]:{port} {pubkey}"),
-    )
-    .expect("known_hosts");
-    (d, port)
+    d
 }
