@@ -394,12 +394,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             "would-run" => "would run",
             s => s,
         };
-        let note = r
-            .note
-            .as_deref()
-            .map(|n| format!(" ({n})"))
-            .unwrap_or_default();
-        output::note(&format!("[{:>3}] {mark:<9} {}{note}", r.seq, r.title));
+        progress_line(r.seq, mark, &r.title, r.note.as_deref());
         if r.state == "would-run" {
             for a in &r.actions {
                 output::note(&format!("        {a}"));
@@ -524,25 +519,17 @@ fn reapply(
     };
     let mut progress = |r: &walk::StepReport| {
         if !json {
-            let note = r
-                .note
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default();
-            output::note(&format!("[{:>3}] {:<9} {}{note}", r.seq, r.state, r.title));
+            progress_line(r.seq, &r.state, &r.title, r.note.as_deref());
         }
     };
     let mut undo_progress = |r: &walk::UndoReport| {
         if !json {
-            let note = r
-                .note
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default();
-            output::note(&format!(
-                "[{:>3}] undo {:<9} {}{note}",
-                r.seq, r.state, r.what
-            ));
+            progress_line(
+                r.seq,
+                &format!("undo {}", r.state),
+                &r.what,
+                r.note.as_deref(),
+            );
         }
     };
     match walk::reapply(
@@ -586,6 +573,12 @@ fn reapply(
     }
 }
 
+/// One progress line of a walk or an undo: `[seq] state what (note)`.
+fn progress_line(seq: u32, state: &str, what: &str, note: Option<&str>) {
+    let note = note.map(|n| format!(" ({n})")).unwrap_or_default();
+    output::note(&format!("[{seq:>3}] {state:<9} {what}{note}"));
+}
+
 /// The candy keys `--add` names (each must be a candy of the project).
 fn added_keys(p: &charly_rules::load::Project, refs: &[String]) -> anyhow::Result<Vec<String>> {
     let mut keys = Vec::new();
@@ -612,15 +605,9 @@ fn del(cli: &Cli, name: &str, opts: &walk::DelOptions, json: bool) -> anyhow::Re
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
     let mut host = bundle::host_for(&rec.connection)?;
     let mut progress = |r: &walk::UndoReport| {
-        if json {
-            return;
+        if !json {
+            progress_line(r.seq, &r.state, &r.what, r.note.as_deref());
         }
-        let note = r
-            .note
-            .as_deref()
-            .map(|n| format!(" ({n})"))
-            .unwrap_or_default();
-        output::note(&format!("[{:>3}] {:<9} {}{note}", r.seq, r.state, r.what));
     };
     match walk::remove_with(host.as_mut(), &mut ledger, name, opts, &mut progress) {
         Ok(reports) => {

@@ -22,6 +22,16 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+/// A root directory that cannot be opened.
+fn open_root_err(dir: &Path, e: impl std::fmt::Display) -> HostError {
+    HostError::Io {
+        host: "local".into(),
+        op: "open root".into(),
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
 /// Why a [`LocalHost::preview`] of a missing root refuses a change.
 const ABSENT_ROOT: &str = "the root directory does not exist (a dry run's view changes nothing)";
 
@@ -50,18 +60,8 @@ impl LocalHost {
 
     /// Rooted at `dir` (made absolute).
     pub fn rooted(dir: &Path) -> Result<Self, HostError> {
-        let abs = std::fs::canonicalize(dir).map_err(|e| HostError::Io {
-            host: "local".into(),
-            op: "open root".into(),
-            path: dir.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let froot = charly_engine::fsroot::Root::open(&abs).map_err(|e| HostError::Io {
-            host: "local".into(),
-            op: "open root".into(),
-            path: dir.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let abs = std::fs::canonicalize(dir).map_err(|e| open_root_err(dir, e))?;
+        let froot = charly_engine::fsroot::Root::open(&abs).map_err(|e| open_root_err(dir, e))?;
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: Some(froot),
@@ -78,12 +78,7 @@ impl LocalHost {
         if std::fs::symlink_metadata(dir).is_ok() {
             return Self::rooted(dir);
         }
-        let abs = std::path::absolute(dir).map_err(|e| HostError::Io {
-            host: "local".into(),
-            op: "open root".into(),
-            path: dir.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let abs = std::path::absolute(dir).map_err(|e| open_root_err(dir, e))?;
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: None,

@@ -149,6 +149,53 @@ fn tree(root: &Path) -> BTreeMap<String, String> {
     m
 }
 
+/// A system file step writing `content` to `path`.
+fn write_step(candy: &str, path: &str, content: &str) -> charly_rules::plan::InstallStep {
+    charly_rules::plan::InstallStep {
+        candy: candy.into(),
+        kind: charly_rules::plan::StepKind::File,
+        scope: charly_rules::plan::Scope::System,
+        venue: charly_rules::plan::Venue::HostNative,
+        gate: charly_rules::plan::Gate::None,
+        phase: None,
+        reverse: Vec::new(),
+        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
+            verb: "write".into(),
+            path: path.into(),
+            content: Some(content.into()),
+            source: None,
+            mode: "0644".into(),
+            user: String::new(),
+            task: 0,
+        }),
+    }
+}
+
+/// Applies `plan` as bundle `name` (vm target) on `host`, recorded in
+/// `ledger`.
+fn apply_as(
+    host: &mut MemHost,
+    ledger: &mut Ledger,
+    name: &str,
+    plan: &InstallPlan,
+    arts: &dyn Artifacts,
+) -> Result<walk::Report, WalkError> {
+    let user = walk::resolve_user(host, "user", plan).expect("user");
+    walk::apply(
+        host,
+        Some(ledger),
+        &record(name, plan, &user, "mem"),
+        plan,
+        &user,
+        arts,
+        &Options {
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+}
+
 fn record(name: &str, plan: &InstallPlan, user: &TargetUser, key: &str) -> BundleRecord {
     BundleRecord {
         name: name.into(),
@@ -657,43 +704,16 @@ fn vm_reboot_waits_for_a_new_boot_id() {
 fn removing_a_unit_file_reloads_systemd_afterwards() {
     let (p, r) = open();
     let mut plan = plan(&p, &r);
-    plan.steps = vec![charly_rules::plan::InstallStep {
-        candy: "pod".into(),
-        kind: charly_rules::plan::StepKind::File,
-        scope: charly_rules::plan::Scope::System,
-        venue: charly_rules::plan::Venue::HostNative,
-        gate: charly_rules::plan::Gate::None,
-        phase: None,
-        reverse: Vec::new(),
-        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
-            verb: "write".into(),
-            path: "/etc/containers/systemd/charly-x.container".into(),
-            content: Some("[Container]\nImage=x\n".into()),
-            source: None,
-            mode: "0644".into(),
-            user: String::new(),
-            task: 0,
-        }),
-    }];
+    plan.steps = vec![write_step(
+        "pod",
+        "/etc/containers/systemd/charly-x.container",
+        "[Container]\nImage=x\n",
+    )];
     let mut host = MemHost::new("user", 1000);
     let original = host.clone();
-    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
     let t = tempfile::tempdir().expect("tmp");
     let mut ledger = Ledger::open(t.path()).expect("ledger");
-    walk::apply(
-        &mut host,
-        Some(&mut ledger),
-        &record("b", &plan, &user, "mem"),
-        &plan,
-        &user,
-        &TestArts,
-        &Options {
-            target: Target::Vm,
-            ..Options::default()
-        },
-        &mut |_| {},
-    )
-    .expect("apply");
+    apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
     let n = host.log.len();
     walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
     let after: Vec<&String> = host.log[n..].iter().collect();
@@ -746,23 +766,9 @@ fn removing_a_packaged_service_restores_its_prior_state() {
         }];
         let mut host = MemHost::new("user", 1000);
         host.on("is-enabled", Response::ok(&format!("{prior}\n")));
-        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
         let t = tempfile::tempdir().expect("tmp");
         let mut ledger = Ledger::open(t.path()).expect("ledger");
-        walk::apply(
-            &mut host,
-            Some(&mut ledger),
-            &record("b", &plan, &user, "mem"),
-            &plan,
-            &user,
-            &TestArts,
-            &Options {
-                target: Target::Vm,
-                ..Options::default()
-            },
-            &mut |_| {},
-        )
-        .expect("apply");
+        apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
         assert!(
             host.commands()
                 .iter()
@@ -822,22 +828,9 @@ fn local_packages_install_with_the_formats_template_behind_its_probe() {
         }
     }
     let run = |host: &mut MemHost| {
-        let user = walk::resolve_user(host, "user", &plan).expect("user");
         let t = tempfile::tempdir().expect("tmp");
         let mut ledger = Ledger::open(t.path()).expect("ledger");
-        walk::apply(
-            host,
-            Some(&mut ledger),
-            &record("b", &plan, &user, "mem"),
-            &plan,
-            &user,
-            &ArchPkgs,
-            &Options {
-                target: Target::Vm,
-                ..Options::default()
-            },
-            &mut |_| {},
-        )
+        apply_as(host, &mut ledger, "b", &plan, &ArchPkgs)
     };
     let tmp = || MemNode::Dir { mode: 0o1777 };
     let mut host = MemHost::new("user", 1000);
@@ -906,23 +899,9 @@ fn a_fish_users_env_hook_is_native_fish_and_undone() {
         },
     );
     let original = host.clone();
-    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
     let t = tempfile::tempdir().expect("tmp");
     let mut ledger = Ledger::open(t.path()).expect("ledger");
-    walk::apply(
-        &mut host,
-        Some(&mut ledger),
-        &record("b", &plan, &user, "mem"),
-        &plan,
-        &user,
-        &TestArts,
-        &Options {
-            target: Target::Vm,
-            ..Options::default()
-        },
-        &mut |_| {},
-    )
-    .expect("apply");
+    apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
     let text = |host: &MemHost, p: &str| match host.files.get(p) {
         Some(MemNode::File { data, .. }) => String::from_utf8_lossy(data).into_owned(),
         other => panic!("{p}: {other:?}"),
@@ -949,25 +928,10 @@ fn a_fish_users_env_hook_is_native_fish_and_undone() {
 fn del_keeps_a_file_changed_since_the_deploy_unless_forced() {
     let (p, r) = open();
     let mut plan = plan(&p, &r);
-    let file = |path: &str| charly_rules::plan::InstallStep {
-        candy: "cfg".into(),
-        kind: charly_rules::plan::StepKind::File,
-        scope: charly_rules::plan::Scope::System,
-        venue: charly_rules::plan::Venue::HostNative,
-        gate: charly_rules::plan::Gate::None,
-        phase: None,
-        reverse: Vec::new(),
-        data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
-            verb: "write".into(),
-            path: path.into(),
-            content: Some("deployed\n".into()),
-            source: None,
-            mode: "0644".into(),
-            user: String::new(),
-            task: 0,
-        }),
-    };
-    plan.steps = vec![file("/etc/tool.conf"), file("/etc/motd")];
+    plan.steps = vec![
+        write_step("cfg", "/etc/tool.conf", "deployed\n"),
+        write_step("cfg", "/etc/motd", "deployed\n"),
+    ];
     for force in [false, true] {
         let mut host = MemHost::new("user", 1000);
         // /etc/motd was there before: the deploy overwrote it.
@@ -978,23 +942,9 @@ fn del_keeps_a_file_changed_since_the_deploy_unless_forced() {
             gid: 0,
         };
         host.files.insert("/etc/motd".into(), before.clone());
-        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
         let t = tempfile::tempdir().expect("tmp");
         let mut ledger = Ledger::open(t.path()).expect("ledger");
-        walk::apply(
-            &mut host,
-            Some(&mut ledger),
-            &record("b", &plan, &user, "mem"),
-            &plan,
-            &user,
-            &TestArts,
-            &Options {
-                target: Target::Vm,
-                ..Options::default()
-            },
-            &mut |_| {},
-        )
-        .expect("apply");
+        apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
         let edited = MemNode::File {
             data: b"deployed\nmine\n".to_vec(),
             mode: 0o644,
@@ -1058,24 +1008,7 @@ fn shared_packages_and_files_outlive_the_first_del() {
                 },
                 None,
             ),
-            charly_rules::plan::InstallStep {
-                candy: name.into(),
-                kind: charly_rules::plan::StepKind::File,
-                scope: charly_rules::plan::Scope::System,
-                venue: charly_rules::plan::Venue::HostNative,
-                gate: charly_rules::plan::Gate::None,
-                phase: None,
-                reverse: Vec::new(),
-                data: charly_rules::plan::StepData::File(charly_rules::plan::FileStep {
-                    verb: "write".into(),
-                    path: "/etc/shared.conf".into(),
-                    content: Some(content.into()),
-                    source: None,
-                    mode: "0644".into(),
-                    user: String::new(),
-                    task: 0,
-                }),
-            },
+            write_step(name, "/etc/shared.conf", content),
         ];
         pl
     };
@@ -1099,21 +1032,7 @@ fn shared_packages_and_files_outlive_the_first_del() {
         let t = tempfile::tempdir().expect("tmp");
         let mut ledger = Ledger::open(t.path()).expect("ledger");
         for (name, pl) in [("a", &pa), ("b", &pb)] {
-            let user = walk::resolve_user(&mut host, "user", pl).expect("user");
-            walk::apply(
-                &mut host,
-                Some(&mut ledger),
-                &record(name, pl, &user, "mem"),
-                pl,
-                &user,
-                &TestArts,
-                &Options {
-                    target: Target::Vm,
-                    ..Options::default()
-                },
-                &mut |_| {},
-            )
-            .expect("apply");
+            apply_as(&mut host, &mut ledger, name, pl, &TestArts).expect("apply");
         }
         assert_eq!(text(&host).as_deref(), Some("from b\n"));
         let (first, second) = if b_first { ("b", "a") } else { ("a", "b") };

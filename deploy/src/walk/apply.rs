@@ -122,13 +122,7 @@ pub fn apply(
 ) -> Result<Report, WalkError> {
     let rooted = host.root().is_some();
     let dry = o.dry_run || ledger.is_none();
-    let mut plan = plan.clone();
-    plan.resolve_home(&user.home);
-    let skip: Vec<Option<String>> = plan
-        .steps
-        .iter()
-        .map(|s| skip_reason(s, o, rooted, user))
-        .collect();
+    let (plan, skip) = for_user(plan, user, o, rooted);
     // Privilege: checked once up front, naming the steps that need it.
     check_privilege(host, &plan, &skip, rooted, dry)?;
     let _lock = match ledger.as_deref_mut() {
@@ -142,6 +136,24 @@ pub fn apply(
     walk_steps(
         host, ledger, record, &plan, &skip, user, arts, o, progress, 0,
     )
+}
+
+/// The plan with the user's home in place of the home token, and why each
+/// step is skipped (None: it runs).
+fn for_user(
+    plan: &InstallPlan,
+    user: &TargetUser,
+    o: &Options,
+    rooted: bool,
+) -> (InstallPlan, Vec<Option<String>>) {
+    let mut plan = plan.clone();
+    plan.resolve_home(&user.home);
+    let skip = plan
+        .steps
+        .iter()
+        .map(|s| skip_reason(s, o, rooted, user))
+        .collect();
+    (plan, skip)
 }
 
 /// What `bundle apply` did.
@@ -175,13 +187,7 @@ pub fn reapply(
 ) -> Result<ReapplyReport, WalkError> {
     let name = record.name.as_str();
     let rooted = host.root().is_some();
-    let mut plan = plan.clone();
-    plan.resolve_home(&user.home);
-    let skip: Vec<Option<String>> = plan
-        .steps
-        .iter()
-        .map(|s| skip_reason(s, o, rooted, user))
-        .collect();
+    let (plan, skip) = for_user(plan, user, o, rooted);
     let _lock = (!o.dry_run).then(|| ledger.lock(name)).transpose()?;
     let steps = ledger.steps(name)?;
     let drifted: BTreeSet<u32> = super::drift(host, ledger, name, None)?
