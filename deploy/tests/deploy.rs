@@ -171,8 +171,8 @@ fn write_step(candy: &str, path: &str, content: &str) -> charly_rules::plan::Ins
     }
 }
 
-/// Applies `plan` as bundle `name` (vm target) on `host`, recorded in
-/// `ledger`.
+/// Applies `plan` as bundle `name` (vm target, every gate open) on
+/// `host`, recorded in `ledger`.
 fn apply_as(
     host: &mut MemHost,
     ledger: &mut Ledger,
@@ -190,6 +190,7 @@ fn apply_as(
         arts,
         &Options {
             target: Target::Vm,
+            gates: charly_rules::plan::Gates::all(),
             ..Options::default()
         },
         &mut |_| {},
@@ -1099,4 +1100,56 @@ fn preflight_waits_for_the_package_managers_lock() {
     // Nothing to wait for: at once.
     charly_deploy::bundle::preflight(&mut host, std::time::Duration::from_secs(20), &[path])
         .expect("free");
+}
+
+/// `setcap:` on a host reads the file's capabilities first; `del` puts
+/// back exactly those, or removes what the deploy set.
+#[test]
+fn setcap_on_a_host_is_undone_to_the_prior_capabilities() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    let step = |caps: Option<&str>| {
+        charly_rules::plan::InstallStep::op(
+            "ping",
+            charly_rules::plan::OpStep {
+                verb: "setcap".into(),
+                value: "/usr/bin/ping".into(),
+                user: "root".into(),
+                caps: caps.map(String::from),
+                ..charly_rules::plan::OpStep::default()
+            },
+        )
+    };
+    for (prior, undo) in [
+        ("", "setcap -r /usr/bin/ping"),
+        (
+            "/usr/bin/ping cap_net_raw=ep\n",
+            "setcap cap_net_raw=ep /usr/bin/ping",
+        ),
+    ] {
+        plan.steps = vec![step(Some("cap_net_raw,cap_net_admin+ep"))];
+        let mut host = MemHost::new("user", 1000);
+        host.on("getcap /usr/bin/ping", Response::ok(prior));
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
+        assert!(
+            host.commands()
+                .iter()
+                .any(|c| c.contains("setcap cap_net_raw,cap_net_admin+ep /usr/bin/ping")),
+            "{:#?}",
+            host.log
+        );
+        let n = host.log.len();
+        walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+        let after: Vec<&str> = host.log[n..]
+            .iter()
+            .filter_map(|l| l.strip_prefix("run "))
+            .filter(|l| l.contains("setcap"))
+            .collect();
+        assert!(
+            after.len() == 1 && after[0].contains(undo),
+            "prior {prior:?}: {after:#?}"
+        );
+    }
 }

@@ -53,12 +53,10 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         {
             rooted_msg(&format!("`{}`", op.verb))
         }
-        StepData::Op(op) if matches!(op.verb.as_str(), "download" | "setcap" | "build") => {
-            Some(format!(
-                "`{}` tasks are not implemented for host targets yet",
-                op.verb
-            ))
-        }
+        StepData::Op(op) if matches!(op.verb.as_str(), "download" | "build") => Some(format!(
+            "`{}` tasks are not implemented for host targets yet",
+            op.verb
+        )),
         StepData::ServicePackaged(_) if rooted => rooted_msg("enabling services"),
         StepData::ServiceCustom(c) if c.path.is_none() => {
             Some(format!("{} programs run only inside containers", c.init))
@@ -485,6 +483,7 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
                 .to_string();
             cx.put_symlink(&op.value, &target, sys)
         }
+        "setcap" => setcap_step(cx, op),
         "cmd" => {
             let mut c = Cmd::sh(op.value.clone());
             c.env = step_env(cx.user, bin_dirs, &op.env);
@@ -599,6 +598,49 @@ impl PriorState {
             (true, false, false) => Some(("disable", "disable --now")),
         }
     }
+}
+
+/// `setcap:` on a host: the file's capabilities before are read first
+/// (`getcap`), so the undo puts back exactly those (or removes them).
+fn setcap_step(cx: &mut StepCx<'_>, op: &OpStep) -> R<()> {
+    let path = sh::quote_min(&cx.host.real(&op.value));
+    let set = match op.caps.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+        Some(caps) => format!("setcap {} {path}", sh::quote_min(caps)),
+        None => format!("setcap -r {path}"),
+    };
+    if !cx.dry() {
+        let before = cx.run(
+            Cmd::sh(format!("getcap {path}")).privileged(true),
+            &format!("read the capabilities of {}", op.value),
+        )?;
+        let prior = prior_caps(&before);
+        cx.undo(
+            &Undo::Run {
+                what: format!("capabilities of {}", op.value),
+                script: match &prior {
+                    Some(p) => format!("setcap {} {path}", sh::quote_min(p)),
+                    None => format!("setcap -r {path} 2>/dev/null || true"),
+                },
+                privileged: true,
+                as_user: None,
+                env: BTreeMap::new(),
+                ignore_failure: true,
+            },
+            &[],
+        )?;
+    }
+    cx.run(Cmd::sh(set).privileged(true), "setcap")?;
+    cx.changed();
+    Ok(())
+}
+
+/// The capabilities in `getcap FILE`'s output (`FILE caps`, or older
+/// `FILE = caps`); None when the file has none.
+fn prior_caps(out: &str) -> Option<String> {
+    let line = out.lines().find(|l| !l.trim().is_empty())?;
+    let (_, caps) = line.trim().split_once(char::is_whitespace)?;
+    let caps = caps.trim().trim_start_matches('=').trim();
+    (!caps.is_empty()).then(|| caps.to_string())
 }
 
 /// Reboots the target and waits (up to the step timeout) until it answers
@@ -985,6 +1027,20 @@ fn builder_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn getcap_output_in_both_spellings() {
+        assert_eq!(
+            prior_caps("/usr/bin/ping cap_net_raw=ep\n").as_deref(),
+            Some("cap_net_raw=ep")
+        );
+        assert_eq!(
+            prior_caps("/usr/bin/ping = cap_net_raw+ep\n").as_deref(),
+            Some("cap_net_raw+ep")
+        );
+        assert_eq!(prior_caps(""), None);
+        assert_eq!(prior_caps("/usr/bin/ping\n"), None);
+    }
 
     #[test]
     fn artifact_is_retargeted() {
