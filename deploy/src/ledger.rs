@@ -608,6 +608,21 @@ impl Ledger {
 
     /// Takes the bundle's lock (fails when another process holds it).
     pub fn lock(&self, name: &str) -> Result<BundleLock, LedgerError> {
+        // A lock just released can still be held for a moment by a child
+        // process forked in between (flock locks belong to the open file,
+        // which a fork shares until its exec closes it): wait that out.
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match self.try_lock(name) {
+                Err(LedgerError::Busy(_)) if std::time::Instant::now() < give_up => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn try_lock(&self, name: &str) -> Result<BundleLock, LedgerError> {
         let p = self.lock_path(name);
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -630,7 +645,7 @@ impl Ledger {
 
     /// Whether another process holds the bundle now.
     pub fn is_locked(&self, name: &str) -> bool {
-        matches!(self.lock(name), Err(LedgerError::Busy(_)))
+        matches!(self.try_lock(name), Err(LedgerError::Busy(_)))
     }
 
     /// Records a new bundle (state `applying`).
