@@ -1153,3 +1153,157 @@ fn setcap_on_a_host_is_undone_to_the_prior_capabilities() {
         );
     }
 }
+
+/// `download:` on a host: an archive is unpacked into place (files it
+/// replaces backed up, new paths recorded) and a plain file lands at `to`;
+/// `del` leaves the tree exactly as it was. Served from a `file://` URL.
+#[test]
+fn download_on_a_rooted_host_is_placed_and_undone_exactly() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    let t = tempfile::tempdir().expect("tmp");
+    // The archive: pkg/bin/tool, pkg/bin/old (replaces a file), pkg/README, pkg/bin/t -> tool.
+    let src = t.path().join("src/pkg");
+    std::fs::create_dir_all(src.join("bin")).expect("mkdir");
+    std::fs::write(src.join("bin/tool"), "#!/bin/sh\necho tool\n").expect("w");
+    std::fs::write(src.join("bin/old"), "new old\n").expect("w");
+    std::fs::write(src.join("README"), "read me\n").expect("w");
+    std::os::unix::fs::symlink("tool", src.join("bin/t")).expect("ln");
+    let archive = t.path().join("tool.tar.gz");
+    let st = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(t.path().join("src"))
+        .arg("pkg")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    let single = t.path().join("single");
+    std::fs::write(&single, "single file\n").expect("w");
+
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("opt/tool/bin")).expect("mkdir");
+    std::fs::write(root.join("opt/tool/bin/old"), "old old\n").expect("w");
+    std::fs::write(root.join("opt/tool/keep"), "mine\n").expect("w");
+    std::fs::create_dir_all(root.join("home/user")).expect("home");
+    std::fs::create_dir_all(root.join("etc")).expect("etc");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n",
+    )
+    .expect("passwd");
+    let before = tree(&root);
+
+    let dl = |url: String, to: &str, extract: &str, strip: Option<u32>, mode: Option<&str>| {
+        charly_rules::plan::InstallStep::op(
+            "tool",
+            charly_rules::plan::OpStep {
+                verb: "download".into(),
+                value: url,
+                user: "root".into(),
+                to: Some(to.into()),
+                extract: Some(extract.into()),
+                strip_components: strip,
+                mode: mode.map(String::from),
+                ..charly_rules::plan::OpStep::default()
+            },
+        )
+    };
+    plan.steps = vec![
+        dl(
+            format!("file://{}", archive.display()),
+            "/opt/tool",
+            "tar.gz",
+            Some(1),
+            None,
+        ),
+        dl(
+            format!("file://{}", single.display()),
+            "/usr/local/bin/single",
+            "none",
+            None,
+            Some("0750"),
+        ),
+    ];
+    let mut host = LocalHost::rooted(&root).expect("rooted");
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("dl", &plan, &user, "local:test");
+    let o = Options {
+        gates: Gates::all(),
+        ..Options::default()
+    };
+    let dry = walk::apply(
+        &mut host,
+        None,
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            dry_run: true,
+            ..o.clone()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run");
+    assert_eq!(tree(&root), before, "a dry run downloads nothing");
+    assert!(
+        dry.steps[1]
+            .actions
+            .iter()
+            .any(|a| a.contains("mkdir /usr/local/bin")),
+        "{:?}",
+        dry.steps[1].actions
+    );
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &o,
+        &mut |_| {},
+    )
+    .expect("apply");
+    assert!(
+        report.steps.iter().all(|s| s.state == "complete"),
+        "{:#?}",
+        report.steps
+    );
+    let rd = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert_eq!(rd("opt/tool/bin/tool"), "#!/bin/sh\necho tool\n");
+    assert_eq!(rd("opt/tool/bin/old"), "new old\n");
+    assert_eq!(rd("opt/tool/README"), "read me\n");
+    assert_eq!(rd("opt/tool/keep"), "mine\n");
+    assert_eq!(
+        std::fs::read_link(root.join("opt/tool/bin/t")).expect("link"),
+        PathBuf::from("tool")
+    );
+    assert_eq!(rd("usr/local/bin/single"), "single file\n");
+    assert_eq!(
+        std::fs::metadata(root.join("usr/local/bin/single"))
+            .expect("single")
+            .mode()
+            & 0o7777,
+        0o750
+    );
+    // Nothing drifted: the recorded facts are what is on disk.
+    assert!(
+        walk::drift(&mut host, &ledger, "dl", None)
+            .expect("drift")
+            .is_empty()
+    );
+    assert!(
+        !std::fs::read_dir("/tmp").expect("tmp").flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("charly-dl.")
+            && e.path().join("tree/bin/tool").exists()),
+        "the staging directory is gone"
+    );
+    walk::remove(&mut host, &mut ledger, "dl", false, &mut |_| {}).expect("del");
+    assert_eq!(tree(&root), before, "del restores the tree exactly");
+}

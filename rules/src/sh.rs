@@ -32,6 +32,10 @@
 //! there), and any byte outside the bare set, including every non-ASCII
 //! byte, makes the minimal variants quote.
 
+/// The start of every cmd script, in images and on hosts: the machine's
+/// architecture as `BUILD_ARCH` (uname) and `ARCH` (Go's names).
+pub const ARCH_PREAMBLE: &str = "BUILD_ARCH=$(uname -m)\ncase \"$BUILD_ARCH\" in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; armv7l|armv7|armhf) ARCH=arm ;; *) ARCH=$BUILD_ARCH ;; esac\nexport BUILD_ARCH ARCH\n";
+
 /// Single-quotes a word, always (even a word that would be safe bare).
 pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))

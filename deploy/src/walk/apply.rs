@@ -3,6 +3,7 @@
 //! builder artifacts), every change through the step context so its undo
 //! is committed first.
 
+use super::download::{download_kind, download_step};
 use super::drift::sweep;
 use super::managed::{hook_step, snippet_step};
 use super::undo::UndoReport;
@@ -48,15 +49,15 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         StepData::LocalPkgInstall(l) if rooted => {
             rooted_msg(&format!("installing {} packages", l.format))
         }
-        StepData::Op(op)
-            if rooted && matches!(op.verb.as_str(), "cmd" | "download" | "setcap" | "build") =>
-        {
+        StepData::Op(op) if rooted && matches!(op.verb.as_str(), "cmd" | "setcap" | "build") => {
             rooted_msg(&format!("`{}`", op.verb))
         }
-        StepData::Op(op) if matches!(op.verb.as_str(), "download" | "build") => Some(format!(
-            "`{}` tasks are not implemented for host targets yet",
-            op.verb
-        )),
+        StepData::Op(op) if rooted && op.verb == "download" && download_kind(op) == "sh" => {
+            rooted_msg("a downloaded installer script")
+        }
+        StepData::Op(op) if op.verb == "build" => {
+            Some("`build` tasks are not implemented for host targets yet".into())
+        }
         StepData::ServicePackaged(_) if rooted => rooted_msg("enabling services"),
         StepData::ServiceCustom(c) if c.path.is_none() => {
             Some(format!("{} programs run only inside containers", c.init))
@@ -104,6 +105,18 @@ fn step_env(
         env.insert(k.clone(), v.replace("{{.Home}}", &user.home));
     }
     env
+}
+
+/// A task's environment: the step's (see [`step_env`]) with the candy's
+/// `var:` values under the task's own `env:`.
+pub(super) fn op_env(
+    user: &TargetUser,
+    bin_dirs: &[String],
+    op: &OpStep,
+) -> BTreeMap<String, String> {
+    let mut extra = op.vars.clone();
+    extra.extend(op.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    step_env(user, bin_dirs, &extra)
 }
 
 /// Applies a plan as bundle `name`. The bundle record must not exist.
@@ -484,9 +497,10 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
             cx.put_symlink(&op.value, &target, sys)
         }
         "setcap" => setcap_step(cx, op),
+        "download" => download_step(cx, s, op, bin_dirs),
         "cmd" => {
-            let mut c = Cmd::sh(op.value.clone());
-            c.env = step_env(cx.user, bin_dirs, &op.env);
+            let mut c = Cmd::sh(format!("{}set -e\n{}", sh::ARCH_PREAMBLE, op.value));
+            c.env = op_env(cx.user, bin_dirs, op);
             c.privileged = sys;
             if !sys {
                 c.as_user = Some(cx.user.name.clone());

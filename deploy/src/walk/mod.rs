@@ -24,6 +24,7 @@
 //! The public items are re-exported here (`charly_deploy::walk::apply`, …).
 
 mod apply;
+mod download;
 mod drift;
 mod managed;
 mod undo;

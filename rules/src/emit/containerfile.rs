@@ -1313,7 +1313,7 @@ impl Emitter<'_> {
                 if let Some(cm) = &o.comment {
                     self.line(&format!("# {}", comment_text(cm)));
                 }
-                let mut script = String::from(CMD_PREAMBLE);
+                let mut script = String::from(sh::ARCH_PREAMBLE);
                 for (k, v) in &o.env {
                     let _ = writeln!(script, "export {k}={}", sh::quote(v));
                 }
@@ -1825,9 +1825,6 @@ fn go_quote(s: &str) -> String {
     out.push('"');
     out
 }
-
-/// The start of every cmd script: architecture names, then `set -e`.
-const CMD_PREAMBLE: &str = "BUILD_ARCH=$(uname -m)\ncase \"$BUILD_ARCH\" in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; armv7l|armv7|armhf) ARCH=arm ;; *) ARCH=$BUILD_ARCH ;; esac\nexport BUILD_ARCH ARCH\n";
 
 /// supervisord's header when the project has none.
 pub const DEFAULT_SUPERVISOR_HEADER: &str = "[supervisord]\nnodaemon=true\nuser=root\nlogfile=/dev/null\nlogfile_maxbytes=0\npidfile=/tmp/supervisord.pid\n\n[unix_http_server]\nfile=/tmp/supervisor.sock\n\n[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n\n[supervisorctl]\nserverurl=unix:///tmp/supervisor.sock\n";

@@ -503,6 +503,16 @@ impl Cx<'_> {
                             .iter()
                             .map(|(k, v)| (k.value.clone(), v.value.clone()))
                             .collect(),
+                        vars: if matches!(verb, "cmd" | "download") {
+                            self.c
+                                .def
+                                .var
+                                .iter()
+                                .map(|(k, v)| (k.value.clone(), v.value.clone()))
+                                .collect()
+                        } else {
+                            BTreeMap::new()
+                        },
                         caps: t.caps.as_ref().map(|s| s.value.clone()),
                         cache: t.cache.0.iter().map(|s| subst_user(&s.value, u)).collect(),
                         comment: t.comment.clone(),

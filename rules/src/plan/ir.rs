@@ -383,6 +383,11 @@ pub struct OpStep {
     /// Task environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The candy's `var:` values (cmd and download): in an image they are
+    /// `ENV` lines before the candy's steps; on a host, the command's
+    /// environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vars: BTreeMap<String, String>,
     /// Capabilities (setcap); none means remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caps: Option<String>,
