@@ -18,10 +18,13 @@ use std::collections::BTreeMap;
 /// (but the key markers), sorted.
 const FILES: &str = "f86959fdd5fd5734724ba6c80d396871d6ccef473e13caaf3e3aebb3b1ac4dc5";
 
-/// Per node kind, blake3 over the sorted `id \0 key` lines. Source and
-/// fragment keys are those of f143e55 (before the crate split); the
-/// containerfile keys changed once, in the commit that made the box's facts
-/// named key inputs (one `fact:<field>` value each instead of one digest).
+/// Per node kind, blake3 over the sorted `id \0 key` lines. Source keys
+/// are those of f143e55 (before the crate split). The containerfile keys
+/// changed when the box's facts became named key inputs (one
+/// `fact:<field>` value each instead of one digest); fragment keys (and so
+/// containerfile keys) when the plan a fragment is keyed by gained the
+/// box's `preserve_user` and the tasks' candy `var:` values (the generated
+/// bytes stayed the same).
 const KEYS: &[(&str, &str)] = &[
     (
         "source",
@@ -29,11 +32,11 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "fragment",
-        "f165a9557d3e8a1f20e4e46e5a625aad149383c056ea8fe60f68ead4f922a703",
+        "f987abc8ed39b5e310826309823ef852966cb5a6a6447bf2536606a8f37d3165",
     ),
     (
         "containerfile",
-        "ea3ae44912ecec38ed132d471d3109b054f1860e18aff962b5ed474bcd306d7f",
+        "f7d92944dc242671e47dacc8b262570050adea4df684e15dc160d50792e0f1f3",
     ),
 ];
 

@@ -243,6 +243,90 @@ fn guest_pkg_status(guest: &Path, pkg: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A signed flat apt repository at `dir` with one package,
+/// `charly-repo-probe`, and its public key ASCII-armoured in `key.asc`
+/// (made with this machine's dpkg-deb and gpg).
+fn local_apt_repo(t: &Path, dir: &Path) {
+    use sha2::Digest as _;
+    let pkg = t.join("probe-pkg");
+    std::fs::create_dir_all(pkg.join("DEBIAN")).expect("mkdir");
+    std::fs::create_dir_all(pkg.join("usr/share/charly-repo-probe")).expect("mkdir");
+    std::fs::write(
+        pkg.join("DEBIAN/control"),
+        "Package: charly-repo-probe\nVersion: 1.0\nArchitecture: all\nMaintainer: charly tests <t@example.org>\nDescription: installed from a test repository\n",
+    )
+    .expect("control");
+    std::fs::write(pkg.join("usr/share/charly-repo-probe/probe.txt"), "probe\n").expect("w");
+    std::fs::create_dir_all(dir).expect("repo dir");
+    let deb = dir.join("charly-repo-probe_1.0_all.deb");
+    sh(std::process::Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zgzip", "--build"])
+        .arg(&pkg)
+        .arg(&deb));
+    let deb_bytes = std::fs::read(&deb).expect("deb");
+    let packages = format!(
+        "{}Filename: ./charly-repo-probe_1.0_all.deb\nSize: {}\nSHA256: {}\n\n",
+        std::fs::read_to_string(pkg.join("DEBIAN/control")).expect("control"),
+        deb_bytes.len(),
+        hex(&sha2::Sha256::digest(&deb_bytes))
+    );
+    std::fs::write(dir.join("Packages"), &packages).expect("Packages");
+    let release = format!(
+        "Origin: charly-test\nLabel: charly-test\nDate: Thu, 01 Jan 2026 00:00:00 UTC\nSHA256:\n {} {} Packages\n",
+        hex(&sha2::Sha256::digest(packages.as_bytes())),
+        packages.len()
+    );
+    std::fs::write(dir.join("Release"), release).expect("Release");
+    let gnupg = t.join("gnupg");
+    std::fs::create_dir_all(&gnupg).expect("gnupg");
+    let gpg = |args: &[&str]| {
+        let mut c = std::process::Command::new("gpg");
+        c.env("GNUPGHOME", &gnupg)
+            .args([
+                "--batch",
+                "--yes",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+            ])
+            .args(args)
+            .current_dir(dir);
+        c
+    };
+    sh(&mut gpg(&[
+        "--quick-gen-key",
+        "charly tests <t@example.org>",
+        "ed25519",
+        "sign",
+        "never",
+    ]));
+    sh(&mut gpg(&["--clearsign", "-o", "InRelease", "Release"]));
+    sh(&mut gpg(&["--armor", "--export", "-o", "key.asc"]));
+}
+
+/// The guest's installed packages, one `name version` per line.
+fn guest_installed(guest: &Path) -> String {
+    let out = std::process::Command::new("chroot")
+        .arg(guest)
+        .args([
+            "dpkg-query",
+            "-W",
+            "-f=${db:Status-Abbrev} ${Package} ${Version}\n",
+        ])
+        .output()
+        .expect("chroot dpkg-query");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("ii "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// A package install over SSH on a guest that can do one: a Debian
 /// bookworm minbase root filesystem (debootstrap from the mirror, apt lists
 /// fetched) that every SSH session is chrooted into. `bundle add` installs
@@ -365,6 +449,46 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     assert!(
         !status.contains("installed") || status.contains("not-installed"),
         "removed again: {status:?}"
+    );
+
+    // A third-party repository: a signed flat apt repository in the guest
+    // (file:/srv/repo, its key served ASCII-armoured) whose only package
+    // is installed from it; `del` removes the package, the source line and
+    // the key, and the guest's apt tree and package list are as before.
+    let repo = guest.join("srv/repo");
+    local_apt_repo(t, &repo);
+    w(
+        "box/repobox/charly.yml",
+        "box:\n    name: repobox\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - probe\n",
+    );
+    w(
+        "candy/probe/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: probe\n    distro:\n        debian:\n            package:\n                - charly-repo-probe\n            repo:\n                - name: charly-test\n                  url: file:/srv/repo\n                  suite: /\n                  key: file:///srv/repo/key.asc\n",
+    );
+    let apt_before = tree(&guest.join("etc/apt"));
+    let installed_before = guest_installed(&guest);
+    build_and_add(&p, "r", "repobox");
+    assert_eq!(
+        guest_pkg_status(&guest, "charly-repo-probe"),
+        "install ok installed",
+        "installed from the repository"
+    );
+    assert!(
+        std::fs::read_to_string(guest.join("etc/apt/sources.list.d/charly-test.list"))
+            .expect("source line")
+            .starts_with("deb [signed-by=/etc/apt/keyrings/charly-test.gpg] file:/srv/repo /")
+    );
+    ok(&p, &["bundle", "status", "r"]);
+    ok(&p, &["bundle", "del", "r"]);
+    assert_eq!(
+        tree(&guest.join("etc/apt")),
+        apt_before,
+        "apt config as before"
+    );
+    assert_eq!(
+        guest_installed(&guest),
+        installed_before,
+        "package list as before"
     );
 
     // A box made for Fedora is refused on this Debian guest before any

@@ -1307,3 +1307,121 @@ fn download_on_a_rooted_host_is_placed_and_undone_exactly() {
     walk::remove(&mut host, &mut ledger, "dl", false, &mut |_| {}).expect("del");
     assert_eq!(tree(&root), before, "del restores the tree exactly");
 }
+
+/// Repositories on a host: gated by `--allow-repo-changes`; the key (its
+/// armour removed) and the source line are files of the step, so `del`
+/// puts back a source file that was there before, removes the rest, and
+/// refreshes the index after they are gone.
+#[test]
+fn repositories_on_a_host_are_gated_written_and_undone_exactly() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    let repo = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    plan.steps = vec![charly_rules::plan::InstallStep::repo_change(
+        "gh",
+        charly_rules::plan::RepoChangeStep {
+            format: "deb".into(),
+            repos: vec![
+                repo(&[
+                    ("name", "github-cli"),
+                    ("url", "https://cli.github.com/packages"),
+                    ("key", "https://cli.github.com/key.asc"),
+                ]),
+                repo(&[("name", "local"), ("url", "file:/srv/repo"), ("suite", "/")]),
+            ],
+            copr: Vec::new(),
+        },
+    )];
+    // "binary key" as ASCII armour.
+    let armored = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nYmluYXJ5IGtleQ==\n=AAAA\n-----END PGP PUBLIC KEY BLOCK-----\n";
+    let fresh = || {
+        let mut host = MemHost::new("user", 1000);
+        host.on("cli.github.com/key.asc", Response::ok(armored));
+        host.on("apt-get update", Response::ok(""));
+        for d in ["/etc/apt", "/etc/apt/sources.list.d"] {
+            host.files.insert(d.into(), MemNode::Dir { mode: 0o755 });
+        }
+        host.files.insert(
+            "/etc/apt/sources.list.d/local.list".into(),
+            MemNode::File {
+                data: b"deb file:/old /\n".to_vec(),
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+            },
+        );
+        host
+    };
+
+    // Without the gate: skipped, nothing written.
+    let mut host = fresh();
+    let before = host.files.clone();
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("g", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    assert_eq!(report.steps[0].state, "skipped");
+    assert!(
+        report.steps[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("allow-repo-changes")),
+        "{:?}",
+        report.steps[0].note
+    );
+    assert_eq!(host.files, before);
+
+    // With it: written, index refreshed.
+    let mut host = fresh();
+    let before = host.files.clone();
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    apply_as(&mut host, &mut ledger, "g", &plan, &TestArts).expect("apply");
+    let file = |host: &MemHost, p: &str| match host.files.get(p) {
+        Some(MemNode::File { data, .. }) => String::from_utf8_lossy(data).into_owned(),
+        other => panic!("{p}: {other:?}"),
+    };
+    assert_eq!(
+        file(&host, "/etc/apt/keyrings/github-cli.gpg"),
+        "binary key"
+    );
+    assert_eq!(
+        file(&host, "/etc/apt/sources.list.d/github-cli.list"),
+        "deb [signed-by=/etc/apt/keyrings/github-cli.gpg] https://cli.github.com/packages stable main\n"
+    );
+    assert_eq!(
+        file(&host, "/etc/apt/sources.list.d/local.list"),
+        "deb file:/srv/repo /\n"
+    );
+    let n = host.log.len();
+    assert!(host.commands().iter().any(|c| c.contains("apt-get update")));
+    walk::remove(&mut host, &mut ledger, "g", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, before, "del restores the files exactly");
+    let after: Vec<&String> = host.log[n..].iter().collect();
+    let last_removal = after
+        .iter()
+        .rposition(|l| l.contains("sources.list.d") || l.contains("keyrings"))
+        .expect("files removed");
+    let update = after
+        .iter()
+        .rposition(|l| l.contains("apt-get update"))
+        .expect("index refreshed");
+    assert!(update > last_removal, "{after:#?}");
+}

@@ -499,6 +499,13 @@ impl Checker {
                 for (k, v) in r.value.iter() {
                     self.spanned(k, "repo key", env_key);
                     self.check(r.span, "repo value", v, single_line);
+                    // The name becomes a file name on hosts
+                    // (`sources.list.d/<name>.list`), signed_by a path.
+                    match k.value.as_str() {
+                        "name" => self.check(r.span, "repo name", v, path_segment),
+                        "signed_by" => self.check(r.span, "repo signed_by", v, path),
+                        _ => {}
+                    }
                 }
             }
             for s in sec

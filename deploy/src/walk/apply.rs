@@ -39,12 +39,8 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
     };
     match &s.data {
         StepData::SystemPackages(p) if rooted => rooted_msg(&format!("{} packages", p.format)),
-        StepData::SystemPackages(p) if s.phase == Some(Phase::Prepare) && p.packages.is_empty() => {
-            Some("repository preparation is not implemented for host targets yet".into())
-        }
         StepData::SystemPackages(p) if s.phase == Some(Phase::Prepare) => {
-            let _ = p;
-            Some("repository preparation is not implemented for host targets yet".into())
+            super::repo::unsupported(&p.format, &p.repos)
         }
         StepData::LocalPkgInstall(l) if rooted => {
             rooted_msg(&format!("installing {} packages", l.format))
@@ -72,9 +68,8 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
                 sn.shell, user.name, user.shell
             ))
         }
-        StepData::RepoChange(_) => {
-            Some("repository changes are not implemented for host targets yet".into())
-        }
+        StepData::RepoChange(_) if rooted => rooted_msg("repository changes"),
+        StepData::RepoChange(r) => super::repo::unsupported(&r.format, &r.repos),
         StepData::ApkInstall(_) => Some("android packages apply to android targets only".into()),
         StepData::Reboot(_) if o.target == Target::Local || rooted => {
             Some("warning: this candy asks for a reboot; the local target never reboots".into())
@@ -447,6 +442,10 @@ fn apply_step(
             service_enable(cx, &c.unit, sys, c.enable)
         }
         StepData::ServicePackaged(p) => service_enable(cx, &p.unit, sys, p.enable),
+        StepData::SystemPackages(p) if s.phase == Some(Phase::Prepare) => {
+            super::repo::repo_step(cx, &p.format, &p.repos, &p.copr, &p.modules)
+        }
+        StepData::RepoChange(r) => super::repo::repo_step(cx, &r.format, &r.repos, &r.copr, &[]),
         StepData::SystemPackages(p) => {
             let install = p.host_cmd.clone().unwrap_or_else(|| {
                 let list = p

@@ -27,6 +27,7 @@ mod apply;
 mod download;
 mod drift;
 mod managed;
+mod repo;
 mod undo;
 
 pub use apply::{ReapplyReport, apply, reapply, retarget_artifact};
