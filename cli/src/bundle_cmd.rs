@@ -49,6 +49,8 @@ pub enum BundleCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        become_pass: BecomeArgs,
     },
     /// Converge bundle NAME to the plan its box makes now: the steps
     /// before the first one that changed, drifted on disk or did not
@@ -68,6 +70,8 @@ pub enum BundleCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        become_pass: BecomeArgs,
     },
     /// Compare bundle NAME three ways: the ledger (interrupted or failed
     /// steps), the disk (files changed behind charly's back) and the
@@ -80,6 +84,8 @@ pub enum BundleCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        become_pass: BecomeArgs,
     },
     /// List bundles with box, target and state.
     #[command(after_long_help = LEDGER_HELP)]
@@ -103,6 +109,49 @@ pub enum TargetArg {
     K8s,
 }
 
+/// How a login that is not root gets root: `sudo -n` unless a password
+/// is given, which is then checked once before the first step and handed
+/// to every privileged command on its stdin (never on a command line,
+/// never logged).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BecomeArgs {
+    /// Ask for the login's sudo password on the terminal (no echo).
+    #[arg(long)]
+    pub ask_become_pass: bool,
+    /// Read the login's sudo password from FILE (its first line).
+    #[arg(long, value_name = "FILE", env = "CHARLY_SUDO_PASSWORD_FILE")]
+    pub become_pass_file: Option<PathBuf>,
+}
+
+impl BecomeArgs {
+    /// Gives `host` the password, if one was asked for.
+    fn apply(&self, host: &mut dyn Host) -> anyhow::Result<()> {
+        let pw = match (&self.become_pass_file, self.ask_become_pass) {
+            (Some(_), true) => {
+                anyhow::bail!("--ask-become-pass and --become-pass-file: give one")
+            }
+            (Some(f), false) => {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("sudo password file {}", f.display()))?;
+                text.lines().next().unwrap_or_default().to_string()
+            }
+            (None, true) => {
+                let login = host.login()?;
+                rpassword::prompt_password(format!(
+                    "sudo password for {} on {}: ",
+                    login.name,
+                    host.describe()
+                ))
+                .context("reading the sudo password from the terminal")?
+            }
+            (None, false) => return Ok(()),
+        };
+        let secret = charly_deploy::host::Secret::new(&pw).map_err(anyhow::Error::msg)?;
+        host.set_sudo_password(Some(secret))?;
+        Ok(())
+    }
+}
+
 /// Arguments of `bundle add`.
 #[derive(clap::Args, Debug)]
 pub struct AddArgs {
@@ -121,7 +170,8 @@ pub struct AddArgs {
     pub root: Option<PathBuf>,
     /// vm: the machine to log in to, USER@HOST[:PORT] (port 22 by default).
     /// One SSH connection carries every step; system-scope steps run under
-    /// `sudo -n` unless USER is root.
+    /// sudo unless USER is root (`sudo -n`, or with the password of
+    /// --ask-become-pass / --become-pass-file).
     #[arg(long, value_name = "USER@HOST[:PORT]")]
     pub host: Option<String>,
     /// vm: private key file (ed25519 or another OpenSSH key, unencrypted).
@@ -154,6 +204,8 @@ pub struct AddArgs {
     /// after the box's own; the deploy id names it. Repeatable.
     #[arg(long = "add", value_name = "CANDY")]
     pub add: Vec<String>,
+    #[command(flatten)]
+    pub become_pass: BecomeArgs,
     /// The user whose home and profile receive user-scope steps (default: the box's user).
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
@@ -194,6 +246,7 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
             dry_run,
             force,
             json,
+            become_pass,
         } => del(
             cli,
             name,
@@ -202,14 +255,20 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
                 force: *force,
             },
             *json,
+            become_pass,
         ),
         BundleCommand::Apply {
             name,
             dry_run,
             timeout,
             json,
-        } => reapply(cli, name, *dry_run, *timeout, *json),
-        BundleCommand::Status { name, json } => status(cli, name, *json),
+            become_pass,
+        } => reapply(cli, name, *dry_run, *timeout, *json, become_pass),
+        BundleCommand::Status {
+            name,
+            json,
+            become_pass,
+        } => status(cli, name, *json, become_pass),
         BundleCommand::List { json } => list(cli, *json),
     }
 }
@@ -288,6 +347,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => Box::new(LocalHost::new()),
     };
+    a.become_pass.apply(host.as_mut())?;
     let mut emit = EmitSpec {
         system: a.system,
         out: None,
@@ -464,6 +524,7 @@ fn reapply(
     dry_run: bool,
     timeout: u64,
     json: bool,
+    become_pass: &BecomeArgs,
 ) -> anyhow::Result<ExitCode> {
     let (store, mut ledger) = open_ledger(cli)?;
     let rec = ledger
@@ -473,6 +534,7 @@ fn reapply(
     let b = crate::project::resolved(&o, &rec.box_name)?;
     let hasher = crate::session::stat_cache(&store);
     let mut host = bundle::host_for(&rec.connection)?;
+    become_pass.apply(host.as_mut())?;
     let os = bundle::host_os(host.as_mut())?;
     let plan = bundle::current_plan(&o.project, b, &rec, os.as_ref())?;
     let user = walk::resolve_user(host.as_mut(), &rec.user, &plan)?;
@@ -597,13 +659,20 @@ fn added_keys(p: &charly_rules::load::Project, refs: &[String]) -> anyhow::Resul
     Ok(keys)
 }
 
-fn del(cli: &Cli, name: &str, opts: &walk::DelOptions, json: bool) -> anyhow::Result<ExitCode> {
+fn del(
+    cli: &Cli,
+    name: &str,
+    opts: &walk::DelOptions,
+    json: bool,
+    become_pass: &BecomeArgs,
+) -> anyhow::Result<ExitCode> {
     let dry_run = opts.dry_run;
     let (_store, mut ledger) = open_ledger(cli)?;
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
     let mut host = bundle::host_for(&rec.connection)?;
+    become_pass.apply(host.as_mut())?;
     let mut progress = |r: &walk::UndoReport| {
         if !json {
             progress_line(r.seq, &r.state, &r.what, r.note.as_deref());
@@ -630,12 +699,13 @@ fn del(cli: &Cli, name: &str, opts: &walk::DelOptions, json: bool) -> anyhow::Re
     }
 }
 
-fn status(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
+fn status(cli: &Cli, name: &str, json: bool, become_pass: &BecomeArgs) -> anyhow::Result<ExitCode> {
     let (_store, ledger) = open_ledger(cli)?;
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
     let mut host = bundle::host_for(&rec.connection)?;
+    become_pass.apply(host.as_mut())?;
     // Config drift needs the project; without it only ledger and disk are
     // compared, and the report says why.
     let current = match project::open(cli) {

@@ -566,4 +566,153 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         before,
         "the guest home as it was"
     );
+
+    sudo_with_a_password(t, &guest, &p, &cache);
+}
+
+/// A login that needs sudo with a password: a second sshd whose sessions
+/// run as `deployer` inside the guest (sudo installed there from the
+/// mirror, a password required). Without the password nothing changes
+/// and the steps that need root are named; a wrong one is refused before
+/// the first step; with the right one (`CHARLY_SUDO_PASSWORD_FILE`) the
+/// deploy, `status` and `del` work, and the guest is as it was.
+fn sudo_with_a_password(t: &Path, guest: &Path, p: &Path, cache: &Path) {
+    sh(std::process::Command::new("chroot")
+        .arg(guest)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["apt-get", "install", "-y", "-qq", "sudo"]));
+    sh(std::process::Command::new("chroot").arg(guest).args([
+        "useradd",
+        "-m",
+        "-s",
+        "/bin/bash",
+        "deployer",
+    ]));
+    sh(std::process::Command::new("chroot").arg(guest).args([
+        "sh",
+        "-c",
+        "echo deployer:right-password | chpasswd",
+    ]));
+    let sudoers = guest.join("etc/sudoers.d/deployer");
+    std::fs::write(&sudoers, "deployer ALL=(ALL:ALL) ALL\n").expect("sudoers");
+    std::fs::set_permissions(
+        &sudoers,
+        std::os::unix::fs::PermissionsExt::from_mode(0o440),
+    )
+    .expect("chmod");
+    let t2 = t.join("sshd-deployer");
+    std::fs::create_dir_all(&t2).expect("mkdir");
+    let wrap = format!(
+        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot --userspec=deployer:deployer \"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+        guest.display()
+    );
+    let (_sshd, port) = start_sshd(&t2, &wrap);
+    let w = |rel: &str, text: &str| {
+        let f = p.join(rel);
+        std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+        std::fs::write(f, text).expect("write");
+    };
+    w(
+        "box/sudobox/charly.yml",
+        "box:\n    name: sudobox\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - rootfile\n",
+    );
+    w(
+        "candy/rootfile/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: rootfile\n    task:\n        - write: /etc/charly-sudo.conf\n          user: root\n          content: |\n            written with sudo\n        - write: \"${HOME}/.config/sudo-test\"\n          user: \"${USER}\"\n          content: |\n            mine\n",
+    );
+    let pwfile = |pw: &str| {
+        let f = t2.join(format!("pw-{pw}"));
+        std::fs::write(&f, format!("{pw}\n")).expect("pw");
+        f
+    };
+    let run = |args: &[&str], pw: Option<&Path>| {
+        let mut c = Command::cargo_bin("charly").expect("binary");
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", cache)
+            .env_remove("CHARLY_SUDO_PASSWORD_FILE")
+            .arg("-C")
+            .arg(p)
+            .args(args);
+        if let Some(f) = pw {
+            c.env("CHARLY_SUDO_PASSWORD_FILE", f);
+        }
+        c.output().expect("charly runs")
+    };
+    let host = format!("root@127.0.0.1:{port}");
+    let identity = t2.join("userkey");
+    let known_hosts = t2.join("known_hosts");
+    let add = [
+        "bundle",
+        "add",
+        "s",
+        "sudobox",
+        "--target",
+        "vm",
+        "--host",
+        &host,
+        "--user",
+        "deployer",
+        "--yes",
+        "--identity",
+        identity.to_str().expect("utf8"),
+        "--known-hosts",
+        known_hosts.to_str().expect("utf8"),
+        "--runner",
+        "fake",
+    ];
+    let out = run(&["box", "build", "sudobox", "--runner", "fake", "-q"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let etc_before = tree(&guest.join("etc"));
+    let home_before = tree(&guest.join("home/deployer"));
+
+    let out = run(&add, None);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("needs a password for deployer") && said.contains("/etc/charly-sudo.conf"),
+        "{said}"
+    );
+    let out = run(&add, Some(&pwfile("wrong-password")));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("did not accept the password"), "{said}");
+    assert!(!said.contains("wrong-password"), "{said}");
+    assert_eq!(tree(&guest.join("etc")), etc_before, "nothing changed");
+
+    let right = pwfile("right-password");
+    let out = run(&add, Some(&right));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let conf = guest.join("etc/charly-sudo.conf");
+    assert_eq!(
+        std::fs::read_to_string(&conf).expect("root file"),
+        "written with sudo\n"
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&conf).expect("meta").uid(), 0);
+    let out = run(&["bundle", "status", "s"], Some(&right));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["bundle", "del", "s"], Some(&right));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&guest.join("etc")), etc_before, "/etc as it was");
+    assert_eq!(
+        tree(&guest.join("home/deployer")),
+        home_before,
+        "the home as it was"
+    );
 }

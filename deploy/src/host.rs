@@ -130,6 +130,48 @@ pub struct Login {
     pub name: String,
     /// Numeric uid (0: root, no sudo needed).
     pub uid: u32,
+    /// The login's sudo password, when sudo asks for one
+    /// (`--ask-become-pass`, `CHARLY_SUDO_PASSWORD_FILE`).
+    pub sudo_password: Option<Secret>,
+}
+
+impl Login {
+    /// A login without a sudo password.
+    pub fn new(name: impl Into<String>, uid: u32) -> Self {
+        Login {
+            name: name.into(),
+            uid,
+            sudo_password: None,
+        }
+    }
+}
+
+/// A password: never printed (`Debug` shows `***`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a password (one line: a trailing newline is dropped, and a
+    /// password with a line break in it is refused).
+    pub fn new(s: &str) -> Result<Self, String> {
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        let s = s.strip_suffix('\r').unwrap_or(s);
+        if s.contains(['\n', '\r']) {
+            return Err("a sudo password is one line".into());
+        }
+        Ok(Secret(s.to_string()))
+    }
+
+    /// The password.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 /// A command to run on a host.
@@ -191,14 +233,24 @@ impl Cmd {
             .as_user
             .as_deref()
             .filter(|u| !rooted && *u != login.name);
+        // With a password, sudo reads it from the first line of stdin
+        // (see `stdin_for`); `-k` makes it ask every time, so the line is
+        // never left for the command when a cached credential would do.
+        let sudo: &[&str] = if login.sudo_password.is_some() {
+            &["sudo", "-k", "-S", "-p", ""]
+        } else {
+            &["sudo", "-n"]
+        };
         if let Some(u) = other_user {
             if login.uid == 0 {
                 out.extend(["runuser", "-u", u, "--"].map(String::from));
             } else {
-                out.extend(["sudo", "-n", "-u", u, "--"].map(String::from));
+                out.extend(sudo.iter().map(|s| s.to_string()));
+                out.extend(["-u", u, "--"].map(String::from));
             }
         } else if self.privileged && !rooted && login.uid != 0 {
-            out.extend(["sudo", "-n", "--"].map(String::from));
+            out.extend(sudo.iter().map(|s| s.to_string()));
+            out.push("--".into());
         }
         out.push("env".into());
         out.push("-i".into());
@@ -207,6 +259,27 @@ impl Cmd {
         }
         out.extend(self.argv.iter().cloned());
         out
+    }
+
+    /// Whether [`Cmd::argv_for`] runs this command through sudo.
+    fn uses_sudo(&self, login: &Login, rooted: bool) -> bool {
+        login.uid != 0
+            && !rooted
+            && (self.privileged || self.as_user.as_deref().is_some_and(|u| u != login.name))
+    }
+
+    /// The bytes for the command's stdin: the sudo password's line first
+    /// when sudo will ask for it, then the command's own input.
+    pub fn stdin_for(&self, login: &Login, rooted: bool) -> Option<Vec<u8>> {
+        match &login.sudo_password {
+            Some(pw) if self.uses_sudo(login, rooted) => {
+                let mut v = pw.expose().as_bytes().to_vec();
+                v.push(b'\n');
+                v.extend_from_slice(self.stdin.as_deref().unwrap_or_default());
+                Some(v)
+            }
+            _ => self.stdin.clone(),
+        }
     }
 
     /// One line for people and `--dry-run`: the argv, shell-quoted.
@@ -271,6 +344,9 @@ pub trait Host {
     fn root(&self) -> Option<&str>;
     /// The account the session runs as.
     fn login(&mut self) -> Result<Login, HostError>;
+    /// Gives the login's sudo password for privileged commands (None:
+    /// `sudo -n`, which fails when sudo wants one).
+    fn set_sudo_password(&mut self, pw: Option<Secret>) -> Result<(), HostError>;
     /// Runs a command (see [`Cmd::argv_for`]). A nonzero exit is an `Ok`
     /// output; only failing to run, or a timeout, is an error.
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError>;
@@ -455,10 +531,36 @@ mod tests {
     use super::*;
 
     fn login(name: &str, uid: u32) -> Login {
-        Login {
-            name: name.into(),
-            uid,
-        }
+        Login::new(name, uid)
+    }
+
+    #[test]
+    fn a_sudo_password_goes_first_on_stdin_and_is_never_shown() {
+        let mut l = login("alice", 1000);
+        l.sudo_password = Some(Secret::new("s3cret\n").expect("one line"));
+        let c = Cmd::sh("cat").privileged(true).stdin(b"data".to_vec());
+        assert_eq!(
+            &c.argv_for(&l, false)[..7],
+            &["sudo", "-k", "-S", "-p", "", "--", "env"]
+        );
+        assert_eq!(
+            c.stdin_for(&l, false).as_deref(),
+            Some(&b"s3cret\ndata"[..])
+        );
+        // No sudo, no password: as root, on a rooted host, unprivileged.
+        assert_eq!(
+            c.stdin_for(&login("root", 0), false).as_deref(),
+            Some(&b"data"[..])
+        );
+        assert_eq!(c.stdin_for(&l, true).as_deref(), Some(&b"data"[..]));
+        assert_eq!(Cmd::sh("true").stdin_for(&l, false), None);
+        let mut u = Cmd::sh("id");
+        u.as_user = Some("bob".into());
+        assert_eq!(&u.argv_for(&l, false)[5..8], &["-u", "bob", "--"]);
+        assert_eq!(u.stdin_for(&l, false).as_deref(), Some(&b"s3cret\n"[..]));
+        assert!(!c.display(&l, false).contains("s3cret"));
+        assert_eq!(format!("{l:?}").matches("s3cret").count(), 0);
+        assert!(Secret::new("a\nb").is_err());
     }
 
     #[test]

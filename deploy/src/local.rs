@@ -274,6 +274,13 @@ impl Host for LocalHost {
         self.root.as_deref()
     }
 
+    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
+        let mut l = self.login()?;
+        l.sudo_password = pw;
+        self.login = Some(l);
+        Ok(())
+    }
+
     fn login(&mut self) -> Result<Login, HostError> {
         if let Some(l) = &self.login {
             return Ok(l.clone());
@@ -282,7 +289,7 @@ impl Host for LocalHost {
         let name = user_name(uid)
             .or_else(|| std::env::var("USER").ok())
             .unwrap_or_else(|| uid.to_string());
-        let l = Login { name, uid };
+        let l = Login::new(name, uid);
         self.login = Some(l.clone());
         Ok(l)
     }
@@ -293,6 +300,7 @@ impl Host for LocalHost {
         }
         let login = self.login()?;
         let argv = cmd.argv_for(&login, self.root.is_some());
+        let stdin = cmd.stdin_for(&login, self.root.is_some());
         let Some((prog, args)) = argv.split_first() else {
             return Err(self.err("run", "", "empty command"));
         };
@@ -301,7 +309,7 @@ impl Host for LocalHost {
         let mut c = std::process::Command::new(&prog_path);
         c.args(args)
             .env_clear()
-            .stdin(if cmd.stdin.is_some() {
+            .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -314,7 +322,7 @@ impl Host for LocalHost {
         }
         let mut child = c.spawn().map_err(|e| self.err("run", &cmd.what(), e))?;
         let pid = child.id();
-        let stdin_thread = match (child.stdin.take(), cmd.stdin.clone()) {
+        let stdin_thread = match (child.stdin.take(), stdin) {
             (Some(mut w), Some(data)) => Some(std::thread::spawn(move || {
                 let _ = w.write_all(&data);
             })),

@@ -129,10 +129,7 @@ impl MemHost {
                 format!("{user}:x:{uid}:{uid}::/home/{user}:/bin/bash"),
             ],
             log: Vec::new(),
-            login: Login {
-                name: "root".into(),
-                uid: 0,
-            },
+            login: Login::new("root", 0),
             name: "mem".into(),
             boots: 1,
             reboot_pending: false,
@@ -189,6 +186,11 @@ impl Host for MemHost {
 
     fn root(&self) -> Option<&str> {
         None
+    }
+
+    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
+        self.login.sudo_password = pw;
+        Ok(())
     }
 
     fn login(&mut self) -> Result<Login, HostError> {

@@ -398,13 +398,22 @@ impl Host for SshHost {
         None
     }
 
+    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
+        let mut l = self.login()?;
+        l.sudo_password = pw;
+        self.login = Some(l);
+        Ok(())
+    }
+
     fn login(&mut self) -> Result<Login, HostError> {
         if let Some(l) = &self.login {
             return Ok(l.clone());
         }
+        // The session's own account (a forced command may run it as
+        // another user than the one that logged in).
         let out = self.rt.block_on(exec(
             &self.handle,
-            "id -u".into(),
+            "id -u && id -un".into(),
             None,
             Some(Duration::from_secs(60)),
         ));
@@ -413,19 +422,22 @@ impl Host for SshHost {
             Err(ExecError::Failed(e)) => return Err(self.err(e)),
             Err(ExecError::TimedOut) => return Err(self.err("`id -u` timed out after 60 s")),
         };
-        let uid: u32 = out
-            .stdout_str()
-            .trim()
-            .parse()
-            .map_err(|_| HostError::Garbage {
-                host: self.describe(),
-                what: "id -u".into(),
-                output: crate::host::shorten(&out.stdout_str(), 200),
-            })?;
-        let l = Login {
-            name: self.target.user.clone(),
-            uid,
+        let text = out.stdout_str();
+        let mut lines = text.lines().map(str::trim);
+        let garbage = || HostError::Garbage {
+            host: self.describe(),
+            what: "id -u && id -un".into(),
+            output: crate::host::shorten(&text, 200),
         };
+        let uid: u32 = lines
+            .next()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(garbage)?;
+        let name = lines
+            .next()
+            .filter(|n| charly_rules::names::user_name(n).is_ok())
+            .map_or_else(|| self.target.user.clone(), String::from);
+        let l = Login::new(name, uid);
         self.login = Some(l.clone());
         Ok(l)
     }
@@ -452,9 +464,12 @@ impl Host for SshHost {
         if let Some(c) = &cmd.cwd {
             line = format!("cd {} && {line}", sh::quote_min(c));
         }
-        let res = self
-            .rt
-            .block_on(exec(&self.handle, line, cmd.stdin.clone(), cmd.timeout));
+        let res = self.rt.block_on(exec(
+            &self.handle,
+            line,
+            cmd.stdin_for(&login, false),
+            cmd.timeout,
+        ));
         match res {
             Ok(o) => Ok(o),
             Err(ExecError::Failed(e)) => Err(self.err(e)),
@@ -469,7 +484,7 @@ impl Host for SshHost {
                     let _ = self.rt.block_on(exec(
                         &self.handle,
                         line,
-                        None,
+                        k.stdin_for(&login, false),
                         Some(Duration::from_secs(30)),
                     ));
                 }

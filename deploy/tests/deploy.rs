@@ -1425,3 +1425,107 @@ fn repositories_on_a_host_are_gated_written_and_undone_exactly() {
         .expect("index refreshed");
     assert!(update > last_removal, "{after:#?}");
 }
+
+/// A login that needs a sudo password: without one, nothing runs and the
+/// steps that need root are named; a password sudo rejects stops the walk
+/// before the first step, saying so; an accepted one is checked once and
+/// every privileged command asks sudo with it (`-k -S`), never showing it.
+#[test]
+fn sudo_with_a_password_is_checked_once_up_front() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![write_step("motd", "/etc/motd", "hi\n")];
+    let walk_with = |pw: Option<&str>, sudo_says: Response| {
+        let mut host = MemHost::new("user", 1000);
+        host.login = charly_deploy::host::Login::new("user", 1000);
+        host.on("-c true", sudo_says);
+        if let Some(pw) = pw {
+            charly_deploy::host::Host::set_sudo_password(
+                &mut host,
+                Some(charly_deploy::host::Secret::new(pw).expect("pw")),
+            )
+            .expect("set");
+        }
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let res = apply_as(&mut host, &mut ledger, "s", &plan, &TestArts);
+        (res, host)
+    };
+    let refused = Response::Exit {
+        status: 1,
+        stdout: String::new(),
+        stderr: "sudo: a password is required\n".into(),
+    };
+    let (res, host) = walk_with(None, refused.clone());
+    let err = res.expect_err("no password").to_string();
+    assert!(
+        err.contains("needs a password")
+            && err.contains("/etc/motd")
+            && err.contains("--ask-become-pass"),
+        "{err}"
+    );
+    assert!(!host.files.contains_key("/etc/motd"));
+    let (res, host) = walk_with(
+        Some("wrong"),
+        Response::Exit {
+            status: 1,
+            stdout: String::new(),
+            stderr: "Sorry, try again.\nsudo: 1 incorrect password attempt\n".into(),
+        },
+    );
+    let err = res.expect_err("rejected").to_string();
+    assert!(err.contains("did not accept the password"), "{err}");
+    assert!(!err.contains("wrong"), "the password is never shown: {err}");
+    assert!(!host.files.contains_key("/etc/motd"));
+    let (res, host) = walk_with(Some("right"), Response::ok(""));
+    res.expect("accepted");
+    assert!(host.files.contains_key("/etc/motd"));
+    let checks: Vec<&str> = host
+        .commands()
+        .into_iter()
+        .filter(|c| c.contains("-c true"))
+        .collect();
+    assert_eq!(checks.len(), 1, "checked once: {:#?}", host.log);
+    assert!(
+        checks[0].starts_with("sudo -k -S -p '' --"),
+        "{}",
+        checks[0]
+    );
+    assert!(host.log.iter().all(|l| !l.contains("right")));
+}
+
+/// A `build:` task on a host does what it does in the image: nothing of
+/// its own (the candy's builder steps carry the artifacts); it completes
+/// and says so, on a rooted target too.
+#[test]
+fn a_build_task_on_a_host_completes_as_a_marker() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    plan.steps = vec![charly_rules::plan::InstallStep::op(
+        "tool",
+        charly_rules::plan::OpStep {
+            verb: "build".into(),
+            value: "all".into(),
+            user: "${USER}".into(),
+            ..charly_rules::plan::OpStep::default()
+        },
+    )];
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let report = apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
+    assert_eq!(report.steps[0].state, "complete", "{:?}", report.steps[0]);
+    assert!(
+        report.steps[0]
+            .actions
+            .iter()
+            .any(|a| a.contains("builder steps")),
+        "{:?}",
+        report.steps[0].actions
+    );
+    assert!(
+        host.commands().iter().all(|c| c.contains("getent passwd")),
+        "the step itself runs nothing: {:?}",
+        host.log
+    );
+}

@@ -45,14 +45,11 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         StepData::LocalPkgInstall(l) if rooted => {
             rooted_msg(&format!("installing {} packages", l.format))
         }
-        StepData::Op(op) if rooted && matches!(op.verb.as_str(), "cmd" | "setcap" | "build") => {
+        StepData::Op(op) if rooted && matches!(op.verb.as_str(), "cmd" | "setcap") => {
             rooted_msg(&format!("`{}`", op.verb))
         }
         StepData::Op(op) if rooted && op.verb == "download" && download_kind(op) == "sh" => {
             rooted_msg("a downloaded installer script")
-        }
-        StepData::Op(op) if op.verb == "build" => {
-            Some("`build` tasks are not implemented for host targets yet".into())
         }
         StepData::ServicePackaged(_) if rooted => rooted_msg("enabling services"),
         StepData::ServiceCustom(c) if c.path.is_none() => {
@@ -276,9 +273,18 @@ fn check_privilege(
                     .privileged(true)
                     .timeout(Duration::from_secs(60)),
             )?;
+            if !out.ok() && login.sudo_password.is_some() {
+                return Err(WalkError::Setup(format!(
+                    "{}: sudo did not accept the password given for {} ({}), and these steps need root:\n  {}",
+                    host.describe(),
+                    login.name,
+                    out.stderr_tail().replace('\n', "; "),
+                    needs.join("\n  ")
+                )));
+            }
             if !out.ok() {
                 return Err(WalkError::Setup(format!(
-                    "{}: `sudo -n` needs a password for {}, and these steps need root:\n  {}\n(allow passwordless sudo, or log in as root)",
+                    "{}: `sudo -n` needs a password for {}, and these steps need root:\n  {}\n(give it with --ask-become-pass or CHARLY_SUDO_PASSWORD_FILE, allow passwordless sudo, or log in as root)",
                     host.describe(),
                     login.name,
                     needs.join("\n  ")
@@ -497,6 +503,15 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
         }
         "setcap" => setcap_step(cx, op),
         "download" => download_step(cx, s, op, bin_dirs),
+        // As in the image (`# build: … (handled by builder stage)`): the
+        // builders' artifacts are the candy's builder steps.
+        "build" => {
+            cx.actions.push(format!(
+                "build: {} (applied by the candy's builder steps)",
+                op.value
+            ));
+            Ok(())
+        }
         "cmd" => {
             let mut c = Cmd::sh(format!("{}set -e\n{}", sh::ARCH_PREAMBLE, op.value));
             c.env = op_env(cx.user, bin_dirs, op);
