@@ -49,6 +49,12 @@ pub struct PodmanRunner {
     /// (constructing the runner starts no process: a no-op build calls no
     /// podman at all).
     info: std::sync::OnceLock<Info>,
+    /// The ids and names of the images in podman's storage, listed by one
+    /// `podman images` when the first presence check needs them (a no-op
+    /// build asks about every image it would load: one process, not one
+    /// per image). A reference not listed is asked about on its own, so an
+    /// image made after the listing is still found.
+    images: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// What the runner learns from `podman info`.
@@ -60,6 +66,30 @@ struct Info {
     shared_caches: bool,
     /// Where builds on shared caches take their cache slot (see [`CacheSlot`]).
     slot_dir: PathBuf,
+}
+
+/// The ids (full and the 12-digit short form) and names of the images in
+/// `podman images --format json` output.
+fn listed_images(json: &[u8]) -> std::collections::HashSet<String> {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        #[serde(rename = "Id", default)]
+        id: String,
+        #[serde(rename = "Names", default)]
+        names: Option<Vec<String>>,
+    }
+    let list: Vec<Listed> = serde_json::from_slice(json).unwrap_or_default();
+    let mut out = std::collections::HashSet::new();
+    for l in list {
+        let id = l.id.trim_start_matches("sha256:").to_string();
+        if id.len() >= 12 {
+            out.insert(id[..12].to_string());
+        }
+        out.insert(id);
+        out.extend(l.names.unwrap_or_default());
+    }
+    out.remove("");
+    out
 }
 
 /// Where the CA bundle is mounted inside build containers.
@@ -101,6 +131,7 @@ impl PodmanRunner {
             opts,
             conf,
             info: std::sync::OnceLock::new(),
+            images: std::sync::OnceLock::new(),
         })
     }
 
@@ -724,12 +755,33 @@ impl Runner for PodmanRunner {
     }
 
     fn has_image(&self, reference: &str) -> bool {
-        !reference.is_empty()
-            && self
+        if reference.is_empty() {
+            return false;
+        }
+        let r = reference.trim_start_matches("sha256:");
+        let known = self.images.get_or_init(|| {
+            let listed = self
                 .cmd()
-                .args(["image", "exists", reference.trim_start_matches("sha256:")])
-                .status()
-                .is_ok_and(|s| s.success())
+                .args(["images", "--all", "--no-trunc", "--format", "json"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| listed_images(&o.stdout))
+                .unwrap_or_default();
+            std::sync::Mutex::new(listed)
+        });
+        if known.lock().is_ok_and(|k| k.contains(r)) {
+            return true;
+        }
+        let exists = self
+            .cmd()
+            .args(["image", "exists", r])
+            .status()
+            .is_ok_and(|s| s.success());
+        if exists && let Ok(mut k) = known.lock() {
+            k.insert(r.to_string());
+        }
+        exists
     }
 
     fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
@@ -945,6 +997,19 @@ impl Runner for PodmanRunner {
 mod tests {
     use super::*;
 
+    #[test]
+    fn listed_images_are_known_by_id_short_id_and_name() {
+        let json = br#"[{"Id":"4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807","Names":["localhost/hello:2026.1.1","localhost/charly-layer:abc"]},{"Id":"sha256:0123456789abcdef","Names":null},{"Names":["x"]}]"#;
+        let k = listed_images(json);
+        assert!(k.contains("4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807"));
+        assert!(k.contains("4f7ea8d1c0b2"));
+        assert!(k.contains("localhost/hello:2026.1.1"));
+        assert!(k.contains("0123456789abcdef") && k.contains("0123456789ab"));
+        assert!(k.contains("x"));
+        assert!(!k.contains(""));
+        assert!(listed_images(b"garbage").is_empty());
+    }
+
     /// What podman 4.3 printed for a RUN that failed in a multi-stage build
     /// (stdout, stderr), cache hits included.
     const OUT: &str = "[1/2] STEP 1/2: FROM scratch AS x\n[1/2] STEP 2/2: COPY candy/x/ /\n--> Using cache 2b1c4d\n--> 2b1c4d0f\n[2/2] STEP 1/4: FROM localhost/base:1\n[2/2] STEP 2/4: RUN echo one\n--> Using cache 9f0e\none\n[2/2] STEP 3/4: RUN --mount=type=cache,id=x,dst=/var/cache/x     echo start &&     ls /nonexistent\nstart\n";
@@ -992,6 +1057,7 @@ mod tests {
             opts: PodmanOptions::default(),
             conf: None,
             info: std::sync::OnceLock::new(),
+            images: std::sync::OnceLock::new(),
         };
         let mut c = Command::new("sh");
         c.args([
