@@ -415,6 +415,8 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         target,
         box_home: b.user.home.clone(),
         on_change: test_hooks::block_at_step(),
+        // Over SSH, consecutive commands go in one round trip.
+        batch_commands: ssh.is_some(),
     };
     let connection = match &ssh {
         Some(t) => Connection::Ssh(t.clone()),
@@ -573,6 +575,7 @@ fn reapply(
         target: rec.target,
         box_home: b.user.home.clone(),
         on_change: None,
+        batch_commands: matches!(rec.connection, Connection::Ssh(_)),
     };
     let record = BundleRecord {
         deploy_id: plan.deploy_id.clone(),

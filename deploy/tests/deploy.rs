@@ -1529,3 +1529,94 @@ fn a_build_task_on_a_host_completes_as_a_marker() {
         host.log
     );
 }
+
+/// Consecutive `cmd` steps run as one command when batching is on (one
+/// round trip over SSH): the same parent shell runs them all; each step
+/// is recorded and finished as its own marker says; the first failure
+/// stops the batch, and the steps after it are neither run nor recorded.
+#[test]
+fn consecutive_commands_run_in_one_round_trip_and_stop_at_the_first_failure() {
+    let (p, r) = open();
+    let mut plan = plan(&p, &r);
+    let t = tempfile::tempdir().expect("tmp");
+    let d = t.path().display().to_string();
+    let cmd = |body: String| {
+        charly_rules::plan::InstallStep::op(
+            "cmds",
+            charly_rules::plan::OpStep {
+                verb: "cmd".into(),
+                value: body,
+                user: "root".into(),
+                ..charly_rules::plan::OpStep::default()
+            },
+        )
+    };
+    plan.steps = vec![
+        cmd(format!("echo $PPID > {d}/a")),
+        cmd(format!("echo $PPID > {d}/b")),
+        cmd(format!("echo $PPID > {d}/c\necho broken >&2\nexit 3")),
+        cmd(format!("touch {d}/d")),
+    ];
+    let mut host = LocalHost::new();
+    let user = walk::resolve_user(&mut host, "root", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("batch", &plan, &user, "local:test");
+    let mut seen = Vec::new();
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::all(),
+            batch_commands: true,
+            ..Options::default()
+        },
+        &mut |s| seen.push((s.seq, s.state.clone())),
+    )
+    .expect_err("step 2 fails");
+    match &err {
+        WalkError::Step {
+            seq,
+            message,
+            not_attempted,
+            ..
+        } => {
+            assert_eq!(*seq, 2);
+            assert!(
+                message.contains("exit 3") && message.contains("broken"),
+                "{message}"
+            );
+            assert_eq!(not_attempted.len(), 1, "{not_attempted:?}");
+        }
+        e => panic!("{e}"),
+    }
+    assert_eq!(
+        seen,
+        [
+            (0, "complete".to_string()),
+            (1, "complete".to_string()),
+            (2, "failed".to_string())
+        ]
+    );
+    let ppid = |f: &str| std::fs::read_to_string(t.path().join(f)).expect(f);
+    assert_eq!(ppid("a"), ppid("b"));
+    assert_eq!(ppid("a"), ppid("c"));
+    assert_ne!(ppid("a").trim(), std::process::id().to_string());
+    assert!(!t.path().join("d").exists(), "not attempted");
+    let steps = ledger.steps("batch").expect("steps");
+    let states: Vec<(u32, StepState)> = steps.iter().map(|s| (s.seq, s.state)).collect();
+    assert_eq!(
+        states,
+        [
+            (0, StepState::Complete),
+            (1, StepState::Complete),
+            (2, StepState::Failed)
+        ]
+    );
+    // del: the commands are not undone (each says so), and the bundle goes.
+    walk::remove(&mut host, &mut ledger, "batch", false, &mut |_| {}).expect("del");
+    assert!(ledger.get("batch").expect("get").is_none());
+}

@@ -327,9 +327,35 @@ fn walk_steps(
     let mut bin_dirs: Vec<String> = Vec::new();
     // Directories a dry run would have created so far.
     let mut planned_dirs: BTreeSet<String> = BTreeSet::new();
-    for (i, s) in plan.steps.iter().enumerate().skip(from) {
+    let mut next = from;
+    while next < plan.steps.len() {
+        let i = next;
+        next += 1;
+        let s = &plan.steps[i];
         let seq = i as u32;
         let h = head(s);
+        if !dry && o.batch_commands {
+            let batch = batch_at(plan, skip, i);
+            if batch.len() > 1 {
+                next = i + batch.len();
+                let led = ledger.as_deref_mut().ok_or_else(|| {
+                    WalkError::Setup("a batch of commands needs the ledger".into())
+                })?;
+                walk_batch(
+                    host,
+                    led,
+                    record,
+                    plan,
+                    &batch,
+                    user,
+                    &bin_dirs,
+                    o,
+                    progress,
+                    &mut report,
+                )?;
+                continue;
+            }
+        }
         if let Some(reason) = &skip[i] {
             if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
                 l.begin_step(&record.name, seq, &h, StepState::Skipped, Some(reason))?;
@@ -414,6 +440,114 @@ fn walk_steps(
         l.set_state(&record.name, BundleState::Applied, None)?;
     }
     Ok(report)
+}
+
+/// The `cmd` steps from `i` on that run as one batch: consecutive,
+/// runnable, of one (scope, venue) (see [`InstallPlan::steps_by_venue`]).
+fn batch_at<'a>(
+    plan: &'a InstallPlan,
+    skip: &[Option<String>],
+    i: usize,
+) -> Vec<(u32, &'a InstallStep, &'a OpStep)> {
+    let Some(first) = plan.steps.get(i) else {
+        return Vec::new();
+    };
+    plan.steps[i..]
+        .iter()
+        .zip(&skip[i..])
+        .enumerate()
+        .map_while(|(k, (s, sk))| {
+            let op = super::batch::batchable(s, sk)?;
+            ((s.scope, s.venue) == (first.scope, first.venue)).then_some(((i + k) as u32, s, op))
+        })
+        .collect()
+}
+
+/// Runs a batch of `cmd` steps (see [`super::batch`]) under the ledger's
+/// rules: every step recorded before the script starts, each finished
+/// as its marker says; after a failure, the steps not attempted are
+/// forgotten and the walk stops as it does for one step.
+#[allow(clippy::too_many_arguments)]
+fn walk_batch(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    record: &BundleRecord,
+    plan: &InstallPlan,
+    batch: &[(u32, &InstallStep, &OpStep)],
+    user: &TargetUser,
+    bin_dirs: &[String],
+    o: &Options,
+    progress: &mut dyn FnMut(&StepReport),
+    report: &mut Report,
+) -> Result<(), WalkError> {
+    let name = &record.name;
+    let login = host.login()?;
+    let rooted = host.root().is_some();
+    for (seq, s, _) in batch {
+        ledger.begin_step(name, *seq, &head(s), StepState::Incomplete, None)?;
+        ledger.add_undo(name, *seq, &cmd_note(s), &[])?;
+    }
+    let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
+    let ended = super::batch::run(host, batch, user, bin_dirs, o.timeout)?;
+    for (seq, end) in ended {
+        let Some((_, s, op)) = batch.iter().find(|b| b.0 == seq) else {
+            continue;
+        };
+        let h = head(s);
+        let c = cmd_command(op, s.scope == Scope::System, user, bin_dirs);
+        let actions = vec![
+            c.display(&login, rooted),
+            format!("(steps {first}–{last} in one round trip)"),
+        ];
+        let failed = match &end {
+            super::batch::Ended::Ok => {
+                ledger.finish_step(name, seq, StepState::Complete, None, &[])?;
+                if let Some(hook) = &o.on_change {
+                    hook(seq);
+                }
+                None
+            }
+            super::batch::Ended::Failed(m) => {
+                ledger.finish_step(name, seq, StepState::Failed, Some(m), &[])?;
+                Some(m.clone())
+            }
+        };
+        let r = StepReport {
+            seq,
+            candy: h.candy,
+            kind: h.kind,
+            scope: h.scope,
+            title: h.title.clone(),
+            state: if failed.is_some() {
+                "failed"
+            } else {
+                "complete"
+            }
+            .into(),
+            note: failed.clone(),
+            actions,
+        };
+        progress(&r);
+        report.steps.push(r);
+        if let Some(message) = failed {
+            ledger.clear_steps_from(name, seq + 1)?;
+            let i = seq as usize;
+            let not_attempted: Vec<String> = plan.steps[i + 1..]
+                .iter()
+                .enumerate()
+                .map(|(j, s)| format!("{} {}", i + 1 + j, title(s)))
+                .collect();
+            let err = format!("step {seq} ({}) failed: {message}", h.title);
+            ledger.set_state(name, BundleState::Failed, Some(&err))?;
+            return Err(WalkError::Step {
+                seq,
+                title: h.title,
+                message,
+                not_attempted,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn apply_step(
@@ -513,22 +647,9 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
             Ok(())
         }
         "cmd" => {
-            let mut c = Cmd::sh(format!("{}set -e\n{}", sh::ARCH_PREAMBLE, op.value));
-            c.env = op_env(cx.user, bin_dirs, op);
-            c.privileged = sys;
-            if !sys {
-                c.as_user = Some(cx.user.name.clone());
-            }
+            let c = cmd_command(op, sys, cx.user, bin_dirs);
             if !cx.dry() {
-                cx.undo(
-                    &Undo::Note {
-                        text: format!(
-                            "`{}` ran a command; what it changed is not undone",
-                            title(s)
-                        ),
-                    },
-                    &[],
-                )?;
+                cx.undo(&cmd_note(s), &[])?;
             }
             cx.run(c, "command")?;
             cx.changed();
@@ -537,6 +658,28 @@ fn op_step(cx: &mut StepCx<'_>, s: &InstallStep, op: &OpStep, bin_dirs: &[String
         v => Err(format!("`{v}` is not supported on host targets")),
     }
 }
+/// The command a `cmd` task runs: the architecture preamble, `set -e`,
+/// its body; as root for system scope, else as the user.
+pub(super) fn cmd_command(op: &OpStep, sys: bool, user: &TargetUser, bin_dirs: &[String]) -> Cmd {
+    let mut c = Cmd::sh(format!("{}set -e\n{}", sh::ARCH_PREAMBLE, op.value));
+    c.env = op_env(user, bin_dirs, op);
+    c.privileged = sys;
+    if !sys {
+        c.as_user = Some(user.name.clone());
+    }
+    c
+}
+
+/// What `del` says about a `cmd` task: it is not undone.
+pub(super) fn cmd_note(s: &InstallStep) -> Undo {
+    Undo::Note {
+        text: format!(
+            "`{}` ran a command; what it changed is not undone",
+            title(s)
+        ),
+    }
+}
+
 fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R<()> {
     let user_flag = if sys { "" } else { " --user" };
     let u = sh::quote_min(unit);

@@ -24,6 +24,7 @@
 //! The public items are re-exported here (`charly_deploy::walk::apply`, …).
 
 mod apply;
+mod batch;
 mod download;
 mod drift;
 mod managed;
@@ -89,6 +90,9 @@ pub struct Options {
     pub box_home: String,
     /// Told about every change a step makes (not in dry runs).
     pub on_change: Option<ChangeHook>,
+    /// Run consecutive `cmd` steps of one (scope, venue) as one command
+    /// (one round trip; for targets reached over SSH).
+    pub batch_commands: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -100,6 +104,7 @@ impl std::fmt::Debug for Options {
             .field("target", &self.target)
             .field("box_home", &self.box_home)
             .field("on_change", &self.on_change.as_ref().map(|_| "hook"))
+            .field("batch_commands", &self.batch_commands)
             .finish()
     }
 }
@@ -113,6 +118,7 @@ impl Default for Options {
             target: Target::Local,
             box_home: "/home/user".into(),
             on_change: None,
+            batch_commands: false,
         }
     }
 }
