@@ -323,6 +323,25 @@ fn guest_installed(guest: &Path) -> String {
         .collect()
 }
 
+/// The paths whose entries differ between two trees (as `tree` makes them).
+fn tree_diff(
+    a: &std::collections::BTreeMap<String, String>,
+    b: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    let what = |k: &String| match (a.contains_key(k), b.contains_key(k)) {
+        (true, true) => "changed",
+        (true, false) => "gone",
+        _ => "new",
+    };
+    a.keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("{k}: {}", what(k)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -403,7 +422,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         out
     };
     // Build BOX with the fake runner, then deploy it as NAME to the guest.
-    let build_and_add = |proj: &Path, name: &str, bx: &str| {
+    let build_and_add = |proj: &Path, name: &str, bx: &str, add: &[&str]| {
         ok(proj, &["box", "build", bx, "--runner", "fake", "-q"]);
         let identity = t.join("userkey");
         let known_hosts = t.join("known_hosts");
@@ -428,11 +447,15 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
                 "--runner",
                 "fake",
                 "--json",
-            ],
+            ]
+            .iter()
+            .chain(add)
+            .copied()
+            .collect::<Vec<&str>>(),
         );
     };
 
-    build_and_add(&p, "g", "guestbox");
+    build_and_add(&p, "g", "guestbox", &[]);
     assert_eq!(
         guest_pkg_status(&guest, "hello"),
         "install ok installed",
@@ -467,7 +490,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     );
     let apt_before = tree(&guest.join("etc/apt"));
     let installed_before = guest_installed(&guest);
-    build_and_add(&p, "r", "repobox");
+    build_and_add(&p, "r", "repobox", &[]);
     assert_eq!(
         guest_pkg_status(&guest, "charly-repo-probe"),
         "install ok installed",
@@ -489,6 +512,67 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         guest_installed(&guest),
         installed_before,
         "package list as before"
+    );
+
+    // The issue's scenario: a box plus an added candy (jq from the
+    // mirror); a tampered file makes `status` exit 3, `bundle apply`
+    // fixes it, `status` is clean again; `del` leaves /etc and the
+    // package list as they were.
+    w(
+        "box/appbox/charly.yml",
+        "box:\n    name: appbox\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - appconf\n",
+    );
+    w(
+        "candy/appconf/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: appconf\n    task:\n        - write: /etc/app.conf\n          user: root\n          content: |\n            setting = 1\n",
+    );
+    w(
+        "candy/jqtool/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: jqtool\n    package:\n        - jq\n",
+    );
+    // ld.so.cache is ldconfig's, rebuilt (not byte for byte) by the
+    // package manager's triggers on install and on removal.
+    let etc = || {
+        let mut t = tree(&guest.join("etc"));
+        t.retain(|k, _| !k.ends_with("/etc/ld.so.cache"));
+        t
+    };
+    let etc_before = etc();
+    let installed_before = guest_installed(&guest);
+    build_and_add(&p, "app", "appbox", &["--add", "jqtool"]);
+    assert_eq!(guest_pkg_status(&guest, "jq"), "install ok installed");
+    std::fs::write(guest.join("etc/app.conf"), "setting = tampered\n").expect("tamper");
+    let status = Command::cargo_bin("charly")
+        .expect("binary")
+        .env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", &cache)
+        .arg("-C")
+        .arg(&p)
+        .args(["bundle", "status", "app"])
+        .output()
+        .expect("charly runs");
+    assert_eq!(
+        status.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    ok(&p, &["bundle", "apply", "app"]);
+    assert_eq!(
+        std::fs::read_to_string(guest.join("etc/app.conf")).expect("conf"),
+        "setting = 1\n"
+    );
+    ok(&p, &["bundle", "status", "app"]);
+    ok(&p, &["bundle", "del", "app"]);
+    assert_eq!(
+        tree_diff(&etc_before, &etc()),
+        Vec::<String>::new(),
+        "/etc as before"
+    );
+    assert_eq!(
+        guest_installed(&guest),
+        installed_before,
+        "packages as before"
     );
 
     // A box made for Fedora is refused on this Debian guest before any
@@ -540,7 +624,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     let graph = t.join("graph");
     project_copy::copy_project(&project_copy::graph_fixture(), &graph);
     let before = tree(&guest.join("root"));
-    build_and_add(&graph, "l", "left");
+    build_and_add(&graph, "l", "left", &[]);
     assert_eq!(
         std::fs::read_to_string(guest.join("etc/common2.conf")).expect("system file"),
         "common2\n"

@@ -56,6 +56,17 @@ pub fn query_script(format: &str, pkgs: &[String], root: Option<&str>) -> Option
     })
 }
 
+/// A script that lists every installed package, in [`query_script`]'s
+/// output form (so [`parse_installed`] reads it).
+pub fn list_all_script(format: &str) -> Option<String> {
+    Some(match format {
+        "deb" => "dpkg-query -W -f='${Package}\\t${db:Status-Abbrev}\\n'".to_string(),
+        "rpm" => "rpm -qa --qf '%{NAME}\\tinstalled\\n'".to_string(),
+        "pac" | "aur" => "pacman -Q".to_string(),
+        _ => return None,
+    })
+}
+
 /// Parses [`query_script`] output into the installed subset.
 pub fn parse_installed(format: &str, out: &str) -> Result<BTreeSet<String>, String> {
     let mut set = BTreeSet::new();

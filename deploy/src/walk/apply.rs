@@ -908,6 +908,9 @@ fn packages(
         }
     }
     let before = installed(cx, format, pkgs)?;
+    // Everything installed now: what the install adds beyond `pkgs` (their
+    // dependencies) goes again with them on `del`.
+    let before_all = installed_all(cx, format)?;
     let new: Vec<String> = pkgs
         .iter()
         .filter(|p| !before.contains(*p))
@@ -944,6 +947,30 @@ fn packages(
                     .join(" ")
             ));
         }
+        let deps: Vec<String> = installed_all(cx, format)?
+            .into_iter()
+            .filter(|p| !before_all.contains(p) && !pkgs.contains(p))
+            .collect();
+        if !deps.is_empty() {
+            // Recorded after the install (what it pulls in is known only
+            // then): one removal of the packages and their dependencies,
+            // replayed before the first record, which then finds nothing
+            // left to remove.
+            let all: Vec<String> = new.iter().chain(&deps).cloned().collect();
+            cx.actions.push(format!(
+                "dependencies installed with them: {}",
+                deps.join(" ")
+            ));
+            cx.undo(
+                &Undo::RemovePackages {
+                    format: format.into(),
+                    command: pkg::remove_script(format, &all, None),
+                    packages: all,
+                    root: None,
+                },
+                &[],
+            )?;
+        }
         cx.facts.push(Fact::Packages {
             format: format.into(),
             packages: pkgs.to_vec(),
@@ -951,6 +978,28 @@ fn packages(
         });
     }
     Ok(())
+}
+
+/// Every package installed on the host (empty in a dry run).
+fn installed_all(cx: &mut StepCx<'_>, format: &str) -> R<BTreeSet<String>> {
+    if cx.dry() {
+        return Ok(BTreeSet::new());
+    }
+    let script =
+        pkg::list_all_script(format).ok_or_else(|| format!("unknown package format {format}"))?;
+    let out = cx
+        .host
+        .run(&Cmd::sh(script).timeout(cx.timeout))
+        .map_err(|e| e.to_string())?;
+    if !out.ok() {
+        return Err(format!(
+            "listing the installed {format} packages: exit {}: {}",
+            out.status,
+            out.stderr_tail()
+        ));
+    }
+    pkg::parse_installed(format, &out.stdout_str())
+        .map_err(|e| format!("unexpected output from the {format} package list: {e}"))
 }
 
 fn installed(cx: &mut StepCx<'_>, format: &str, pkgs: &[String]) -> R<BTreeSet<String>> {

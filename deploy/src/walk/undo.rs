@@ -262,7 +262,6 @@ fn share(
         } => {
             // Package → (other bundle, its step) that still has it.
             let mut held: BTreeMap<(usize, u32), Vec<String>> = BTreeMap::new();
-            let mut left = Vec::new();
             for p in &packages {
                 let holder = others.iter().enumerate().find_map(|(i, o)| {
                     o.steps.iter().find_map(|s| {
@@ -275,12 +274,15 @@ fn share(
                             .then_some((i, s.seq))
                     })
                 });
-                match holder {
-                    Some(at) => held.entry(at).or_default().push(p.clone()),
-                    None => left.push(p.clone()),
+                if let Some(at) = holder {
+                    held.entry(at).or_default().push(p.clone());
                 }
             }
-            if held.is_empty() {
+            // One step's packages go together: they include the
+            // dependencies the install pulled in, and removing one of
+            // those would take a package the other bundle needs with it.
+            // So when any is still needed, all of them are handed over.
+            let Some(((i, seq), _)) = held.iter().next() else {
                 return Ok(Shared::Mine(
                     Undo::RemovePackages {
                         format,
@@ -290,39 +292,25 @@ fn share(
                     },
                     None,
                 ));
-            }
-            let mut said = Vec::new();
-            for ((i, seq), pk) in &held {
-                let o = &others[*i];
-                let handed = Undo::RemovePackages {
-                    format: format.clone(),
-                    packages: pk.clone(),
-                    command: pkg::remove_script(&format, pk, root.as_deref()),
-                    root: root.clone(),
-                };
-                ledger
-                    .hand_over(me, &o.name, *seq, &[], &handed)
-                    .map_err(lerr)?;
-                said.push(format!(
-                    "{} (bundle {} still needs it)",
-                    pk.join(" "),
-                    o.name
-                ));
-            }
-            let note = format!("kept {}", said.join(", "));
-            if left.is_empty() {
-                return Ok(Shared::Handed(note));
-            }
-            let command = pkg::remove_script(&format, &left, root.as_deref());
-            Ok(Shared::Mine(
-                Undo::RemovePackages {
-                    format,
-                    packages: left,
-                    command,
-                    root,
-                },
-                Some(note),
-            ))
+            };
+            let o = &others[*i];
+            let handed = Undo::RemovePackages {
+                format: format.clone(),
+                command: pkg::remove_script(&format, &packages, root.as_deref()),
+                packages: packages.clone(),
+                root: root.clone(),
+            };
+            ledger
+                .hand_over(me, &o.name, *seq, &[], &handed)
+                .map_err(lerr)?;
+            let needed: Vec<String> = held.values().flatten().cloned().collect();
+            let note = format!(
+                "kept {} (bundle {} still needs {})",
+                packages.join(" "),
+                o.name,
+                needed.join(" ")
+            );
+            Ok(Shared::Handed(note))
         }
         Undo::RemovePath {
             ref path,
