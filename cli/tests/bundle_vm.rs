@@ -17,7 +17,7 @@ fn sh(cmd: &mut std::process::Command) {
     );
 }
 
-use charly_testutil::sshd::{guest_wrap, home_wrap, keygen};
+use charly_testutil::sshd::{guest_wrap, guest_wrap_as, home_wrap, keygen};
 
 fn start_sshd(t: &Path, wrap: &str) -> (charly_testutil::sshd::Sshd, u16) {
     charly_testutil::sshd::start(t, Some(wrap))
@@ -342,6 +342,13 @@ fn tree_diff(
         .collect()
 }
 
+/// Writes `text` to `rel` below `p`, making directories.
+fn write_in(p: &Path, rel: &str, text: &str) {
+    let f = p.join(rel);
+    std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+    std::fs::write(f, text).expect("write");
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -383,11 +390,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
 
     let (_sshd, port) = start_sshd(t, &guest_wrap(&guest));
     let p = t.join("project");
-    let w = |rel: &str, text: &str| {
-        let f = p.join(rel);
-        std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
-        std::fs::write(f, text).expect("write");
-    };
+    let w = |rel: &str, text: &str| write_in(&p, rel, text);
     w(
         "charly.yml",
         "version: 2026.1.1\ndiscover:\n    - box\n    - candy\ndefaults:\n    distro:\n        - debian:12\n        - debian\n    build:\n        - deb\n",
@@ -686,16 +689,8 @@ fn sudo_with_a_password(t: &Path, guest: &Path, p: &Path, cache: &Path) {
     .expect("chmod");
     let t2 = t.join("sshd-deployer");
     std::fs::create_dir_all(&t2).expect("mkdir");
-    let wrap = format!(
-        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot --userspec=deployer:deployer \"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
-        guest.display()
-    );
-    let (_sshd, port) = start_sshd(&t2, &wrap);
-    let w = |rel: &str, text: &str| {
-        let f = p.join(rel);
-        std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
-        std::fs::write(f, text).expect("write");
-    };
+    let (_sshd, port) = start_sshd(&t2, &guest_wrap_as(guest, Some("deployer")));
+    let w = |rel: &str, text: &str| write_in(p, rel, text);
     w(
         "box/sudobox/charly.yml",
         "box:\n    name: sudobox\n    version: 2026.1.1\n    from: builder:debootstrap\n    candy:\n        - rootfile\n",

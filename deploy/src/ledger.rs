@@ -288,6 +288,19 @@ pub enum Undo {
 }
 
 impl Undo {
+    /// A root command that puts something back; its failure does not stop
+    /// the removal (what it undoes may be gone already).
+    pub fn root_run(what: impl Into<String>, script: impl Into<String>) -> Self {
+        Undo::Run {
+            what: what.into(),
+            script: script.into(),
+            privileged: true,
+            as_user: None,
+            env: std::collections::BTreeMap::new(),
+            ignore_failure: true,
+        }
+    }
+
     /// One line for people.
     pub fn describe(&self) -> String {
         match self {

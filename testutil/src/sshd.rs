@@ -67,8 +67,17 @@ pub fn home_wrap(home: &Path) -> String {
 /// /proc and /dev mounted in a private mount namespace: a separate system
 /// as far as a deploy can tell.
 pub fn guest_wrap(guest: &Path) -> String {
+    guest_wrap_as(guest, None)
+}
+
+/// [`guest_wrap`], with every session running as `user` (an account of
+/// the guest) instead of the login.
+pub fn guest_wrap_as(guest: &Path, user: Option<&str>) -> String {
+    let spec = user
+        .map(|u| format!("--userspec={u}:{u} "))
+        .unwrap_or_default();
     format!(
-        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot \"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
+        "#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c 'mount -t proc proc \"$1/proc\" && mount --bind /dev \"$1/dev\" && exec chroot {spec}\"$1\" /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"' wrap {}\n",
         guest.display()
     )
 }

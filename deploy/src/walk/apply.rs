@@ -360,16 +360,7 @@ fn walk_steps(
             if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
                 l.begin_step(&record.name, seq, &h, StepState::Skipped, Some(reason))?;
             }
-            let r = StepReport {
-                seq,
-                candy: h.candy,
-                kind: h.kind,
-                scope: h.scope,
-                title: h.title,
-                state: "skipped".into(),
-                note: Some(reason.clone()),
-                actions: Vec::new(),
-            };
+            let r = StepReport::of(seq, &h, "skipped", Some(reason.clone()), Vec::new());
             progress(&r);
             report.steps.push(r);
             continue;
@@ -406,40 +397,46 @@ fn walk_steps(
                 Err(e) => l.finish_step(&record.name, seq, StepState::Failed, Some(e), &facts)?,
             }
         }
-        let r = StepReport {
-            seq,
-            candy: h.candy,
-            kind: h.kind,
-            scope: h.scope,
-            title: h.title.clone(),
-            state: state.into(),
-            note: res.as_ref().err().cloned(),
-            actions,
-        };
+        let r = StepReport::of(seq, &h, state, res.as_ref().err().cloned(), actions);
         progress(&r);
         report.steps.push(r);
         if let Err(message) = res {
-            let not_attempted: Vec<String> = plan.steps[i + 1..]
-                .iter()
-                .enumerate()
-                .map(|(j, s)| format!("{} {}", i + 1 + j, title(s)))
-                .collect();
-            if let Some(l) = ledger.as_deref_mut().filter(|_| !dry) {
-                let err = format!("step {seq} ({}) failed: {message}", h.title);
-                l.set_state(&record.name, BundleState::Failed, Some(&err))?;
-            }
-            return Err(WalkError::Step {
-                seq,
-                title: h.title,
-                message,
-                not_attempted,
-            });
+            let led = ledger.as_deref_mut().filter(|_| !dry);
+            return Err(stop(led, record, plan, seq, h.title, message)?);
         }
     }
     if let Some(l) = ledger.filter(|_| !dry) {
         l.set_state(&record.name, BundleState::Applied, None)?;
     }
     Ok(report)
+}
+
+/// The walk stops at step `seq`, which failed: the bundle is marked
+/// failed (when recorded) and the error names the steps not attempted.
+fn stop(
+    ledger: Option<&mut Ledger>,
+    record: &BundleRecord,
+    plan: &InstallPlan,
+    seq: u32,
+    title_: String,
+    message: String,
+) -> Result<WalkError, WalkError> {
+    let i = seq as usize;
+    let not_attempted: Vec<String> = plan.steps[i + 1..]
+        .iter()
+        .enumerate()
+        .map(|(j, s)| format!("{} {}", i + 1 + j, title(s)))
+        .collect();
+    if let Some(l) = ledger {
+        let err = format!("step {seq} ({title_}) failed: {message}");
+        l.set_state(&record.name, BundleState::Failed, Some(&err))?;
+    }
+    Ok(WalkError::Step {
+        seq,
+        title: title_,
+        message,
+        not_attempted,
+    })
 }
 
 /// The `cmd` steps from `i` on that run as one batch: consecutive,
@@ -512,39 +509,17 @@ fn walk_batch(
                 Some(m.clone())
             }
         };
-        let r = StepReport {
-            seq,
-            candy: h.candy,
-            kind: h.kind,
-            scope: h.scope,
-            title: h.title.clone(),
-            state: if failed.is_some() {
-                "failed"
-            } else {
-                "complete"
-            }
-            .into(),
-            note: failed.clone(),
-            actions,
+        let state = if failed.is_some() {
+            "failed"
+        } else {
+            "complete"
         };
+        let r = StepReport::of(seq, &h, state, failed.clone(), actions);
         progress(&r);
         report.steps.push(r);
         if let Some(message) = failed {
             ledger.clear_steps_from(name, seq + 1)?;
-            let i = seq as usize;
-            let not_attempted: Vec<String> = plan.steps[i + 1..]
-                .iter()
-                .enumerate()
-                .map(|(j, s)| format!("{} {}", i + 1 + j, title(s)))
-                .collect();
-            let err = format!("step {seq} ({}) failed: {message}", h.title);
-            ledger.set_state(name, BundleState::Failed, Some(&err))?;
-            return Err(WalkError::Step {
-                seq,
-                title: h.title,
-                message,
-                not_attempted,
-            });
+            return Err(stop(Some(ledger), record, plan, seq, h.title, message)?);
         }
     }
     Ok(())
@@ -785,18 +760,12 @@ fn setcap_step(cx: &mut StepCx<'_>, op: &OpStep) -> R<()> {
             &format!("read the capabilities of {}", op.value),
         )?;
         let prior = prior_caps(&before);
+        let restore = match &prior {
+            Some(p) => format!("setcap {} {path}", sh::quote_min(p)),
+            None => format!("setcap -r {path} 2>/dev/null || true"),
+        };
         cx.undo(
-            &Undo::Run {
-                what: format!("capabilities of {}", op.value),
-                script: match &prior {
-                    Some(p) => format!("setcap {} {path}", sh::quote_min(p)),
-                    None => format!("setcap -r {path} 2>/dev/null || true"),
-                },
-                privileged: true,
-                as_user: None,
-                env: BTreeMap::new(),
-                ignore_failure: true,
-            },
+            &Undo::root_run(format!("capabilities of {}", op.value), restore),
             &[],
         )?;
     }

@@ -179,6 +179,22 @@ pub struct StepReport {
     pub actions: Vec<String>,
 }
 
+impl StepReport {
+    /// The report of step `seq`.
+    fn of(seq: u32, h: &StepHead, state: &str, note: Option<String>, actions: Vec<String>) -> Self {
+        StepReport {
+            seq,
+            candy: h.candy.clone(),
+            kind: h.kind.clone(),
+            scope: h.scope.clone(),
+            title: h.title.clone(),
+            state: state.into(),
+            note,
+            actions,
+        }
+    }
+}
+
 /// What `apply` did.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {

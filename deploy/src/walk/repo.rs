@@ -114,17 +114,7 @@ fn fetch(cx: &mut StepCx<'_>, url: &str) -> R<Vec<u8>> {
 /// Runs `script` as root, recording `undo` (as root, failures ignored) first.
 fn run_undoable(cx: &mut StepCx<'_>, what: &str, script: String, undo: String) -> R<()> {
     if !cx.dry() {
-        cx.undo(
-            &Undo::Run {
-                what: format!("undo {what}"),
-                script: undo,
-                privileged: true,
-                as_user: None,
-                env: BTreeMap::new(),
-                ignore_failure: true,
-            },
-            &[],
-        )?;
+        cx.undo(&Undo::root_run(format!("undo {what}"), undo), &[])?;
     }
     cx.run(Cmd::sh(script).privileged(true), what)?;
     cx.changed();
@@ -180,17 +170,7 @@ pub(super) fn repo_step(
             if !cx.dry() {
                 // Recorded first, so `del` refreshes the index last, after
                 // the repository's files are gone.
-                cx.undo(
-                    &Undo::Run {
-                        what: "apt-get update".into(),
-                        script: "apt-get update -qq".into(),
-                        privileged: true,
-                        as_user: None,
-                        env: BTreeMap::new(),
-                        ignore_failure: true,
-                    },
-                    &[],
-                )?;
+                cx.undo(&Undo::root_run("apt-get update", "apt-get update -qq"), &[])?;
             }
             for r in repos {
                 let n = name(r)?;
