@@ -364,6 +364,21 @@ impl<'de> Deserialize<'de> for LocalPkgMap {
     }
 }
 
+impl Service {
+    /// Whether this entry applies to a box with these distro tags: an entry
+    /// without `distro:` applies everywhere; `debian` matches `debian` and
+    /// `debian:13`, `debian:13` only itself.
+    pub fn applies_to(&self, tags: &[String]) -> bool {
+        self.distro.is_empty()
+            || self.distro.iter().any(|d| {
+                tags.iter().any(|t| {
+                    t == &d.value
+                        || (!d.value.contains(':') && t.split(':').next() == Some(&d.value))
+                })
+            })
+    }
+}
+
 impl Candy {
     /// Whether the candy installs anything itself (packages, tasks, services, …).
     ///
