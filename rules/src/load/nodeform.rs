@@ -884,3 +884,71 @@ fn check_to_eval(ck: &Node, cv: &Node, text: &Node, out: &mut Vec<Diagnostic>) -
         value: Value::Map(entry),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::FileId;
+
+    fn doc(text: &str) -> Node {
+        crate::yaml::parse_stream(FileId(0), text)
+            .expect("yaml")
+            .remove(0)
+    }
+
+    #[test]
+    fn strict_calver() {
+        assert!(is_strict_calver("2026.174.1100"));
+        assert!(is_strict_calver("2026.1.0"));
+        assert!(!is_strict_calver("2026.367.1100"));
+        assert!(!is_strict_calver("2026.174.1160"));
+        assert!(!is_strict_calver("2026.174"));
+        assert!(!is_strict_calver("26.174.1100"));
+        assert!(!is_strict_calver("2026.174.1100.1"));
+        assert!(is_nodeform_version("2026.174.0"));
+        assert!(!is_nodeform_version("2026.160.1301"));
+        assert!(!is_nodeform_version("banana"));
+    }
+
+    #[test]
+    fn node_documents_are_recognized_by_shape() {
+        assert!(looks_like_node_doc(&doc("a:\n  candy: {version: 1}\n")));
+        assert!(!looks_like_node_doc(&doc("candy:\n  version: 1\n")));
+        assert!(!looks_like_node_doc(&doc("version: 2026.174.1100\n")));
+    }
+
+    #[test]
+    fn a_check_step_becomes_a_classic_check() {
+        let mut out = Vec::new();
+        let items = read_document(
+            &doc(
+                "a:\n  candy: {version: 2026.1.1, description: x}\n  a-c:\n    check: k8s nodes\n    kube: nodes\n    kube_count: 1\n    context: [runtime]\n  a-d:\n    check: file=/etc/x\n",
+            ),
+            &mut out,
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let Some(Item::Candy { def, .. }) = items.first() else {
+            panic!("a candy: {items:?}")
+        };
+        let eval = def.eval.as_ref().expect("eval").to_json();
+        assert_eq!(
+            eval,
+            serde_json::json!([
+                {"k8s": "nodes", "k8s_count": 1, "id": "a-c", "scope": "deploy"},
+                {"id": "a-d", "file": "/etc/x"}
+            ])
+        );
+    }
+
+    #[test]
+    fn a_check_without_anything_to_run_is_an_error() {
+        let mut out = Vec::new();
+        read_document(
+            &doc("a:\n  candy: {version: 2026.1.1, description: x}\n  a-c:\n    check: it works\n"),
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(out[0].is_error());
+        assert_eq!(out[0].span.map(|s| (s.line, s.col)), Some((4, 12)));
+    }
+}
