@@ -1491,8 +1491,23 @@ impl Loader<'_> {
         for i in 0..self.p.namespaces.len() {
             let dir = self.p.namespaces[i].dir.clone();
             if self.p.namespaces[i].nodeform {
-                // The 2026.174 vocabulary is node form, in `charly/charly.yml`.
-                let f = dir.join("charly/charly.yml");
+                // The 2026.174 vocabulary is node form, in `charly/charly.yml`;
+                // a box repository without one uses the vocabulary of the
+                // repository its shared candies come from (reached offline).
+                let own = dir.join("charly/charly.yml");
+                let f = if own.is_file() {
+                    own
+                } else {
+                    let used: BTreeSet<&PathBuf> =
+                        self.p.candies.values().map(|c| &c.dir).collect();
+                    self.p
+                        .repos
+                        .values()
+                        .filter(|r| **r != dir && used.iter().any(|c| c.starts_with(r)))
+                        .map(|r| r.join("charly/charly.yml"))
+                        .find(|f| f.is_file())
+                        .unwrap_or(own)
+                };
                 if f.is_file() && self.p.sources.path_is_loaded(&f).is_none() {
                     if let Some((fid, docs)) = self.read_docs(&f, None) {
                         self.classify_all_nodeform(docs, fid, &dir, NsId(i), false);
