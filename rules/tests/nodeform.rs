@@ -286,6 +286,9 @@ fn a_box_repository_resolves_the_shared_candies_offline() {
         );
     }
     let p = load(&corpus_174().join("box/debian"));
+    // Its vocabulary is the one of the repository its candies come from.
+    let debian = p.root_ns().vocab_origin["distro/debian"];
+    assert_eq!(p.sources.rel(debian), "../../charly/charly.yml");
     let boxes: Vec<&str> = p.root_ns().boxes.keys().map(String::as_str).collect();
     assert!(
         boxes.contains(&"debian") && boxes.contains(&"debian-coder"),
