@@ -437,9 +437,22 @@ fn a_field_set_twice_and_a_field_in_the_wrong_place_are_errors() {
 }
 
 #[test]
+fn a_candy_version_is_strict_calver() {
+    let t = project(&[(
+        "candy/a/charly.yml",
+        "a:\n  candy:\n    version: 1.2.3-beta\n    description: x\n",
+    )]);
+    let p = load(t.path());
+    let d = all_diags(&p);
+    let (e, at) = find(&p, &d, "is not a strict CalVer");
+    assert!(e.is_error());
+    assert_eq!(at, "candy/a/charly.yml:3:14");
+}
+
+#[test]
 fn node_form_versions_are_strict_calver_and_bounded() {
     let t = project(&[]);
-    std::fs::write(t.path().join("charly.yml"), "version: 2026.174.2500\n").expect("write");
+    std::fs::write(t.path().join("charly.yml"), "version: 2026.174.11\n").expect("write");
     let p = load(t.path());
     let d = all_diags(&p);
     let (e, at) = find(&p, &d, "not a strict CalVer");

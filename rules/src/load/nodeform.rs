@@ -207,8 +207,9 @@ pub fn is_nodeform_version(v: &str) -> bool {
     super::compare_calver(v, NODEFORM_FIRST).is_some_and(|o| o != std::cmp::Ordering::Less)
 }
 
-/// Whether text is a strict CalVer `YYYY.DDD.HHMM` (day 1–366, a valid
-/// 24-hour time).
+/// Whether text is a strict CalVer `YYYY.DDD.HHMM`, the schema's
+/// `^[0-9]{4}\.[0-9]{1,3}\.[0-9]{3,4}$` (its shape only: the corpus has
+/// versions like `2026.176.3201`).
 pub fn is_strict_calver(v: &str) -> bool {
     let parts: Vec<&str> = v.split('.').collect();
     let [y, d, hm] = parts.as_slice() else {
@@ -217,12 +218,7 @@ pub fn is_strict_calver(v: &str) -> bool {
     let digits = |s: &str, n: std::ops::RangeInclusive<usize>| {
         n.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
     };
-    if !digits(y, 4..=4) || !digits(d, 1..=3) || !digits(hm, 1..=4) {
-        return false;
-    }
-    let day: u32 = d.parse().unwrap_or(0);
-    let hhmm: u32 = hm.parse().unwrap_or(9999);
-    (1..=366).contains(&day) && hhmm / 100 < 24 && hhmm % 100 < 60
+    digits(y, 4..=4) && digits(d, 1..=3) && digits(hm, 3..=4)
 }
 
 /// Whether a document looks like node form (a node whose value carries a
@@ -417,6 +413,18 @@ fn read_node(key: &Node, node: &Node, out: &mut Vec<Diagnostic>) -> Option<Item>
         "candy" => Some(&CANDY_FIELDS),
         _ => None,
     };
+    if kind == "candy"
+        && let Some(v) = disc_val.get("version")
+        && !v.as_str().is_some_and(is_strict_calver)
+    {
+        out.push(Diagnostic::error(
+            v.span,
+            format!(
+                "node `{name}`: version `{}` is not a strict CalVer YYYY.DDD.HHMM (e.g. 2026.174.1100)",
+                v.as_str().unwrap_or("")
+            ),
+        ));
+    }
     let mut folded: Vec<(Node, Node)> = Vec::new();
     let mut tasks: Vec<Node> = Vec::new();
     let mut evals: Vec<Node> = Vec::new();
@@ -899,9 +907,14 @@ mod tests {
     #[test]
     fn strict_calver() {
         assert!(is_strict_calver("2026.174.1100"));
-        assert!(is_strict_calver("2026.1.0"));
-        assert!(!is_strict_calver("2026.367.1100"));
-        assert!(!is_strict_calver("2026.174.1160"));
+        assert!(is_strict_calver("2026.1.100"));
+        assert!(
+            is_strict_calver("2026.176.3201"),
+            "the schema checks the shape only"
+        );
+        assert!(!is_strict_calver("2026.174.11"));
+        assert!(!is_strict_calver("2026.1745.1100"));
+        assert!(!is_strict_calver("2026.174.1100-rc1"));
         assert!(!is_strict_calver("2026.174"));
         assert!(!is_strict_calver("26.174.1100"));
         assert!(!is_strict_calver("2026.174.1100.1"));
@@ -922,7 +935,7 @@ mod tests {
         let mut out = Vec::new();
         let items = read_document(
             &doc(
-                "a:\n  candy: {version: 2026.1.1, description: x}\n  a-c:\n    check: k8s nodes\n    kube: nodes\n    kube_count: 1\n    context: [runtime]\n  a-d:\n    check: file=/etc/x\n",
+                "a:\n  candy: {version: 2026.1.100, description: x}\n  a-c:\n    check: k8s nodes\n    kube: nodes\n    kube_count: 1\n    context: [runtime]\n  a-d:\n    check: file=/etc/x\n",
             ),
             &mut out,
         );
@@ -944,7 +957,9 @@ mod tests {
     fn a_check_without_anything_to_run_is_an_error() {
         let mut out = Vec::new();
         read_document(
-            &doc("a:\n  candy: {version: 2026.1.1, description: x}\n  a-c:\n    check: it works\n"),
+            &doc(
+                "a:\n  candy: {version: 2026.1.100, description: x}\n  a-c:\n    check: it works\n",
+            ),
             &mut out,
         );
         assert_eq!(out.len(), 1, "{out:?}");
