@@ -67,6 +67,19 @@ fn manifest(context: &str, field: &str) -> (&'static str, String) {
             "candy/c/charly.yml",
             format!("candy:\n    version: 1.0.0\n    shell:\n        {field}: ~\n"),
         ),
+        // The node form (schema 2026.174): a data child, a run step.
+        "node-candy" => (
+            "candy/c/charly.yml",
+            format!(
+                "c:\n    candy:\n        version: 2026.174.1100\n        description: x\n    c-f:\n        {field}: ~\n"
+            ),
+        ),
+        "node-run" => (
+            "candy/c/charly.yml",
+            format!(
+                "c:\n    candy:\n        version: 2026.174.1100\n        description: x\n    c-s:\n        run: x\n        mkdir: /x\n        {field}: ~\n"
+            ),
+        ),
         c => panic!("docs/format.md documents fields of `{c}`, which this test cannot check"),
     }
 }
@@ -79,7 +92,11 @@ fn unknown(dir: &Path, context: &str, field: &str) -> Vec<String> {
     if rel != "charly.yml" {
         std::fs::write(
             dir.join("charly.yml"),
-            "version: 2026.160.1301\ndiscover: [box, candy]\n",
+            if context.starts_with("node-") {
+                "version: 2026.174.1100\ndiscover: [box, candy]\n"
+            } else {
+                "version: 2026.160.1301\ndiscover: [box, candy]\n"
+            },
         )
         .expect("root");
     }

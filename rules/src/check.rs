@@ -19,9 +19,13 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Keys naming what a check is about.
-pub const SUBJECTS: [&str; 12] = [
+///
+/// The last eight are the live-session verbs of schema 2026.174 (`adb:
+/// shell`, `wl: screenshot`, …): kept as [`CheckKind::Other`], they need a
+/// deployment.
+pub const SUBJECTS: [&str; 20] = [
     "file", "command", "package", "service", "addr", "http", "process", "port", "mcp", "k8s",
-    "cdp", "matching",
+    "cdp", "matching", "adb", "appium", "wl", "vnc", "spice", "libvirt", "dbus", "record",
 ];
 
 /// Keys every check may have, whatever its subject.

@@ -25,7 +25,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Schema version this charly understands (the original's CalVer).
+pub mod nodeform;
+
+/// Schema version this charly understands in the classic form (the
+/// original's CalVer); node-form projects (2026.174) are read up to
+/// [`nodeform::NODEFORM_SCHEMA_VERSION`].
 pub const SCHEMA_VERSION: &str = "2026.160.1301";
 /// The embedded default vocabulary.
 pub const DEFAULT_VOCAB: &str = include_str!("../vocab/default-build.yml");
@@ -101,6 +105,10 @@ pub struct Namespace {
     pub vocab_origin: BTreeMap<String, FileId>,
     /// Check beds and other root sections kept as-is.
     pub kept: BTreeMap<String, yaml::Yaml>,
+    /// Whether this project is written in the node form (schema 2026.174,
+    /// chosen by its root `version:`); its files are read by
+    /// [`nodeform`], the others by the classic reader.
+    pub nodeform: bool,
 }
 
 impl Namespace {
@@ -307,6 +315,7 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
         loaded_dirs: BTreeMap::new(),
         prefetched: HashMap::new(),
         listed: HashMap::new(),
+        plugin_kinds: Vec::new(),
     };
     if l.load_namespace(&root, String::new(), None, None).is_none() {
         // The root file is unusable (read_docs diagnosed why). Namespace 0
@@ -316,6 +325,7 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
         l.new_ns(&root, String::new(), None);
     }
     l.load_remote_candies();
+    l.check_plugin_kinds();
     l.fill_vocab();
     l.check_schema_version();
     let refused = crate::names::check_project(&l.p);
@@ -334,6 +344,9 @@ struct Loader<'o> {
     /// and the listings of their directories: taken by the first use.
     prefetched: HashMap<PathBuf, Prefetched>,
     listed: HashMap<PathBuf, Listing>,
+    /// Node-form nodes whose kind is no charly kind: (node, kind word,
+    /// span), checked against the plugin candies' declarations at the end.
+    plugin_kinds: Vec<(String, String, Span)>,
 }
 
 /// A manifest read and parsed ahead of its registration: its text and its
@@ -675,6 +688,11 @@ impl Loader<'_> {
         let file = dir.join("charly.yml");
         let (fid, docs) = self.read_docs(&file, at)?;
         let ns = self.new_ns(dir, path, identity);
+        self.p.namespaces[ns.0].nodeform = docs.iter().any(|d| {
+            d.get("version")
+                .and_then(Node::as_str)
+                .is_some_and(nodeform::is_nodeform_version)
+        });
         self.loaded_dirs.insert(dir.to_path_buf(), ns);
         // The root's identity comes from its own `repo:` (read before imports,
         // so a transitive back-reference binds to this tree).
@@ -727,6 +745,9 @@ impl Loader<'_> {
         ns: NsId,
         discovered: bool,
     ) -> Vec<RootDoc> {
+        if self.p.namespaces[ns.0].nodeform {
+            return self.classify_all_nodeform(docs, fid, dir, ns, discovered);
+        }
         let mut roots = Vec::new();
         for doc in docs {
             match self.classify_root_aware(doc, fid, discovered) {
@@ -738,6 +759,127 @@ impl Loader<'_> {
             }
         }
         roots
+    }
+
+    /// [`Loader::classify_all`] for a node-form namespace: each document is
+    /// read by [`nodeform::read_document`] and its items registered.
+    fn classify_all_nodeform(
+        &mut self,
+        docs: Vec<Node>,
+        fid: FileId,
+        dir: &Path,
+        ns: NsId,
+        discovered: bool,
+    ) -> Vec<RootDoc> {
+        let basename = dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut roots = Vec::new();
+        for doc in docs {
+            if doc.as_map().is_none() && !doc.is_null() && self.is_root_project_file(fid) {
+                self.p.root_unusable = true;
+            }
+            let mut out = Vec::new();
+            let items = nodeform::read_document(&doc, &mut out);
+            self.p.diags.extend(out);
+            let candies = items
+                .iter()
+                .filter(|i| matches!(i, nodeform::Item::Candy { .. }))
+                .count();
+            for item in items {
+                match item {
+                    nodeform::Item::Root(r) => roots.push(*r),
+                    nodeform::Item::Candy { key, def } => {
+                        let node_name = key.as_str().unwrap_or("").to_string();
+                        // A discovered candy is named by its directory.
+                        let name = if discovered && candies == 1 {
+                            if node_name != basename {
+                                self.diag(Diagnostic::warning(
+                                    key.span,
+                                    format!("candy name `{node_name}` differs from its directory `{basename}`; the directory name is used"),
+                                ));
+                            }
+                            basename.clone()
+                        } else {
+                            node_name
+                        };
+                        self.add_candy(ns, fid, dir, name, key.span, *def);
+                    }
+                    nodeform::Item::Box { key, def } => {
+                        let name = key.as_str().unwrap_or("").to_string();
+                        let mut def = *def;
+                        if def.name.is_none() {
+                            def.name = Some(Spanned::new(key.span, name.clone()));
+                        }
+                        self.add_box(ns, fid, name, key.span, def);
+                    }
+                    nodeform::Item::Other {
+                        kind,
+                        plugin_kind,
+                        key,
+                        value,
+                    } => {
+                        let name = key.as_str().unwrap_or("").to_string();
+                        if plugin_kind {
+                            self.plugin_kinds
+                                .push((name.clone(), kind.clone(), key.span));
+                        }
+                        self.nodeform_other(ns, &kind, &name, key.span, value);
+                    }
+                }
+            }
+        }
+        roots
+    }
+
+    /// A node-form vocabulary entry (`distro`, `builder`, `init`) goes into
+    /// the namespace's vocabulary (first definition wins; the builders
+    /// whose stage templates left 2026.174 keep charly's built-ins); any
+    /// other kind is kept as `<kind>/<name>`.
+    fn nodeform_other(&mut self, ns: NsId, kind: &str, name: &str, span: Span, value: Node) {
+        let vkey = format!("{kind}/{name}");
+        let mut w = Vec::new();
+        match kind {
+            "distro" if !self.p.namespaces[ns.0].vocab.distro.contains_key(name) => {
+                if let Ok(d) = yaml::from_node::<crate::model::Distro>(&value, &mut w)
+                    .map_err(|d| self.p.diags.push(d))
+                {
+                    let n = &mut self.p.namespaces[ns.0];
+                    n.vocab.distro.insert(name.to_string(), d);
+                    n.vocab_origin.insert(vkey, span.file);
+                }
+            }
+            "builder"
+                if !nodeform::BUILTIN_BUILDERS.contains(&name)
+                    && !self.p.namespaces[ns.0].vocab.builder.contains_key(name) =>
+            {
+                if let Ok(b) = yaml::from_node::<crate::model::Builder>(&value, &mut w)
+                    .map_err(|d| self.p.diags.push(d))
+                {
+                    let n = &mut self.p.namespaces[ns.0];
+                    n.vocab.builder.insert(name.to_string(), b);
+                    n.vocab_origin.insert(vkey, span.file);
+                }
+            }
+            "init" if !self.p.namespaces[ns.0].vocab.init.contains_key(name) => {
+                if let Ok(i) = yaml::from_node::<crate::model::Init>(&value, &mut w)
+                    .map_err(|d| self.p.diags.push(d))
+                {
+                    let n = &mut self.p.namespaces[ns.0];
+                    n.vocab.init.insert(name.to_string(), i);
+                    n.vocab_origin.insert(vkey, span.file);
+                }
+            }
+            "distro" | "builder" | "init" => {}
+            _ => {
+                self.p.namespaces[ns.0]
+                    .kept
+                    .entry(vkey)
+                    .or_insert_with(|| yaml::Yaml(value));
+            }
+        }
+        self.p.diags.extend(w);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1288,6 +1430,18 @@ impl Loader<'_> {
                     continue;
                 };
                 for doc in docs {
+                    if nodeform::looks_like_node_doc(&doc) {
+                        let mut out = Vec::new();
+                        let items = nodeform::read_document(&doc, &mut out);
+                        self.p.diags.extend(out);
+                        for item in items {
+                            if let nodeform::Item::Candy { key: k, def } = item {
+                                self.add_candy(NsId(0), fid, &dir, key.clone(), k.span, *def);
+                                progressed = true;
+                            }
+                        }
+                        continue;
+                    }
                     if let Some(Doc::Kind {
                         kind,
                         key: k,
@@ -1336,6 +1490,33 @@ impl Loader<'_> {
         let default = self.parse_vocab_text("<embedded>/default-build.yml", DEFAULT_VOCAB);
         for i in 0..self.p.namespaces.len() {
             let dir = self.p.namespaces[i].dir.clone();
+            if self.p.namespaces[i].nodeform {
+                // The 2026.174 vocabulary is node form, in `charly/charly.yml`;
+                // a box repository without one uses the vocabulary of the
+                // repository its shared candies come from (reached offline).
+                let own = dir.join("charly/charly.yml");
+                let f = if own.is_file() {
+                    own
+                } else {
+                    let used: BTreeSet<&PathBuf> =
+                        self.p.candies.values().map(|c| &c.dir).collect();
+                    self.p
+                        .repos
+                        .values()
+                        .filter(|r| **r != dir && used.iter().any(|c| c.starts_with(r)))
+                        .map(|r| r.join("charly/charly.yml"))
+                        .find(|f| f.is_file())
+                        .unwrap_or(own)
+                };
+                if f.is_file() && self.p.sources.path_is_loaded(&f).is_none() {
+                    if let Some((fid, docs)) = self.read_docs(&f, None) {
+                        self.classify_all_nodeform(docs, fid, &dir, NsId(i), false);
+                    } else if i == 0 {
+                        self.p.root_unusable = true;
+                    }
+                }
+                continue;
+            }
             for cand in ["charly/build.yml", "build.yml"] {
                 let f = dir.join(cand);
                 if f.is_file() && self.p.sources.path_is_loaded(&f).is_none() {
@@ -1397,6 +1578,40 @@ impl Loader<'_> {
         Some((ns.vocab, ns.vocab_origin))
     }
 
+    /// A node-form node of a kind charly does not know is fine when a plugin
+    /// candy declares that kind (`plugin: {providers: ["kind:<word>"]}`).
+    fn check_plugin_kinds(&mut self) {
+        if self.plugin_kinds.is_empty() {
+            return;
+        }
+        let declared: BTreeSet<String> = self
+            .p
+            .candies
+            .values()
+            .filter_map(|c| c.def.plugin.as_ref())
+            .flat_map(|p| nodeform::declared_kinds(&p.0))
+            .collect();
+        for (name, kind, span) in std::mem::take(&mut self.plugin_kinds) {
+            if declared.contains(&kind) {
+                continue;
+            }
+            let mut d = Diagnostic::error(
+                span,
+                format!(
+                    "node `{name}`: `{kind}` is neither a charly kind ({}) nor declared by a plugin candy",
+                    nodeform::NODE_KINDS.join(", ")
+                ),
+            )
+            .with_hint(format!(
+                "a plugin candy declares it with `plugin: {{providers: [\"kind:{kind}\"]}}`"
+            ));
+            if let Some(n) = nearest(&kind, declared.iter().map(String::as_str)) {
+                d = d.with_hint(format!("did you mean `{n}`?"));
+            }
+            self.diag(d);
+        }
+    }
+
     fn check_schema_version(&mut self) {
         let Some(v) = self.p.namespaces.first().and_then(|n| n.version.clone()) else {
             if self.p.root_unusable {
@@ -1418,6 +1633,30 @@ impl Loader<'_> {
             );
             return;
         };
+        if self.p.namespaces[0].nodeform {
+            let newest = nodeform::NODEFORM_SCHEMA_VERSION;
+            if !nodeform::is_strict_calver(&v.value) {
+                self.diag(Diagnostic::error(
+                    v.span,
+                    format!(
+                        "schema version `{}` is not a strict CalVer YYYY.DDD.HHMM like {newest}",
+                        v.value
+                    ),
+                ));
+            } else if compare_calver(&v.value, newest) == Some(std::cmp::Ordering::Greater) {
+                self.diag(
+                    Diagnostic::error(
+                        v.span,
+                        format!(
+                            "schema version {} is newer than this charly supports ({newest})",
+                            v.value
+                        ),
+                    )
+                    .with_hint("upgrade charly"),
+                );
+            }
+            return;
+        }
         match compare_calver(&v.value, SCHEMA_VERSION) {
             Some(std::cmp::Ordering::Greater) => self.diag(
                 Diagnostic::error(

@@ -18,8 +18,8 @@ pub mod project;
 pub mod sshd;
 
 pub use project::{
-    bench_corpus, busybox_fixture, copy_project, corpus, example, graph_fixture, hold_lock, open,
-    tree, tree_with_modes,
+    bench_corpus, busybox_fixture, copy_project, corpus, corpus_174, example, graph_fixture,
+    hold_lock, open, tree, tree_with_modes,
 };
 
 use std::path::{Path, PathBuf};

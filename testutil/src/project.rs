@@ -45,6 +45,13 @@ pub fn corpus() -> PathBuf {
     crate::workspace().join("../shared/corpus/overthink")
 }
 
+/// The same corpus in the node form of schema 2026.174 (its root
+/// `charly.yml`, the vocabulary in `charly/charly.yml`, the candies, and
+/// the box repositories `box/debian` and `box/ubuntu`).
+pub fn corpus_174() -> PathBuf {
+    crate::workspace().join("../shared/corpus/overthink-2026.174")
+}
+
 /// The corpus benchmarks read: `CHARLY_BENCH_CORPUS`, else [`corpus`].
 pub fn bench_corpus() -> PathBuf {
     std::env::var_os("CHARLY_BENCH_CORPUS").map_or_else(corpus, PathBuf::from)

@@ -213,9 +213,13 @@ pub fn fragment_is_last(p: &Project, b: &ResolvedBox, index: usize) -> bool {
 }
 
 fn needs_init(p: &Project, b: &ResolvedBox) -> bool {
-    b.candies
-        .iter()
-        .any(|k| p.candies[k].def.service.iter().any(|s| s.exec.is_some()))
+    b.candies.iter().any(|k| {
+        p.candies[k]
+            .def
+            .service
+            .iter()
+            .any(|s| s.exec.is_some() && s.applies_to(&b.tags))
+    })
 }
 
 fn emitter<'a>(p: &'a Project, b: &'a ResolvedBox, opts: &'a EmitOptions) -> Emitter<'a> {
@@ -640,10 +644,13 @@ impl Emitter<'_> {
     fn init_stages(&mut self) -> Result<Option<String>, EmitError> {
         let b = self.b;
         // Own candies with exec services trigger the fragment-assembly init.
-        let own_exec = b
-            .candies
-            .iter()
-            .any(|k| self.candy(k).def.service.iter().any(|s| s.exec.is_some()));
+        let own_exec = b.candies.iter().any(|k| {
+            self.candy(k)
+                .def
+                .service
+                .iter()
+                .any(|s| s.exec.is_some() && s.applies_to(&b.tags))
+        });
         if !own_exec {
             return Ok(None);
         }
@@ -713,7 +720,12 @@ impl Emitter<'_> {
         for (i, k) in order.iter().enumerate() {
             let c = self.candy(k).clone();
             let mut parts = Vec::new();
-            for s in c.def.service.iter().filter(|s| s.exec.is_some()) {
+            for s in c
+                .def
+                .service
+                .iter()
+                .filter(|s| s.exec.is_some() && s.applies_to(&self.b.tags))
+            {
                 let Some(exec) = &s.exec else { continue };
                 let scope = crate::plan::Scope::System;
                 let data = crate::plan::compile::service_data(k, &s.name.value, exec, s, scope);
@@ -1618,7 +1630,7 @@ impl Emitter<'_> {
                 }
                 shells.insert(k.clone(), list);
             }
-            for s in &c.def.service {
+            for s in c.def.service.iter().filter(|s| s.applies_to(&b.tags)) {
                 let init = if s.exec.is_some() {
                     "supervisord"
                 } else {

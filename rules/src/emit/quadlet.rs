@@ -641,10 +641,13 @@ fn entrypoint(p: &Project, b: &ResolvedBox, plan: &InstallPlan) -> Option<Entryp
     if let Some((init, argv)) = from_plan {
         return Some(Entrypoint { init, argv });
     }
-    let base_exec = b
-        .provided
-        .iter()
-        .any(|k| p.candies[k].def.service.iter().any(|s| s.exec.is_some()));
+    let base_exec = b.provided.iter().any(|k| {
+        p.candies[k]
+            .def
+            .service
+            .iter()
+            .any(|s| s.exec.is_some() && s.applies_to(&b.tags))
+    });
     if !base_exec {
         return None;
     }

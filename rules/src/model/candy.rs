@@ -92,6 +92,25 @@ pub struct Candy {
     pub info: Option<Yaml>,
     /// Kept.
     pub skill: Option<Yaml>,
+    /// Container engine the candy needs (`docker`, `podman`); kept
+    /// (2026.174).
+    pub engine: Option<Yaml>,
+    /// Plugin declaration (`providers`, `source`); kept, charly runs no
+    /// plugins (2026.174).
+    pub plugin: Option<Yaml>,
+    /// Plugin candies baked into composing images; kept, not built
+    /// (2026.174).
+    pub bake_plugin: Option<Yaml>,
+    /// External builder word (`builder:<word>`); kept, not built (2026.174).
+    pub external_builder: Option<Yaml>,
+    /// Capabilities required of the image; kept (2026.174).
+    pub requires_capability: Option<Yaml>,
+    /// Paths copied out of other images; kept (2026.174).
+    pub extract: Option<Yaml>,
+    /// `agent-run:` / `agent-check:` steps of the node form, as written;
+    /// kept, never run (charly has no agent runner). Only the node-form
+    /// reader fills it.
+    pub agent_step: Vec<Yaml>,
 }
 
 /// A package: a name, or `{name, description}`.
@@ -238,6 +257,9 @@ pub struct Service {
     pub name: Spanned<String>,
     /// Packaged unit to enable.
     pub use_packaged: Option<Spanned<String>>,
+    /// Distros (`debian`, `debian:13`) this entry is limited to; empty =
+    /// every distro (2026.174).
+    pub distro: Vec<Spanned<String>>,
     /// Command to run.
     pub exec: Option<Spanned<String>>,
     /// Environment.
@@ -339,6 +361,21 @@ impl<'de> Deserialize<'de> for LocalPkgMap {
             ));
         }
         crate::yaml::de::nested(&y.0).map(LocalPkgMap)
+    }
+}
+
+impl Service {
+    /// Whether this entry applies to a box with these distro tags: an entry
+    /// without `distro:` applies everywhere; `debian` matches `debian` and
+    /// `debian:13`, `debian:13` only itself.
+    pub fn applies_to(&self, tags: &[String]) -> bool {
+        self.distro.is_empty()
+            || self.distro.iter().any(|d| {
+                tags.iter().any(|t| {
+                    t == &d.value
+                        || (!d.value.contains(':') && t.split(':').next() == Some(&d.value))
+                })
+            })
     }
 }
 

@@ -306,6 +306,8 @@ pub struct Defaults {
     pub keep_images: Option<u32>,
     /// Retention; kept.
     pub keep_eval_runs: Option<u32>,
+    /// `keep_eval_runs` as 2026.174 names it.
+    pub keep_check_runs: Option<u32>,
     /// Default user.
     pub user: Option<Spanned<String>>,
     /// Default uid.

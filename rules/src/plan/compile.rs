@@ -596,7 +596,13 @@ impl Cx<'_> {
         } else {
             self.container_init()
         };
-        let services: Vec<&Service> = self.c.def.service.iter().collect();
+        let services: Vec<&Service> = self
+            .c
+            .def
+            .service
+            .iter()
+            .filter(|s| s.applies_to(&self.b.tags))
+            .collect();
         for s in &services {
             let scope = match s.scope.as_ref().map(|x| x.value.as_str()) {
                 Some("user") => Scope::User,
