@@ -1306,6 +1306,39 @@ fn download_on_a_rooted_host_is_placed_and_undone_exactly() {
     );
     walk::remove(&mut host, &mut ledger, "dl", false, &mut |_| {}).expect("del");
     assert_eq!(tree(&root), before, "del restores the tree exactly");
+
+    // A symlink in the root that points out of it is not followed.
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::os::unix::fs::symlink(&outside, root.join("opt/escape")).expect("ln");
+    plan.steps = vec![dl(
+        format!("file://{}", archive.display()),
+        "/opt/escape/tool",
+        "tar.gz",
+        Some(1),
+        None,
+    )];
+    let rec = record("dl2", &plan, &user, "local:test");
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &TestArts,
+        &o,
+        &mut |_| {},
+    )
+    .expect_err("refused");
+    let said = err.to_string();
+    assert!(
+        said.contains("leads out of") || said.contains("outside the root"),
+        "{said}"
+    );
+    assert!(
+        !outside.join("tool/bin/tool").exists(),
+        "nothing written outside the root"
+    );
 }
 
 /// Repositories on a host: gated by `--allow-repo-changes`; the key (its

@@ -284,6 +284,24 @@ fn place(
         &[],
     )?;
     let real_to = cx.host.real(to);
+    // `cp` follows symlinks already in the tree: on a rooted target the
+    // destination must still resolve inside the root.
+    if let Some(root) = cx.host.root() {
+        let dir = if kind == "none" {
+            parent(&real_to).unwrap_or("/").to_string()
+        } else {
+            real_to.clone()
+        };
+        let inside = match (std::fs::canonicalize(root), std::fs::canonicalize(&dir)) {
+            (Ok(r), Ok(d)) => d.starts_with(r),
+            _ => false,
+        };
+        if !inside {
+            return Err(format!(
+                "{to} resolves outside the root {root} (a symlink on the way); not written"
+            ));
+        }
+    }
     let copy = if kind == "none" {
         format!(
             "cp -p --remove-destination {q_src} {}",
