@@ -485,7 +485,10 @@ fn walk_batch(
         ledger.add_undo(name, *seq, &cmd_note(s), &[])?;
     }
     let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-    let ended = super::batch::run(host, batch, user, bin_dirs, o.timeout)?;
+    // A host that fails to run the batch at all fails its first step, as
+    // it would fail a single one.
+    let ended = super::batch::run(host, batch, user, bin_dirs, o.timeout)
+        .unwrap_or_else(|e| vec![(first, super::batch::Ended::Failed(e.to_string()))]);
     for (seq, end) in ended {
         let Some((_, s, op)) = batch.iter().find(|b| b.0 == seq) else {
             continue;

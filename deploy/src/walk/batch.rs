@@ -76,11 +76,10 @@ pub(super) fn run(
         batch.as_user = Some(user.name.clone());
     }
     batch.timeout = Some(timeout.saturating_mul(steps.len() as u32));
-    let (out, broke) = match host.run(&batch) {
-        Ok(o) => (o, None),
-        Err(e @ HostError::Timeout { .. }) => (Default::default(), Some(e.to_string())),
-        Err(e) => return Err(e),
-    };
+    // A timeout or a lost connection is an error here: the caller fails
+    // the batch's first step with it (the host returns no partial output,
+    // so which steps had finished is not known).
+    let out = host.run(&batch)?;
     let ended = parse_markers(&out.stdout_str(), &nonce);
     let mut res = Vec::new();
     for (seq, _, _) in steps {
@@ -104,13 +103,11 @@ pub(super) fn run(
             None => {
                 res.push((
                     *seq,
-                    Ended::Failed(broke.clone().unwrap_or_else(|| {
-                        format!(
-                            "the batch of commands ended (exit {}) before this step reported: {}",
-                            out.status,
-                            out.stderr_tail()
-                        )
-                    })),
+                    Ended::Failed(format!(
+                        "the batch of commands ended (exit {}) before this step reported: {}",
+                        out.status,
+                        out.stderr_tail()
+                    )),
                 ));
                 break;
             }
