@@ -147,7 +147,12 @@ impl BecomeArgs {
             (None, false) => return Ok(()),
         };
         let secret = charly_deploy::host::Secret::new(&pw).map_err(anyhow::Error::msg)?;
-        host.set_sudo_password(Some(secret))?;
+        if !charly_deploy::host::give_sudo_password(host, secret)? {
+            output::note(&format!(
+                "{}: sudo needs no password here (or the login is root); the password is not used",
+                host.describe()
+            ));
+        }
         Ok(())
     }
 }

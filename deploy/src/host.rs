@@ -174,6 +174,24 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Gives `host` the login's sudo password, if sudo needs one there. A
+/// login that is root, or whose sudo asks for no password, never gets it:
+/// sudo would not read it, and the line meant for sudo would reach the
+/// command's own stdin. Returns whether the password is used.
+pub fn give_sudo_password(host: &mut dyn Host, pw: Secret) -> Result<bool, HostError> {
+    if host.root().is_some() || host.login()?.uid == 0 {
+        return Ok(false);
+    }
+    let probe = Cmd::sh("true")
+        .privileged(true)
+        .timeout(Duration::from_secs(60));
+    if host.run(&probe)?.ok() {
+        return Ok(false);
+    }
+    host.set_sudo_password(Some(pw))?;
+    Ok(true)
+}
+
 /// A command to run on a host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cmd {

@@ -1525,6 +1525,21 @@ fn sudo_with_a_password_is_checked_once_up_front() {
         checks[0]
     );
     assert!(host.log.iter().all(|l| !l.contains("right")));
+
+    // Where sudo needs no password, it is never handed to sudo: sudo would
+    // not read it, and the line would reach the command's own stdin.
+    let secret = || charly_deploy::host::Secret::new("pw").expect("pw");
+    for (sudo_n, used) in [(Response::ok(""), false), (refused, true)] {
+        let mut host = MemHost::new("user", 1000);
+        host.login = charly_deploy::host::Login::new("user", 1000);
+        host.on("-c true", sudo_n);
+        let given = charly_deploy::host::give_sudo_password(&mut host, secret()).expect("give");
+        assert_eq!(given, used);
+        assert_eq!(host.login.sudo_password.is_some(), used);
+    }
+    let mut root = MemHost::new("user", 1000);
+    assert!(!charly_deploy::host::give_sudo_password(&mut root, secret()).expect("root"));
+    assert!(root.login.sudo_password.is_none());
 }
 
 /// A `build:` task on a host does what it does in the image: nothing of
