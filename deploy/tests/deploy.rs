@@ -838,7 +838,8 @@ fn local_packages_install_with_the_formats_template_behind_its_probe() {
     host.files.insert("/tmp".into(), tmp());
     host.binaries.insert("pacman".into());
     host.on("pacman -Qqp", Response::ok("hello\n"));
-    host.on("pacman -Q -- hello", Response::ok("hello 1.0-1\n"));
+    // The installed-package list (before and after the install).
+    host.on("-c 'pacman -Q'", Response::ok("hello 1.0-1\n"));
     run(&mut host).expect("apply");
     let install = host
         .commands()

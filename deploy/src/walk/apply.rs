@@ -879,13 +879,12 @@ fn packages(
             ));
         }
     }
-    let before = installed(cx, format, pkgs)?;
-    // Everything installed now: what the install adds beyond `pkgs` (their
-    // dependencies) goes again with them on `del`.
+    // Everything installed now (which of `pkgs` are new, and what the
+    // install adds beyond them: their dependencies go with them on `del`).
     let before_all = installed_all(cx, format)?;
     let new: Vec<String> = pkgs
         .iter()
-        .filter(|p| !before.contains(*p))
+        .filter(|p| !before_all.contains(*p))
         .cloned()
         .collect();
     if !cx.dry() && !new.is_empty() {
@@ -907,8 +906,8 @@ fn packages(
     cx.run(c, "package install")?;
     cx.changed();
     if !cx.dry() {
-        let after = installed(cx, format, pkgs)?;
-        let missing: Vec<&String> = pkgs.iter().filter(|p| !after.contains(*p)).collect();
+        let after_all = installed_all(cx, format)?;
+        let missing: Vec<&String> = pkgs.iter().filter(|p| !after_all.contains(*p)).collect();
         if !missing.is_empty() {
             return Err(format!(
                 "the install command succeeded but these packages are not installed: {}",
@@ -919,7 +918,7 @@ fn packages(
                     .join(" ")
             ));
         }
-        let deps: Vec<String> = installed_all(cx, format)?
+        let deps: Vec<String> = after_all
             .into_iter()
             .filter(|p| !before_all.contains(p) && !pkgs.contains(p))
             .collect();
@@ -972,20 +971,6 @@ fn installed_all(cx: &mut StepCx<'_>, format: &str) -> R<BTreeSet<String>> {
     }
     pkg::parse_installed(format, &out.stdout_str())
         .map_err(|e| format!("unexpected output from the {format} package list: {e}"))
-}
-
-fn installed(cx: &mut StepCx<'_>, format: &str, pkgs: &[String]) -> R<BTreeSet<String>> {
-    if cx.dry() {
-        return Ok(BTreeSet::new());
-    }
-    let script = pkg::query_script(format, pkgs, None)
-        .ok_or_else(|| format!("unknown package format {format}"))?;
-    let out = cx
-        .host
-        .run(&Cmd::sh(script).timeout(cx.timeout))
-        .map_err(|e| e.to_string())?;
-    pkg::parse_installed(format, &out.stdout_str())
-        .map_err(|e| format!("unexpected output from the {format} package query: {e}"))
 }
 
 fn local_pkg_step(
