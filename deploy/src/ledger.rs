@@ -287,6 +287,24 @@ pub enum Undo {
     },
 }
 
+/// An undo operation as the ledger stores it.
+fn undo_json(bundle: &str, op: &Undo) -> Result<String, LedgerError> {
+    serde_json::to_string(op).map_err(|e| LedgerError::Corrupt {
+        bundle: bundle.into(),
+        message: e.to_string(),
+    })
+}
+
+/// The position after the last undo operation of step `seq` (undo runs
+/// last first).
+fn next_undo_idx(tx: &rusqlite::Transaction<'_>, bundle: &str, seq: u32) -> rusqlite::Result<i64> {
+    tx.query_row(
+        "SELECT COALESCE(MAX(idx)+1, 0) FROM undo WHERE bundle=?1 AND seq=?2",
+        params![bundle, seq],
+        |r| r.get(0),
+    )
+}
+
 impl Undo {
     /// A root command that puts something back; its failure does not stop
     /// the removal (what it undoes may be gone already).
@@ -769,10 +787,7 @@ impl Ledger {
         op: &Undo,
         blobs: &[(String, Vec<u8>)],
     ) -> Result<(), LedgerError> {
-        let json = serde_json::to_string(op).map_err(|e| LedgerError::Corrupt {
-            bundle: name.into(),
-            message: e.to_string(),
-        })?;
+        let json = undo_json(name, op)?;
         let path = self.path.display().to_string();
         let sql = |e| LedgerError::Sql {
             path: path.clone(),
@@ -786,13 +801,7 @@ impl Ledger {
             )
             .map_err(sql)?;
         }
-        let idx: i64 = tx
-            .query_row(
-                "SELECT COALESCE(MAX(idx)+1, 0) FROM undo WHERE bundle=?1 AND seq=?2",
-                params![name, seq],
-                |r| r.get(0),
-            )
-            .map_err(sql)?;
+        let idx = next_undo_idx(&tx, name, seq).map_err(sql)?;
         tx.execute(
             "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
             params![name, seq, idx, json],
@@ -990,10 +999,7 @@ impl Ledger {
         replace: &[u32],
         op: &Undo,
     ) -> Result<(), LedgerError> {
-        let json = serde_json::to_string(op).map_err(|e| LedgerError::Corrupt {
-            bundle: from.into(),
-            message: e.to_string(),
-        })?;
+        let json = undo_json(from, op)?;
         let path = self.path.display().to_string();
         let sql = |e| LedgerError::Sql {
             path: path.clone(),
@@ -1019,13 +1025,7 @@ impl Ledger {
         // else after the step's others.
         let idx: i64 = match replace.first() {
             Some(i) => i64::from(*i),
-            None => tx
-                .query_row(
-                    "SELECT COALESCE(MAX(idx)+1, 0) FROM undo WHERE bundle=?1 AND seq=?2",
-                    params![to, seq],
-                    |r| r.get(0),
-                )
-                .map_err(sql)?,
+            None => next_undo_idx(&tx, to, seq).map_err(sql)?,
         };
         tx.execute(
             "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
