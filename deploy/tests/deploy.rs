@@ -197,6 +197,23 @@ fn apply_as(
     )
 }
 
+/// `bundle del NAME` on `host`: what it did there, in order (the host's
+/// log entries it added).
+fn del_log(host: &mut MemHost, ledger: &mut Ledger, name: &str) -> Vec<String> {
+    let n = host.log.len();
+    walk::remove(host, ledger, name, false, &mut |_| {}).expect("del");
+    host.log[n..].to_vec()
+}
+
+/// The commands `bundle del NAME` ran that contain `word`.
+fn del_runs(host: &mut MemHost, ledger: &mut Ledger, name: &str, word: &str) -> Vec<String> {
+    del_log(host, ledger, name)
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("run ").map(String::from))
+        .filter(|l| l.contains(word))
+        .collect()
+}
+
 fn record(name: &str, plan: &InstallPlan, user: &TargetUser, key: &str) -> BundleRecord {
     BundleRecord {
         name: name.into(),
@@ -715,9 +732,7 @@ fn removing_a_unit_file_reloads_systemd_afterwards() {
     let t = tempfile::tempdir().expect("tmp");
     let mut ledger = Ledger::open(t.path()).expect("ledger");
     apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
-    let n = host.log.len();
-    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
-    let after: Vec<&String> = host.log[n..].iter().collect();
+    let after = del_log(&mut host, &mut ledger, "b");
     let rm = after
         .iter()
         .position(|l| l.starts_with("remove /etc/containers/systemd/charly-x.container"))
@@ -777,13 +792,7 @@ fn removing_a_packaged_service_restores_its_prior_state() {
             "{:#?}",
             host.log
         );
-        let n = host.log.len();
-        walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
-        let after: Vec<&str> = host.log[n..]
-            .iter()
-            .filter_map(|l| l.strip_prefix("run "))
-            .filter(|l| l.contains("systemctl"))
-            .collect();
+        let after = del_runs(&mut host, &mut ledger, "b", "systemctl");
         match undo {
             None => assert!(after.is_empty(), "{prior}: {after:#?}"),
             Some(cmd) => assert!(
@@ -1141,13 +1150,7 @@ fn setcap_on_a_host_is_undone_to_the_prior_capabilities() {
             "{:#?}",
             host.log
         );
-        let n = host.log.len();
-        walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
-        let after: Vec<&str> = host.log[n..]
-            .iter()
-            .filter_map(|l| l.strip_prefix("run "))
-            .filter(|l| l.contains("setcap"))
-            .collect();
+        let after = del_runs(&mut host, &mut ledger, "b", "setcap");
         assert!(
             after.len() == 1 && after[0].contains(undo),
             "prior {prior:?}: {after:#?}"
@@ -1444,11 +1447,9 @@ fn repositories_on_a_host_are_gated_written_and_undone_exactly() {
         file(&host, "/etc/apt/sources.list.d/local.list"),
         "deb file:/srv/repo /\n"
     );
-    let n = host.log.len();
     assert!(host.commands().iter().any(|c| c.contains("apt-get update")));
-    walk::remove(&mut host, &mut ledger, "g", false, &mut |_| {}).expect("del");
+    let after = del_log(&mut host, &mut ledger, "g");
     assert_eq!(host.files, before, "del restores the files exactly");
-    let after: Vec<&String> = host.log[n..].iter().collect();
     let last_removal = after
         .iter()
         .rposition(|l| l.contains("sources.list.d") || l.contains("keyrings"))
