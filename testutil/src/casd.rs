@@ -69,7 +69,22 @@ pub fn start(jobs: usize) -> Casd {
 /// Starts buildbox-casd whose sandbox bind-mounts `mounts` (`HOST:SANDBOX`)
 /// into every action; with none, an action sees only its input root (which
 /// then carries a whole root filesystem).
+///
+/// The port is free when chosen but another process may take it before
+/// casd binds it; a casd that exits instead of serving is started again on
+/// another port, so a test never talks to a server that is not its own.
 pub fn start_with(jobs: usize, mounts: &[&str]) -> Casd {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match try_start(jobs, mounts) {
+            Ok(casd) => return casd,
+            Err(e) => last = e,
+        }
+    }
+    panic!("buildbox-casd did not start: {last}");
+}
+
+fn try_start(jobs: usize, mounts: &[&str]) -> Result<Casd, String> {
     let bin = buildbox_dir().expect("buildbox binaries");
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("cas");
@@ -91,18 +106,35 @@ pub fn start_with(jobs: usize, mounts: &[&str]) -> Casd {
         .stdout(log.try_clone().expect("log"))
         .stderr(log);
     let child = cmd.spawn().expect("start buildbox-casd");
-    let casd = Casd {
+    let log_path = tmp.path().join("casd.log");
+    let mut casd = Casd {
         child,
         url: format!("grpc://127.0.0.1:{port}"),
         dir,
         _tmp: tmp,
     };
+    let exited = |casd: &mut Casd| -> Option<String> {
+        let status = casd.child.try_wait().ok().flatten()?;
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        Some(format!("port {port}: exited with {status}: {log}"))
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "buildbox-casd did not listen");
+        if let Some(e) = exited(&mut casd) {
+            return Err(e);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("port {port}: did not listen within 20 s"));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    casd
+    // Something listens; make sure it is this casd, not a process that
+    // took the port first (casd then exits on the failed bind).
+    std::thread::sleep(Duration::from_millis(100));
+    match exited(&mut casd) {
+        Some(e) => Err(e),
+        None => Ok(casd),
+    }
 }
 
 #[cfg(feature = "engine")]

@@ -34,11 +34,23 @@ pub fn workspace() -> PathBuf {
 }
 
 /// A free TCP port on 127.0.0.1.
+///
+/// Never the same port twice in one process: tests run in parallel, and a
+/// port the kernel hands out again before the first server bound it would
+/// make two servers race for it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Writes a file, creating parents.

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,11 +29,6 @@ pub fn registry_available() -> bool {
     panic!("{REGISTRY_BIN} is missing: `apt-get install docker-registry`");
 }
 
-pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 fn answers(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
@@ -56,7 +51,7 @@ impl Registry {
         let storage = dir.path().join("storage");
         std::fs::create_dir_all(&storage).expect("storage");
         for _ in 0..5 {
-            let port = free_port();
+            let port = charly_testutil::free_port();
             let config = dir.path().join("config.yml");
             std::fs::write(
                 &config,
