@@ -16,6 +16,7 @@ pub mod names;
 pub mod naming;
 pub mod origin;
 pub mod plan;
+pub mod plugin;
 pub mod resolve;
 pub mod sh;
 pub mod source;

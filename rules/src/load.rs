@@ -19,6 +19,7 @@
 use crate::diag::{Diagnostic, Diagnostics, nearest};
 use crate::model::project::{KIND_KEYS, LEGACY_KEYS, ROOT_KEYS};
 use crate::model::{BoxDef, Candy, Defaults, DiscoverItem, ImportItem, RootDoc, Vocab};
+use crate::plugin::{self, PluginDecl, Plugins, ProviderClass};
 use crate::source::{FileId, SourceMap, Span};
 use crate::yaml::{self, Node, Spanned};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -196,6 +197,8 @@ pub struct Project {
     /// loads (namespace 0 always exists) so `validate` can report
     /// everything; commands that act on the project refuse to run.
     pub root_unusable: bool,
+    /// Every plugin capability the candies declare (`plugin:`).
+    pub plugins: Plugins,
 }
 
 impl Project {
@@ -1580,16 +1583,36 @@ impl Loader<'_> {
 
     /// A node-form node of a kind charly does not know is fine when a plugin
     /// candy declares that kind (`plugin: {providers: ["kind:<word>"]}`).
+    ///
+    /// Collects every candy's `plugin:` declaration into
+    /// [`Project::plugins`] first (both eras spell it the same way).
     fn check_plugin_kinds(&mut self) {
+        let mut out = Vec::new();
+        let decls: Vec<(String, PluginDecl)> = self
+            .p
+            .candies
+            .values()
+            .filter_map(|c| {
+                let y = c.def.plugin.as_ref()?;
+                Some((c.key.clone(), plugin::parse_decl(&c.key, &y.0, &mut out)))
+            })
+            .collect();
+        self.p.plugins = Plugins::collect(decls.iter().map(|(k, d)| (k.as_str(), d)), &mut out);
+        for c in self.p.candies.values() {
+            for (i, t) in c.def.task.iter().enumerate() {
+                plugin::check_task(&self.p.plugins, &c.key, i, t, &mut out);
+            }
+        }
+        self.p.diags.extend(out);
         if self.plugin_kinds.is_empty() {
             return;
         }
         let declared: BTreeSet<String> = self
             .p
-            .candies
-            .values()
-            .filter_map(|c| c.def.plugin.as_ref())
-            .flat_map(|p| nodeform::declared_kinds(&p.0))
+            .plugins
+            .words(&[ProviderClass::Kind, ProviderClass::Deploy])
+            .into_iter()
+            .map(str::to_string)
             .collect();
         for (name, kind, span) in std::mem::take(&mut self.plugin_kinds) {
             if declared.contains(&kind) {

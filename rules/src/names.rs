@@ -623,7 +623,7 @@ impl Checker {
             match verb {
                 "cmd" => {}
                 "download" => self.spanned(v, "download", token),
-                "copy" | "build" => self.spanned(v, verb, token),
+                "copy" | "build" | "plugin" => self.spanned(v, verb, token),
                 _ => self.spanned(v, verb, path),
             }
         }

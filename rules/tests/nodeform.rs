@@ -509,3 +509,32 @@ fn a_service_distro_filter_picks_the_entries_of_the_box_distro() {
     // An entry without `distro:` applies everywhere.
     assert!(p.candies["redis"].def.service[0].applies_to(&[]));
 }
+
+#[test]
+fn plugin_run_steps_become_plugin_tasks_of_a_declared_word() {
+    let p = load(&corpus_174());
+    let c = &p.candies["stepkind-build-consumer"];
+    let t = c
+        .def
+        .task
+        .iter()
+        .find(|t| t.plugin.is_some())
+        .expect("a plugin task");
+    assert_eq!(
+        t.plugin.as_ref().map(|w| w.value.as_str()),
+        Some("examplestepkind")
+    );
+    assert_eq!(
+        t.plugin_input.as_ref().map(|i| i.to_json()),
+        Some(serde_json::json!({"marker": "STEPKIND-BUILD-BAKED-OK"}))
+    );
+    let ctx: Vec<&str> = t.context.iter().map(|c| c.value.as_str()).collect();
+    assert_eq!(ctx, ["build"]);
+    let owner = p.plugins.for_task("examplestepkind").expect("declared");
+    assert_eq!(owner.candy, "plugin-example-stepkind");
+    assert_eq!(owner.class, charly_rules::plugin::ProviderClass::Step);
+    // Every verb the corpus's run steps use is declared once.
+    for w in ["file", "unix_group", "examplestep"] {
+        assert!(p.plugins.for_task(w).is_some(), "{w}");
+    }
+}

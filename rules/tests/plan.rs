@@ -9,6 +9,16 @@ use charly_testutil::corpus;
 
 /// A corpus copy with extra test boxes.
 fn with_boxes(boxes: &[(&str, &str)]) -> (tempfile::TempDir, Project, Resolution) {
+    let files: Vec<(String, &str)> = boxes
+        .iter()
+        .map(|(name, body)| (format!("box/{name}/charly.yml"), *body))
+        .collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, b)| (p.as_str(), *b)).collect();
+    with_files(&files)
+}
+
+/// A corpus copy with extra files (project-relative paths).
+fn with_files(files: &[(&str, &str)]) -> (tempfile::TempDir, Project, Resolution) {
     let t = tempfile::tempdir().expect("tmp");
     for e in walkdir::WalkDir::new(corpus()).into_iter().flatten() {
         let rel = e.path().strip_prefix(corpus()).expect("prefix");
@@ -19,8 +29,8 @@ fn with_boxes(boxes: &[(&str, &str)]) -> (tempfile::TempDir, Project, Resolution
             std::fs::copy(e.path(), &dest).expect("copy");
         }
     }
-    for (name, body) in boxes {
-        let p = t.path().join("box").join(name).join("charly.yml");
+    for (rel, body) in files {
+        let p = t.path().join(rel);
         std::fs::create_dir_all(p.parent().expect("p")).expect("mkdir");
         std::fs::write(p, body).expect("write");
     }
@@ -391,4 +401,160 @@ fn a_box_for_another_distro_is_refused_or_compiled_for_the_host() {
     let same = for_host(&p, mixed, &[], &fedora).expect("its own distro");
     assert_eq!(same.tags, mixed.tags);
     assert_eq!(same.formats, mixed.formats);
+}
+
+/// A candy declaring a step and a verb, and one whose tasks use them.
+const PLUGIN_FILES: [(&str, &str); 3] = [
+    (
+        "candy/stepper/charly.yml",
+        "candy:\n  name: stepper\n  plugin:\n    providers: [step:examplestepkind, verb:probe]\n    source: builtin\n",
+    ),
+    (
+        "candy/uses-plugins/charly.yml",
+        "candy:\n  name: uses-plugins\n  task:\n    - plugin: examplestepkind\n      plugin_input: {marker: M1, n: 3}\n      context: [build]\n    - plugin: probe\n      user: ${USER}\n",
+    ),
+    (
+        "box/pl/charly.yml",
+        "box:\n  name: pl\n  base: fedora\n  candy: [uses-plugins]\n",
+    ),
+];
+
+#[test]
+fn plugin_tasks_compile_to_external_steps_carrying_their_input() {
+    let (_t, p, r) = with_files(&PLUGIN_FILES);
+    let errors: Vec<String> = p.diags.errors().map(|d| d.one_line(&p.sources)).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let pl = plan(&p, &r, "pl", "uses-plugins", Target::Oci);
+    let kinds: Vec<String> = pl.steps.iter().map(|s| s.kind.as_str()).collect();
+    assert_eq!(kinds, ["external:examplestepkind", "external-plugin"]);
+    let s = &pl.steps[0];
+    assert_eq!(
+        (s.scope, s.venue, s.gate),
+        (Scope::System, Venue::HostNative, Gate::None)
+    );
+    let StepData::External(e) = &s.data else {
+        panic!("{:?}", s.data)
+    };
+    assert_eq!(e.data["input"], serde_json::json!({"marker": "M1", "n": 3}));
+    assert_eq!(e.data["provider"], "stepper");
+    assert_eq!(e.data["class"], "step");
+    assert_eq!(
+        pl.steps[1].scope,
+        Scope::User,
+        "a ${{USER}} task is the user's"
+    );
+    assert_eq!(
+        serde_json::to_value(&pl.steps[1].data).expect("json")["data"]["word"],
+        "probe"
+    );
+
+    // A build-only step is not applied on a host.
+    let local = plan(&p, &r, "pl", "uses-plugins", Target::Local);
+    assert_eq!(local.steps[0].venue, Venue::Skip);
+    assert_eq!(local.steps[1].venue, Venue::HostNative);
+
+    // Once the plugin has described itself, its contract decides.
+    let mut p = p;
+    p.plugins.contracts.insert(
+        "examplestepkind".into(),
+        charly_rules::plugin::StepContract {
+            scope: Scope::User,
+            venue: Venue::ContainerBuilder,
+            gate: Gate::AllowRootTasks,
+            emits: true,
+        },
+    );
+    let pl = plan(&p, &r, "pl", "uses-plugins", Target::Oci);
+    let s = &pl.steps[0];
+    assert_eq!(
+        (s.scope, s.venue, s.gate),
+        (Scope::User, Venue::ContainerBuilder, Gate::AllowRootTasks)
+    );
+}
+
+#[test]
+fn a_task_using_an_undeclared_plugin_is_a_load_error_at_its_word() {
+    let mut files = PLUGIN_FILES;
+    files[1].1 = "candy:\n  name: uses-plugins\n  task:\n    - plugin: examplestepknd\n    - plugin_input: {a: 1}\n      cmd: true\n";
+    let (_t, p, _r) = with_files(&files);
+    let errors: Vec<String> = p.diags.errors().map(|d| d.one_line(&p.sources)).collect();
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(
+        errors[0].starts_with("candy/uses-plugins/charly.yml:4:15")
+            && errors[0].contains("plugin `examplestepknd`, which no candy declares"),
+        "{errors:#?}"
+    );
+    let hint = p.diags.errors().next().and_then(|d| d.hint.clone());
+    assert_eq!(hint.as_deref(), Some("did you mean `examplestepkind`?"));
+    assert!(
+        errors[1].contains("task #2 has `plugin_input:` but no `plugin:`"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn a_plugin_fragment_is_spliced_as_root_and_a_missing_one_is_an_error() {
+    use charly_rules::emit::{EmitOptions, render_box};
+    let (_t, p, r) = with_files(&PLUGIN_FILES);
+    let b = r.get("pl").expect("box");
+    let plans = build_box_plans(&p, b, &HostContext::default()).expect("plans");
+    let err = render_box(&p, b, &plans, &EmitOptions::default()).expect_err("no fragment");
+    assert!(
+        err.message
+            .contains("candy `uses-plugins` task #1 (plugin `examplestepkind`): the `external:examplestepkind` step has no build fragment"),
+        "{err}"
+    );
+
+    let mut opts = EmitOptions::default();
+    opts.plugin_fragments.insert(
+        ("uses-plugins".into(), 0),
+        "RUN printf '%s\\n' M1 > /etc/baked\n".into(),
+    );
+    opts.plugin_fragments
+        .insert(("uses-plugins".into(), 1), "LABEL probe=1\n".into());
+    let d = render_box(&p, b, &plans, &opts).expect("renders");
+    let cf = &d.containerfile;
+    let at = cf
+        .find("RUN printf '%s\\n' M1 > /etc/baked")
+        .expect("spliced");
+    let before = &cf[..at];
+    let last_user = before.lines().rev().find(|l| l.starts_with("USER "));
+    assert!(
+        matches!(last_user, Some("USER 0" | "USER root")),
+        "as root:\n{cf}"
+    );
+    assert!(cf.contains("# candy `uses-plugins` task #1 (plugin `examplestepkind`)"));
+    assert!(cf.contains("LABEL probe=1"));
+
+    // A deploy-only plugin step is left out of the image, saying so.
+    let mut opts = opts.clone();
+    opts.plugin_fragments.clear();
+    opts.deploy_only_plugins = ["examplestepkind", "probe"].map(String::from).into();
+    let d = render_box(&p, b, &plans, &opts).expect("renders");
+    assert!(
+        d.containerfile
+            .contains("(plugin `probe`): deploy-only, not in images")
+    );
+
+    // A fragment that would start a stage, or is not instructions, is refused.
+    for (bad, why) in [
+        ("FROM alpine\nRUN true\n", "starts a new stage"),
+        ("rm -rf /\n", "not an instruction"),
+        ("RUN cat <<EOF\nx\n", "here-document open"),
+        ("  \n", "is empty"),
+    ] {
+        let mut opts = EmitOptions {
+            deploy_only_plugins: ["probe".to_string()].into(),
+            ..EmitOptions::default()
+        };
+        opts.plugin_fragments
+            .insert(("uses-plugins".into(), 0), bad.into());
+        let e = render_box(&p, b, &plans, &opts).expect_err(bad);
+        assert!(e.message.contains(why), "{bad:?}: {e}");
+    }
+    let ok = "RUN cat <<EOF > /x\nnot an instruction\nEOF\nRUN a \\\n  b\n";
+    assert_eq!(
+        charly_rules::emit::containerfile::check_fragment(ok),
+        Ok(())
+    );
 }

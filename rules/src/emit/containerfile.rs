@@ -88,6 +88,83 @@ pub struct EmitOptions {
     /// the box's `.build/<box>` (layers use [`LAYER_DIR`], so their text
     /// does not name the box and sibling boxes share them).
     pub dir: Option<String>,
+    /// What plugins answered `emit` for their build steps: `(candy key,
+    /// task index)` → Containerfile fragment, spliced where the task is.
+    pub plugin_fragments: BTreeMap<(String, usize), String>,
+    /// Plugin words whose plugin said it emits nothing at build (a
+    /// deploy-only step kind): their steps are left out of images.
+    pub deploy_only_plugins: std::collections::BTreeSet<String>,
+}
+
+/// Whether a plugin's fragment can be spliced into a stage: instructions
+/// only, no `FROM` (a new stage would cut the image in two), no line
+/// breaks other than `\n`, not empty.
+pub fn check_fragment(f: &str) -> Result<(), String> {
+    if f.trim().is_empty() {
+        return Err("is empty".into());
+    }
+    if f.contains(['\r', '\0']) || f.chars().any(|c| c != '\n' && c != '\t' && c.is_control()) {
+        return Err("has control characters".into());
+    }
+    let mut continued = false;
+    let mut heredoc: Option<String> = None;
+    for l in f.lines() {
+        if let Some(end) = &heredoc {
+            if l.trim() == end {
+                heredoc = None;
+            }
+            continue;
+        }
+        let t = l.trim_start();
+        heredoc = heredoc_end(t);
+        if !continued && !t.is_empty() && !t.starts_with('#') {
+            let word = t.split_whitespace().next().unwrap_or("");
+            if word.eq_ignore_ascii_case("FROM") {
+                return Err("starts a new stage (`FROM`)".into());
+            }
+            if !INSTRUCTIONS.iter().any(|i| word.eq_ignore_ascii_case(i)) {
+                return Err(format!("has a line that is not an instruction: `{l}`"));
+            }
+        }
+        continued = l.trim_end().ends_with('\\');
+    }
+    match heredoc {
+        Some(end) => Err(format!("leaves a here-document open (no `{end}` line)")),
+        None => Ok(()),
+    }
+}
+
+/// The instructions a fragment may use (every one but `FROM`).
+const INSTRUCTIONS: [&str; 17] = [
+    "ADD",
+    "ARG",
+    "CMD",
+    "COPY",
+    "ENTRYPOINT",
+    "ENV",
+    "EXPOSE",
+    "HEALTHCHECK",
+    "LABEL",
+    "MAINTAINER",
+    "ONBUILD",
+    "RUN",
+    "SHELL",
+    "STOPSIGNAL",
+    "USER",
+    "VOLUME",
+    "WORKDIR",
+];
+
+/// The terminator of a here-document a line opens (`<<EOF`, `<<-"EOF"`).
+fn heredoc_end(line: &str) -> Option<String> {
+    let at = line.find("<<")?;
+    let rest = line[at + 2..].trim_start_matches('-');
+    let rest = rest.trim_start_matches(['"', '\'']);
+    let word: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!word.is_empty()).then_some(word)
 }
 
 /// The context directory of layer builds (see [`layer_containerfile`]).
@@ -1266,7 +1343,11 @@ impl Emitter<'_> {
             .collect();
         let task_steps: Vec<&InstallStep> = steps
             .iter()
-            .filter(|s| matches!(s.data, StepData::Op(_) | StepData::File(_)))
+            .filter(|s| match &s.data {
+                StepData::Op(_) | StepData::File(_) => true,
+                StepData::External(_) => s.venue != crate::plan::Venue::Skip,
+                _ => false,
+            })
             .collect();
         let mut i = 0;
         while i < task_steps.len() {
@@ -1303,9 +1384,50 @@ impl Emitter<'_> {
                 }
                 StepData::Op(o) => self.op(&c, o, running)?,
                 StepData::File(f) => self.file(&c, f, &mkdirs, running),
+                StepData::External(e) => self.plugin_fragment(key, s, e, running)?,
                 _ => {}
             }
             i += 1;
+        }
+        Ok(())
+    }
+
+    /// A plugin task's build fragment, as its plugin emitted it, spliced
+    /// in as root (a fragment carries its own `USER` when it needs one).
+    /// A step whose plugin declared it emits nothing is left out; one with
+    /// no fragment is an error, never a silent gap in the image.
+    fn plugin_fragment(
+        &mut self,
+        key: &str,
+        s: &InstallStep,
+        e: &crate::plan::ExternalStep,
+        running: &mut String,
+    ) -> Result<(), EmitError> {
+        let word = e.data["word"].as_str().unwrap_or("?");
+        let Some(task) = e.data["task"].as_u64().map(|t| t as usize) else {
+            return Ok(());
+        };
+        self.mark(Origin::Task(key.to_string(), task));
+        let what = format!("candy `{key}` task #{} (plugin `{word}`)", task + 1);
+        if self.opts.deploy_only_plugins.contains(word) {
+            self.line(&format!(
+                "# {}: deploy-only, not in images",
+                comment_text(&what)
+            ));
+            return Ok(());
+        }
+        let Some(fragment) = self.opts.plugin_fragments.get(&(key.to_string(), task)) else {
+            return Err(self.err(format!(
+                "{what}: the `{}` step has no build fragment: its plugin was not asked to emit one (is the plugin installed?)",
+                s.kind.as_str()
+            )));
+        };
+        check_fragment(fragment)
+            .map_err(|m| self.err(format!("{what}: its plugin's fragment {m}")))?;
+        self.switch_user(running, "0");
+        self.line(&format!("# {}", comment_text(&what)));
+        for l in fragment.trim_end().lines() {
+            self.line(l);
         }
         Ok(())
     }

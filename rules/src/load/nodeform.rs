@@ -588,23 +588,6 @@ fn plugin_kind_candidate<'a>(name: &str, entries: &'a [(Node, Node)]) -> Option<
     }
 }
 
-/// The kind words a candy's `plugin:` declaration provides (`kind:<w>`,
-/// `deploy:<w>`).
-pub fn declared_kinds(plugin: &Node) -> Vec<String> {
-    plugin
-        .get("providers")
-        .and_then(Node::as_seq)
-        .unwrap_or(&[])
-        .iter()
-        .filter_map(Node::as_str)
-        .filter_map(|p| {
-            p.strip_prefix("kind:")
-                .or_else(|| p.strip_prefix("deploy:"))
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 /// Adds one field of a kind's value or data child to the folded mapping:
 /// unknown fields warn once with the nearest name, a field set twice is an
 /// error, fields charly does not carry yet warn and are dropped.
@@ -764,15 +747,19 @@ fn run_to_task(ck: &Node, cv: &Node, out: &mut Vec<Diagnostic>) -> Option<Node> 
                     }
                 }
             }
-            other => {
-                out.push(Diagnostic::warning(
-                    p.span,
-                    format!(
-                        "step `{cname}`: run steps with `plugin: {}` are not supported yet; it is ignored",
-                        other.unwrap_or("?")
-                    ),
-                ));
-                return None;
+            _ => {
+                // A plugin step or verb: the loader checks the word is
+                // declared, the compiler makes it an external step.
+                task.push((text_node(k_span(cv, "plugin"), "plugin"), p.clone()));
+                for field in ["plugin_input", "context"] {
+                    if let Some(v) = cv.get(field) {
+                        task.push((text_node(k_span(cv, field), field), v.clone()));
+                    }
+                }
+                return Some(Node {
+                    span: cv.span,
+                    value: Value::Map(task),
+                });
             }
         }
     }
@@ -788,6 +775,13 @@ fn run_to_task(ck: &Node, cv: &Node, out: &mut Vec<Diagnostic>) -> Option<Node> 
         span: cv.span,
         value: Value::Map(task),
     })
+}
+
+/// The span of key `key` of mapping `m` (the mapping's own when absent).
+fn k_span(m: &Node, key: &str) -> Span {
+    m.as_map()
+        .and_then(|f| f.iter().find(|(k, _)| k.as_str() == Some(key)))
+        .map_or(m.span, |(k, _)| k.span)
 }
 
 fn context_has(c: &Node, word: &str) -> bool {

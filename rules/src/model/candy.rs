@@ -223,11 +223,21 @@ pub struct Task {
     pub uninstall: Vec<String>,
     /// A comment emitted before the step.
     pub comment: Option<String>,
+    /// A plugin capability serving the task (`plugin: <word>`: a `step:`
+    /// or `verb:` word a plugin candy declares); see [`crate::plugin`].
+    pub plugin: Option<Spanned<String>>,
+    /// What the plugin gets as its input (`plugin_input:`, any YAML,
+    /// carried to it as JSON).
+    pub plugin_input: Option<Yaml>,
+    /// When a plugin task acts (`context: [build, deploy]`, the node
+    /// form's run-step field): `build` emits into the image, `deploy`
+    /// executes on a deploy target. Empty: both.
+    pub context: Vec<Spanned<String>>,
 }
 
 /// The verbs a task may use, in the order they are checked.
-pub const TASK_VERBS: [&str; 8] = [
-    "cmd", "mkdir", "copy", "write", "link", "download", "setcap", "build",
+pub const TASK_VERBS: [&str; 9] = [
+    "cmd", "mkdir", "copy", "write", "link", "download", "setcap", "build", "plugin",
 ];
 
 impl Task {
@@ -242,6 +252,7 @@ impl Task {
             ("download", &self.download),
             ("setcap", &self.setcap),
             ("build", &self.build),
+            ("plugin", &self.plugin),
         ];
         all.into_iter()
             .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))

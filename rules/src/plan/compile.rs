@@ -217,6 +217,7 @@ pub fn build_deploy_plan(
         c,
         vocab,
         ctx,
+        plugins: &p.plugins,
         steps: Vec::new(),
     };
     cx.shell_hook();
@@ -254,6 +255,7 @@ struct Cx<'a> {
     c: &'a CandyEntry,
     vocab: &'a Vocab,
     ctx: &'a HostContext,
+    plugins: &'a crate::plugin::Plugins,
     steps: Vec<InstallStep>,
 }
 
@@ -458,6 +460,10 @@ impl Cx<'_> {
             });
             let resolved = resolve_task_user(&raw_user, u);
             match verb {
+                "plugin" => {
+                    let step = self.plugin_step(i, t, value, raw_user, &resolved)?;
+                    self.steps.push(step);
+                }
                 "write" | "copy" => {
                     let dest = match verb {
                         "write" => value.value.clone(),
@@ -531,6 +537,70 @@ impl Cx<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A `plugin: <word>` task: an `external:<word>` step (a `step:` word)
+    /// or an `external-plugin` step (a `verb:` word) carrying the task's
+    /// input. The plugin's declared contract, once the host knows it,
+    /// decides scope, venue and gate; before that the task's account
+    /// decides the scope. A `context:` without this target's leg (`build`
+    /// for images and pods, `deploy` for hosts) skips the step here.
+    fn plugin_step(
+        &self,
+        index: usize,
+        t: &crate::model::candy::Task,
+        word: &crate::yaml::Spanned<String>,
+        user: String,
+        resolved: &str,
+    ) -> Result<InstallStep, PlanError> {
+        let key = self.key();
+        let Some(provider) = self.plugins.for_task(&word.value) else {
+            return Err(PlanError {
+                candy: key.to_string(),
+                message: format!(
+                    "task #{} at line {}:{}: plugin `{}` is declared by no candy",
+                    index + 1,
+                    word.span.line,
+                    word.span.col,
+                    word.value
+                ),
+            });
+        };
+        let (kind, class) = match provider.class {
+            crate::plugin::ProviderClass::Step => (StepKind::External(word.value.clone()), "step"),
+            _ => (StepKind::ExternalPlugin, "verb"),
+        };
+        let (scope, mut venue, gate) = match self.plugins.contracts.get(&word.value) {
+            Some(c) => (c.scope, c.venue, c.gate),
+            None if is_root_user(resolved) => (Scope::System, Venue::HostNative, Gate::None),
+            None => (Scope::User, Venue::HostNative, Gate::None),
+        };
+        let context: Vec<&str> = t.context.iter().map(|c| c.value.as_str()).collect();
+        let leg = if self.ctx.target.is_container() {
+            "build"
+        } else {
+            "deploy"
+        };
+        if !context.is_empty() && !context.contains(&leg) {
+            venue = Venue::Skip;
+        }
+        let data = serde_json::json!({
+            "word": word.value,
+            "class": class,
+            "provider": provider.candy,
+            "input": t.plugin_input.as_ref().map_or(serde_json::Value::Null, |i| i.to_json()),
+            "context": context,
+            "user": user,
+            "task": index,
+        });
+        Ok(InstallStep::external(
+            key,
+            kind,
+            scope,
+            venue,
+            gate,
+            ExternalStep { data },
+        ))
     }
 
     fn builders(&mut self) {
