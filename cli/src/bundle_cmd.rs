@@ -422,6 +422,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         on_change: test_hooks::block_at_step(),
         // Over SSH, consecutive commands go in one round trip.
         batch_commands: ssh.is_some(),
+        plugins: None,
     };
     let connection = match &ssh {
         Some(t) => Connection::Ssh(t.clone()),
@@ -581,6 +582,7 @@ fn reapply(
         box_home: b.user.home.clone(),
         on_change: None,
         batch_commands: matches!(rec.connection, Connection::Ssh(_)),
+        plugins: None,
     };
     let record = BundleRecord {
         deploy_id: plan.deploy_id.clone(),

@@ -1670,3 +1670,165 @@ fn consecutive_commands_run_in_one_round_trip_and_stop_at_the_first_failure() {
     walk::remove(&mut host, &mut ledger, "batch", false, &mut |_| {}).expect("del");
     assert!(ledger.get("batch").expect("get").is_none());
 }
+
+/// Plugin steps for the walker tests: runs a marker command on the walk's
+/// host through the host seam, then reports a teardown script; or fails.
+struct MarkerPlugin {
+    fail: bool,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl walk::PluginSteps for MarkerPlugin {
+    fn execute(
+        &self,
+        call: &walk::PluginCall<'_>,
+        host: &mut dyn charly_deploy::host::Host,
+    ) -> Result<Vec<charly_rules::plan::ReverseOp>, String> {
+        self.calls
+            .lock()
+            .expect("calls")
+            .push(format!("{} {} {}", call.word, call.class, call.input));
+        if self.fail {
+            return Err("plugin crashed".into());
+        }
+        let mut c = charly_deploy::host::Cmd::sh("mkdir -p /tmp/marker-dir".to_string());
+        c.as_user = Some(call.user.name.clone());
+        host.run(&c).map_err(|e| e.to_string())?;
+        walk::parse_deploy_reply(
+            br#"{"reverse_ops":[{"kind":"plugin-script","scope":1,"extra":{"script":"rm -rf /tmp/marker-dir"}}],"record":{"candy":"x"}}"#,
+        )
+    }
+}
+
+fn plugin_plan(p: &Project, r: &Resolution) -> InstallPlan {
+    let mut plan = plan(p, r);
+    plan.steps = vec![charly_rules::plan::InstallStep::external(
+        "tool",
+        charly_rules::plan::StepKind::External("marker".into()),
+        charly_rules::plan::Scope::User,
+        charly_rules::plan::Venue::HostNative,
+        charly_rules::plan::Gate::None,
+        charly_rules::plan::ExternalStep {
+            data: serde_json::json!({"word": "marker", "class": "step", "input": {"m": 1}, "task": 0}),
+        },
+    )];
+    plan
+}
+
+#[test]
+fn a_plugin_step_executes_through_the_host_and_del_replays_its_reverse_ops() {
+    let (p, r) = open();
+    let plan = plugin_plan(&p, &r);
+    let plugin = std::sync::Arc::new(MarkerPlugin {
+        fail: false,
+        calls: Default::default(),
+    });
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let opts = |dry_run: bool, plugins: Option<std::sync::Arc<dyn walk::PluginSteps>>| Options {
+        target: Target::Vm,
+        gates: Gates::all(),
+        dry_run,
+        plugins,
+        ..Options::default()
+    };
+
+    // Without a plugin host the step is skipped, saying why.
+    let rep = walk::apply(
+        &mut host,
+        None,
+        &record("p", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &opts(true, None),
+        &mut |_| {},
+    )
+    .expect("dry");
+    assert_eq!(rep.steps[0].state, "skipped", "{:?}", rep.steps[0]);
+    assert!(
+        rep.steps[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("plugin `marker` is not served"),
+        "{:?}",
+        rep.steps[0]
+    );
+    // A dry run never calls execute.
+    let rep = walk::apply(
+        &mut host,
+        None,
+        &record("p", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &opts(true, Some(plugin.clone())),
+        &mut |_| {},
+    )
+    .expect("dry");
+    assert_eq!(rep.steps[0].state, "would-run");
+    assert!(plugin.calls.lock().expect("calls").is_empty());
+
+    let rep = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("p", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &opts(false, Some(plugin.clone())),
+        &mut |_| {},
+    )
+    .expect("apply");
+    assert_eq!(rep.steps[0].state, "complete", "{:?}", rep.steps[0]);
+    assert_eq!(
+        *plugin.calls.lock().expect("calls"),
+        ["marker step {\"m\":1}"]
+    );
+    assert!(
+        host.commands()
+            .iter()
+            .any(|c| c.contains("mkdir -p /tmp/marker-dir"))
+    );
+    let runs = del_runs(&mut host, &mut ledger, "p", "marker-dir");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(
+        runs[0].starts_with("runuser -u user -- ")
+            && runs[0].ends_with("sh -c 'rm -rf /tmp/marker-dir'"),
+        "as the user: {runs:?}"
+    );
+}
+
+#[test]
+fn a_failing_plugin_stops_the_walk_naming_it() {
+    let (p, r) = open();
+    let plan = plugin_plan(&p, &r);
+    let plugin = std::sync::Arc::new(MarkerPlugin {
+        fail: true,
+        calls: Default::default(),
+    });
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("p", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            target: Target::Vm,
+            plugins: Some(plugin),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect_err("fails");
+    let text = err.to_string();
+    assert!(text.contains("plugin `marker`: plugin crashed"), "{text}");
+}

@@ -71,7 +71,11 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
         StepData::Reboot(_) if o.target == Target::Local || rooted => {
             Some("warning: this candy asks for a reboot; the local target never reboots".into())
         }
-        StepData::External(_) => Some("external steps need their plugin".into()),
+        StepData::External(_) if rooted => rooted_msg("plugin steps"),
+        StepData::External(e) if o.plugins.is_none() => Some(format!(
+            "plugin `{}` is not served on this walk (no plugin host)",
+            e.data["word"].as_str().unwrap_or("?")
+        )),
         StepData::Builder(b) if s.scope == Scope::System => Some(format!(
             "system-scope {} builder artifacts are not applied to hosts yet",
             b.builder
@@ -383,6 +387,7 @@ fn walk_steps(
             rooted,
             box_home: o.box_home.clone(),
             planned_dirs: &mut planned_dirs,
+            plugins: o.plugins.clone(),
         };
         let res = apply_step(&mut cx, s, arts, &mut bin_dirs);
         let StepCx { facts, actions, .. } = cx;
@@ -583,6 +588,7 @@ fn apply_step(
         }
         StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
         StepData::Reboot(_) => reboot_step(cx),
+        StepData::External(e) => super::plugin::plugin_step(cx, s, e),
         _ => Err(format!("{} steps are not applied to hosts", s.kind)),
     }
 }

@@ -28,12 +28,14 @@ mod batch;
 mod download;
 mod drift;
 mod managed;
+mod plugin;
 mod repo;
 mod undo;
 
 pub use apply::{ReapplyReport, apply, reapply, retarget_artifact};
 pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
+pub use plugin::{PluginCall, PluginSteps, parse_deploy_reply, undo_of};
 pub use undo::{DelOptions, UndoReport, remove, remove_with};
 
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex};
@@ -93,6 +95,8 @@ pub struct Options {
     /// Run consecutive `cmd` steps of one (scope, venue) as one command
     /// (one round trip; for targets reached over SSH).
     pub batch_commands: bool,
+    /// What executes plugin steps; `None`: they are skipped, saying why.
+    pub plugins: Option<std::sync::Arc<dyn PluginSteps>>,
 }
 
 impl std::fmt::Debug for Options {
@@ -105,6 +109,7 @@ impl std::fmt::Debug for Options {
             .field("box_home", &self.box_home)
             .field("on_change", &self.on_change.as_ref().map(|_| "hook"))
             .field("batch_commands", &self.batch_commands)
+            .field("plugins", &self.plugins.as_ref().map(|_| "plugin host"))
             .finish()
     }
 }
@@ -119,6 +124,7 @@ impl Default for Options {
             box_home: "/home/user".into(),
             on_change: None,
             batch_commands: false,
+            plugins: None,
         }
     }
 }
@@ -337,6 +343,7 @@ struct StepCx<'a> {
     rooted: bool,
     box_home: String,
     planned_dirs: &'a mut BTreeSet<String>,
+    plugins: Option<std::sync::Arc<dyn PluginSteps>>,
 }
 
 type R<T> = Result<T, String>;

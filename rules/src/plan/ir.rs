@@ -250,6 +250,9 @@ pub enum ReverseKind {
     RemoveDropin,
     /// Remove a generated unit file.
     ServiceRemove,
+    /// Run the teardown script a plugin reported (`extra.script`), as
+    /// root for system scope, else as the user.
+    PluginScript,
 }
 
 /// One typed undo operation.

@@ -1,0 +1,294 @@
+//! Plugin steps on hosts (`external:<word>`, `external-plugin`): the
+//! walker asks charly's plugin host to `execute` the step on the walk's own
+//! host, then records the reverse ops the plugin's reply carries as undo
+//! operations before the step is reported done; `bundle del` replays them
+//! like any other undo (record and replay: never recomputed).
+
+use super::{R, StepCx, TargetUser};
+use crate::host::Host;
+use crate::ledger::Undo;
+use charly_rules::plan::{ExternalStep, InstallStep, ReverseKind, ReverseOp, Scope};
+use charly_rules::sh;
+use std::collections::BTreeMap;
+
+/// One plugin step to execute.
+#[derive(Debug)]
+pub struct PluginCall<'a> {
+    /// The capability word.
+    pub word: &'a str,
+    /// `step` or `verb`.
+    pub class: &'a str,
+    /// The task's `plugin_input` (JSON `null` when there is none).
+    pub input: &'a serde_json::Value,
+    /// The bundle being applied (the plugin's `deploy_name`).
+    pub bundle: &'a str,
+    /// The account the plan is for.
+    pub user: &'a TargetUser,
+    /// The step's scope.
+    pub scope: Scope,
+}
+
+/// What executes plugin steps for a walk (the CLI wires charly's plugin
+/// host in; without one, plugin steps are skipped and say why).
+pub trait PluginSteps: Send + Sync {
+    /// Executes `call` against `host` (the plugin acts on the host only
+    /// through it) and returns the reverse ops the plugin reported.
+    fn execute(&self, call: &PluginCall<'_>, host: &mut dyn Host)
+    -> Result<Vec<ReverseOp>, String>;
+}
+
+/// Applies a plugin step: the plugin executes it, its reverse ops become
+/// the step's undo operations (committed before the step is done).
+pub(super) fn plugin_step(cx: &mut StepCx<'_>, s: &InstallStep, e: &ExternalStep) -> R<()> {
+    let word = e.data["word"].as_str().unwrap_or_default();
+    let class = e.data["class"].as_str().unwrap_or("step");
+    let Some(plugins) = cx.plugins.clone() else {
+        return Err(format!("plugin `{word}`: no plugin host for this walk"));
+    };
+    cx.actions.push(format!("plugin {word}: execute"));
+    if cx.dry() {
+        return Ok(());
+    }
+    let call = PluginCall {
+        word,
+        class,
+        input: &e.data["input"],
+        bundle: cx.bundle,
+        user: cx.user,
+        scope: s.scope,
+    };
+    let ops = plugins
+        .execute(&call, &mut *cx.host)
+        .map_err(|m| format!("plugin `{word}`: {m}"))?;
+    cx.changed();
+    for op in &ops {
+        let undo = undo_of(op, cx.user, word);
+        cx.undo(&undo, &[])?;
+    }
+    if ops.is_empty() {
+        cx.undo(
+            &Undo::Note {
+                text: format!("plugin `{word}` reported nothing to undo"),
+            },
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
+/// The undo operation a reported reverse op is replayed as. What this
+/// host cannot replay exactly becomes a note `del` shows, never a guess.
+pub fn undo_of(op: &ReverseOp, user: &TargetUser, word: &str) -> Undo {
+    let sys = op.scope == Scope::System;
+    let run = |what: String, script: String| Undo::Run {
+        what,
+        script,
+        privileged: sys,
+        as_user: (!sys).then(|| user.name.clone()),
+        env: BTreeMap::new(),
+        ignore_failure: false,
+    };
+    let paths_ok = !op.targets.is_empty()
+        && op
+            .targets
+            .iter()
+            .all(|t| t.starts_with('/') && charly_rules::plan::compile::climbing_path(t).is_none());
+    match op.kind {
+        ReverseKind::PluginScript => match op.extra.get("script") {
+            Some(script) if !script.trim().is_empty() => {
+                run(format!("plugin {word}: teardown script"), script.clone())
+            }
+            _ => note(word, op, "a plugin-script without a script"),
+        },
+        ReverseKind::RmFileSystem | ReverseKind::RmFileUser | ReverseKind::RemoveEnvdFile
+            if paths_ok =>
+        {
+            let list: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
+            run(
+                format!("plugin {word}: remove {}", op.targets.join(", ")),
+                format!("rm -f -- {}", list.join(" ")),
+            )
+        }
+        ReverseKind::RmDirRecursive if paths_ok && op.targets.iter().all(|t| t != "/") => {
+            let list: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
+            run(
+                format!("plugin {word}: remove {}", op.targets.join(", ")),
+                format!("rm -rf -- {}", list.join(" ")),
+            )
+        }
+        ReverseKind::ServiceDisable if !op.targets.is_empty() => {
+            let units: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
+            let user_flag = if sys { "" } else { "--user " };
+            run(
+                format!("plugin {word}: disable {}", op.targets.join(", ")),
+                format!("systemctl {user_flag}disable --now -- {}", units.join(" ")),
+            )
+        }
+        ReverseKind::PackageRemove => match &op.uninstall_cmd {
+            Some(cmd) if !cmd.trim().is_empty() => Undo::Run {
+                what: format!("plugin {word}: remove packages {}", op.targets.join(", ")),
+                script: cmd.clone(),
+                privileged: true,
+                as_user: None,
+                env: BTreeMap::new(),
+                ignore_failure: false,
+            },
+            _ => note(word, op, "package removal without an uninstall command"),
+        },
+        _ => note(word, op, "a kind this host does not replay"),
+    }
+}
+
+fn note(word: &str, op: &ReverseOp, why: &str) -> Undo {
+    Undo::Note {
+        text: format!(
+            "plugin `{word}` reported teardown `{}` ({why}; targets: {}); not undone",
+            serde_json::to_value(op.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            op.targets.join(", ")
+        ),
+    }
+}
+
+/// Reads the reverse ops of a plugin's `execute` reply (the original's
+/// `DeployReply`: `{"reverse_ops": [{"kind", "format", "targets",
+/// "scope", "extra", "uninstall_cmd"}], "record": {…}}`, where `scope` is
+/// 0 system, 1 user, 2 user profile, absent meaning system).
+pub fn parse_deploy_reply(json: &[u8]) -> Result<Vec<ReverseOp>, String> {
+    #[derive(serde::Deserialize)]
+    struct Wire {
+        #[serde(default)]
+        reverse_ops: Vec<WireOp>,
+    }
+    #[derive(serde::Deserialize)]
+    struct WireOp {
+        kind: ReverseKind,
+        #[serde(default)]
+        format: Option<String>,
+        #[serde(default)]
+        targets: Vec<String>,
+        #[serde(default)]
+        scope: u8,
+        #[serde(default)]
+        extra: BTreeMap<String, String>,
+        #[serde(default)]
+        uninstall_cmd: Option<String>,
+    }
+    let w: Wire = serde_json::from_slice(json).map_err(|e| {
+        format!(
+            "its execute reply is not a deploy reply ({e}): {}",
+            crate::host::shorten(&String::from_utf8_lossy(json), 200)
+        )
+    })?;
+    w.reverse_ops
+        .into_iter()
+        .map(|o| {
+            let scope = match o.scope {
+                0 => Scope::System,
+                1 => Scope::User,
+                2 => Scope::UserProfile,
+                n => return Err(format!("its reverse op has scope {n} (0, 1 or 2)")),
+            };
+            Ok(ReverseOp {
+                kind: o.kind,
+                format: o.format.filter(|f| !f.is_empty()),
+                targets: o.targets,
+                scope,
+                extra: o.extra,
+                uninstall_cmd: o.uninstall_cmd.filter(|c| !c.is_empty()),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user() -> TargetUser {
+        TargetUser {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 1000,
+            home: "/home/alice".into(),
+            shell: "/bin/bash".into(),
+        }
+    }
+
+    #[test]
+    fn the_originals_reply_shape_is_read() {
+        let ops = parse_deploy_reply(
+            br#"{"reverse_ops":[{"kind":"plugin-script","scope":1,"extra":{"script":"rm -rf /tmp/x"}},
+                {"kind":"rm-file-system","targets":["/etc/a"]}],"record":{"candy":"c","version":"1"}}"#,
+        )
+        .expect("parses");
+        assert_eq!(ops.len(), 2);
+        assert_eq!(
+            (ops[0].kind, ops[0].scope),
+            (ReverseKind::PluginScript, Scope::User)
+        );
+        assert_eq!(
+            (ops[1].kind, ops[1].scope),
+            (ReverseKind::RmFileSystem, Scope::System)
+        );
+        assert!(parse_deploy_reply(b"not json").is_err());
+        let e = parse_deploy_reply(br#"{"reverse_ops":[{"kind":"plugin-script","scope":7}]}"#)
+            .expect_err("scope 7");
+        assert!(e.contains("scope 7"), "{e}");
+        let e = parse_deploy_reply(br#"{"reverse_ops":[{"kind":"format-disk"}]}"#)
+            .expect_err("unknown kind");
+        assert!(e.contains("format-disk"), "{e}");
+    }
+
+    #[test]
+    fn reverse_ops_replay_as_undos_and_what_cannot_is_a_note() {
+        let u = user();
+        let mut script = ReverseOp::new(ReverseKind::PluginScript, vec![], Scope::User);
+        script.extra.insert("script".into(), "rm -rf /tmp/m".into());
+        match undo_of(&script, &u, "w") {
+            Undo::Run {
+                script,
+                privileged,
+                as_user,
+                ..
+            } => {
+                assert_eq!(script, "rm -rf /tmp/m");
+                assert!(!privileged);
+                assert_eq!(as_user.as_deref(), Some("alice"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let rm = ReverseOp::new(
+            ReverseKind::RmFileSystem,
+            vec!["/etc/a b".into()],
+            Scope::System,
+        );
+        match undo_of(&rm, &u, "w") {
+            Undo::Run {
+                script, privileged, ..
+            } => {
+                assert_eq!(script, "rm -f -- '/etc/a b'");
+                assert!(privileged);
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            ReverseOp::new(ReverseKind::RmDirRecursive, vec!["/".into()], Scope::System),
+            ReverseOp::new(ReverseKind::RmFileUser, vec!["rel/x".into()], Scope::User),
+            ReverseOp::new(
+                ReverseKind::RmFileUser,
+                vec!["/a/../etc".into()],
+                Scope::User,
+            ),
+            ReverseOp::new(ReverseKind::PluginScript, vec![], Scope::User),
+            ReverseOp::new(ReverseKind::CoprDisable, vec!["x/y".into()], Scope::System),
+        ] {
+            assert!(
+                matches!(undo_of(&bad, &u, "w"), Undo::Note { .. }),
+                "{bad:?}"
+            );
+        }
+    }
+}
