@@ -95,6 +95,7 @@ fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summar
         runner: Some(&runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: runner.name().to_string(),
             arch: "amd64".into(),
@@ -285,6 +286,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
         runner: Some(&runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: runner.name().to_string(),
             arch: "amd64".into(),
@@ -330,6 +332,7 @@ fn key_benches(c: &mut Criterion) {
         runner: Some(&runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: runner.name().to_string(),
             arch: "amd64".into(),

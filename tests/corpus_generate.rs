@@ -63,6 +63,7 @@ fn generate_on_the_corpus_is_pinned() {
         runner: None,
         hasher: &hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: "podman".into(),
             arch: "amd64".into(),

@@ -393,6 +393,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                         &store,
                         &hasher,
                         GraphOptions {
+                            plugins: Default::default(),
                             dev_local_pkg: a.dev_local_pkg.on,
                             runner: a.runner.clone(),
                             arch: host_arch(),
@@ -565,6 +566,7 @@ fn reapply(
                 &store,
                 &hasher,
                 GraphOptions {
+                    plugins: Default::default(),
                     dev_local_pkg,
                     runner,
                     arch: host_arch(),

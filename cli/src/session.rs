@@ -332,6 +332,7 @@ pub(crate) fn engine<'a>(
         runner,
         hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg,
             runner: name,
             arch: host_arch(),

@@ -249,6 +249,7 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
         runner: Some(&runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: true,
             runner: runner.name().to_string(),
             arch: "amd64".into(),
@@ -270,6 +271,7 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
         &store,
         &hasher,
         GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: true,
             runner: "tar-test".into(),
             arch: "amd64".into(),

@@ -89,7 +89,7 @@ impl<'a> Engine<'a> {
             runner: self.runner,
             runner_name: self.opts.runner.clone(),
             out_root: out_root.to_path_buf(),
-            emit: crate::layers::base_emit_options(self.resolution, self.opts.dev_local_pkg),
+            emit: crate::layers::base_emit_options(self.resolution, &self.opts),
             arch: self.opts.arch.clone(),
             remote: self.remote,
             obs: None,

@@ -85,13 +85,15 @@ fn artifact_path(stage: &str) -> String {
     format!("{LAYER_DIR}/_artifacts/{stage}.tar")
 }
 
-/// The emitter options of a run: every box's image reference and
-/// `--dev-local-pkg` (what `Engine::ctx` gives nodes, and what the graph
+/// The emitter options of a run: every box's image reference,
+/// `--dev-local-pkg` and the plugins' fragments (what `Engine::ctx` gives nodes, and what the graph
 /// keys layers and images with).
-pub fn base_emit_options(r: &Resolution, dev_local_pkg: bool) -> EmitOptions {
+pub fn base_emit_options(r: &Resolution, opts: &crate::graph::GraphOptions) -> EmitOptions {
     EmitOptions {
-        dev_local_pkg,
+        dev_local_pkg: opts.dev_local_pkg,
         image_refs: naming::box_image_refs(r),
+        plugin_fragments: opts.plugins.fragments.clone(),
+        deploy_only_plugins: opts.plugins.deploy_only.clone(),
         ..EmitOptions::default()
     }
 }

@@ -61,6 +61,7 @@ fn run(
         runner: Some(runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: runner.name().to_string(),
             arch: "amd64".into(),
@@ -85,6 +86,7 @@ fn top_layer(w: &World, store: &Store, b: &str) -> String {
         runner: Some(&f),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: f.name().to_string(),
             arch: "amd64".into(),
@@ -559,6 +561,7 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
         runner: Some(&fake),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: fake.name().to_string(),
             arch: "amd64".into(),
@@ -650,6 +653,7 @@ fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explan
         runner: None,
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: fake.name().to_string(),
             arch: "amd64".into(),
@@ -749,4 +753,117 @@ fn explain_shows_the_lines_of_a_fragment_that_changed() {
             .any(|l| l.trim_start().starts_with("+ ") && l.contains("/opt/explained")),
         "{text}"
     );
+}
+
+/// Box `left` with a candy whose task a plugin serves.
+fn with_plugin_task() -> World {
+    let w = World::new(&fixture());
+    let write = |rel: &str, body: &str| {
+        let p = w.root.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, body).expect("write");
+    };
+    write(
+        "candy/stepper/charly.yml",
+        "candy:\n  name: stepper\n  plugin:\n    providers: [step:bake]\n    source: builtin\n",
+    );
+    write(
+        "candy/baked/charly.yml",
+        "candy:\n  name: baked\n  task:\n    - plugin: bake\n      plugin_input: {marker: M}\n",
+    );
+    let f = w.root.join("box/left/charly.yml");
+    let text = std::fs::read_to_string(&f).expect("read");
+    std::fs::write(
+        &f,
+        text.replace("[a-npm, common2]", "[a-npm, common2, baked]"),
+    )
+    .expect("edit");
+    w
+}
+
+fn generate_with(
+    w: &World,
+    store: &Store,
+    plugins: charly_engine::graph::PluginBuild,
+) -> (Graph, Summary) {
+    let (p, r) = w.open();
+    let hasher = FileHasher::in_memory();
+    let fake = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store,
+        runner: Some(&fake),
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            plugins,
+            dev_local_pkg: false,
+            runner: fake.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+    };
+    let g = engine
+        .graph(&Goal::Generate, &["left".to_string()])
+        .expect("graph");
+    let s = engine.run(&g, &w.root, 2, false, &Quiet);
+    if s.ok() {
+        engine.write_build_dirs(&g, &w.root, false).expect("write");
+    }
+    (g, s)
+}
+
+#[test]
+fn plugin_fragments_are_spliced_and_their_plugin_is_part_of_the_key() {
+    let w = with_plugin_task();
+    let store = Store::open(&w.store_dir).expect("store");
+
+    // Without the plugin's answer the candy's fragment fails, saying so.
+    let (_, s) = generate_with(&w, &store, Default::default());
+    assert!(!s.ok());
+    let failed: Vec<String> = s.nodes.iter().filter_map(|n| n.error.clone()).collect();
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.contains("candy `baked` task #1 (plugin `bake`)")
+                && e.contains("no build fragment")),
+        "{failed:?}"
+    );
+
+    let mut pb = charly_engine::graph::PluginBuild::default();
+    pb.fragments
+        .insert(("baked".into(), 0), "RUN echo M > /etc/baked\n".into());
+    pb.ids.insert("bake".into(), "exe:aaa describe:bbb".into());
+    let (g1, s) = generate_with(&w, &store, pb.clone());
+    assert!(
+        s.ok(),
+        "{:?}",
+        s.nodes
+            .iter()
+            .filter_map(|n| n.error.clone())
+            .collect::<Vec<_>>()
+    );
+    let cf = std::fs::read_to_string(w.root.join(".build/left/Containerfile")).expect("cf");
+    assert!(cf.contains("RUN echo M > /etc/baked"), "{cf}");
+
+    // Nothing changed: nothing runs. A new plugin build: the candy's
+    // fragment (and what contains it) runs again, nothing else.
+    let (_, s) = generate_with(&w, &store, pb.clone());
+    assert!(ran(&s).is_empty(), "{:?}", ran(&s));
+    pb.ids.insert("bake".into(), "exe:ccc describe:bbb".into());
+    let (g2, s) = generate_with(&w, &store, pb.clone());
+    let k1 = keys(&g1);
+    let k2 = keys(&g2);
+    let changed: BTreeSet<&String> = k1.keys().filter(|id| k1[*id] != k2[*id]).collect();
+    assert!(
+        changed.contains(&"fragment:left/baked".to_string()),
+        "{changed:?}"
+    );
+    assert!(
+        !changed
+            .iter()
+            .any(|id| id.contains("common2") || id.contains("a-npm")),
+        "{changed:?}"
+    );
+    assert!(ran(&s).contains("fragment:left/baked"), "{:?}", ran(&s));
 }

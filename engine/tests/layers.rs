@@ -106,6 +106,7 @@ fn build(w: &World, boxes: &[String], f: &FakeRunner) -> (Graph, Summary) {
         runner: Some(f),
         hasher: &w.hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: f.name().to_string(),
             arch: "amd64".into(),
@@ -326,6 +327,7 @@ fn explain_names_what_changed_in_a_layer() {
         runner: Some(&f),
         hasher: &w.hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: f.name().to_string(),
             arch: "amd64".into(),
@@ -416,6 +418,7 @@ fn a_layer_that_does_not_render_fails_when_it_runs_not_when_keyed() {
         runner: Some(&f),
         hasher: &hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: f.name().to_string(),
             arch: "amd64".into(),

@@ -151,6 +151,7 @@ fn run(
         runner: Some(runner),
         hasher: &hasher,
         opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: true,
             runner: runner.name().to_string(),
             arch: "amd64".into(),

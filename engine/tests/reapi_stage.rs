@@ -424,6 +424,7 @@ fn every_corpus_and_example_stage_can_be_sent() {
             runner: Some(&recorder),
             hasher: &FileHasher::in_memory(),
             opts: charly_engine::graph::GraphOptions {
+                plugins: Default::default(),
                 dev_local_pkg,
                 runner: recorder.name().to_string(),
                 arch: "amd64".into(),

@@ -76,6 +76,7 @@ impl Builder<'_> {
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
         k.text("plan", &canonical("the candy's plan", plan)?);
+        plugin_values(k, plan, &self.opts.plugins);
         user_values(k, &b.user);
         k.value("formats", b.formats.join(","));
         k.value("tags", b.tags.join(","));
@@ -246,6 +247,9 @@ impl Builder<'_> {
                 k.texts.insert(format!("file:{path}"), d);
             }
         }
+        if let super::LayerWork::Candy { plan, .. } = part {
+            plugin_values(k, plan, &self.opts.plugins);
+        }
         k.value("runner", self.opts.runner.clone());
         k.value("arch", self.opts.arch.clone());
         Ok(())
@@ -271,6 +275,25 @@ impl Builder<'_> {
         k.text("plan", &canonical("the merged plan", &plan)?);
         k.value("target", target.as_str());
         Ok(())
+    }
+}
+
+/// The plugins a candy's plan uses: each one's identity, and the fragment
+/// it emitted for each of the candy's tasks (a new plugin build, or a new
+/// answer, rebuilds what uses it; `explain` names the word).
+fn plugin_values(k: &mut KeyInputs, plan: &InstallPlan, pb: &super::PluginBuild) {
+    for s in &plan.steps {
+        let charly_rules::plan::StepData::External(e) = &s.data else {
+            continue;
+        };
+        let word = e.data["word"].as_str().unwrap_or_default();
+        let id = pb.ids.get(word).map_or("not found", String::as_str);
+        k.value(format!("plugin:{word}"), id);
+        if let Some(t) = e.data["task"].as_u64()
+            && let Some(f) = pb.fragments.get(&(s.candy.clone(), t as usize))
+        {
+            k.text(format!("plugin-fragment:{t}"), f);
+        }
     }
 }
 

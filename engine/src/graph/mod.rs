@@ -43,6 +43,22 @@ pub struct GraphOptions {
     pub runner: String,
     /// Target architecture for builds (`amd64`).
     pub arch: String,
+    /// What plugins contribute to images (their fragments, and who they
+    /// are, which enters the keys of the candies that use them).
+    pub plugins: PluginBuild,
+}
+
+/// The build leg of plugins, as the plugin host answered it before the
+/// graph is built (cached by the host, so a no-op starts no plugin).
+#[derive(Clone, Debug, Default)]
+pub struct PluginBuild {
+    /// `(candy key, task index)` → the fragment its plugin emitted.
+    pub fragments: BTreeMap<(String, usize), String>,
+    /// Words whose plugin emits nothing at build (deploy-only steps).
+    pub deploy_only: std::collections::BTreeSet<String>,
+    /// Word → the plugin's identity (its executable's digest and its
+    /// Describe reply's), a key input of every candy using the word.
+    pub ids: BTreeMap<String, String>,
 }
 
 /// What a node does when it runs.
@@ -402,7 +418,7 @@ impl<'a> Builder<'a> {
     /// The emitter options of this run (as `Engine::ctx` gives nodes).
     fn emit(&self) -> &charly_rules::emit::EmitOptions {
         self.emit
-            .get_or_init(|| crate::layers::base_emit_options(self.r, self.opts.dev_local_pkg))
+            .get_or_init(|| crate::layers::base_emit_options(self.r, &self.opts))
     }
 
     fn rbox(&self, name: &str) -> Result<&'a ResolvedBox, GraphError> {
