@@ -155,7 +155,8 @@ fn note(word: &str, op: &ReverseOp, why: &str) -> Undo {
 /// Reads the reverse ops of a plugin's `execute` reply (the original's
 /// `DeployReply`: `{"reverse_ops": [{"kind", "format", "targets",
 /// "scope", "extra", "uninstall_cmd"}], "record": {…}}`, where `scope` is
-/// 0 system, 1 user, 2 user profile, absent meaning system).
+/// 0 system, 1 user, 2 user profile, absent meaning system; the names
+/// `system`, `user`, `user-profile` are read too).
 pub fn parse_deploy_reply(json: &[u8]) -> Result<Vec<ReverseOp>, String> {
     #[derive(serde::Deserialize)]
     struct Wire {
@@ -170,11 +171,23 @@ pub fn parse_deploy_reply(json: &[u8]) -> Result<Vec<ReverseOp>, String> {
         #[serde(default)]
         targets: Vec<String>,
         #[serde(default)]
-        scope: u8,
+        scope: WireScope,
         #[serde(default)]
         extra: BTreeMap<String, String>,
         #[serde(default)]
         uninstall_cmd: Option<String>,
+    }
+    /// The Go wire's integer, or a name (as hand-written plugins send).
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum WireScope {
+        Number(i64),
+        Name(String),
+    }
+    impl Default for WireScope {
+        fn default() -> Self {
+            WireScope::Number(0)
+        }
     }
     let w: Wire = serde_json::from_slice(json).map_err(|e| {
         format!(
@@ -186,10 +199,20 @@ pub fn parse_deploy_reply(json: &[u8]) -> Result<Vec<ReverseOp>, String> {
         .into_iter()
         .map(|o| {
             let scope = match o.scope {
-                0 => Scope::System,
-                1 => Scope::User,
-                2 => Scope::UserProfile,
-                n => return Err(format!("its reverse op has scope {n} (0, 1 or 2)")),
+                WireScope::Number(0) => Scope::System,
+                WireScope::Number(1) => Scope::User,
+                WireScope::Number(2) => Scope::UserProfile,
+                WireScope::Name(n) if n == "system" || n.is_empty() => Scope::System,
+                WireScope::Name(n) if n == "user" => Scope::User,
+                WireScope::Name(n) if n == "user-profile" => Scope::UserProfile,
+                WireScope::Number(n) => {
+                    return Err(format!("its reverse op has scope {n} (0, 1 or 2)"));
+                }
+                WireScope::Name(n) => {
+                    return Err(format!(
+                        "its reverse op has scope `{n}` (system, user or user-profile)"
+                    ));
+                }
             };
             Ok(ReverseOp {
                 kind: o.kind,
@@ -237,6 +260,11 @@ mod tests {
         let e = parse_deploy_reply(br#"{"reverse_ops":[{"kind":"plugin-script","scope":7}]}"#)
             .expect_err("scope 7");
         assert!(e.contains("scope 7"), "{e}");
+        let named = parse_deploy_reply(
+            br#"{"reverse_ops":[{"kind":"plugin-script","scope":"user","extra":{"script":"x"}}]}"#,
+        )
+        .expect("a named scope");
+        assert_eq!(named[0].scope, Scope::User);
         let e = parse_deploy_reply(br#"{"reverse_ops":[{"kind":"format-disk"}]}"#)
             .expect_err("unknown kind");
         assert!(e.contains("format-disk"), "{e}");
