@@ -1,5 +1,6 @@
 //! The crate graph is the one DESIGN.md and the README draw:
-//! `cli → deploy → engine → {rules, cache}`, `engine → reapi → cache`
+//! `cli → deploy → engine → {rules, cache}`, `engine → reapi → cache`,
+//! `{engine, deploy} → plugin` (plugin depends on no charly crate)
 //! (each crate may use what lies below it, never what lies above), and no
 //! test-only crate or `testing` feature on a normal (product) edge.
 //! Read from `cargo metadata`, so a new `[dependencies]` line that breaks
@@ -14,9 +15,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("charly-rules", &[]),
     ("charly-cache", &[]),
     ("charly-reapi", &["charly-cache"]),
+    // The plugin host: below engine and deploy, above nothing of charly's.
+    ("charly-plugin", &[]),
     (
         "charly-engine",
-        &["charly-rules", "charly-cache", "charly-reapi"],
+        &[
+            "charly-rules",
+            "charly-cache",
+            "charly-reapi",
+            "charly-plugin",
+        ],
     ),
     (
         "charly-deploy",
@@ -25,6 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "charly-rules",
             "charly-cache",
             "charly-reapi",
+            "charly-plugin",
         ],
     ),
     (
@@ -35,6 +44,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "charly-rules",
             "charly-cache",
             "charly-reapi",
+            "charly-plugin",
         ],
     ),
     // Test fixtures: a dev-dependency of the others, never a normal one.
@@ -161,7 +171,8 @@ fn test_doubles_stay_out_of_the_product() {
     assert!(bad.is_empty(), "{bad:?}");
 }
 
-/// The checks see what they are for: an upward edge, an unknown crate, a
+/// The checks see what they are for: an upward edge (also out of the
+/// plugin crate, which may use no charly crate), an unknown crate, a
 /// test-only crate or the `testing` feature on a normal edge (a dev edge
 /// with them is fine).
 #[test]
@@ -177,6 +188,10 @@ fn the_checks_catch_bad_edges() {
         {"name": "charly-reapi", "features": {}, "dependencies": []},
         {"name": "charly-testutil", "features": {}, "dependencies": []},
         {"name": "charly-new", "features": {}, "dependencies": []},
+        {"name": "charly-plugin", "features": {}, "dependencies": [
+            {"name": "charly-rules", "kind": null, "features": []},
+        ]},
+        {"name": "charly-rules", "features": {}, "dependencies": []},
     ]});
     let layering = layering_violations(&meta);
     assert_eq!(
@@ -185,6 +200,7 @@ fn the_checks_catch_bad_edges() {
             "charly-new is not in the layering (tests/crate_graph.rs ALLOWED)",
             "charly-engine → charly-deploy",
             "charly-engine → charly-testutil",
+            "charly-plugin → charly-rules",
         ]
     );
     let doubles = test_double_violations(&meta);

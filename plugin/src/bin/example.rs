@@ -1,0 +1,139 @@
+//! charly-plugin-example: the Rust mirror of the original's reference step
+//! plugin `candy/plugin-example-stepkind` (step `examplestepkind`).
+//!
+//! - `emit` (build): `{"fragment": "RUN … > /etc/examplestepkind-build-baked\n"}`.
+//! - `execute` (deploy): dials the host's executor over the broker, writes
+//!   `/tmp/charly-examplestepkind/marker` with RunUser, and answers a
+//!   `DeployReply` whose one reverse op removes the marker directory.
+
+use std::process::ExitCode;
+
+use charly_plugin::proto::charly as pb;
+use charly_plugin::reply::{
+    DeployReply, DeployReplyRecord, EmitReply, OP_EMIT, OP_EXECUTE, ReverseOp, shell_quote,
+};
+use charly_plugin::{Capabilities, ProvidedCapability, StepContract, StepVenue};
+use tonic::{Request, Response, Status};
+
+const CALVER: &str = "2026.182.0900";
+const CANDY: &str = "plugin-example-stepkind";
+const MARKER_DIR: &str = "/tmp/charly-examplestepkind";
+const BUILD_MARKER_PATH: &str = "/etc/examplestepkind-build-baked";
+const SCHEMA_CUE: &str = "#ExamplestepkindInput: {\n\tmarker?: string\n}\n";
+
+#[derive(serde::Deserialize, Default)]
+struct StepInput {
+    #[serde(default)]
+    marker: String,
+}
+
+struct Provider;
+
+fn reply<T: serde::Serialize>(v: &T) -> Result<Response<pb::InvokeReply>, Status> {
+    let result_json = serde_json::to_vec(v).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(pb::InvokeReply { result_json }))
+}
+
+#[tonic::async_trait]
+impl pb::provider_server::Provider for Provider {
+    async fn invoke(
+        &self,
+        req: Request<pb::InvokeRequest>,
+    ) -> Result<Response<pb::InvokeReply>, Status> {
+        let req = req.into_inner();
+        let input: StepInput = if req.params_json.is_empty() {
+            StepInput::default()
+        } else {
+            serde_json::from_slice(&req.params_json)
+                .map_err(|e| Status::invalid_argument(format!("{CANDY}: decode payload: {e}")))?
+        };
+        match req.op.as_str() {
+            OP_EMIT => {
+                let marker = if input.marker.is_empty() {
+                    "EXAMPLE-STEPKIND-BUILD-BAKED".to_string()
+                } else {
+                    input.marker
+                };
+                let fragment = format!(
+                    "RUN mkdir -p /etc && printf '%s\\n' {} > {BUILD_MARKER_PATH}\n",
+                    shell_quote(&marker)
+                );
+                reply(&EmitReply { fragment })
+            }
+            OP_EXECUTE => {
+                let mut exec = charly_plugin::serve::dial_executor(req.executor_broker_id)
+                    .await
+                    .map_err(|e| Status::failed_precondition(format!("{CANDY}: {e}")))?;
+                let marker = if input.marker.is_empty() {
+                    "EXAMPLE-STEPKIND-OK".to_string()
+                } else {
+                    input.marker
+                };
+                let script = format!(
+                    "mkdir -p {MARKER_DIR} && printf '%s\\n' {} > {MARKER_DIR}/marker",
+                    shell_quote(&marker)
+                );
+                let r = exec
+                    .run_user(pb::RunRequest {
+                        script,
+                        opts_json: Vec::new(),
+                    })
+                    .await?
+                    .into_inner();
+                if !r.error.is_empty() {
+                    return Err(Status::aborted(format!(
+                        "{CANDY}: write marker: {}",
+                        r.error
+                    )));
+                }
+                reply(&DeployReply {
+                    reverse_ops: vec![ReverseOp::plugin_script(
+                        "user",
+                        &format!("rm -rf {MARKER_DIR}"),
+                    )],
+                    record: DeployReplyRecord {
+                        candy: CANDY.into(),
+                        version: CALVER.into(),
+                    },
+                })
+            }
+            _ => Ok(Response::new(pb::InvokeReply {
+                result_json: b"{}".to_vec(),
+            })),
+        }
+    }
+}
+
+struct Meta;
+
+#[tonic::async_trait]
+impl pb::plugin_meta_server::PluginMeta for Meta {
+    async fn describe(&self, _: Request<pb::Empty>) -> Result<Response<pb::Capabilities>, Status> {
+        let caps = Capabilities {
+            calver: CALVER.into(),
+            protocol_version: charly_plugin::APP_PROTOCOL_VERSION,
+            provided: vec![ProvidedCapability {
+                class: "step".into(),
+                word: "examplestepkind".into(),
+                input_def: "#ExamplestepkindInput".into(),
+                step_contract: Some(StepContract {
+                    scope: "user".into(),
+                    venue: StepVenue::HostNative,
+                    gate: String::new(),
+                    emits: true,
+                }),
+                structural: false,
+                lifecycle: false,
+                preresolve: false,
+                validates: false,
+                phase: String::new(),
+            }],
+            schema_cue: SCHEMA_CUE.into(),
+        };
+        Ok(Response::new(caps.into()))
+    }
+}
+
+fn main() -> ExitCode {
+    charly_plugin::serve::serve(Provider, Meta)
+}

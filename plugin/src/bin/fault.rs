@@ -1,0 +1,93 @@
+//! charly-plugin-fault: a plugin that misbehaves on purpose, for the host's
+//! tests. `CHARLY_PLUGIN_FAULT` picks how:
+//!
+//! - `exit-early`: prints to stderr and exits 3 before any handshake;
+//! - `bad-handshake`: prints a garbage handshake line, then sleeps;
+//! - `no-handshake`: prints nothing and sleeps;
+//! - `crash`: serves, and exits 101 in the middle of `invoke`;
+//! - `hang`: serves, and never answers `invoke`;
+//! - `garbage`: serves, and answers `invoke` with a result that is not JSON;
+//! - `stubborn`: serves, and keeps running after `GRPCController.Shutdown`;
+//! - anything else: serves, answering `invoke` with `{"ok": true}`.
+//!
+//! With `CHARLY_PLUGIN_FAULT_PIDFILE` set, it first writes its pid there.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use charly_plugin::proto::charly as pb;
+use tonic::{Request, Response, Status};
+
+fn mode() -> String {
+    std::env::var("CHARLY_PLUGIN_FAULT").unwrap_or_default()
+}
+
+struct Provider;
+
+#[tonic::async_trait]
+impl pb::provider_server::Provider for Provider {
+    async fn invoke(
+        &self,
+        _: Request<pb::InvokeRequest>,
+    ) -> Result<Response<pb::InvokeReply>, Status> {
+        match mode().as_str() {
+            "crash" => {
+                eprintln!("fault: crashing in invoke");
+                std::process::exit(101);
+            }
+            "hang" => {
+                std::future::pending::<()>().await;
+                Err(Status::internal("unreachable"))
+            }
+            "garbage" => Ok(Response::new(pb::InvokeReply {
+                result_json: b"this is {not json".to_vec(),
+            })),
+            _ => Ok(Response::new(pb::InvokeReply {
+                result_json: br#"{"ok": true}"#.to_vec(),
+            })),
+        }
+    }
+}
+
+struct Meta;
+
+#[tonic::async_trait]
+impl pb::plugin_meta_server::PluginMeta for Meta {
+    async fn describe(&self, _: Request<pb::Empty>) -> Result<Response<pb::Capabilities>, Status> {
+        Ok(Response::new(pb::Capabilities {
+            calver: "0".into(),
+            protocol_version: 1,
+            provided: Vec::new(),
+            schema_cue: String::new(),
+        }))
+    }
+}
+
+fn main() -> ExitCode {
+    if let Some(p) = std::env::var_os("CHARLY_PLUGIN_FAULT_PIDFILE")
+        && std::fs::write(&p, std::process::id().to_string()).is_err()
+    {
+        return ExitCode::from(4);
+    }
+    match mode().as_str() {
+        "exit-early" => {
+            eprintln!("fault: giving up before the handshake");
+            ExitCode::from(3)
+        }
+        "bad-handshake" => {
+            println!("hello from a plugin that does not speak go-plugin");
+            std::thread::sleep(Duration::from_secs(600));
+            ExitCode::SUCCESS
+        }
+        "no-handshake" => {
+            std::thread::sleep(Duration::from_secs(600));
+            ExitCode::SUCCESS
+        }
+        "stubborn" => {
+            let _ = charly_plugin::serve::serve(Provider, Meta);
+            std::thread::sleep(Duration::from_secs(600));
+            ExitCode::SUCCESS
+        }
+        _ => charly_plugin::serve::serve(Provider, Meta),
+    }
+}

@@ -1,0 +1,712 @@
+//! Starting, calling and stopping one plugin process.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::transport::Channel;
+
+use crate::caps::Capabilities;
+use crate::error::PluginError;
+use crate::executor::{ExecCall, Executor, HostExecutor};
+use crate::handshake;
+use crate::proto::charly as pb;
+use crate::proto::goplugin as gp;
+use crate::{APP_PROTOCOL_VERSION, HEALTH_SERVICE, MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE, net};
+
+/// Where the plugin's output lines go: stderr, stdout after the handshake,
+/// and the GRPCStdio stream, each line prefixed with `<plugin name>: `.
+pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How many stderr lines are kept for error messages.
+const STDERR_TAIL: usize = 20;
+
+/// Settings of [`Plugin::start`].
+#[derive(Clone)]
+pub struct PluginOptions {
+    /// The name in messages and errors (default: the executable's file name).
+    pub name: Option<String>,
+    /// How long to wait for the handshake line, the connection and the
+    /// health check.
+    pub handshake_timeout: Duration,
+    /// How long a call may wait for the plugin: `describe` as a whole, and
+    /// in `invoke` each stretch in which the plugin neither answers nor calls
+    /// the executor (the time the executor itself takes does not count).
+    pub call_timeout: Duration,
+    /// On drop: how long `GRPCController.Shutdown` and the exit after it may
+    /// take before the process is killed.
+    pub shutdown_grace: Duration,
+    /// Receives the plugin's output lines; `None` drops them (the last stderr
+    /// lines still appear in errors).
+    pub sink: Option<LineSink>,
+    /// Extra environment for the plugin (on top of the inherited one).
+    pub env: Vec<(OsString, OsString)>,
+    /// go-plugin's `PLUGIN_MIN_PORT`/`PLUGIN_MAX_PORT` for TCP plugins.
+    pub port_range: (u16, u16),
+}
+
+impl Default for PluginOptions {
+    fn default() -> Self {
+        PluginOptions {
+            name: None,
+            handshake_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(2),
+            sink: None,
+            env: Vec::new(),
+            // go-plugin's defaults.
+            port_range: (10000, 25000),
+        }
+    }
+}
+
+impl std::fmt::Debug for PluginOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginOptions")
+            .field("name", &self.name)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("sink", &self.sink.as_ref().map(|_| "…"))
+            .field("env", &self.env)
+            .field("port_range", &self.port_range)
+            .finish()
+    }
+}
+
+/// A running plugin process, connected.
+///
+/// The API is blocking: each plugin owns a private tokio runtime, so do not
+/// call it (or drop it) from inside an async context. Dropping it asks the
+/// plugin to shut down (`GRPCController.Shutdown`), waits
+/// [`PluginOptions::shutdown_grace`], then kills and reaps the process.
+pub struct Plugin {
+    name: String,
+    pid: Option<u32>,
+    opts: PluginOptions,
+    rt: Option<tokio::runtime::Runtime>,
+    channel: Channel,
+    exit: watch::Receiver<Option<String>>,
+    kill: Option<oneshot::Sender<()>>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    stderr_done: watch::Receiver<bool>,
+    broker: mpsc::Sender<gp::ConnInfo>,
+    next_broker_id: AtomicU32,
+    // Holds the broker sockets; removed on drop, after the runtime.
+    sockets: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the process-owning task tells: `None` while it runs, then how it ended.
+type ExitWatch = watch::Receiver<Option<String>>;
+
+impl Plugin {
+    /// Starts `<exe> __plugin serve`, reads and checks its handshake,
+    /// connects and checks its health.
+    pub fn start(exe: &Path, opts: PluginOptions) -> Result<Plugin, PluginError> {
+        let name = opts.name.clone().unwrap_or_else(|| {
+            exe.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| exe.display().to_string())
+        });
+        let setup = |reason: String| PluginError::Setup {
+            plugin: name.clone(),
+            reason,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("charly-plugin")
+            .enable_all()
+            .build()
+            .map_err(|e| setup(format!("tokio runtime: {e}")))?;
+        let sockets = tempfile::Builder::new()
+            .prefix("charly-plugin-")
+            .tempdir()
+            .map_err(|e| setup(format!("socket directory: {e}")))?;
+        let started = rt.block_on(launch(exe, &name, &opts, sockets.path()));
+        let l = match started {
+            Ok(l) => l,
+            Err(e) => {
+                // The runtime's drop cancels the tasks; the child was spawned
+                // with kill_on_drop, so it is killed, and tokio reaps it.
+                rt.shutdown_timeout(Duration::from_secs(1));
+                return Err(e);
+            }
+        };
+        Ok(Plugin {
+            name,
+            pid: l.pid,
+            opts,
+            rt: Some(rt),
+            channel: l.channel,
+            exit: l.exit,
+            kill: Some(l.kill),
+            stderr: l.stderr,
+            stderr_done: l.stderr_done,
+            broker: l.broker,
+            next_broker_id: AtomicU32::new(1),
+            sockets,
+        })
+    }
+
+    /// The plugin's name in messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The process id (for diagnostics and tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        // Present from start until drop.
+        self.rt
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("runtime taken before drop"))
+    }
+
+    /// `PluginMeta.Describe`: what the plugin serves.
+    pub fn describe(&self) -> Result<Capabilities, PluginError> {
+        let op = "describe";
+        let mut client = pb::plugin_meta_client::PluginMetaClient::new(self.channel.clone());
+        let res = self.rt().block_on(async {
+            tokio::time::timeout(self.opts.call_timeout, client.describe(pb::Empty {})).await
+        });
+        match res {
+            Err(_) => Err(self.timeout(op)),
+            Ok(Err(status)) => Err(self.rpc_error(op, status)),
+            Ok(Ok(r)) => Ok(r.into_inner().into()),
+        }
+    }
+
+    /// `Provider.Invoke`: runs `op` of `(class, word)` with `params` and `env`
+    /// (sent as JSON) and returns the reply's `result_json` parsed (`Null`
+    /// for an empty reply).
+    ///
+    /// With an `executor`, the host serves `ExecutorService` on a fresh
+    /// broker connection for the duration of the call and passes its id in
+    /// `executor_broker_id`; the plugin's executor calls run `executor` on
+    /// this thread (see [`Executor`]). Without one the id is 0.
+    /// Callback RPCs this host does not implement (RunHostStep,
+    /// InvokeProvider, HostBuild, HostArbiter) answer "not supported".
+    pub fn invoke(
+        &self,
+        class: &str,
+        word: &str,
+        op: &str,
+        params: &serde_json::Value,
+        env: &serde_json::Value,
+        executor: Option<&mut dyn Executor>,
+    ) -> Result<serde_json::Value, PluginError> {
+        let what = format!("invoke {class}:{word} {op}");
+        let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<ExecCall>();
+        let mut serving = None;
+        let mut broker_id = 0;
+        if executor.is_some() {
+            let id = self.next_broker_id.fetch_add(1, Ordering::Relaxed);
+            let (stop, task) = self.serve_executor(id, calls_tx, &what)?;
+            broker_id = id;
+            serving = Some((stop, task));
+        } else {
+            drop(calls_tx);
+        }
+        let req = pb::InvokeRequest {
+            reserved: word.to_string(),
+            op: op.to_string(),
+            params_json: json_bytes(params),
+            env_json: json_bytes(env),
+            class: class.to_string(),
+            executor_broker_id: broker_id,
+        };
+        let mut client = pb::provider_client::ProviderClient::new(self.channel.clone());
+        let mut call = self.rt().spawn(async move { client.invoke(req).await });
+        let mut executor = executor;
+        let outcome = loop {
+            enum Step {
+                Done(
+                    Result<
+                        Result<tonic::Response<pb::InvokeReply>, tonic::Status>,
+                        tokio::task::JoinError,
+                    >,
+                ),
+                Exec(ExecCall),
+            }
+            let step = self.rt().block_on(async {
+                tokio::time::timeout(self.opts.call_timeout, async {
+                    tokio::select! {
+                        r = &mut call => Step::Done(r),
+                        Some(c) = calls_rx.recv() => Step::Exec(c),
+                    }
+                })
+                .await
+            });
+            match step {
+                Err(_) => {
+                    call.abort();
+                    break Err(self.timeout(&what));
+                }
+                Ok(Step::Exec(c)) => match executor.as_deref_mut() {
+                    Some(ex) => c.answer(ex),
+                    None => drop(c),
+                },
+                Ok(Step::Done(Err(join))) => {
+                    break Err(PluginError::Setup {
+                        plugin: self.name.clone(),
+                        reason: format!("{what}: call task: {join}"),
+                    });
+                }
+                Ok(Step::Done(Ok(Err(status)))) => break Err(self.rpc_error(&what, status)),
+                Ok(Step::Done(Ok(Ok(r)))) => break Ok(r.into_inner().result_json),
+            }
+        };
+        if let Some((stop, task)) = serving {
+            let _ = stop.send(());
+            let _ = self
+                .rt()
+                .block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await });
+        }
+        let bytes = outcome?;
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| PluginError::BadReply {
+            plugin: self.name.clone(),
+            op: what,
+            reason: format!("result_json is not JSON: {e}"),
+            excerpt: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+        })
+    }
+
+    /// Listens on a fresh socket, serves `ExecutorService` there and announces
+    /// it to the plugin's broker under `id`.
+    fn serve_executor(
+        &self,
+        id: u32,
+        calls: mpsc::UnboundedSender<ExecCall>,
+        what: &str,
+    ) -> Result<(oneshot::Sender<()>, tokio::task::JoinHandle<()>), PluginError> {
+        let path = self.sockets.path().join(format!("broker-{id}.sock"));
+        let broker_err = |reason: String| PluginError::Connect {
+            plugin: self.name.clone(),
+            op: format!("{what}: broker {id}"),
+            reason,
+        };
+        let _guard = self.rt().enter();
+        let listener = tokio::net::UnixListener::bind(&path)
+            .map_err(|e| broker_err(format!("listen on {}: {e}", path.display())))?;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let svc = pb::executor_service_server::ExecutorServiceServer::new(HostExecutor { calls });
+        let task = self.rt().spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+        });
+        let info = gp::ConnInfo {
+            service_id: id,
+            network: "unix".into(),
+            address: path.to_string_lossy().into_owned(),
+            knock: None,
+        };
+        let broker = self.broker.clone();
+        self.rt()
+            .block_on(async {
+                tokio::time::timeout(self.opts.call_timeout, broker.send(info)).await
+            })
+            .map_err(|_| broker_err("announcing the connection timed out".into()))?
+            .map_err(|_| broker_err("the broker stream is closed".into()))?;
+        Ok((stop_tx, task))
+    }
+
+    fn timeout(&self, op: &str) -> PluginError {
+        PluginError::Timeout {
+            plugin: self.name.clone(),
+            op: op.to_string(),
+            after: self.opts.call_timeout,
+        }
+    }
+
+    /// A failed RPC: a crash when the process has ended (waiting briefly for
+    /// that on transport-like failures), else the plugin's status.
+    fn rpc_error(&self, op: &str, status: tonic::Status) -> PluginError {
+        let transport = matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Internal
+        );
+        let wait = if transport {
+            Duration::from_secs(2)
+        } else {
+            Duration::ZERO
+        };
+        let mut exit = self.exit.clone();
+        let mut done = self.stderr_done.clone();
+        let ended = self.rt().block_on(async {
+            let st = tokio::time::timeout(wait, exit.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|s| s.clone()));
+            if st.is_some() {
+                // Let the last stderr lines arrive.
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), done.wait_for(|d| *d)).await;
+            }
+            st
+        });
+        match ended {
+            Some(status_text) => PluginError::Crashed {
+                plugin: self.name.clone(),
+                op: op.to_string(),
+                status: status_text,
+                stderr: tail(&self.stderr),
+            },
+            None => PluginError::Rpc {
+                plugin: self.name.clone(),
+                op: op.to_string(),
+                code: status.code(),
+                message: status.message().to_string(),
+            },
+        }
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let Some(rt) = self.rt.take() else { return };
+        let grace = self.opts.shutdown_grace;
+        let mut exit = self.exit.clone();
+        let kill = self.kill.take();
+        let channel = self.channel.clone();
+        rt.block_on(async move {
+            if exit.borrow().is_none() {
+                let mut ctl = gp::grpc_controller_client::GrpcControllerClient::new(channel);
+                let _ = tokio::time::timeout(grace, ctl.shutdown(gp::Empty {})).await;
+                let exited = tokio::time::timeout(grace, exit.wait_for(Option::is_some))
+                    .await
+                    .is_ok();
+                if !exited {
+                    if let Some(k) = kill {
+                        let _ = k.send(());
+                    }
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        exit.wait_for(Option::is_some),
+                    )
+                    .await;
+                }
+            }
+        });
+        rt.shutdown_timeout(Duration::from_millis(500));
+    }
+}
+
+/// What [`launch`] sets up.
+struct Launched {
+    pid: Option<u32>,
+    channel: Channel,
+    exit: ExitWatch,
+    kill: oneshot::Sender<()>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    stderr_done: watch::Receiver<bool>,
+    broker: mpsc::Sender<gp::ConnInfo>,
+}
+
+async fn launch(
+    exe: &Path,
+    name: &str,
+    opts: &PluginOptions,
+    socket_dir: &Path,
+) -> Result<Launched, PluginError> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["__plugin", "serve"])
+        .env(MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE)
+        .env("PLUGIN_PROTOCOL_VERSIONS", APP_PROTOCOL_VERSION.to_string())
+        .env("PLUGIN_MIN_PORT", opts.port_range.0.to_string())
+        .env("PLUGIN_MAX_PORT", opts.port_range.1.to_string())
+        .env("PLUGIN_UNIX_SOCKET_DIR", socket_dir)
+        // No AutoMTLS (see Unsupported): a plugin must not expect a client cert.
+        .env_remove("PLUGIN_CLIENT_CERT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in &opts.env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().map_err(|e| PluginError::Spawn {
+        plugin: name.to_string(),
+        exe: PathBuf::from(exe),
+        source: e,
+    })?;
+    let pid = child.id();
+    let sink = opts.sink.clone();
+    let prefix = format!("{name}: ");
+
+    // stderr: to the sink, and the last lines kept for errors.
+    let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let (stderr_done_tx, stderr_done) = watch::channel(false);
+    if let Some(err) = child.stderr.take() {
+        let keep = Arc::clone(&stderr_tail);
+        let sink = sink.clone();
+        let prefix = prefix.clone();
+        tokio::spawn(async move {
+            for_each_line(err, |line| {
+                if let Ok(mut k) = keep.lock() {
+                    if k.len() == STDERR_TAIL {
+                        k.pop_front();
+                    }
+                    k.push_back(line.to_string());
+                }
+                if let Some(s) = &sink {
+                    s(&format!("{prefix}{line}"));
+                }
+            })
+            .await;
+            let _ = stderr_done_tx.send(true);
+        });
+    } else {
+        let _ = stderr_done_tx.send(true);
+    }
+
+    // stdout: the first line is the handshake, the rest goes to the sink.
+    let (first_tx, first_rx) = oneshot::channel::<String>();
+    if let Some(out) = child.stdout.take() {
+        let sink = sink.clone();
+        let prefix = prefix.clone();
+        tokio::spawn(async move {
+            let mut first = Some(first_tx);
+            for_each_line(out, |line| {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(line.to_string());
+                } else if let Some(s) = &sink {
+                    s(&format!("{prefix}{line}"));
+                }
+            })
+            .await;
+        });
+    }
+
+    // The process: one task owns it, reports its end, kills it on request.
+    let (exit_tx, exit) = watch::channel(None::<String>);
+    let (kill, kill_rx) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let st = tokio::select! {
+            st = child.wait() => st,
+            _ = kill_rx => {
+                let _ = child.start_kill();
+                child.wait().await
+            }
+        };
+        let text = match st {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("wait failed: {e}"),
+        };
+        let _ = exit_tx.send(Some(text));
+    });
+
+    // On any failure from here on: kill the process and wait until it is
+    // reaped, so a failed start leaves nothing behind.
+    let reap = exit.clone();
+    let fail = async |e: PluginError, kill: oneshot::Sender<()>| {
+        let _ = kill.send(());
+        let mut reap = reap.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), reap.wait_for(Option::is_some)).await;
+        e
+    };
+    let line = match tokio::time::timeout(opts.handshake_timeout, first_rx).await {
+        Ok(Ok(line)) => line,
+        Ok(Err(_)) => {
+            // stdout closed without a line: most likely the process ended.
+            let mut exit2 = exit.clone();
+            let st = tokio::time::timeout(Duration::from_secs(2), exit2.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|s| s.clone()));
+            let mut done = stderr_done.clone();
+            let _ = tokio::time::timeout(Duration::from_millis(500), done.wait_for(|d| *d)).await;
+            let e = match st {
+                Some(status) => PluginError::ExitedBeforeHandshake {
+                    plugin: name.to_string(),
+                    status,
+                    stderr: tail(&stderr_tail),
+                },
+                None => PluginError::BadHandshake {
+                    plugin: name.to_string(),
+                    line: String::new(),
+                    reason: "closed stdout without a handshake line".into(),
+                },
+            };
+            return Err(fail(e, kill).await);
+        }
+        Err(_) => {
+            let e = PluginError::HandshakeTimeout {
+                plugin: name.to_string(),
+                after: opts.handshake_timeout,
+                stderr: tail(&stderr_tail),
+            };
+            return Err(fail(e, kill).await);
+        }
+    };
+    let hs = match handshake::parse(&line) {
+        Ok(h) => h,
+        Err(reason) => {
+            let e = PluginError::BadHandshake {
+                plugin: name.to_string(),
+                line,
+                reason,
+            };
+            return Err(fail(e, kill).await);
+        }
+    };
+    if hs.cert.is_some() {
+        let e = PluginError::Unsupported {
+            plugin: name.to_string(),
+            what: "AutoMTLS (the plugin sent a server certificate)".into(),
+        };
+        return Err(fail(e, kill).await);
+    }
+    let channel = match net::connect(&hs.addr, opts.handshake_timeout).await {
+        Ok(c) => c,
+        Err(reason) => {
+            let e = PluginError::Connect {
+                plugin: name.to_string(),
+                op: format!("connect to {}", hs.addr),
+                reason,
+            };
+            return Err(fail(e, kill).await);
+        }
+    };
+    if let Err(reason) = check_health(channel.clone(), opts.handshake_timeout).await {
+        let e = PluginError::Connect {
+            plugin: name.to_string(),
+            op: "health check".into(),
+            reason,
+        };
+        return Err(fail(e, kill).await);
+    }
+
+    // go-plugin's broker: the host keeps one StartStream open; it announces
+    // its own endpoints on it. What the plugin announces is not used.
+    let (broker, broker_rx) = mpsc::channel::<gp::ConnInfo>(16);
+    let mut broker_client = gp::grpc_broker_client::GrpcBrokerClient::new(channel.clone());
+    tokio::spawn(async move {
+        if let Ok(resp) = broker_client
+            .start_stream(ReceiverStream::new(broker_rx))
+            .await
+        {
+            let mut inbound = resp.into_inner();
+            while let Some(Ok(_)) = inbound.next().await {}
+        }
+    });
+
+    // go-plugin's GRPCStdio: the plugin's captured stdout/stderr, if it has it.
+    if let Some(sink) = sink {
+        let mut stdio = gp::grpc_stdio_client::GrpcStdioClient::new(channel.clone());
+        tokio::spawn(async move {
+            let Ok(resp) = stdio.stream_stdio(()).await else {
+                return;
+            };
+            let mut s = resp.into_inner();
+            let mut partial: [Vec<u8>; 3] = Default::default();
+            while let Some(Ok(d)) = s.next().await {
+                let ch = usize::try_from(d.channel).unwrap_or(0).min(2);
+                partial[ch].extend_from_slice(&d.data);
+                while let Some(pos) = partial[ch].iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = partial[ch].drain(..=pos).collect();
+                    let text = String::from_utf8_lossy(&line);
+                    sink(&format!("{prefix}{}", text.trim_end_matches(['\n', '\r'])));
+                }
+            }
+            for rest in partial.iter().filter(|p| !p.is_empty()) {
+                sink(&format!("{prefix}{}", String::from_utf8_lossy(rest)));
+            }
+        });
+    }
+
+    Ok(Launched {
+        pid,
+        channel,
+        exit,
+        kill,
+        stderr: stderr_tail,
+        stderr_done,
+        broker,
+    })
+}
+
+async fn check_health(channel: Channel, timeout: Duration) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut c = tonic_health::pb::health_client::HealthClient::new(channel);
+    let req = tonic_health::pb::HealthCheckRequest {
+        service: HEALTH_SERVICE.to_string(),
+    };
+    match tokio::time::timeout(timeout, c.check(req)).await {
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+        Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), s.message())),
+        Ok(Ok(r)) => {
+            let st = r.into_inner().status;
+            if st == ServingStatus::Serving as i32 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "service {HEALTH_SERVICE:?} is {:?}, not SERVING",
+                    ServingStatus::try_from(st).unwrap_or(ServingStatus::Unknown)
+                ))
+            }
+        }
+    }
+}
+
+/// Calls `f` with each line (lossy UTF-8, without the line end) until EOF.
+async fn for_each_line(r: impl AsyncRead + Unpin, mut f: impl FnMut(&str)) {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let s = String::from_utf8_lossy(&buf);
+                f(s.trim_end_matches(['\n', '\r']));
+            }
+        }
+    }
+}
+
+fn tail(lines: &Mutex<VecDeque<String>>) -> String {
+    lines
+        .lock()
+        .map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
+}
+
+fn json_bytes(v: &serde_json::Value) -> Vec<u8> {
+    if v.is_null() {
+        Vec::new()
+    } else {
+        // A Value always serializes.
+        serde_json::to_vec(v).unwrap_or_default()
+    }
+}

@@ -1,0 +1,60 @@
+//! The host side of charly's out-of-process plugin protocol `charly-plugin-v1`,
+//! wire-compatible with the original Go tool's plugins.
+//!
+//! A plugin is an executable started as `<exe> __plugin serve`. It speaks gRPC
+//! the way HashiCorp go-plugin does: the host passes a magic cookie
+//! (`CHARLY_PLUGIN=charly-plugin-v1`) and `PLUGIN_*` variables in the
+//! environment, the plugin answers with one handshake line on stdout
+//! (`1|1|unix|/path/to.sock|grpc|`), then serves `grpc.health.v1` ("plugin"),
+//! go-plugin's `GRPCBroker`/`GRPCController`/`GRPCStdio` and charly's
+//! `PluginMeta`/`Provider` services on that socket.
+//!
+//! [`Plugin`] is the host: [`Plugin::start`], [`Plugin::describe`],
+//! [`Plugin::invoke`] (serving an [`Executor`] back to the plugin over the
+//! broker when given one), and on drop `GRPCController.Shutdown`, then a kill.
+//! The API is blocking; each plugin runs a small private tokio runtime.
+//!
+//! With the `serve` feature (default), [`serve`] is the plugin side for plugins
+//! written in Rust (the example and fault plugins of the tests use it).
+
+pub mod proto {
+    //! Messages and tonic stubs generated from the vendored `.proto` files.
+
+    /// charly's plugin services (`package charlyplugin`, proto/plugin.proto).
+    #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+    pub mod charly {
+        tonic::include_proto!("charlyplugin");
+    }
+
+    /// go-plugin's internal services (`package plugin`): broker, controller, stdio.
+    #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+    pub mod goplugin {
+        tonic::include_proto!("plugin");
+    }
+}
+
+mod caps;
+mod error;
+mod executor;
+mod handshake;
+mod host;
+mod net;
+pub mod reply;
+#[cfg(feature = "serve")]
+pub mod serve;
+
+pub use caps::{Capabilities, ProvidedCapability, StepContract, StepVenue};
+pub use error::PluginError;
+pub use executor::{Capture, ExecError, Executor};
+pub use host::{LineSink, Plugin, PluginOptions};
+
+/// The environment variable carrying the magic cookie.
+pub const MAGIC_COOKIE_KEY: &str = "CHARLY_PLUGIN";
+/// The magic cookie's value: the protocol's name.
+pub const MAGIC_COOKIE_VALUE: &str = "charly-plugin-v1";
+/// go-plugin's own protocol version (the first handshake field).
+pub const CORE_PROTOCOL_VERSION: u32 = 1;
+/// charly's application protocol version (the second handshake field).
+pub const APP_PROTOCOL_VERSION: u32 = 1;
+/// The grpc.health.v1 service name go-plugin checks.
+pub const HEALTH_SERVICE: &str = "plugin";

@@ -1,0 +1,394 @@
+//! The host against real plugin processes: the example step plugin and the
+//! fault plugin (both built from this crate).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use charly_plugin::reply::{DeployReply, EmitReply, REVERSE_OP_PLUGIN_SCRIPT};
+use charly_plugin::{
+    Capture, ExecError, Executor, Plugin, PluginError, PluginOptions, StepContract, StepVenue,
+};
+use serde_json::json;
+
+const EXAMPLE: &str = env!("CARGO_BIN_EXE_charly-plugin-example");
+const FAULT: &str = env!("CARGO_BIN_EXE_charly-plugin-fault");
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn start_example() -> Plugin {
+    Plugin::start(Path::new(EXAMPLE), PluginOptions::default()).expect("example plugin starts")
+}
+
+/// Options for the fault plugin in `mode`, writing its pid to `pidfile`.
+fn fault_opts(mode: &str, pidfile: &Path) -> PluginOptions {
+    PluginOptions {
+        name: Some(format!("fault-{mode}")),
+        env: vec![
+            ("CHARLY_PLUGIN_FAULT".into(), mode.into()),
+            ("CHARLY_PLUGIN_FAULT_PIDFILE".into(), pidfile.into()),
+        ],
+        handshake_timeout: Duration::from_secs(5),
+        call_timeout: Duration::from_secs(5),
+        shutdown_grace: Duration::from_millis(500),
+        ..PluginOptions::default()
+    }
+}
+
+fn pid_from(pidfile: &Path) -> u32 {
+    std::fs::read_to_string(pidfile)
+        .expect("the fault plugin wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
+#[test]
+fn handshake_and_describe_round_trip() {
+    let p = start_example();
+    let pid = p.pid().expect("a pid");
+    assert!(alive(pid));
+    let caps = p.describe().expect("describe");
+    assert_eq!(caps.calver, "2026.182.0900");
+    assert_eq!(caps.protocol_version, 1);
+    assert_eq!(caps.provided.len(), 1);
+    let c = &caps.provided[0];
+    assert_eq!(
+        (c.class.as_str(), c.word.as_str()),
+        ("step", "examplestepkind")
+    );
+    assert_eq!(c.input_def, "#ExamplestepkindInput");
+    assert_eq!(
+        c.step_contract,
+        Some(StepContract {
+            scope: "user".into(),
+            venue: StepVenue::HostNative,
+            gate: String::new(),
+            emits: true,
+        })
+    );
+    assert!(caps.schema_cue.contains("#ExamplestepkindInput"));
+    drop(p);
+    // Shut down (GRPCController.Shutdown) and reaped.
+    assert!(!alive(pid), "plugin {pid} still there after drop");
+}
+
+#[test]
+fn emit_returns_the_fragment() {
+    let p = start_example();
+    let v = p
+        .invoke(
+            "step",
+            "examplestepkind",
+            "emit",
+            &json!({"marker": "it's baked"}),
+            &json!({"distros": ["debian"]}),
+            None,
+        )
+        .expect("emit");
+    let r: EmitReply = serde_json::from_value(v).expect("an EmitReply");
+    assert_eq!(
+        r.fragment,
+        "RUN mkdir -p /etc && printf '%s\\n' 'it'\\''s baked' > /etc/examplestepkind-build-baked\n"
+    );
+}
+
+/// Records every call; writes nothing.
+#[derive(Default)]
+struct Recorder {
+    calls: Vec<String>,
+}
+
+impl Executor for Recorder {
+    fn venue(&mut self) -> Result<String, ExecError> {
+        self.calls.push("venue".into());
+        Ok("test".into())
+    }
+    fn run_system(&mut self, script: &str, _: &[u8]) -> Result<(), ExecError> {
+        self.calls.push(format!("system: {script}"));
+        Ok(())
+    }
+    fn run_user(&mut self, script: &str, _: &[u8]) -> Result<(), ExecError> {
+        self.calls.push(format!("user: {script}"));
+        Ok(())
+    }
+    fn run_capture(&mut self, script: &str, _: &[u8]) -> Result<Capture, ExecError> {
+        self.calls.push(format!("capture: {script}"));
+        Ok(Capture::default())
+    }
+    fn put_file(
+        &mut self,
+        path: &str,
+        _: &[u8],
+        mode: u32,
+        root: bool,
+        _: &[u8],
+    ) -> Result<(), ExecError> {
+        self.calls.push(format!("put: {path} {mode:o} {root}"));
+        Ok(())
+    }
+    fn get_file(&mut self, path: &str, _: bool, _: &[u8]) -> Result<Vec<u8>, ExecError> {
+        self.calls.push(format!("get: {path}"));
+        Err(ExecError("absent".into()))
+    }
+}
+
+#[test]
+fn execute_drives_the_host_executor_and_returns_a_reverse_op() {
+    let p = start_example();
+    let mut rec = Recorder::default();
+    // Twice: each invoke gets its own broker id and connection.
+    for marker in ["first", "second"] {
+        let v = p
+            .invoke(
+                "step",
+                "examplestepkind",
+                "execute",
+                &json!({ "marker": marker }),
+                &serde_json::Value::Null,
+                Some(&mut rec),
+            )
+            .expect("execute");
+        let r: DeployReply = serde_json::from_value(v).expect("a DeployReply");
+        assert_eq!(r.record.candy, "plugin-example-stepkind");
+        assert_eq!(r.record.version, "2026.182.0900");
+        assert_eq!(r.reverse_ops.len(), 1);
+        let op = &r.reverse_ops[0];
+        assert_eq!(op.kind, REVERSE_OP_PLUGIN_SCRIPT);
+        assert_eq!(op.scope, "user");
+        assert_eq!(op.script(), Some("rm -rf /tmp/charly-examplestepkind"));
+    }
+    assert_eq!(
+        rec.calls,
+        [
+            "user: mkdir -p /tmp/charly-examplestepkind && printf '%s\\n' 'first' > /tmp/charly-examplestepkind/marker",
+            "user: mkdir -p /tmp/charly-examplestepkind && printf '%s\\n' 'second' > /tmp/charly-examplestepkind/marker",
+        ]
+    );
+}
+
+/// An executor error goes back to the plugin, which fails the invoke with it.
+#[test]
+fn an_executor_error_reaches_the_plugin() {
+    struct Failing;
+    impl Executor for Failing {
+        fn venue(&mut self) -> Result<String, ExecError> {
+            Ok("x".into())
+        }
+        fn run_system(&mut self, _: &str, _: &[u8]) -> Result<(), ExecError> {
+            Ok(())
+        }
+        fn run_user(&mut self, _: &str, _: &[u8]) -> Result<(), ExecError> {
+            Err(ExecError("disk full".into()))
+        }
+        fn run_capture(&mut self, _: &str, _: &[u8]) -> Result<Capture, ExecError> {
+            Ok(Capture::default())
+        }
+        fn put_file(
+            &mut self,
+            _: &str,
+            _: &[u8],
+            _: u32,
+            _: bool,
+            _: &[u8],
+        ) -> Result<(), ExecError> {
+            Ok(())
+        }
+        fn get_file(&mut self, _: &str, _: bool, _: &[u8]) -> Result<Vec<u8>, ExecError> {
+            Ok(Vec::new())
+        }
+    }
+    let p = start_example();
+    let e = p
+        .invoke(
+            "step",
+            "examplestepkind",
+            "execute",
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            Some(&mut Failing),
+        )
+        .expect_err("the plugin fails");
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            PluginError::Rpc {
+                code: tonic::Code::Aborted,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("invoke step:examplestepkind execute"), "{msg}");
+    assert!(msg.contains("disk full"), "{msg}");
+}
+
+#[test]
+fn a_plugin_that_exits_before_its_handshake() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let e = Plugin::start(Path::new(FAULT), fault_opts("exit-early", &pidfile))
+        .expect_err("no handshake");
+    let msg = e.to_string();
+    assert!(
+        matches!(e, PluginError::ExitedBeforeHandshake { .. }),
+        "{msg}"
+    );
+    assert!(msg.contains("plugin fault-exit-early"), "{msg}");
+    assert!(msg.contains("exit status: 3"), "{msg}");
+    assert!(msg.contains("giving up before the handshake"), "{msg}");
+    assert!(!alive(pid_from(&pidfile)));
+}
+
+#[test]
+fn a_bad_handshake_line_is_quoted_and_the_plugin_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let e = Plugin::start(Path::new(FAULT), fault_opts("bad-handshake", &pidfile))
+        .expect_err("bad handshake");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadHandshake { .. }), "{msg}");
+    assert!(msg.contains("plugin fault-bad-handshake"), "{msg}");
+    assert!(
+        msg.contains("hello from a plugin that does not speak go-plugin"),
+        "{msg}"
+    );
+    assert!(!alive(pid_from(&pidfile)), "the plugin was left running");
+}
+
+#[test]
+fn no_handshake_in_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let opts = PluginOptions {
+        handshake_timeout: Duration::from_millis(500),
+        ..fault_opts("no-handshake", &pidfile)
+    };
+    let e = Plugin::start(Path::new(FAULT), opts).expect_err("timeout");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::HandshakeTimeout { .. }), "{msg}");
+    assert!(msg.contains("plugin fault-no-handshake"), "{msg}");
+    assert!(!alive(pid_from(&pidfile)), "the plugin was left running");
+}
+
+#[test]
+fn a_crash_during_invoke() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&lines);
+    let opts = PluginOptions {
+        sink: Some(Arc::new(move |l: &str| {
+            if let Ok(mut v) = seen.lock() {
+                v.push(l.to_string());
+            }
+        })),
+        ..fault_opts("crash", &pidfile)
+    };
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts");
+    let e = p
+        .invoke("verb", "x", "run", &json!({}), &json!({}), None)
+        .expect_err("crash");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Crashed { .. }), "{msg}");
+    assert!(
+        msg.contains("plugin fault-crash: crashed during invoke verb:x run"),
+        "{msg}"
+    );
+    assert!(msg.contains("exit status: 101"), "{msg}");
+    assert!(msg.contains("fault: crashing in invoke"), "{msg}");
+    let pid = pid_from(&pidfile);
+    assert!(!alive(pid));
+    drop(p);
+    assert!(
+        lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .any(|l| l == "fault-crash: fault: crashing in invoke"),
+        "{:?}",
+        lines.lock().map(|l| l.clone())
+    );
+}
+
+#[test]
+fn a_hanging_invoke_times_out_and_the_plugin_is_reaped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let opts = PluginOptions {
+        call_timeout: Duration::from_millis(700),
+        ..fault_opts("hang", &pidfile)
+    };
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts");
+    let e = p
+        .invoke("deploy", "x", "execute", &json!({}), &json!({}), None)
+        .expect_err("hang");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Timeout { .. }), "{msg}");
+    assert_eq!(
+        msg,
+        "plugin fault-hang: invoke deploy:x execute timed out after 700ms"
+    );
+    let pid = pid_from(&pidfile);
+    assert!(alive(pid));
+    drop(p);
+    assert!(!alive(pid), "the plugin was left running");
+}
+
+#[test]
+fn a_reply_that_is_not_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(Path::new(FAULT), fault_opts("garbage", &pidfile)).expect("starts");
+    let e = p
+        .invoke("verb", "x", "run", &json!({}), &json!({}), None)
+        .expect_err("garbage");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
+    assert!(
+        msg.contains("plugin fault-garbage: invoke verb:x run answered garbage"),
+        "{msg}"
+    );
+    assert!(msg.contains("this is {not json"), "{msg}");
+    let pid = pid_from(&pidfile);
+    drop(p);
+    assert!(!alive(pid));
+}
+
+#[test]
+fn a_missing_executable_is_named() {
+    let e = Plugin::start(
+        Path::new("/nonexistent/charly-plugin-x"),
+        PluginOptions::default(),
+    )
+    .expect_err("no such file");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Spawn { .. }), "{msg}");
+    assert!(
+        msg.starts_with("plugin charly-plugin-x: cannot start /nonexistent/charly-plugin-x"),
+        "{msg}"
+    );
+}
+
+/// A plugin that ignores `GRPCController.Shutdown` is killed after the grace.
+#[test]
+fn a_plugin_that_ignores_shutdown_is_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(Path::new(FAULT), fault_opts("stubborn", &pidfile)).expect("starts");
+    p.describe().expect("describe");
+    let pid = pid_from(&pidfile);
+    let t = std::time::Instant::now();
+    drop(p);
+    assert!(!alive(pid), "the plugin was left running");
+    // Shutdown answered, then the grace (500 ms) ran out, then the kill.
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
