@@ -7,6 +7,8 @@
 //! - `crash`: serves, and exits 101 in the middle of `invoke`;
 //! - `hang`: serves, and never answers `invoke`;
 //! - `garbage`: serves, and answers `invoke` with a result that is not JSON;
+//! - `callbacks`: serves, and in `invoke` calls every `ExecutorService` RPC
+//!   on the host's executor, answering what each returned as JSON;
 //! - `stubborn`: serves, and keeps running after `GRPCController.Shutdown`;
 //! - anything else: serves, answering `invoke` with `{"ok": true}`.
 //!
@@ -28,7 +30,7 @@ struct Provider;
 impl pb::provider_server::Provider for Provider {
     async fn invoke(
         &self,
-        _: Request<pb::InvokeRequest>,
+        req: Request<pb::InvokeRequest>,
     ) -> Result<Response<pb::InvokeReply>, Status> {
         match mode().as_str() {
             "crash" => {
@@ -39,6 +41,7 @@ impl pb::provider_server::Provider for Provider {
                 std::future::pending::<()>().await;
                 Err(Status::internal("unreachable"))
             }
+            "callbacks" => callbacks(req.into_inner().executor_broker_id).await,
             "garbage" => Ok(Response::new(pb::InvokeReply {
                 result_json: b"this is {not json".to_vec(),
             })),
@@ -47,6 +50,84 @@ impl pb::provider_server::Provider for Provider {
             })),
         }
     }
+}
+
+/// Calls each executor RPC once and reports what came back.
+async fn callbacks(broker_id: u32) -> Result<Response<pb::InvokeReply>, Status> {
+    let mut ex = charly_plugin::serve::dial_executor(broker_id)
+        .await
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    let venue = ex.venue(pb::Empty {}).await?.into_inner().venue;
+    let system = ex
+        .run_system(pb::RunRequest {
+            script: "id -u".into(),
+            opts_json: b"{}".to_vec(),
+        })
+        .await?
+        .into_inner()
+        .error;
+    let capture = ex
+        .run_capture(pb::RunRequest {
+            script: "echo hi".into(),
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner();
+    let put = ex
+        .put_file(pb::PutFileRequest {
+            path: "/etc/x".into(),
+            content: b"abc".to_vec(),
+            mode: 0o640,
+            owner_root: true,
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner()
+        .error;
+    let get = ex
+        .get_file(pb::GetFileRequest {
+            path: "/etc/y".into(),
+            as_root: true,
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner();
+    let host_step = ex
+        .run_host_step(pb::HostStepRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let host_build = ex
+        .host_build(pb::HostBuildRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let host_arbiter = ex
+        .host_arbiter(pb::HostArbiterRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let invoke_provider = match ex
+        .invoke_provider(pb::InvokeProviderRequest::default())
+        .await
+    {
+        Ok(_) => "answered".to_string(),
+        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+    };
+    let v = serde_json::json!({
+        "venue": venue,
+        "system": system,
+        "capture": [capture.stdout, capture.stderr, capture.exit_code, capture.error],
+        "put": put,
+        "get": [String::from_utf8_lossy(&get.content), get.error],
+        "host_step": host_step,
+        "host_build": host_build,
+        "host_arbiter": host_arbiter,
+        "invoke_provider": invoke_provider,
+    });
+    Ok(Response::new(pb::InvokeReply {
+        result_json: v.to_string().into_bytes(),
+    }))
 }
 
 struct Meta;
