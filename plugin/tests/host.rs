@@ -474,3 +474,21 @@ fn concurrent_invokes() {
         }
     });
 }
+
+/// A plugin listening on TCP (go-plugin's other network), in the port range
+/// the host passed.
+#[test]
+fn a_tcp_plugin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let opts = PluginOptions {
+        port_range: (23000, 23999),
+        ..fault_opts("tcp", &pidfile)
+    };
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts over tcp");
+    assert_eq!(p.describe().expect("describe").calver, "0");
+    let pid = pid_from(&pidfile);
+    // No GRPCController: the shutdown fails, the grace runs out, the kill.
+    drop(p);
+    assert!(!alive(pid), "the plugin was left running");
+}

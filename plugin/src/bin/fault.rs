@@ -9,6 +9,9 @@
 //! - `garbage`: serves, and answers `invoke` with a result that is not JSON;
 //! - `callbacks`: serves, and in `invoke` calls every `ExecutorService` RPC
 //!   on the host's executor, answering what each returned as JSON;
+//! - `tcp`: serves health and `PluginMeta` on TCP in the host's port range
+//!   (as go-plugin does where Unix sockets are not used); no broker or
+//!   controller, so the host has to kill it;
 //! - `stubborn`: serves, and keeps running after `GRPCController.Shutdown`;
 //! - anything else: serves, answering `invoke` with `{"ok": true}`.
 //!
@@ -164,6 +167,7 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_secs(600));
             ExitCode::SUCCESS
         }
+        "tcp" => serve_tcp(),
         "stubborn" => {
             let _ = charly_plugin::serve::serve(Provider, Meta);
             std::thread::sleep(Duration::from_secs(600));
@@ -171,4 +175,48 @@ fn main() -> ExitCode {
         }
         _ => charly_plugin::serve::serve(Provider, Meta),
     }
+}
+
+/// The `tcp` mode: a bare go-plugin-style server on 127.0.0.1.
+fn serve_tcp() -> ExitCode {
+    let port = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<u16>().ok())
+            .unwrap_or(0)
+    };
+    let (min, max) = (port("PLUGIN_MIN_PORT"), port("PLUGIN_MAX_PORT"));
+    let Ok(rt) = tokio::runtime::Runtime::new() else {
+        return ExitCode::from(1);
+    };
+    rt.block_on(async {
+        let mut listener = None;
+        for p in min..=max {
+            if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", p)).await {
+                listener = Some(l);
+                break;
+            }
+        }
+        let Some(listener) = listener else {
+            eprintln!("fault: no free port in {min}..={max}");
+            return ExitCode::from(1);
+        };
+        let Ok(addr) = listener.local_addr() else {
+            return ExitCode::from(1);
+        };
+        let (health, health_svc) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("plugin", tonic_health::ServingStatus::Serving)
+            .await;
+        println!("1|1|tcp|{addr}|grpc|");
+        let r = tonic::transport::Server::builder()
+            .add_service(health_svc)
+            .add_service(pb::plugin_meta_server::PluginMetaServer::new(Meta))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+        match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        }
+    })
 }
