@@ -198,8 +198,12 @@ impl Plugin {
     }
 
     /// `Provider.Invoke`: runs `op` of `(class, word)` with `params` and `env`
-    /// (sent as JSON) and returns the reply's `result_json` parsed (`Null`
-    /// for an empty reply).
+    /// (sent as JSON; `Null` is sent as empty bytes, which plugins read as
+    /// "none") and returns the reply's `result_json` parsed (`Null` for an
+    /// empty reply). A reply that is not JSON is [`PluginError::BadReply`].
+    ///
+    /// `&self`: calls from several threads may run at once; each blocks its
+    /// own thread.
     ///
     /// With an `executor`, the host serves `ExecutorService` on a fresh
     /// broker connection for the duration of the call and passes its id in
@@ -309,9 +313,12 @@ impl Plugin {
             op: format!("{what}: broker {id}"),
             reason,
         };
-        let _guard = self.rt().enter();
-        let listener = tokio::net::UnixListener::bind(&path)
-            .map_err(|e| broker_err(format!("listen on {}: {e}", path.display())))?;
+        let listener = {
+            // Binding registers with the reactor: needs the runtime's context.
+            let _guard = self.rt().enter();
+            tokio::net::UnixListener::bind(&path)
+                .map_err(|e| broker_err(format!("listen on {}: {e}", path.display())))?
+        };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let svc = pb::executor_service_server::ExecutorServiceServer::new(HostExecutor { calls });
         let task = self.rt().spawn(async move {
@@ -621,8 +628,15 @@ async fn launch(
         }
     });
 
-    // go-plugin's GRPCStdio: the plugin's captured stdout/stderr, if it has it.
-    if let Some(sink) = sink {
+    // go-plugin's GRPCStdio: the plugin's captured stdout/stderr, if it has
+    // it. Read even without a sink: a Go plugin's writes block once nobody
+    // drains the stream.
+    {
+        let emit = move |line: &str| {
+            if let Some(s) = &sink {
+                s(&format!("{prefix}{line}"));
+            }
+        };
         let mut stdio = gp::grpc_stdio_client::GrpcStdioClient::new(channel.clone());
         tokio::spawn(async move {
             let Ok(resp) = stdio.stream_stdio(()).await else {
@@ -636,11 +650,11 @@ async fn launch(
                 while let Some(pos) = partial[ch].iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = partial[ch].drain(..=pos).collect();
                     let text = String::from_utf8_lossy(&line);
-                    sink(&format!("{prefix}{}", text.trim_end_matches(['\n', '\r'])));
+                    emit(text.trim_end_matches(['\n', '\r']));
                 }
             }
             for rest in partial.iter().filter(|p| !p.is_empty()) {
-                sink(&format!("{prefix}{}", String::from_utf8_lossy(rest)));
+                emit(&String::from_utf8_lossy(rest));
             }
         });
     }

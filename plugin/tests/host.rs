@@ -116,7 +116,11 @@ impl Executor for Recorder {
     }
     fn run_capture(&mut self, script: &str, _: &[u8]) -> Result<Capture, ExecError> {
         self.calls.push(format!("capture: {script}"));
-        Ok(Capture::default())
+        Ok(Capture {
+            stdout: format!("ran {script}"),
+            stderr: "warn".into(),
+            exit_code: 3,
+        })
     }
     fn put_file(
         &mut self,
@@ -391,4 +395,100 @@ fn a_plugin_that_ignores_shutdown_is_killed() {
         t.elapsed()
     );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// Every ExecutorService RPC reaches the executor (or, for the host-engine
+/// ones, answers that this host does not support it).
+#[test]
+fn every_executor_rpc_reaches_the_executor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(Path::new(FAULT), fault_opts("callbacks", &pidfile)).expect("starts");
+    let mut rec = Recorder::default();
+    let v = p
+        .invoke(
+            "deploy",
+            "x",
+            "execute",
+            &json!({}),
+            &json!({}),
+            Some(&mut rec),
+        )
+        .expect("invoke");
+    assert_eq!(
+        rec.calls,
+        [
+            "venue",
+            "system: id -u",
+            "capture: echo hi",
+            "put: /etc/x 640 true",
+            "get: /etc/y",
+        ]
+    );
+    assert_eq!(v["venue"], "test");
+    assert_eq!(v["system"], "");
+    assert_eq!(v["capture"], json!(["ran echo hi", "warn", 3, ""]));
+    assert_eq!(v["put"], "");
+    assert_eq!(v["get"], json!(["", "absent"]));
+    for k in ["host_step", "host_build", "host_arbiter", "invoke_provider"] {
+        let text = v[k].as_str().unwrap_or_default();
+        assert!(text.contains("not supported by this host"), "{k}: {text}");
+    }
+    assert!(
+        v["invoke_provider"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Unimplemented")),
+        "{}",
+        v["invoke_provider"]
+    );
+}
+
+/// Two threads invoking one plugin at once.
+#[test]
+fn concurrent_invokes() {
+    let p = start_example();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|i| {
+                let p = &p;
+                s.spawn(move || {
+                    let mut rec = Recorder::default();
+                    let v = p
+                        .invoke(
+                            "step",
+                            "examplestepkind",
+                            "execute",
+                            &json!({ "marker": format!("m{i}") }),
+                            &serde_json::Value::Null,
+                            Some(&mut rec),
+                        )
+                        .expect("execute");
+                    assert!(v["reverse_ops"].is_array());
+                    assert_eq!(rec.calls.len(), 1);
+                    assert!(rec.calls[0].contains(&format!("'m{i}'")), "{:?}", rec.calls);
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("thread");
+        }
+    });
+}
+
+/// A plugin listening on TCP (go-plugin's other network), in the port range
+/// the host passed.
+#[test]
+fn a_tcp_plugin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let opts = PluginOptions {
+        port_range: (23000, 23999),
+        ..fault_opts("tcp", &pidfile)
+    };
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts over tcp");
+    assert_eq!(p.describe().expect("describe").calver, "0");
+    let pid = pid_from(&pidfile);
+    // No GRPCController: the shutdown fails, the grace runs out, the kill.
+    drop(p);
+    assert!(!alive(pid), "the plugin was left running");
 }

@@ -7,6 +7,11 @@
 //! - `crash`: serves, and exits 101 in the middle of `invoke`;
 //! - `hang`: serves, and never answers `invoke`;
 //! - `garbage`: serves, and answers `invoke` with a result that is not JSON;
+//! - `callbacks`: serves, and in `invoke` calls every `ExecutorService` RPC
+//!   on the host's executor, answering what each returned as JSON;
+//! - `tcp`: serves health and `PluginMeta` on TCP in the host's port range
+//!   (as go-plugin does where Unix sockets are not used); no broker or
+//!   controller, so the host has to kill it;
 //! - `stubborn`: serves, and keeps running after `GRPCController.Shutdown`;
 //! - anything else: serves, answering `invoke` with `{"ok": true}`.
 //!
@@ -28,7 +33,7 @@ struct Provider;
 impl pb::provider_server::Provider for Provider {
     async fn invoke(
         &self,
-        _: Request<pb::InvokeRequest>,
+        req: Request<pb::InvokeRequest>,
     ) -> Result<Response<pb::InvokeReply>, Status> {
         match mode().as_str() {
             "crash" => {
@@ -39,6 +44,7 @@ impl pb::provider_server::Provider for Provider {
                 std::future::pending::<()>().await;
                 Err(Status::internal("unreachable"))
             }
+            "callbacks" => callbacks(req.into_inner().executor_broker_id).await,
             "garbage" => Ok(Response::new(pb::InvokeReply {
                 result_json: b"this is {not json".to_vec(),
             })),
@@ -47,6 +53,84 @@ impl pb::provider_server::Provider for Provider {
             })),
         }
     }
+}
+
+/// Calls each executor RPC once and reports what came back.
+async fn callbacks(broker_id: u32) -> Result<Response<pb::InvokeReply>, Status> {
+    let mut ex = charly_plugin::serve::dial_executor(broker_id)
+        .await
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    let venue = ex.venue(pb::Empty {}).await?.into_inner().venue;
+    let system = ex
+        .run_system(pb::RunRequest {
+            script: "id -u".into(),
+            opts_json: b"{}".to_vec(),
+        })
+        .await?
+        .into_inner()
+        .error;
+    let capture = ex
+        .run_capture(pb::RunRequest {
+            script: "echo hi".into(),
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner();
+    let put = ex
+        .put_file(pb::PutFileRequest {
+            path: "/etc/x".into(),
+            content: b"abc".to_vec(),
+            mode: 0o640,
+            owner_root: true,
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner()
+        .error;
+    let get = ex
+        .get_file(pb::GetFileRequest {
+            path: "/etc/y".into(),
+            as_root: true,
+            opts_json: Vec::new(),
+        })
+        .await?
+        .into_inner();
+    let host_step = ex
+        .run_host_step(pb::HostStepRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let host_build = ex
+        .host_build(pb::HostBuildRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let host_arbiter = ex
+        .host_arbiter(pb::HostArbiterRequest::default())
+        .await?
+        .into_inner()
+        .error;
+    let invoke_provider = match ex
+        .invoke_provider(pb::InvokeProviderRequest::default())
+        .await
+    {
+        Ok(_) => "answered".to_string(),
+        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+    };
+    let v = serde_json::json!({
+        "venue": venue,
+        "system": system,
+        "capture": [capture.stdout, capture.stderr, capture.exit_code, capture.error],
+        "put": put,
+        "get": [String::from_utf8_lossy(&get.content), get.error],
+        "host_step": host_step,
+        "host_build": host_build,
+        "host_arbiter": host_arbiter,
+        "invoke_provider": invoke_provider,
+    });
+    Ok(Response::new(pb::InvokeReply {
+        result_json: v.to_string().into_bytes(),
+    }))
 }
 
 struct Meta;
@@ -83,6 +167,7 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_secs(600));
             ExitCode::SUCCESS
         }
+        "tcp" => serve_tcp(),
         "stubborn" => {
             let _ = charly_plugin::serve::serve(Provider, Meta);
             std::thread::sleep(Duration::from_secs(600));
@@ -90,4 +175,48 @@ fn main() -> ExitCode {
         }
         _ => charly_plugin::serve::serve(Provider, Meta),
     }
+}
+
+/// The `tcp` mode: a bare go-plugin-style server on 127.0.0.1.
+fn serve_tcp() -> ExitCode {
+    let port = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<u16>().ok())
+            .unwrap_or(0)
+    };
+    let (min, max) = (port("PLUGIN_MIN_PORT"), port("PLUGIN_MAX_PORT"));
+    let Ok(rt) = tokio::runtime::Runtime::new() else {
+        return ExitCode::from(1);
+    };
+    rt.block_on(async {
+        let mut listener = None;
+        for p in min..=max {
+            if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", p)).await {
+                listener = Some(l);
+                break;
+            }
+        }
+        let Some(listener) = listener else {
+            eprintln!("fault: no free port in {min}..={max}");
+            return ExitCode::from(1);
+        };
+        let Ok(addr) = listener.local_addr() else {
+            return ExitCode::from(1);
+        };
+        let (health, health_svc) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("plugin", tonic_health::ServingStatus::Serving)
+            .await;
+        println!("1|1|tcp|{addr}|grpc|");
+        let r = tonic::transport::Server::builder()
+            .add_service(health_svc)
+            .add_service(pb::plugin_meta_server::PluginMetaServer::new(Meta))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+        match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        }
+    })
 }
