@@ -330,10 +330,14 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
              lacks the added candies)"
         );
     }
-    let o = project::open(cli)?;
-    let b = crate::project::resolved(&o, &a.box_name)?;
+    let mut o = project::open(cli)?;
     let add = added_keys(&o.project, &a.add)?;
     let (store, mut ledger) = open_ledger(cli)?;
+    // Plugin steps: their plugins' contracts decide how the plan compiles,
+    // and the walk asks them to execute.
+    let plugins =
+        crate::plugins::host_for(&mut o, store.dir(), std::slice::from_ref(&a.box_name), &add)?;
+    let b = crate::project::resolved(&o, &a.box_name)?;
     let hasher = crate::session::stat_cache(&store);
     let mut host: Box<dyn Host> = match (&ssh, &a.root) {
         (Some(t), _) => Box::new(SshHost::connect_waiting(
@@ -423,7 +427,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         on_change: test_hooks::block_at_step(),
         // Over SSH, consecutive commands go in one round trip.
         batch_commands: ssh.is_some(),
-        plugins: None,
+        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
     };
     let connection = match &ssh {
         Some(t) => Connection::Ssh(t.clone()),
@@ -539,7 +543,18 @@ fn reapply(
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
+    let added: Vec<String> = rec
+        .plan
+        .get("add_candies")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let plugins = crate::plugins::host_for(
+        &mut o,
+        store.dir(),
+        std::slice::from_ref(&rec.box_name),
+        &added,
+    )?;
     let b = crate::project::resolved(&o, &rec.box_name)?;
     let hasher = crate::session::stat_cache(&store);
     let mut host = bundle::host_for(&rec.connection)?;
@@ -584,7 +599,7 @@ fn reapply(
         box_home: b.user.home.clone(),
         on_change: None,
         batch_commands: matches!(rec.connection, Connection::Ssh(_)),
-        plugins: None,
+        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
     };
     let record = BundleRecord {
         deploy_id: plan.deploy_id.clone(),

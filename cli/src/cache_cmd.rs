@@ -321,8 +321,9 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
 /// `cache pull`: every non-source node of the graph, fetched in parallel.
 fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let remote = need_remote(cli)?;
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::Warn)?;
+    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     let hasher = stat_cache(store);
     let engine = engine(
         &o,

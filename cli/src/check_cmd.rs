@@ -44,8 +44,10 @@ pub struct CheckArgs {
 
 /// Runs `charly check`.
 pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
+    let store = open_store(cli)?;
+    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     // Every check definition must parse before anything is built.
     let mut diags = Vec::new();
     let mut beds_checks = Vec::new();
@@ -59,7 +61,6 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     }
     output::diagnostics(diags.iter(), &o.project.sources);
 
-    let store = open_store(cli)?;
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let jobs = jobs(&a.run);

@@ -282,7 +282,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         let o = project::open_at(cli, root);
         (join(walk), o, join(store))
     });
-    let o = o?;
+    let mut o = o?;
     let t = charly_engine::timings::phase("select");
     let (names, warnings) =
         select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
@@ -291,6 +291,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--stdout prints one Containerfile; name exactly one box");
     }
     let (store, hasher) = opened?;
+    let uses_plugins = crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     let _notes = StoreNotes(&store);
     let remote = open_remote_cache(cli)?;
     let engine = engine(
@@ -377,7 +378,9 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
     if let (Some((j, _)), Some(mut rec)) = (journal, recorder) {
-        if !rec.covers_project(&o.project) {
+        // A plugin's executable lives outside the project: the journal
+        // would not see it change, so such a run is not replayed.
+        if !rec.covers_project(&o.project) || uses_plugins {
             rec.spoil();
         }
         let _t = charly_engine::timings::phase("journal: record");
@@ -409,9 +412,10 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
 
 /// `box build`.
 pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     let store = open_store(cli)?;
+    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
@@ -597,9 +601,10 @@ fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {
 
 /// `graph`.
 pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
     let store = open_store(cli)?;
+    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     let hasher = stat_cache(&store);
     let engine = engine(
         &o,
@@ -680,9 +685,10 @@ fn shape(k: charly_engine::key::NodeKind) -> &'static str {
 
 /// `explain`.
 pub fn explain(cli: &Cli, a: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let o = project::open(cli)?;
+    let mut o = project::open(cli)?;
     let names = select(&o, &[], true, Unresolved::Ignore)?;
     let store = open_store(cli)?;
+    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
     let hasher = stat_cache(&store);
     let engine = engine(
         &o,

@@ -16,6 +16,7 @@ mod check_cmd;
 mod engine_cmd;
 mod init_cmd;
 mod output;
+mod plugins;
 mod progress;
 mod project;
 mod report;

@@ -12,6 +12,9 @@ pub struct Opened {
     pub project: Project,
     /// Its resolution.
     pub resolution: Resolution,
+    /// What its plugins answered for the build leg
+    /// ([`crate::plugins::prepare_build`]; empty until then).
+    pub plugin_build: charly_engine::graph::PluginBuild,
 }
 
 /// Loads and resolves the project. Refused (the errors printed, exit 1)
@@ -92,6 +95,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     Ok(Opened {
         project,
         resolution,
+        plugin_build: Default::default(),
     })
 }
 

@@ -332,7 +332,7 @@ pub(crate) fn engine<'a>(
         runner,
         hasher,
         opts: GraphOptions {
-            plugins: Default::default(),
+            plugins: crate::plugins::build_of(o),
             dev_local_pkg,
             runner: name,
             arch: host_arch(),

@@ -20,6 +20,7 @@ pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod pkg;
+pub mod plugin_host;
 pub mod shellops;
 pub mod source;
 pub mod ssh;

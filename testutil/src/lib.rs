@@ -334,3 +334,33 @@ pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
     assert!(st.success());
     tar
 }
+
+/// The example plugin (`charly-plugin-example`, the Rust mirror of the
+/// original's plugin-example-stepkind), from this test's target directory;
+/// built there first when missing (a lone `cargo test -p X` does not
+/// build another package's binaries).
+pub fn plugin_example() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    // target/<profile>/deps/<test> → target/<profile>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf();
+    let p = dir.join("charly-plugin-example");
+    if !p.is_file() {
+        let target = dir.parent().expect("target");
+        let mut c = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
+        c.args(["build", "-q", "-p", "charly-plugin", "--bins"])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(workspace());
+        if dir.ends_with("release") {
+            c.arg("--release");
+        }
+        assert!(
+            c.status().expect("cargo").success(),
+            "building the example plugin"
+        );
+    }
+    p
+}
