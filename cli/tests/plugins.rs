@@ -213,3 +213,57 @@ fn a_deploy_has_the_plugin_execute_on_the_host_and_del_replays_its_teardown() {
     ok(&out);
     assert!(!marker.exists());
 }
+
+#[test]
+fn a_plugin_is_built_by_its_declared_command_once_per_source() {
+    let w = World::new();
+    std::fs::remove_file(w.plugins.join("plugin-example-stepkind")).expect("rm");
+    let builds = w.project.join("../builds");
+    let exe = charly_testutil::plugin_example();
+    charly_testutil::write(
+        &w.project,
+        "candy/plugin-example-stepkind/charly.yml",
+        &format!(
+            "candy:\n  name: plugin-example-stepkind\n  plugin:\n    providers: [step:examplestepkind]\n    source: builtin\n    build: echo built >> '{}' && cp '{}' \"$CHARLY_PLUGIN_OUT\"\n",
+            builds.display(),
+            exe.display()
+        ),
+    );
+    let count = || {
+        std::fs::read_to_string(&builds)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    ok(&w
+        .cmd()
+        .args(["box", "generate", "plug"])
+        .output()
+        .expect("run"));
+    let cf = std::fs::read_to_string(w.project.join(".build/plug/Containerfile")).expect("cf");
+    assert!(cf.contains("HELLO-PLUGIN"), "{cf}");
+    assert_eq!(count(), 1);
+    ok(&w
+        .cmd()
+        .args(["box", "generate", "plug"])
+        .output()
+        .expect("run"));
+    assert_eq!(count(), 1, "built once for the same source");
+
+    // A build command that fails is named.
+    charly_testutil::write(
+        &w.project,
+        "candy/plugin-example-stepkind/charly.yml",
+        "candy:\n  name: plugin-example-stepkind\n  plugin:\n    providers: [step:examplestepkind]\n    build: echo no compiler >&2; exit 3\n",
+    );
+    let out = w
+        .cmd()
+        .args(["box", "generate", "plug"])
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("failed") && said.contains("no compiler"),
+        "{said}"
+    );
+}

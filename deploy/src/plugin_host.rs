@@ -182,6 +182,12 @@ impl PluginHost {
                 crate::host::shorten(&String::from_utf8_lossy(&out.stderr), 400)
             ));
         }
+        // The temp file was made private; the result runs.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&*tmp, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("plugin {}: {e}", s.name))?;
+        }
         tmp.persist(&exe)
             .map_err(|e| format!("plugin {}: {}: {e}", s.name, exe.display()))?;
         Ok(exe)
