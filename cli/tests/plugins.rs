@@ -267,3 +267,64 @@ fn a_plugin_is_built_by_its_declared_command_once_per_source() {
         "{said}"
     );
 }
+
+#[test]
+fn the_spliced_fragment_builds_into_the_image_with_podman() {
+    if !charly_testutil::podman_available() {
+        return;
+    }
+    let w = World::new();
+    ok(&w
+        .cmd()
+        .args(["box", "generate", "plug"])
+        .output()
+        .expect("run"));
+    let t = tempfile::tempdir().expect("tmp");
+    let podman = charly_testutil::Podman::new(&t.path().join("podman"));
+    let tar = charly_testutil::busybox_rootfs_tar(t.path());
+    let out = podman.run(&[
+        "import",
+        "-q",
+        tar.to_str().expect("utf8"),
+        "localhost/charly-test-busybox:1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = podman
+        .cmd()
+        .current_dir(&w.project)
+        .args([
+            "build",
+            "--build-arg",
+            "TARGETARCH=amd64",
+            "-f",
+            ".build/plug/Containerfile",
+            "-t",
+            "localhost/plug:1",
+            ".",
+        ])
+        .output()
+        .expect("podman build");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "localhost/plug:1",
+        "cat",
+        "/etc/examplestepkind-build-baked",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO-PLUGIN\n");
+}
