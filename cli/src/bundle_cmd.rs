@@ -205,10 +205,17 @@ pub struct AddArgs {
     /// for nothing.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub wait: u64,
-    /// local, vm: also deploy CANDY (a candy of the project the box lacks),
-    /// after the box's own; the deploy id names it. Repeatable.
+    /// Also deploy CANDY (a candy of the project the box lacks), after the
+    /// box's own; the deploy id names it. Repeatable. On a host the
+    /// candies are applied there; for a pod, charly builds an overlay
+    /// image (the box's image plus a layer per added candy, tagged
+    /// localhost/<box>-add-<deploy id>:<version>) and the pod runs it.
     #[arg(long = "add", value_name = "CANDY")]
     pub add: Vec<String>,
+    /// pod with --add: keep the overlay image at `bundle del` (by default
+    /// it is removed with the bundle).
+    #[arg(long)]
+    pub keep_image: bool,
     #[command(flatten)]
     pub become_pass: BecomeArgs,
     /// The user whose home and profile receive user-scope steps (default: the box's user).
@@ -234,9 +241,10 @@ pub struct AddArgs {
     pub json: bool,
     #[command(flatten)]
     pub dev_local_pkg: crate::session::DevLocalPkg,
-    /// Runner whose builds fed the store (their keys include it).
-    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(crate::session::RUNNERS))]
-    pub runner: String,
+    /// The runner whose builds fed the store (their keys include it), and
+    /// which builds a pod's overlay image.
+    #[command(flatten)]
+    pub runner: crate::session::RunnerArgs,
     /// Per-command time limit in seconds.
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
     pub timeout: u64,
@@ -324,11 +332,17 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             "--root is for --target local and pod (k8s writes under the project or --out)"
         );
     }
-    if !a.add.is_empty() && !matches!(target, Target::Local | Target::Vm) {
+    if !a.add.is_empty() && target == Target::K8s {
         anyhow::bail!(
-            "--add is for --target local and vm (a pod or k8s deploy runs the box's image, which \
-             lacks the added candies)"
+            "--add is for --target local, vm and pod (a k8s deploy runs the box's image as \
+             pushed, which lacks the added candies)"
         );
+    }
+    if a.keep_image && (target != Target::Pod || a.add.is_empty()) {
+        anyhow::bail!("--keep-image is for --target pod with --add (the overlay image)");
+    }
+    if !a.add.is_empty() && a.image.is_some() {
+        anyhow::bail!("--image and --add: the pod runs the overlay image --add builds");
     }
     let mut o = project::open(cli)?;
     let add = added_keys(&o.project, &a.add)?;
@@ -362,6 +376,15 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         out: None,
         image: a.image.clone(),
     };
+    // A pod with --add runs an overlay image: the box's image plus the
+    // added candies' layers (built, or found in the store, now).
+    let overlay = if target == Target::Pod && !add.is_empty() {
+        let reference = build_overlay(&o, &a.box_name, &add, a, &store, &hasher)?;
+        emit.image = Some(reference.clone());
+        Some(reference)
+    } else {
+        None
+    };
     let (plan, user, arts): (InstallPlan, walk::TargetUser, Box<dyn walk::Artifacts + '_>) =
         match target {
             Target::K8s => {
@@ -388,7 +411,11 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                 let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
                 let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
                 if target == Target::Pod {
-                    let plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
+                    let mut plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
+                    if !add.is_empty() {
+                        plan.deploy_id = charly_rules::plan::deploy_id(&b.name, &[], &add);
+                        plan.add_candies.clone_from(&add);
+                    }
                     (plan, user, Box::new(NoArtifacts))
                 } else {
                     let arts = StoreArtifacts::new(
@@ -399,7 +426,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
                         GraphOptions {
                             plugins: Default::default(),
                             dev_local_pkg: a.dev_local_pkg.on,
-                            runner: a.runner.clone(),
+                            runner: a.runner.runner.clone(),
                             arch: host_arch(),
                         },
                         &a.box_name,
@@ -446,7 +473,18 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         home: user.home.clone(),
         state: BundleState::Applying,
         plan: serde_json::to_value(&plan)?,
-        options: bundle::record_options(gates, a.dev_local_pkg.on, &a.runner, &emit),
+        options: {
+            let mut o = bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, &emit);
+            if let (Some(ov), Some(map)) = (&overlay, o.as_object_mut()) {
+                map.insert("overlay_image".into(), ov.clone().into());
+                map.insert("keep_image".into(), a.keep_image.into());
+                map.insert(
+                    "podman_root".into(),
+                    serde_json::to_value(&a.runner.podman_root)?,
+                );
+            }
+            o
+        },
         created_unix: 0,
         updated_unix: 0,
         error: None,
@@ -686,6 +724,158 @@ fn added_keys(p: &charly_rules::load::Project, refs: &[String]) -> anyhow::Resul
     Ok(keys)
 }
 
+/// Builds the overlay image of a pod deploy with `--add`: box `box_name`
+/// as the base of a box made of the added candies, built like any box
+/// (layers the store has are reused) and loaded into podman. Returns its
+/// reference, `localhost/<box>-add-<deploy id>:<version>`: the same list on
+/// the same box always names the same image.
+fn build_overlay(
+    o: &project::Opened,
+    box_name: &str,
+    add: &[String],
+    a: &AddArgs,
+    store: &charly_cache::Store,
+    hasher: &charly_engine::hash::FileHasher,
+) -> anyhow::Result<String> {
+    let b = crate::project::resolved(o, box_name)?;
+    let short = b.name.rsplit('.').next().unwrap_or(&b.name);
+    let name = format!(
+        "{short}-add-{}",
+        charly_rules::plan::deploy_id(&b.name, &[], add)
+    );
+    let mut project = o.project.clone();
+    let ns = &mut project.namespaces[b.ns.0 as usize];
+    let span = b.span;
+    let spanned = |v: &str| charly_rules::yaml::Spanned {
+        span,
+        value: v.to_string(),
+    };
+    let def = charly_rules::model::BoxDef {
+        name: Some(spanned(&name)),
+        version: Some(spanned(&b.version)),
+        base: Some(spanned(short)),
+        candy: add.iter().map(|k| spanned(k)).collect(),
+        ..charly_rules::model::BoxDef::default()
+    };
+    let qualified = ns.qualify(&name);
+    ns.boxes.insert(
+        name.clone(),
+        charly_rules::load::BoxEntry {
+            name: name.clone(),
+            ns: b.ns,
+            file: span.file,
+            span,
+            def,
+        },
+    );
+    let resolution = charly_rules::resolve::resolve(&project);
+    if let Some(Err(e)) = resolution.boxes.get(&qualified) {
+        let why: Vec<String> = e.iter().map(|d| d.message.clone()).collect();
+        anyhow::bail!(
+            "the overlay of {box_name} with {}: {}",
+            add.join(", "),
+            why.join("; ")
+        );
+    }
+    let reference = charly_rules::naming::box_image_ref(&resolution, &qualified);
+    if a.dry_run {
+        output::note(&format!("would build the overlay image {reference}"));
+        return Ok(reference);
+    }
+    let over = project::Opened {
+        project,
+        resolution,
+        plugin_build: o.plugin_build.clone(),
+    };
+    let jobs = 2;
+    let runner = crate::session::make_runner(&a.runner, store, jobs)?;
+    let engine = crate::session::engine(
+        &over,
+        store,
+        crate::session::Using::Runner(runner.as_ref()),
+        hasher,
+        a.dev_local_pkg.on,
+        None,
+    );
+    let graph = engine.graph(
+        &charly_engine::graph::Goal::Build,
+        std::slice::from_ref(&qualified),
+    )?;
+    let summary = engine.run(
+        &graph,
+        &over.project.root,
+        jobs,
+        false,
+        &charly_engine::sched::Quiet,
+    );
+    if !summary.ok() {
+        let failed: Vec<String> = summary
+            .nodes
+            .iter()
+            .filter_map(|n| n.error.as_ref().map(|e| format!("{}: {e}", n.id)))
+            .collect();
+        anyhow::bail!(
+            "building the overlay image {reference}: {}",
+            failed.join("; ")
+        );
+    }
+    engine.ensure_images(&graph, std::slice::from_ref(&qualified))?;
+    if !a.json {
+        output::note(&format!(
+            "overlay image {reference} ({} nodes built)",
+            summary.totals.ran
+        ));
+    }
+    Ok(reference)
+}
+
+/// After `del`: removes the overlay image a pod deploy with `--add` built,
+/// unless it was added with `--keep-image`. A failure is said, not fatal
+/// (the bundle is gone either way).
+fn remove_overlay(rec: &charly_deploy::ledger::BundleRecord, store: &charly_cache::Store) {
+    let Some(reference) = rec.options.get("overlay_image").and_then(|v| v.as_str()) else {
+        return;
+    };
+    if rec.options.get("keep_image").and_then(|v| v.as_bool()) == Some(true) {
+        output::note(&format!(
+            "kept the overlay image {reference} (--keep-image)"
+        ));
+        return;
+    }
+    let root: Option<std::path::PathBuf> = rec
+        .options
+        .get("podman_root")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .flatten();
+    let podman = charly_engine::runners::podman::PodmanRunner::new(
+        charly_engine::runners::podman::PodmanOptions {
+            root,
+            conf_dir: store.dir().to_path_buf(),
+            ca_bundle: None,
+            offline: true,
+            jobs: 1,
+        },
+    );
+    let out = podman.map_err(|e| e.to_string()).and_then(|p| {
+        p.cmd()
+            .args(["rmi", "--ignore", reference])
+            .output()
+            .map_err(|e| e.to_string())
+    });
+    match out {
+        Ok(o) if o.status.success() => {
+            output::note(&format!("removed the overlay image {reference}"))
+        }
+        Ok(o) => output::note(&format!(
+            "could not remove the overlay image {reference}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => output::note(&format!(
+            "could not remove the overlay image {reference}: {e}"
+        )),
+    }
+}
+
 fn del(
     cli: &Cli,
     name: &str,
@@ -694,7 +884,7 @@ fn del(
     become_pass: &BecomeArgs,
 ) -> anyhow::Result<ExitCode> {
     let dry_run = opts.dry_run;
-    let (_store, mut ledger) = open_ledger(cli)?;
+    let (store, mut ledger) = open_ledger(cli)?;
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
@@ -716,6 +906,9 @@ fn del(
                     "bundle {name} removed ({} changes undone)",
                     reports.len()
                 ));
+            }
+            if !dry_run {
+                remove_overlay(&rec, &store);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -619,13 +619,13 @@ fn add_deploys_extra_candies_on_top_of_a_box() {
     let out = w
         .cmd()
         .args([
-            "bundle", "add", "p", "hello", "--target", "pod", "--add", "jq",
+            "bundle", "add", "p", "hello", "--target", "k8s", "--add", "jq",
         ])
         .output()
-        .expect("pod");
+        .expect("k8s");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--add is for --target local and vm"),
+        String::from_utf8_lossy(&out.stderr).contains("--add is for --target local, vm and pod"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -297,7 +297,11 @@ pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String
                 manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
             };
             let tag = image_content_tag(image.id().as_str());
-            if !runner.has_image(&tag) {
+            // Both names must be there: the box's reference may have been
+            // removed while the content tag kept the image (`podman rmi REF`
+            // only untags an image that has another name).
+            let named = meta.tag.is_empty() || runner.has_image(&meta.tag);
+            if !runner.has_image(&tag) || !named {
                 load_assembled(
                     ctx,
                     &n.id,
