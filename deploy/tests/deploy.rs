@@ -357,6 +357,7 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
             .unwrap_or_else(|| panic!("no step {t}"))
     };
     assert_eq!(state("write /opt/hello/motd.txt"), "complete");
+    reverse_ops_are_what_was_recorded(&plan, &ledger.steps("hello-local").expect("steps"));
     assert_eq!(state("packages"), "skipped", "rooted: no packages");
     assert_eq!(state("cmd jq"), "skipped", "rooted: no commands");
     let rd = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
@@ -1833,4 +1834,70 @@ fn a_failing_plugin_stops_the_walk_naming_it() {
     .expect_err("fails");
     let text = err.to_string();
     assert!(text.contains("plugin `marker`: plugin crashed"), "{text}");
+}
+
+/// The IR's reverse ops and the walker's undo agree: every completed step
+/// recorded an undo for each path, block or unit its reverse ops name (the
+/// walker's undo is the exact, observed form of the same catalogue).
+fn reverse_ops_are_what_was_recorded(
+    plan: &InstallPlan,
+    steps: &[charly_deploy::ledger::StepRecord],
+) {
+    use charly_deploy::ledger::Undo;
+    use charly_rules::plan::ReverseKind;
+    let mut checked = 0;
+    for rec in steps.iter().filter(|r| r.state == StepState::Complete) {
+        let step = &plan.steps[rec.seq as usize];
+        let undos: Vec<&Undo> = rec.undo.iter().map(|(_, u)| u).collect();
+        let covers_path = |t: &str| {
+            undos.iter().any(|u| match u {
+                Undo::RemovePath { path, .. }
+                | Undo::RestoreFile { path, .. }
+                | Undo::RestoreSymlink { path, .. }
+                | Undo::RemoveDir { path, .. } => path == t,
+                Undo::RemoveTree { paths, .. } => paths.iter().any(|p| p == t),
+                _ => false,
+            })
+        };
+        for op in &step.reverse {
+            let home = |t: &str| t.replace("{{.Home}}", "/home/user");
+            match op.kind {
+                ReverseKind::RmFileSystem
+                | ReverseKind::RmFileUser
+                | ReverseKind::RemoveEnvdFile => {
+                    for t in &op.targets {
+                        assert!(
+                            covers_path(&home(t)),
+                            "step {} ({}): reverse op {:?} {t}: no recorded undo in {undos:?}",
+                            rec.seq,
+                            step.kind,
+                            op.kind
+                        );
+                        checked += 1;
+                    }
+                }
+                ReverseKind::RemoveManagedBlock => {
+                    assert!(
+                        undos.iter().any(|u| matches!(u, Undo::RemoveBlock { .. })),
+                        "step {}: {undos:?}",
+                        rec.seq
+                    );
+                    checked += 1;
+                }
+                ReverseKind::RemoveArtifactFiles => {
+                    assert!(
+                        undos.iter().any(|u| matches!(u, Undo::RemoveTree { .. })),
+                        "step {}: {undos:?}",
+                        rec.seq
+                    );
+                    checked += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        checked >= 10,
+        "the example's steps name files, a block and an artifact: {checked}"
+    );
 }
