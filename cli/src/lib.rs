@@ -76,8 +76,10 @@ pub struct Cli {
     pub cache_dir: Option<PathBuf>,
 
     /// Where an import lives offline: `--import cachyos=image/cachyos`, or a repo
-    /// identity: `--import github.com/org/repo=../repo`. Repeatable.
-    #[arg(long = "import", global = true, value_name = "NS=DIR", value_parser = parse_import)]
+    /// identity: `--import github.com/org/repo=../repo` (also spelled
+    /// `--import-repo`; a box repository's `@github.com/org/repo/candy/x:tag`
+    /// references then resolve to DIR's candies). Repeatable.
+    #[arg(long = "import", visible_alias = "import-repo", global = true, value_name = "NS=DIR", value_parser = parse_import)]
     pub imports: Vec<(String, PathBuf)>,
 
     /// A shared cache: `oci://HOST[:PORT]/REPO` (an OCI registry) or

@@ -179,3 +179,63 @@ fn a_reader_that_leaves_early_is_not_an_error() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("Broken pipe"), "{err}");
 }
+
+/// A box repository checked out on its own (not inside the candy
+/// library's tree) resolves its `@github.com/overthinkos/overthink/candy/…`
+/// references with `--import-repo IDENTITY=DIR`; without it, it says which
+/// repository it could not find.
+#[test]
+fn a_box_repository_outside_its_library_uses_import_repo() {
+    let t = tempfile::tempdir().expect("tmp");
+    let repo = t.path().join("debian");
+    charly_testutil::copy_project(&charly_testutil::corpus_174().join("box/debian"), &repo);
+    let list = |extra: &[&str]| {
+        Command::cargo_bin("charly")
+            .expect("binary")
+            .env("CHARLY_CACHE_DIR", t.path().join("cache"))
+            .arg("-C")
+            .arg(&repo)
+            .args(extra)
+            .args(["box", "list", "--json"])
+            .output()
+            .expect("list")
+    };
+    let lib = format!(
+        "github.com/overthinkos/overthink={}",
+        charly_testutil::corpus_174().display()
+    );
+    let out = list(&["--import-repo", &lib]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let boxes = v.as_array().expect("boxes");
+    assert_eq!(boxes.len(), 5, "{v}");
+    assert!(boxes.iter().all(|b| b["error"].is_null()), "{v}");
+    let coder = boxes
+        .iter()
+        .find(|b| b["name"] == "debian-coder")
+        .expect("coder");
+    assert!(
+        coder["candies"].as_array().is_some_and(|c| c.len() > 30),
+        "{coder}"
+    );
+
+    let out = list(&[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let unresolved: Vec<&str> = v
+        .as_array()
+        .expect("boxes")
+        .iter()
+        .filter_map(|b| b["error"].as_str())
+        .collect();
+    assert_eq!(unresolved.len(), 3, "{v}");
+    assert!(
+        unresolved[0].contains(
+            "is not available offline (map it with --import github.com/overthinkos/overthink=DIR)"
+        ),
+        "{unresolved:?}"
+    );
+}
