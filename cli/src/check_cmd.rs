@@ -143,7 +143,8 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         write_junit(p, &reports)?;
     }
     if a.json {
-        output::json(&reports)?;
+        let counted: Vec<CountedReport<'_>> = reports.iter().map(CountedReport::new).collect();
+        output::json(&counted)?;
     } else {
         let mut err = std::io::stderr().lock();
         for r in &reports {
@@ -194,4 +195,28 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// A bed's report as `--json` prints it: the report with its counts, so a
+/// skipped check (deploy scope, a plugin word charly cannot run, …) is
+/// counted, not only listed.
+#[derive(serde::Serialize)]
+struct CountedReport<'a> {
+    #[serde(flatten)]
+    report: &'a BedReport,
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl<'a> CountedReport<'a> {
+    fn new(report: &'a BedReport) -> Self {
+        let (passed, failed, skipped) = report.counts();
+        CountedReport {
+            report,
+            passed,
+            failed,
+            skipped,
+        }
+    }
 }

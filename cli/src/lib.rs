@@ -15,6 +15,7 @@ mod candy_cmd;
 mod check_cmd;
 mod engine_cmd;
 mod init_cmd;
+mod migrate_cmd;
 mod output;
 mod plugins;
 mod progress;
@@ -157,6 +158,11 @@ pub enum Command {
     /// The local store: stats, gc, verify; push to and pull from the remote cache.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCommand),
+    /// Convert a classic (2026.160) project to the node form (`--to 2026.174`):
+    /// into a new sibling directory `DIR-2026.174` (or `--out`), or in place
+    /// with `--write`. What the node form cannot express is a warning at its
+    /// file:line:col.
+    Migrate(migrate_cmd::MigrateArgs),
 }
 
 fn parse_import(s: &str) -> Result<(String, PathBuf), String> {
@@ -231,6 +237,7 @@ pub fn main() -> ExitCode {
         Command::Cache(c) => cache_cmd::run(&cli, c),
         Command::Bundle(c) => bundle_cmd::run(&cli, c),
         Command::Check(a) => check_cmd::run(&cli, a),
+        Command::Migrate(a) => migrate_cmd::run(a),
     };
     drop(total);
     if let Some(t) = charly_engine::timings::report() {

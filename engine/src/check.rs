@@ -279,6 +279,9 @@ fn parse_duration(s: &str) -> Option<Duration> {
 
 fn run_check(host: &dyn BedHost, id: &str, bed: &Bed<'_>, owner: &str, c: &Check) -> CheckResult {
     let u = &bed.b.user;
+    if let CheckKind::Unsupported { plugin } = &c.kind {
+        return skip(owner, c, unsupported_reason(plugin));
+    }
     if c.scope == CheckScope::Deploy {
         return skip(
             owner,
@@ -309,6 +312,7 @@ fn run_check(host: &dyn BedHost, id: &str, bed: &Bed<'_>, owner: &str, c: &Check
         CheckKind::Other { subject, .. } => {
             return skip(owner, c, format!("a {subject} check needs a deployment"));
         }
+        CheckKind::Unsupported { plugin } => return skip(owner, c, unsupported_reason(plugin)),
     };
     if let Some(v) = deploy_only_var(&subject_text) {
         return skip(owner, c, format!("needs the deploy-time variable ${{{v}}}"));
@@ -607,7 +611,13 @@ fn attempt(
         CheckKind::Other { subject, .. } => {
             skip(owner, c, format!("a {subject} check needs a deployment"))
         }
+        CheckKind::Unsupported { plugin } => skip(owner, c, unsupported_reason(plugin)),
     }
+}
+
+/// Why a `plugin: <word>` check charly has no runner for is not run.
+fn unsupported_reason(plugin: &str) -> String {
+    format!("plugin `{plugin}` is not supported by charly: no runner for it, the check is not run")
 }
 
 /// JUnit XML for CI (one test suite per bed).

@@ -149,6 +149,14 @@ pub enum CheckKind {
         /// Should it accept connections.
         reachable: bool,
     },
+    /// A `plugin: <word>` check of schema 2026.174 whose word charly has no
+    /// runner for (`tunnel`, `mount`, `dns`, a plugin candy's own word, …):
+    /// kept so check beds report it as skipped with the reason, never passed
+    /// or dropped.
+    Unsupported {
+        /// The plugin word.
+        plugin: String,
+    },
     /// Any other subject, kept as written (run against deployments).
     Other {
         /// The subject key (`http`, `mcp`, …).
@@ -215,6 +223,9 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
         .collect();
     let subject = match subjects.as_slice() {
         [one] => *one,
+        // A node-form `plugin: <word>` charly has no runner for (the loader
+        // already warned where it is written).
+        [] if item.get("plugin").and_then(Node::as_str).is_some() => "plugin",
         [] => {
             let keys: Vec<&str> = entries.iter().filter_map(|(k, _)| k.as_str()).collect();
             let guess = keys.iter().find_map(|k| {
@@ -244,8 +255,9 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
             return None;
         }
     };
-    // Warn about keys that belong to no kind.
-    for (k, _) in entries {
+    // Warn about keys that belong to no kind (an unsupported plugin's input is
+    // the plugin's own business).
+    for (k, _) in entries.iter().filter(|_| subject != "plugin") {
         let Some(name) = k.as_str() else { continue };
         if name == subject || COMMON.contains(&name) || matchers(subject).contains(&name) {
             continue;
@@ -326,6 +338,7 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
             addr: value,
             reachable: flag("reachable", true),
         },
+        "plugin" => CheckKind::Unsupported { plugin: value },
         other => CheckKind::Other {
             subject: other.to_string(),
             value,

@@ -11,6 +11,7 @@ pub mod diag;
 pub mod emit;
 pub mod home;
 pub mod load;
+pub mod migrate;
 pub mod model;
 pub mod names;
 pub mod naming;

@@ -853,12 +853,13 @@ impl Loader<'_> {
                     n.vocab_origin.insert(vkey, span.file);
                 }
             }
-            "builder"
-                if !nodeform::BUILTIN_BUILDERS.contains(&name)
-                    && !self.p.namespaces[ns.0].vocab.builder.contains_key(name) =>
-            {
+            "builder" if !self.p.namespaces[ns.0].vocab.builder.contains_key(name) => {
                 if let Ok(b) = yaml::from_node::<crate::model::Builder>(&value, &mut w)
                     .map_err(|d| self.p.diags.push(d))
+                    // A builder whose stage template left the vocabulary
+                    // keeps charly's built-in one; a project that still
+                    // writes its own (a migrated one) keeps its own.
+                    && (b.stage_template.is_some() || !nodeform::BUILTIN_BUILDERS.contains(&name))
                 {
                     let n = &mut self.p.namespaces[ns.0];
                     n.vocab.builder.insert(name.to_string(), b);
