@@ -101,6 +101,7 @@ fn generate(p: &Project, r: &Resolution, root: &Path, store: &Path) -> BTreeMap<
         runner: None,
         hasher: &hasher,
         opts: GraphOptions {
+            plugins: Default::default(),
             dev_local_pkg: false,
             runner: "podman".into(),
             arch: "amd64".into(),
