@@ -247,6 +247,10 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
         CacheCommand::Pull(a) => return pull(cli, &store, a),
         CacheCommand::Gc { max_size, json } => {
             let r = store.gc(*max_size)?;
+            // The stat cache forgets files that no longer exist.
+            if let Err(e) = stat_cache(&store).prune() {
+                output::note(&format!("could not prune the stat cache: {e}"));
+            }
             if *json {
                 output::json(&r)?;
             } else {

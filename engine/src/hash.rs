@@ -73,12 +73,27 @@ struct Entry {
     digest: String,
 }
 
+/// The cache file: its entries, and how many were left after the last
+/// prune (entries of deleted files are dropped when the cache has grown to
+/// twice that, not on every save: a save after an edit should not stat
+/// every file ever hashed).
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    pruned_len: u64,
+    entries: Vec<Entry>,
+}
+
+/// A cache this small is never pruned on save (only by [`FileHasher::prune`]).
+const PRUNE_FLOOR: u64 = 4096;
+
 /// Hashes files, remembering digests by stat.
 pub struct FileHasher {
     map: Mutex<HashMap<PathBuf, (Stat, String)>>,
     file: Option<PathBuf>,
     dirty: std::sync::atomic::AtomicBool,
     hashed: std::sync::atomic::AtomicU64,
+    /// Entries after the last prune (see [`CacheFile`]).
+    pruned_len: std::sync::atomic::AtomicU64,
     /// How recent a change must be for its stat not to be remembered
     /// ([`RACY_NS`]; tests shrink it instead of waiting).
     pub racy_ns: i64,
@@ -91,6 +106,7 @@ impl Default for FileHasher {
             file: None,
             dirty: std::sync::atomic::AtomicBool::default(),
             hashed: std::sync::atomic::AtomicU64::default(),
+            pruned_len: std::sync::atomic::AtomicU64::default(),
             racy_ns: RACY_NS,
         }
     }
@@ -106,16 +122,20 @@ impl FileHasher {
     pub fn with_cache_file(file: PathBuf) -> Self {
         let _t = crate::timings::phase("stat cache: load");
         let mut map = HashMap::new();
+        let mut pruned_len = 0;
+        // A file in an older format is not read: the cache starts empty.
         if let Ok(bytes) = std::fs::read(&file)
-            && let Ok(entries) = postcard::from_bytes::<Vec<Entry>>(&bytes)
+            && let Ok(f) = postcard::from_bytes::<CacheFile>(&bytes)
         {
-            for e in entries {
+            pruned_len = f.pruned_len;
+            for e in f.entries {
                 map.insert(e.path, (e.stat, e.digest));
             }
         }
         FileHasher {
             map: Mutex::new(map),
             file: Some(file),
+            pruned_len: pruned_len.into(),
             ..Self::default()
         }
     }
@@ -155,6 +175,30 @@ impl FileHasher {
         Ok(digest)
     }
 
+    /// Drops the entries of files that no longer exist (a stat each) and
+    /// saves the cache (`charly cache gc`).
+    pub fn prune(&self) -> std::io::Result<usize> {
+        let removed = match self.map.lock() {
+            Ok(mut m) => {
+                let gone: Vec<PathBuf> = m
+                    .par_iter()
+                    .filter(|(p, _)| !p.exists())
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                for p in &gone {
+                    m.remove(p);
+                }
+                self.pruned_len
+                    .store(m.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                gone.len()
+            }
+            Err(_) => 0,
+        };
+        self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.save()?;
+        Ok(removed)
+    }
+
     /// Writes the cache back when anything changed (atomically).
     pub fn save(&self) -> std::io::Result<()> {
         let Some(file) = &self.file else {
@@ -164,20 +208,37 @@ impl FileHasher {
             return Ok(());
         }
         let _t = crate::timings::phase("stat cache: save");
-        // Entries of deleted files are dropped (a stat each, in parallel).
-        let entries: Vec<Entry> = match self.map.lock() {
-            Ok(m) => m
-                .par_iter()
-                .filter(|(p, _)| p.exists())
-                .map(|(p, (s, d))| Entry {
-                    path: p.clone(),
-                    stat: *s,
-                    digest: d.clone(),
-                })
-                .collect(),
+        let pruned_len = self.pruned_len.load(std::sync::atomic::Ordering::Relaxed);
+        let (prune, entries): (bool, Vec<Entry>) = match self.map.lock() {
+            Ok(m) => {
+                // Entries of deleted files are dropped (a stat each, in
+                // parallel) once the cache has doubled since the last time.
+                let prune = m.len() as u64 > 2 * pruned_len.max(PRUNE_FLOOR);
+                let entries = m
+                    .par_iter()
+                    .filter(|(p, _)| !prune || p.exists())
+                    .map(|(p, (s, d))| Entry {
+                        path: p.clone(),
+                        stat: *s,
+                        digest: d.clone(),
+                    })
+                    .collect();
+                (prune, entries)
+            }
             Err(_) => return Ok(()),
         };
-        let bytes = postcard::to_stdvec(&entries).map_err(std::io::Error::other)?;
+        let pruned_len = if prune {
+            entries.len() as u64
+        } else {
+            pruned_len
+        };
+        self.pruned_len
+            .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
+        let file_data = CacheFile {
+            pruned_len,
+            entries,
+        };
+        let bytes = postcard::to_stdvec(&file_data).map_err(std::io::Error::other)?;
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -235,6 +296,42 @@ mod tests {
         let d2 = h2.digest(&f).expect("changed");
         assert_eq!(d2, blake3::hash(b"two!").to_hex().to_string());
         assert_eq!(h2.hashed_count(), 1);
+    }
+
+    /// Saving does not stat every entry (a small cache keeps the entries of
+    /// deleted files); `prune` drops them, and the file says how many were
+    /// left.
+    #[test]
+    fn deleted_files_are_dropped_by_prune_not_by_every_save() {
+        let t = tempfile::tempdir().expect("tmp");
+        let cache = t.path().join("stat.bin");
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        std::fs::write(&a, b"a").expect("write");
+        std::fs::write(&b, b"b").expect("write");
+        let mut h = FileHasher::with_cache_file(cache.clone());
+        h.racy_ns = 0;
+        h.digest(&a).expect("a");
+        h.digest(&b).expect("b");
+        h.save().expect("save");
+        std::fs::remove_file(&b).expect("rm");
+        let mut h = FileHasher::with_cache_file(cache.clone());
+        h.racy_ns = 0;
+        std::fs::write(&a, b"a2").expect("edit");
+        h.digest(&a).expect("a again");
+        h.save().expect("save");
+        let len = |c: &Path| {
+            postcard::from_bytes::<CacheFile>(&std::fs::read(c).expect("read"))
+                .expect("decode")
+                .entries
+                .len()
+        };
+        assert_eq!(len(&cache), 2, "the save kept b's entry");
+        let h = FileHasher::with_cache_file(cache.clone());
+        assert_eq!(h.prune().expect("prune"), 1);
+        assert_eq!(len(&cache), 1);
+        let f: CacheFile =
+            postcard::from_bytes(&std::fs::read(&cache).expect("read")).expect("decode");
+        assert_eq!(f.pruned_len, 1);
     }
 
     /// Finding 10 of issue 18: a same-size, same-inode edit with the old
