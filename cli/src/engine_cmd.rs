@@ -19,6 +19,7 @@ use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
 use charly_engine::runners::Runner;
 use charly_engine::sched::{State, Summary};
+use charly_rules::naming;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -265,7 +266,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     // (from a start taken before anything is read) and open the store: none
     // of the three needs another's result.
     let started = journal.as_ref().map(|(j, _)| j.start());
-    let (recorder, o, opened) = std::thread::scope(|s| {
+    let (mut recorder, o, opened) = std::thread::scope(|s| {
         let walk = s.spawn(|| {
             let _t = charly_engine::timings::phase("journal: begin");
             journal.as_ref().zip(started).map(|((j, scope), st)| {
@@ -292,6 +293,14 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let (store, hasher) = opened?;
     let uses_plugins = crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    if let Some(rec) = &mut recorder {
+        // A plugin's executable lives outside the project: the journal
+        // would not see it change, so such a run is not replayed (nor are
+        // its boxes carried over).
+        if !rec.covers_project(&o.project) || uses_plugins {
+            rec.spoil();
+        }
+    }
     let _notes = StoreNotes(&store);
     let remote = open_remote_cache(cli)?;
     let engine = engine(
@@ -302,12 +311,38 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         a.dev_local_pkg.on,
         remote.as_deref(),
     );
-    let graph = engine.graph(&Goal::Generate, &names)?;
+    let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
+    // Boxes whose inputs did not change since the last run are carried over
+    // from its journal, not derived again (charly_engine::carry).
+    let context_dirs = |n: &str| {
+        if a.out.is_some() {
+            engine.box_context_candy_dirs(&[n], &out_root)
+        } else {
+            Vec::new()
+        }
+    };
+    let carry = charly_engine::carry::plan(
+        memo.as_deref(),
+        recorder.as_ref(),
+        &o.project,
+        &o.resolution,
+        &names,
+        &out_root,
+        &context_dirs,
+    );
+    if a.explain && !carry.carried.is_empty() {
+        output::note(&format!(
+            "explain: {} of {} boxes unchanged since the last run (inputs, resolution and build \
+             directory as it left them): carried over, not derived again",
+            carry.carried.len(),
+            names.len()
+        ));
+    }
+    let graph = engine.graph(&Goal::Generate, &carry.derive)?;
     let t = charly_engine::timings::phase("progress");
     let progress = a.run.progress_for(&graph, &store, a.stdout, a.explain);
     drop(t);
-    let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
-    let summary = engine.run_with_memo(
+    let mut summary = engine.run_with_memo(
         &graph,
         &out_root,
         jobs(&a.run),
@@ -316,6 +351,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         memo.as_deref(),
     );
     progress.finish();
+    let boxes = carry.merge(&mut summary, &graph, memo.as_deref());
     write_reports(&a.run, &summary)?;
     if a.explain {
         // Sources are hashed, not run: the files that changed in them are
@@ -361,8 +397,20 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let ignore = o.project.root.join(".containerignore");
     let had_ignore = ignore.exists();
-    let (written, kept) =
+    let (_, mut kept) =
         engine.write_build_dirs_keeping(&graph, &out_root, a.out.is_some(), memo.as_deref())?;
+    // Every selected box's Containerfile, derived or carried, in selection
+    // order (what write_build_dirs_keeping lists for the boxes it wrote).
+    let written: Vec<PathBuf> = names
+        .iter()
+        .map(|n| out_root.join(naming::build_dir(n)).join("Containerfile"))
+        .collect();
+    kept.extend(
+        carry
+            .carried
+            .iter()
+            .map(|n| out_root.join(naming::build_dir(n))),
+    );
     if !had_ignore && ignore.exists() && !a.run.quiet {
         output::note(
             "wrote .containerignore and .dockerignore: podman and docker read them when they build \
@@ -377,20 +425,17 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         output::note(&summary_line("generate", &summary));
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
-    if let (Some((j, _)), Some(mut rec)) = (journal, recorder) {
-        // A plugin's executable lives outside the project: the journal
-        // would not see it change, so such a run is not replayed.
-        if !rec.covers_project(&o.project) || uses_plugins {
-            rec.spoil();
-        }
+    if let (Some((j, _)), Some(rec)) = (journal, recorder) {
         let _t = charly_engine::timings::phase("journal: record");
         let (mut outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
         if a.out.is_some() {
             // The candy directories a self-contained context carries.
-            outputs.extend(engine.context_candy_dirs(&graph, &out_root));
+            let all: Vec<&str> = names.iter().map(String::as_str).collect();
+            outputs.extend(engine.box_context_candy_dirs(&all, &out_root));
         }
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;
+        outcome.boxes = boxes;
         let kept: Vec<PathBuf> = kept
             .iter()
             .map(|d| charly_engine::journal::normalize(d))

@@ -41,15 +41,19 @@ fn box_yml(b: usize, candies: &[usize]) -> String {
     )
 }
 
+/// The root `charly.yml`, its distro's user id `uid`.
+fn root_yml(uid: u32) -> String {
+    format!(
+        "version: 2026.160.1301\ndiscover: [box, candy]\ndefaults:\n    distro: [scale]\n    build: [none]\n\
+         distro:\n    scale:\n        base_user: {{name: user, uid: {uid}, gid: 1000, home: /home/user}}\n        \
+         format:\n            none:\n                install_template: |\n                    \
+         RUN echo \"packages:{{{{range .Packages}}}} {{{{.}}}}{{{{end}}}}\"\n"
+    )
+}
+
 /// A small project in the shape `scalegen` makes.
 fn project(root: &Path) {
-    write(
-        &root.join("charly.yml"),
-        "version: 2026.160.1301\ndiscover: [box, candy]\ndefaults:\n    distro: [scale]\n    build: [none]\n\
-         distro:\n    scale:\n        base_user: {name: user, uid: 1000, gid: 1000, home: /home/user}\n        \
-         format:\n            none:\n                install_template: |\n                    \
-         RUN echo \"packages:{{range .Packages}} {{.}}{{end}}\"\n",
-    );
+    write(&root.join("charly.yml"), &root_yml(1000));
     for i in 0..CANDIES {
         let dir = root.join(format!("candy/c{i}"));
         write(&dir.join("charly.yml"), &candy_yml(i, "0"));
@@ -86,6 +90,8 @@ enum Edit {
     BoxList(usize, usize),
     /// A generated Containerfile edited by hand (generation puts it back).
     Output(usize),
+    /// The root's distro definition changes (every box depends on it).
+    Root(u32),
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -100,6 +106,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         (c.clone(), any::<u32>()).prop_map(|(c, n)| Edit::Definition(c, n)),
         (0..BOXES, c).prop_map(|(b, c)| Edit::BoxList(b, c)),
         (0..BOXES).prop_map(Edit::Output),
+        (0..3u32).prop_map(Edit::Root),
     ]
 }
 
@@ -182,6 +189,7 @@ fn apply(root: &Path, e: &Edit) {
             }
             write(&p, &box_yml(*b, &list));
         }
+        Edit::Root(n) => write(&root.join("charly.yml"), &root_yml(1000 + n)),
         Edit::Output(b) => {
             let p = root.join(format!(".build/{}/Containerfile", BOX_NAMES[*b]));
             if p.exists() {
@@ -225,6 +233,81 @@ fn generate(root: &Path, store: &Path, racy_ms: &str, summary: &Path) -> Vec<(St
         .collect();
     v.sort();
     v
+}
+
+/// `box generate --all --explain` (stat trusted): how many boxes it
+/// carried over, and the node ids and keys.
+fn generate_explained(root: &Path, store: &Path, summary: &Path) -> (usize, Vec<(String, String)>) {
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
+        .env("NO_COLOR", "1")
+        .env("CHARLY_CACHE_DIR", store)
+        .env("CHARLY_JOURNAL_RACY_MS", "0")
+        .env_remove("CHARLY_NO_JOURNAL")
+        .env_remove("CHARLY_REMOTE")
+        .arg("-C")
+        .arg(root)
+        .args(["box", "generate", "--all", "--explain", "--summary-json"])
+        .arg(summary)
+        .output()
+        .expect("charly runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "generate failed:\n{err}");
+    let carried = err
+        .lines()
+        .find_map(|l| {
+            let rest = l.split("explain: ").nth(1)?;
+            let (n, tail) = rest.split_once(" of ")?;
+            tail.contains("carried over")
+                .then(|| n.parse().expect("count"))
+        })
+        .unwrap_or(0);
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(summary).expect("summary")).expect("json");
+    let mut v: Vec<(String, String)> = s["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().expect("id").into(),
+                n["key"].as_str().expect("key").into(),
+            )
+        })
+        .collect();
+    v.sort();
+    (carried, v)
+}
+
+/// An edit to one candy re-derives only the boxes that contain it; the
+/// others are carried over with the keys a fresh run gives them. An edit
+/// to the root re-derives every box.
+#[test]
+fn an_edit_rederives_only_the_boxes_it_touches() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("p");
+    let store = tmp.path().join("store");
+    let s = tmp.path().join("s.json");
+    project(&root);
+    assert_eq!(generate_explained(&root, &store, &s).0, 0, "first run");
+    // The first run wrote .containerignore and .dockerignore into the
+    // project root, inputs of the next: that one derives everything again.
+    assert_eq!(generate_explained(&root, &store, &s).0, 0, "second run");
+    // c0 is in `b-x` and `bx`, not in `b`.
+    apply(&root, &Edit::Content(0, 7));
+    let (carried, keys) = generate_explained(&root, &store, &s);
+    assert_eq!(carried, 1, "only `b` is carried over");
+    let fresh_root = tmp.path().join("fresh");
+    charly_testutil::copy_project(&root, &fresh_root);
+    let _ = std::fs::remove_dir_all(fresh_root.join(".build"));
+    let fresh = generate(&fresh_root, &tmp.path().join("fresh-store"), "0", &s);
+    assert_eq!(keys, fresh);
+    assert_eq!(build_tree(&root), build_tree(&fresh_root));
+    // A box file is global: every box is derived again.
+    apply(&root, &Edit::Root(2));
+    assert_eq!(generate_explained(&root, &store, &s).0, 0, "root edit");
+    apply(&root, &Edit::Content(1, 3));
+    let (carried, _) = generate_explained(&root, &store, &s);
+    assert_eq!(carried, 1, "c1 is in `b` and `bx`");
 }
 
 /// Every file below `.build` (not the locks) with its content, by relative path.

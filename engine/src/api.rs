@@ -284,6 +284,11 @@ impl<'a> Engine<'a> {
         let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
             return Vec::new();
         };
+        self.box_context_candies(box_name)
+    }
+
+    /// [`Engine::context_candies`] of box `box_name`.
+    fn box_context_candies(&self, box_name: &str) -> Vec<(&'a Path, &'a str)> {
         let Some(b) = self.resolution.get(box_name) else {
             return Vec::new();
         };
@@ -300,10 +305,22 @@ impl<'a> Engine<'a> {
     /// candy directories of the graph's goal Containerfiles under `out_root`
     /// (for the no-op journal's outputs).
     pub fn context_candy_dirs(&self, graph: &Graph, out_root: &Path) -> Vec<PathBuf> {
-        let mut dirs: Vec<PathBuf> = graph
+        let names: Vec<&str> = graph
             .goals
             .iter()
-            .flat_map(|i| self.context_candies(&graph.g[*i]))
+            .filter_map(|i| match &graph.g[*i].work {
+                crate::graph::Work::Containerfile { box_name, .. } => Some(box_name.as_str()),
+                _ => None,
+            })
+            .collect();
+        self.box_context_candy_dirs(&names, out_root)
+    }
+
+    /// [`Engine::context_candy_dirs`] of the boxes `names`.
+    pub fn box_context_candy_dirs(&self, names: &[&str], out_root: &Path) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = names
+            .iter()
+            .flat_map(|n| self.box_context_candies(n))
             .map(|(_, rel)| crate::journal::normalize(&out_root.join(rel)))
             .collect();
         dirs.sort();

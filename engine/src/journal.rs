@@ -32,6 +32,19 @@
 //! always recent, so the journal also stores their content digest and
 //! verifies racy outputs by content; once they are old enough, a replay
 //! drops those digests and rewrites the journal, as git refreshes its index.
+//!
+//! When the journal cannot replay, its last entry still serves the full run
+//! as a [`Memo`]. Besides the keys present and the outputs left, it holds a
+//! digest per box of everything that box's output is derived from
+//! ([`Recorder::box_digests`]): the fingerprints of every input outside
+//! candy directories (the root, vocabularies, box files: "global"), of every
+//! file in the directories of the candies of the box and of the boxes it is
+//! built on or with, and those boxes' resolutions. A box whose digest is the
+//! same, whose build directory is as it was left, is not derived again: its
+//! nodes and outputs are carried over from the memo ([`Memo::carry`]). An
+//! edit to one candy re-derives only the boxes that contain it; an edit to
+//! anything global, all of them. Racy files make their boxes' digests
+//! untrusted (recorded as none), as for the whole entry.
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -40,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Version of the journal file format; a different one is ignored.
-pub const JOURNAL_SCHEMA: u32 = 2;
+pub const JOURNAL_SCHEMA: u32 = 3;
 
 /// Files modified this close (nanoseconds) to a fingerprint are not trusted
 /// by stat alone (the stat cache's window, [`crate::hash::RACY_NS`]).
@@ -121,16 +134,20 @@ pub struct Memo {
     keys: std::collections::HashMap<String, charly_cache::NodeKey>,
     /// Output entries sorted by path (a directory's entries follow it).
     outputs: Vec<OutputEntry>,
+    /// The last run's nodes, in its order.
+    nodes: Vec<(String, crate::key::NodeKind, String)>,
+    /// The last run's boxes by name.
+    boxes: std::collections::HashMap<String, BoxEntry>,
 }
 
 impl Memo {
     fn of(e: Entry) -> Memo {
         let mut present = std::collections::HashSet::new();
         let mut keys = std::collections::HashMap::new();
-        for (id, _, hex) in e.outcome.nodes {
+        for (id, _, hex) in &e.outcome.nodes {
             if let Ok(k) = hex.parse::<charly_cache::NodeKey>() {
                 present.insert(k);
-                keys.insert(id, k);
+                keys.insert(id.clone(), k);
             }
         }
         let mut outputs = e.outputs;
@@ -139,7 +156,51 @@ impl Memo {
             present,
             keys,
             outputs,
+            nodes: e.outcome.nodes,
+            boxes: e
+                .outcome
+                .boxes
+                .into_iter()
+                .map(|b| (b.name.clone(), b))
+                .collect(),
         }
+    }
+
+    /// Whether box `name` had `digest` in the last run (an untrusted
+    /// digest, none, matches nothing).
+    pub fn box_unchanged(&self, name: &str, digest: Option<&BoxDigest>) -> bool {
+        digest.is_some() && self.boxes.get(name).and_then(|b| b.digest.as_ref()) == digest
+    }
+
+    /// The nodes of the last run's boxes `names` (each once, in the last
+    /// run's order), but those in `except` (nodes this run has itself).
+    pub fn carry(
+        &self,
+        names: &[&str],
+        except: &std::collections::HashSet<&str>,
+    ) -> Vec<(String, crate::key::NodeKind, String)> {
+        let mut at: Vec<u32> = names
+            .iter()
+            .filter_map(|n| self.boxes.get(*n))
+            .flat_map(|b| b.nodes.iter().copied())
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at.iter()
+            .filter_map(|i| self.nodes.get(*i as usize))
+            .filter(|(id, ..)| !except.contains(id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// The ids of the nodes box `name` had in the last run.
+    pub fn box_nodes(&self, name: &str) -> impl Iterator<Item = &str> {
+        self.boxes
+            .get(name)
+            .into_iter()
+            .flat_map(|b| b.nodes.iter())
+            .filter_map(|i| self.nodes.get(*i as usize))
+            .map(|(id, ..)| id.as_str())
     }
 
     /// The keys the store held records for at the end of the last run
@@ -195,6 +256,27 @@ pub struct Outcome {
     /// `--keep-going` left out).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The boxes the run derived or carried over, with their digests and
+    /// nodes (what the next run's [`Memo`] compares and carries).
+    #[serde(default)]
+    pub boxes: Vec<BoxEntry>,
+}
+
+/// The digest of what one box's output is derived from
+/// ([`Recorder::box_digests`]).
+pub type BoxDigest = [u8; 32];
+
+/// One box of a run's outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxEntry {
+    /// The box.
+    pub name: String,
+    /// What its output is derived from; none when that could not be
+    /// trusted (racy inputs, an incomplete walk).
+    pub digest: Option<BoxDigest>,
+    /// Its nodes (everything its goal depends on): indices into the
+    /// outcome's nodes.
+    pub nodes: Vec<u32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -468,15 +550,16 @@ impl Journal {
                 None => ok = false,
             }
         }
-        let racy = inputs
-            .iter()
-            .any(|(_, fp)| fp.0 != 0 && fp.changed_ns() > started_ns - self.racy_ns);
+        let racy_after = started_ns - self.racy_ns;
+        let racy = inputs.iter().any(|(_, fp)| is_racy(fp, racy_after));
         Recorder {
             roots: roots.to_vec(),
             skip: skip.to_vec(),
             epoch,
             inputs,
             usable: ok && !racy,
+            walked: ok,
+            racy_after,
         }
     }
 
@@ -578,6 +661,16 @@ pub struct Recorder {
     epoch: String,
     inputs: Vec<(String, Fp)>,
     usable: bool,
+    /// The walk saw everything (no error, every path UTF-8) and nothing
+    /// outside it was used ([`Recorder::spoil`]).
+    walked: bool,
+    /// A change after this (unix ns) is racy.
+    racy_after: i64,
+}
+
+/// Whether a fingerprint is too recent to trust.
+fn is_racy(fp: &Fp, racy_after: i64) -> bool {
+    fp.0 != 0 && fp.changed_ns() > racy_after
 }
 
 impl Recorder {
@@ -593,11 +686,185 @@ impl Recorder {
     /// see).
     pub fn spoil(&mut self) {
         self.usable = false;
+        self.walked = false;
     }
 
     /// Whether [`Journal::record`] would write an entry.
     pub fn usable(&self) -> bool {
         self.usable
+    }
+}
+
+impl Recorder {
+    /// For each of `names`, the digest of everything its output is
+    /// derived from, by this run's fingerprints: the global inputs (every
+    /// walked path outside all candy directories), then for the box and
+    /// each box it is built on or with (bases, builder boxes; transitively)
+    /// its resolution, and the path and fingerprint of every file under
+    /// the directory of each of their candies. None when that cannot be
+    /// trusted: the walk was incomplete or spoiled, or one of those
+    /// fingerprints is racy.
+    pub fn box_digests(
+        &self,
+        p: &charly_rules::load::Project,
+        r: &charly_rules::resolve::Resolution,
+        names: &[String],
+    ) -> Vec<Option<BoxDigest>> {
+        if !self.walked {
+            return vec![None; names.len()];
+        }
+        let mut sorted: Vec<&(String, Fp)> = self.inputs.iter().collect();
+        sorted.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // Each candy's files (in parallel): a digest, or none when one is
+        // racy, and the range of the entries under its directory.
+        let ns_dirs: Vec<PathBuf> = p.namespaces.iter().map(|n| normalize(&n.dir)).collect();
+        /// A candy's key, digest, and the entries only it holds.
+        type PerCandy<'k> = (
+            &'k str,
+            Option<blake3::Hash>,
+            Option<std::ops::Range<usize>>,
+            Option<usize>,
+        );
+        let per_candy: Vec<PerCandy> = p
+            .candies
+            .par_iter()
+            .map(|(key, c)| {
+                let dir = normalize(&c.dir);
+                let Some(d) = dir.to_str() else {
+                    return (key.as_str(), None, None, None);
+                };
+                let prefix = format!("{d}/");
+                let exact = sorted.binary_search_by(|e| e.0.as_str().cmp(d)).ok();
+                let start = sorted.partition_point(|e| e.0.as_str() < prefix.as_str());
+                let end = start
+                    + sorted[start..]
+                        .iter()
+                        .take_while(|e| e.0.starts_with(&prefix))
+                        .count();
+                let mut buf = Vec::new();
+                let mut racy = false;
+                for (path, fp) in exact
+                    .map(|i| sorted[i])
+                    .into_iter()
+                    .chain(sorted[start..end].iter().copied())
+                    .map(|e| (&e.0, &e.1))
+                {
+                    racy |= fp.0 != 2 && is_racy(fp, self.racy_after);
+                    hash_entry(&mut buf, path, fp);
+                }
+                // A candy directory holding a project's root holds global
+                // files: nothing in it is the candy's alone.
+                let holds_root = ns_dirs.iter().any(|n| n.starts_with(&dir));
+                let digest = (!racy).then(|| blake3::hash(&buf));
+                if holds_root {
+                    (key.as_str(), digest, None, None)
+                } else {
+                    (key.as_str(), digest, Some(start..end), exact)
+                }
+            })
+            .collect();
+        let mut covered = vec![false; sorted.len()];
+        let mut candies: std::collections::HashMap<&str, Option<blake3::Hash>> =
+            std::collections::HashMap::with_capacity(per_candy.len());
+        for (key, digest, range, exact) in per_candy {
+            for i in range.into_iter().flatten().chain(exact) {
+                covered[i] = true;
+            }
+            candies.insert(key, digest);
+        }
+        // Global even inside a candy directory: every file the loader read
+        // but candy manifests (box files above all, also where an image's
+        // manifest is a candy's, as in the node form).
+        let box_files: std::collections::HashSet<charly_rules::source::FileId> = p
+            .namespaces
+            .iter()
+            .flat_map(|n| n.boxes.values().map(|b| b.file))
+            .collect();
+        let manifests: std::collections::HashSet<charly_rules::source::FileId> = p
+            .candies
+            .values()
+            .map(|c| c.file)
+            .filter(|f| !box_files.contains(f))
+            .collect();
+        for f in (0..p.sources.len())
+            .filter_map(|i| u32::try_from(i).ok().map(charly_rules::source::FileId))
+        {
+            if manifests.contains(&f) {
+                continue;
+            }
+            let Some(path) = p.sources.path(f) else {
+                continue;
+            };
+            let path = normalize(path);
+            if let Some(i) = path
+                .to_str()
+                .and_then(|ps| sorted.binary_search_by(|e| e.0.as_str().cmp(ps)).ok())
+            {
+                covered[i] = false;
+            }
+        }
+        let mut global = Vec::new();
+        for (i, (path, fp)) in sorted.iter().map(|e| (&e.0, &e.1)).enumerate() {
+            if covered[i] {
+                continue;
+            }
+            if fp.0 != 2 && is_racy(fp, self.racy_after) {
+                return vec![None; names.len()];
+            }
+            hash_entry(&mut global, path, fp);
+        }
+        let global = blake3::hash(&global);
+        names
+            .iter()
+            .map(|name| {
+                let mut h = blake3::Hasher::new();
+                h.update(global.as_bytes());
+                let mut todo = vec![name.as_str()];
+                let mut seen = std::collections::BTreeSet::new();
+                while let Some(n) = todo.pop() {
+                    if !seen.insert(n) {
+                        continue;
+                    }
+                    h.update(&[0x01]);
+                    h.update(n.as_bytes());
+                    let Some(b) = r.get(n) else {
+                        h.update(&[0x00]);
+                        continue;
+                    };
+                    h.update(&serde_json::to_vec(b).ok()?);
+                    let keys = b.candies.iter().chain(&b.provided).chain(&b.authored);
+                    for k in keys {
+                        h.update(&[0x02]);
+                        h.update(k.as_bytes());
+                        match candies.get(k.as_str()) {
+                            Some(Some(d)) => h.update(d.as_bytes()),
+                            Some(None) => return None,
+                            None => h.update(&[0x00]),
+                        };
+                    }
+                    todo.extend(b.base_chain.iter().map(String::as_str));
+                    todo.extend(b.builder_map.values().map(String::as_str));
+                    todo.extend(b.builders.iter().filter_map(|u| u.image.as_deref()));
+                }
+                Some(*h.finalize().as_bytes())
+            })
+            .collect()
+    }
+}
+
+/// A path and its fingerprint, delimited, onto what is digested. A
+/// directory counts by its path only: what it holds is listed entry by
+/// entry (its mtime also moves when an output directory or the store,
+/// which the walk skips, is created in it).
+fn hash_entry(h: &mut Vec<u8>, path: &str, fp: &Fp) {
+    let Fp(kind, size, mtime, ctime, ino, mode) = *fp;
+    h.extend_from_slice(&(path.len() as u64).to_le_bytes());
+    h.extend_from_slice(path.as_bytes());
+    h.push(kind);
+    if kind != 2 {
+        for v in [size, mtime as u64, ctime as u64, ino, u64::from(mode)] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
     }
 }
 
@@ -689,6 +956,7 @@ mod tests {
             )],
             stdout: vec!["out/x".into()],
             warnings: vec!["warning: box `b` does not resolve".into()],
+            boxes: Vec::new(),
         }
     }
 

@@ -21,6 +21,7 @@ pub use charly_rules as rules;
 
 pub mod api;
 pub mod artifact;
+pub mod carry;
 pub mod check;
 pub mod ctx;
 pub mod exec;

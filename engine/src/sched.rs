@@ -74,6 +74,27 @@ pub struct NodeReport {
     pub duration_us: u64,
 }
 
+impl NodeReport {
+    /// A node cached under a key an earlier run recorded (the journal's
+    /// replay, a box carried over).
+    pub fn cached(id: String, kind: NodeKind, key: String) -> NodeReport {
+        NodeReport {
+            id,
+            kind,
+            key,
+            state: State::Cached,
+            duration_ms: 0,
+            error: None,
+            reason: None,
+            start_us: 0,
+            thread: 0,
+            duration_us: 0,
+            candy: None,
+            boxes: Vec::new(),
+        }
+    }
+}
+
 /// Counts per state.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Totals {
@@ -125,20 +146,7 @@ impl Summary {
         let nodes: Vec<NodeReport> = o
             .nodes
             .iter()
-            .map(|(id, kind, key)| NodeReport {
-                id: id.clone(),
-                kind: *kind,
-                key: key.clone(),
-                state: State::Cached,
-                duration_ms: 0,
-                error: None,
-                reason: None,
-                start_us: 0,
-                thread: 0,
-                duration_us: 0,
-                candy: None,
-                boxes: Vec::new(),
-            })
+            .map(|(id, kind, key)| NodeReport::cached(id.clone(), *kind, key.clone()))
             .collect();
         Summary {
             totals: Totals {
@@ -162,6 +170,7 @@ impl Summary {
                 .collect(),
             stdout,
             warnings: Vec::new(),
+            boxes: Vec::new(),
         }
     }
 

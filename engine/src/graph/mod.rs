@@ -286,6 +286,22 @@ impl Graph {
         out
     }
 
+    /// Every node goal `g` depends on, transitively, and `g` itself.
+    pub fn closure(&self, g: NodeIndex) -> Vec<NodeIndex> {
+        let mut seen = std::collections::HashSet::from([g]);
+        let mut stack = vec![g];
+        while let Some(j) = stack.pop() {
+            for d in self.g.neighbors_directed(j, petgraph::Direction::Incoming) {
+                if seen.insert(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        let mut out: Vec<NodeIndex> = seen.into_iter().collect();
+        out.sort_unstable();
+        out
+    }
+
     /// For every node some goal image is made of (and the goal images
     /// themselves): the requested boxes whose image contains it, sorted.
     pub fn boxes_by_part(&self) -> BTreeMap<NodeIndex, Vec<String>> {

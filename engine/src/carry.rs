@@ -1,0 +1,153 @@
+//! Boxes carried over from the last run: `box generate` after an edit
+//! derives only the boxes whose inputs changed.
+//!
+//! The no-op journal replays a run only when nothing changed at all. When
+//! something did, its [`Memo`] still holds, per box of the last run, the
+//! digest of everything that box's output was derived from
+//! ([`Recorder::box_digests`]) and the nodes it had. A box whose digest this
+//! run computes the same, and whose build directory (and the shared staging
+//! directory, and with `--out` the candy directories its context carries)
+//! is exactly as the last run left it, gets the same keys and the same
+//! files: its plans are not compiled, its keys not computed, its directory
+//! not looked at again. Its nodes are carried into this run's summary and
+//! journal as cached under their recorded keys, its outputs into the
+//! journal from the memo.
+//!
+//! Everything else — a box without a trusted digest, a changed one, a box
+//! the last run did not have, a touched build directory — is derived as in
+//! a full run. The journal's own property test (cli/tests/incremental.rs)
+//! holds the result to a run on an empty store, byte for byte and key for
+//! key.
+
+use crate::graph::{Graph, Work};
+use crate::journal::{BoxDigest, BoxEntry, Memo, Recorder};
+use crate::sched::{NodeReport, Summary};
+use charly_rules::load::Project;
+use charly_rules::naming;
+use charly_rules::resolve::Resolution;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// Which of the selected boxes this run derives and which it carries.
+#[derive(Debug, Default)]
+pub struct Carry {
+    /// The selected boxes, in order.
+    pub names: Vec<String>,
+    /// This run's digest of each selected box (by position).
+    pub digests: Vec<Option<BoxDigest>>,
+    /// Boxes to derive (selection order).
+    pub derive: Vec<String>,
+    /// Boxes carried over from the last run (selection order).
+    pub carried: Vec<String>,
+}
+
+/// Decides, for the boxes `names` written under `out_root`, which the last
+/// run's `memo` still answers. Without a memo or a recorder (no journal,
+/// plugins in use), every box is derived.
+pub fn plan(
+    memo: Option<&Memo>,
+    rec: Option<&Recorder>,
+    p: &Project,
+    r: &Resolution,
+    names: &[String],
+    out_root: &Path,
+    context_dirs: &dyn Fn(&str) -> Vec<std::path::PathBuf>,
+) -> Carry {
+    let _t = crate::timings::phase("carry: plan");
+    let digests = rec.map_or_else(
+        || vec![None; names.len()],
+        |rec| rec.box_digests(p, r, names),
+    );
+    let mut c = Carry {
+        names: names.to_vec(),
+        digests,
+        ..Carry::default()
+    };
+    // The staged files outside candies are shared by every box.
+    let shared_ok = memo.is_some_and(|m| m.dir_unchanged(&out_root.join(naming::LAYERS_DIR)));
+    for (name, digest) in names.iter().zip(&c.digests) {
+        let carried = shared_ok
+            && memo.is_some_and(|m| {
+                m.box_unchanged(name, digest.as_ref())
+                    && m.dir_unchanged(&out_root.join(naming::build_dir(name)))
+                    && context_dirs(name).iter().all(|d| m.dir_unchanged(d))
+            });
+        if carried {
+            c.carried.push(name.clone());
+        } else {
+            c.derive.push(name.clone());
+        }
+    }
+    c
+}
+
+impl Carry {
+    /// Adds the carried boxes' nodes to `summary` (cached under their
+    /// recorded keys) and returns every selected box's journal entry: its
+    /// digest and its nodes as positions in the merged summary.
+    pub fn merge(
+        &self,
+        summary: &mut Summary,
+        graph: &Graph,
+        memo: Option<&Memo>,
+    ) -> Vec<BoxEntry> {
+        if let Some(m) = memo.filter(|_| !self.carried.is_empty()) {
+            let have: HashSet<&str> = summary.nodes.iter().map(|n| n.id.as_str()).collect();
+            let names: Vec<&str> = self.carried.iter().map(String::as_str).collect();
+            let carried: Vec<NodeReport> = m
+                .carry(&names, &have)
+                .into_iter()
+                .map(|(id, kind, key)| NodeReport::cached(id, kind, key))
+                .collect();
+            summary.totals.nodes += carried.len();
+            summary.totals.cached += carried.len();
+            summary.nodes.extend(carried);
+        }
+        let at: HashMap<&str, u32> = summary
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| u32::try_from(i).ok().map(|i| (n.id.as_str(), i)))
+            .collect();
+        let goals: HashMap<&str, petgraph::stable_graph::NodeIndex> = graph
+            .goals
+            .iter()
+            .filter_map(|g| match &graph.g[*g].work {
+                Work::Containerfile { box_name, .. } => Some((box_name.as_str(), *g)),
+                _ => None,
+            })
+            .collect();
+        let carried: HashSet<&str> = self.carried.iter().map(String::as_str).collect();
+        self.names
+            .iter()
+            .zip(&self.digests)
+            .map(|(name, digest)| {
+                let ids: Vec<&str> = if carried.contains(name.as_str()) {
+                    memo.map(|m| m.box_nodes(name).collect())
+                        .unwrap_or_default()
+                } else {
+                    goals
+                        .get(name.as_str())
+                        .map(|g| {
+                            graph
+                                .closure(*g)
+                                .into_iter()
+                                .map(|i| graph.g[i].id.as_str())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                let mut nodes: Vec<u32> = ids.iter().filter_map(|id| at.get(id).copied()).collect();
+                nodes.sort_unstable();
+                // A box whose nodes cannot all be named is not carried next
+                // time (its digest is dropped).
+                let complete = nodes.len() == ids.len() && !ids.is_empty();
+                BoxEntry {
+                    name: name.clone(),
+                    digest: digest.filter(|_| complete),
+                    nodes,
+                }
+            })
+            .collect()
+    }
+}
