@@ -18,18 +18,7 @@ fn busybox_box_builds_and_has_what_its_candies_say() {
     let root = t.path().join("project");
     common::copy_project(&fixture(), &root);
     let podman = common::Podman::new(&t.path().join("podman"));
-    let tar = common::busybox_rootfs_tar(t.path());
-    let out = podman.run(&[
-        "import",
-        "-q",
-        tar.to_str().expect("utf8"),
-        "localhost/charly-test-busybox:1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman.import_busybox(t.path(), "localhost/charly-test-busybox:1");
 
     let p = load::load(&root, &LoadOptions::default()).expect("loads");
     let r = resolve::resolve(&p);

@@ -281,18 +281,7 @@ fn the_spliced_fragment_builds_into_the_image_with_podman() {
         .expect("run"));
     let t = tempfile::tempdir().expect("tmp");
     let podman = charly_testutil::Podman::new(&t.path().join("podman"));
-    let tar = charly_testutil::busybox_rootfs_tar(t.path());
-    let out = podman.run(&[
-        "import",
-        "-q",
-        tar.to_str().expect("utf8"),
-        "localhost/charly-test-busybox:1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman.import_busybox(t.path(), "localhost/charly-test-busybox:1");
     let out = podman
         .cmd()
         .current_dir(&w.project)

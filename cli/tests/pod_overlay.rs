@@ -20,18 +20,7 @@ impl World {
         let project = t.path().join("project");
         charly_testutil::copy_project(&charly_testutil::graph_fixture(), &project);
         let podman = charly_testutil::Podman::new(&t.path().join("podman"));
-        let tar = charly_testutil::busybox_rootfs_tar(t.path());
-        let out = podman.run(&[
-            "import",
-            "-q",
-            tar.to_str().expect("utf8"),
-            "localhost/charly-test-busybox:1",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        podman.import_busybox(t.path(), "localhost/charly-test-busybox:1");
         let root = t.path().join("root");
         std::fs::create_dir_all(root.join("etc")).expect("root");
         World {

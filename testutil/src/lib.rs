@@ -115,6 +115,18 @@ impl Podman {
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().expect("podman runs")
     }
+
+    /// Imports the busybox root filesystem ([`busybox_rootfs_tar`], made
+    /// under `dir`) as image `tag`; panics with podman's stderr on failure.
+    pub fn import_busybox(&self, dir: &Path, tag: &str) {
+        let tar = busybox_rootfs_tar(dir);
+        let out = self.run(&["import", "-q", tar.to_str().expect("utf8"), tag]);
+        assert!(
+            out.status.success(),
+            "podman import: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Whether podman is installed; tests that need it fail without it unless
