@@ -103,6 +103,9 @@ pub struct Plugin {
     next_broker_id: AtomicU32,
     // Holds the broker sockets; removed on drop, after the runtime.
     sockets: tempfile::TempDir,
+    // The thread the process was forked from (see `pdeathsig`); ended on
+    // drop, after the process was reaped.
+    keeper: Keeper,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -140,13 +143,21 @@ impl Plugin {
             .prefix("charly-plugin-")
             .tempdir()
             .map_err(|e| setup(format!("socket directory: {e}")))?;
-        let started = rt.block_on(launch(exe, &name, &opts, sockets.path()));
+        let cmd = command(exe, &opts, sockets.path());
+        let (child, mut keeper) =
+            Keeper::spawn(cmd, rt.handle().clone(), &name).map_err(|e| PluginError::Spawn {
+                plugin: name.clone(),
+                exe: PathBuf::from(exe),
+                source: e,
+            })?;
+        let started = rt.block_on(launch(child, &name, &opts));
         let l = match started {
             Ok(l) => l,
             Err(e) => {
-                // The runtime's drop cancels the tasks; the child was spawned
-                // with kill_on_drop, so it is killed, and tokio reaps it.
+                // launch killed and reaped the child; the runtime's drop
+                // cancels the tasks.
                 rt.shutdown_timeout(Duration::from_secs(1));
+                keeper.finish();
                 return Err(e);
             }
         };
@@ -163,6 +174,7 @@ impl Plugin {
             broker: l.broker,
             next_broker_id: AtomicU32::new(1),
             sockets,
+            keeper,
         })
     }
 
@@ -426,6 +438,68 @@ impl Drop for Plugin {
             }
         });
         rt.shutdown_timeout(Duration::from_millis(500));
+        // Last: should the process still be there, its parent-death signal
+        // ends it now.
+        self.keeper.finish();
+    }
+}
+
+/// The thread a plugin process is forked from. With PR_SET_PDEATHSIG the
+/// kernel kills the child when the *thread* that forked it exits, so the
+/// fork happens here and this thread then only waits for [`Keeper::finish`]
+/// (see [`crate::pdeathsig`]).
+struct Keeper {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Keeper {
+    /// Spawns `cmd` from a new keeper thread (inside `rt`'s context, so
+    /// tokio's child reaping works) and returns the child.
+    fn spawn(
+        mut cmd: Command,
+        rt: tokio::runtime::Handle,
+        name: &str,
+    ) -> std::io::Result<(tokio::process::Child, Keeper)> {
+        let (child_tx, child_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("plugin-keeper {name}"))
+            .spawn(move || {
+                let spawned = {
+                    let _in_rt = rt.enter();
+                    cmd.spawn()
+                };
+                let ok = spawned.is_ok();
+                let _ = child_tx.send(spawned);
+                if ok {
+                    // Returns when the sender is dropped.
+                    let _ = stop_rx.recv();
+                }
+            })?;
+        let mut keeper = Keeper {
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        match child_rx.recv() {
+            Ok(Ok(child)) => Ok((child, keeper)),
+            Ok(Err(e)) => {
+                keeper.finish();
+                Err(e)
+            }
+            Err(_) => {
+                keeper.finish();
+                Err(std::io::Error::other("the plugin's keeper thread ended"))
+            }
+        }
+    }
+
+    /// Ends the thread (and so, should it still run, the process).
+    fn finish(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -440,12 +514,9 @@ struct Launched {
     broker: mpsc::Sender<gp::ConnInfo>,
 }
 
-async fn launch(
-    exe: &Path,
-    name: &str,
-    opts: &PluginOptions,
-    socket_dir: &Path,
-) -> Result<Launched, PluginError> {
+/// The command that starts the plugin: `<exe> __plugin serve` with
+/// go-plugin's environment, dying with charly (see [`crate::pdeathsig`]).
+fn command(exe: &Path, opts: &PluginOptions, socket_dir: &Path) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(["__plugin", "serve"])
         .env(MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE)
@@ -462,11 +533,15 @@ async fn launch(
     for (k, v) in &opts.env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().map_err(|e| PluginError::Spawn {
-        plugin: name.to_string(),
-        exe: PathBuf::from(exe),
-        source: e,
-    })?;
+    crate::pdeathsig::die_with_parent(&mut cmd);
+    cmd
+}
+
+async fn launch(
+    mut child: tokio::process::Child,
+    name: &str,
+    opts: &PluginOptions,
+) -> Result<Launched, PluginError> {
     let pid = child.id();
     let sink = opts.sink.clone();
     let prefix = format!("{name}: ");

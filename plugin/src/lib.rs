@@ -14,6 +14,10 @@
 //! broker when given one), and on drop `GRPCController.Shutdown`, then a kill.
 //! The API is blocking; each plugin runs a small private tokio runtime.
 //!
+//! A plugin process never outlives charly, even a SIGKILLed one (module
+//! `pdeathsig`: Linux's parent-death signal, set from a keeper thread per
+//! plugin).
+//!
 //! With the `serve` feature (default), [`serve`] is the plugin side for plugins
 //! written in Rust (the example and fault plugins of the tests use it).
 
@@ -39,6 +43,7 @@ mod executor;
 mod handshake;
 mod host;
 mod net;
+mod pdeathsig;
 pub mod reply;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -13,9 +13,22 @@ use serde_json::json;
 
 const EXAMPLE: &str = env!("CARGO_BIN_EXE_charly-plugin-example");
 const FAULT: &str = env!("CARGO_BIN_EXE_charly-plugin-fault");
+const HOLD: &str = env!("CARGO_BIN_EXE_charly-plugin-hold");
 
 fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Running: its /proc entry is there and it is not a zombie (an orphan
+/// whose new parent does not reap it stays a zombie, yet it has ended).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S …`: the state follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 fn start_example() -> Plugin {
@@ -491,4 +504,41 @@ fn a_tcp_plugin() {
     // No GRPCController: the shutdown fails, the grace runs out, the kill.
     drop(p);
     assert!(!alive(pid), "the plugin was left running");
+}
+/// charly SIGKILLed: no drop, no Shutdown runs, yet the plugin goes (the
+/// kernel's parent-death signal). The stand-in for charly started it on a
+/// thread that ended first, and the plugin kept serving until then.
+#[test]
+fn the_plugin_dies_with_a_sigkilled_charly() {
+    use std::io::BufRead;
+    let mut hold = std::process::Command::new(HOLD)
+        .arg(EXAMPLE)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the stand-in starts");
+    let mut line = String::new();
+    std::io::BufReader::new(hold.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let Ok(pid) = line.trim().parse::<u32>() else {
+        let _ = hold.kill();
+        let out = hold.wait_with_output().expect("wait");
+        panic!(
+            "the stand-in printed no pid ({line:?}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    assert!(running(pid), "plugin {pid} is not running");
+    hold.kill().expect("SIGKILL");
+    hold.wait().expect("reaped");
+    let t = std::time::Instant::now();
+    while running(pid) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !running(pid),
+        "plugin {pid} outlived its SIGKILLed host by {:?}",
+        t.elapsed()
+    );
 }
