@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +29,31 @@ pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// How many stderr lines are kept for error messages.
 const STDERR_TAIL: usize = 20;
+
+/// How much of a non-string progress frame is shown.
+const FRAME_SHOWN: usize = 1000;
+
+/// What [`Plugin::call`] collected.
+struct Called {
+    frames: Vec<Vec<u8>>,
+}
+
+fn request(
+    class: &str,
+    word: &str,
+    op: &str,
+    params: &serde_json::Value,
+    env: &serde_json::Value,
+) -> pb::InvokeRequest {
+    pb::InvokeRequest {
+        reserved: word.to_string(),
+        op: op.to_string(),
+        params_json: json_bytes(params),
+        env_json: json_bytes(env),
+        class: class.to_string(),
+        executor_broker_id: 0,
+    }
+}
 
 /// Settings of [`Plugin::start`].
 #[derive(Clone)]
@@ -101,6 +126,8 @@ pub struct Plugin {
     stderr_done: watch::Receiver<bool>,
     broker: mpsc::Sender<gp::ConnInfo>,
     next_broker_id: AtomicU32,
+    // The plugin answered InvokeStream with UNIMPLEMENTED: use Invoke.
+    no_stream: AtomicBool,
     // Holds the broker sockets; removed on drop, after the runtime.
     sockets: tempfile::TempDir,
     // The thread the process was forked from (see `pdeathsig`); ended on
@@ -173,6 +200,7 @@ impl Plugin {
             stderr_done: l.stderr_done,
             broker: l.broker,
             next_broker_id: AtomicU32::new(1),
+            no_stream: AtomicBool::new(false),
             sockets,
             keeper,
         })
@@ -233,43 +261,139 @@ impl Plugin {
         executor: Option<&mut dyn Executor>,
     ) -> Result<serde_json::Value, PluginError> {
         let what = format!("invoke {class}:{word} {op}");
+        let req = request(class, word, op, params, env);
+        let call = self.call(&what, req, executor, false).map_err(|(e, _)| e)?;
+        // A unary call yields exactly its one reply.
+        let bytes = call.frames.into_iter().last().unwrap_or_default();
+        self.parse_result(&what, &bytes)
+    }
+
+    /// `Provider.InvokeStream`: the streaming form of [`Plugin::invoke`]
+    /// (same arguments, executor and errors), which the protocol names for
+    /// the genuinely streaming operations (`execute`, `record`, `logcat`).
+    ///
+    /// The plugin answers a stream of `Frame`s, each carrying `result_json`;
+    /// the **last** frame is the call's result (returned parsed like
+    /// `invoke`'s reply). Every earlier frame is progress and goes to
+    /// [`PluginOptions::sink`] the way the plugin's stderr does, prefixed
+    /// `<name>: `: a frame holding a JSON string shows its text (line by
+    /// line) as soon as it arrives; any other frame shows as compact JSON
+    /// once the next frame proves it was not the last. Every frame must be
+    /// JSON ([`PluginError::BadReply`] otherwise), and a stream that ends
+    /// without a frame is [`PluginError::BadReply`] too. The timeout applies
+    /// to each stretch in which the plugin neither sends a frame nor calls
+    /// the executor.
+    ///
+    /// A plugin that does not serve `InvokeStream` (it answers
+    /// `UNIMPLEMENTED` before any frame and before calling the executor,
+    /// as go-plugin's and tonic's default stubs do) is asked again with
+    /// `Invoke`, and from then on straight away.
+    pub fn invoke_stream(
+        &self,
+        class: &str,
+        word: &str,
+        op: &str,
+        params: &serde_json::Value,
+        env: &serde_json::Value,
+        executor: Option<&mut dyn Executor>,
+    ) -> Result<serde_json::Value, PluginError> {
+        let mut executor = executor;
+        if !self.no_stream.load(Ordering::Relaxed) {
+            let what = format!("invoke-stream {class}:{word} {op}");
+            let req = request(class, word, op, params, env);
+            match self.call(&what, req, executor.as_deref_mut(), true) {
+                Ok(call) => {
+                    let Some(last) = call.frames.into_iter().last() else {
+                        return Err(PluginError::BadReply {
+                            plugin: self.name.clone(),
+                            op: what,
+                            reason: "the stream ended without a frame".into(),
+                            excerpt: String::new(),
+                        });
+                    };
+                    return self.parse_result(&what, &last);
+                }
+                Err((
+                    PluginError::Rpc {
+                        code: tonic::Code::Unimplemented,
+                        ..
+                    },
+                    quiet,
+                )) if quiet => {
+                    self.no_stream.store(true, Ordering::Relaxed);
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+        self.invoke(class, word, op, params, env, executor)
+    }
+
+    fn parse_result(&self, what: &str, bytes: &[u8]) -> Result<serde_json::Value, PluginError> {
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(bytes).map_err(|e| PluginError::BadReply {
+            plugin: self.name.clone(),
+            op: what.to_string(),
+            reason: format!("result_json is not JSON: {e}"),
+            excerpt: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+        })
+    }
+
+    /// Runs one `Invoke` (`stream: false`) or `InvokeStream` call to its
+    /// end, serving the executor meanwhile; returns the `result_json` of
+    /// every frame (a unary reply is one frame). On failure, also whether
+    /// the plugin had done nothing visible yet (no frame, no executor call).
+    fn call<'e>(
+        &self,
+        what: &str,
+        mut req: pb::InvokeRequest,
+        executor: Option<&mut (dyn Executor + 'e)>,
+        stream: bool,
+    ) -> Result<Called, (PluginError, bool)> {
         let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<ExecCall>();
         let mut serving = None;
-        let mut broker_id = 0;
         if executor.is_some() {
             let id = self.next_broker_id.fetch_add(1, Ordering::Relaxed);
-            let (stop, task) = self.serve_executor(id, calls_tx, &what)?;
-            broker_id = id;
+            let (stop, task) = self
+                .serve_executor(id, calls_tx, what)
+                .map_err(|e| (e, true))?;
+            req.executor_broker_id = id;
             serving = Some((stop, task));
         } else {
             drop(calls_tx);
         }
-        let req = pb::InvokeRequest {
-            reserved: word.to_string(),
-            op: op.to_string(),
-            params_json: json_bytes(params),
-            env_json: json_bytes(env),
-            class: class.to_string(),
-            executor_broker_id: broker_id,
-        };
+        let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let mut client = pb::provider_client::ProviderClient::new(self.channel.clone());
-        let mut call = self.rt().spawn(async move { client.invoke(req).await });
+        let mut call = self.rt().spawn(async move {
+            if stream {
+                let mut frames = client.invoke_stream(req).await?.into_inner();
+                while let Some(f) = frames.message().await? {
+                    let _ = frames_tx.send(f.result_json);
+                }
+            } else {
+                let r = client.invoke(req).await?;
+                let _ = frames_tx.send(r.into_inner().result_json);
+            }
+            Ok::<(), tonic::Status>(())
+        });
         let mut executor = executor;
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut shown = 0; // frames[..shown] went to the sink
+        let mut exec_calls = 0usize;
         let outcome = loop {
             enum Step {
-                Done(
-                    Result<
-                        Result<tonic::Response<pb::InvokeReply>, tonic::Status>,
-                        tokio::task::JoinError,
-                    >,
-                ),
+                Frame(Vec<u8>),
                 Exec(ExecCall),
+                Done(Result<Result<(), tonic::Status>, tokio::task::JoinError>),
             }
             let step = self.rt().block_on(async {
                 tokio::time::timeout(self.opts.call_timeout, async {
                     tokio::select! {
-                        r = &mut call => Step::Done(r),
+                        biased;
+                        Some(f) = frames_rx.recv() => Step::Frame(f),
                         Some(c) = calls_rx.recv() => Step::Exec(c),
+                        r = &mut call => Step::Done(r),
                     }
                 })
                 .await
@@ -277,20 +401,44 @@ impl Plugin {
             match step {
                 Err(_) => {
                     call.abort();
-                    break Err(self.timeout(&what));
+                    break Err(self.timeout(what));
                 }
-                Ok(Step::Exec(c)) => match executor.as_deref_mut() {
-                    Some(ex) => c.answer(ex),
-                    None => drop(c),
-                },
+                Ok(Step::Exec(c)) => {
+                    exec_calls += 1;
+                    match executor.as_deref_mut() {
+                        Some(ex) => c.answer(ex),
+                        None => drop(c),
+                    }
+                }
+                Ok(Step::Frame(f)) => {
+                    if let Err(e) = self.take_frame(what, stream, &mut frames, &mut shown, f) {
+                        call.abort();
+                        break Err(e);
+                    }
+                }
                 Ok(Step::Done(Err(join))) => {
                     break Err(PluginError::Setup {
                         plugin: self.name.clone(),
                         reason: format!("{what}: call task: {join}"),
                     });
                 }
-                Ok(Step::Done(Ok(Err(status)))) => break Err(self.rpc_error(&what, status)),
-                Ok(Step::Done(Ok(Ok(r)))) => break Ok(r.into_inner().result_json),
+                Ok(Step::Done(Ok(r))) => {
+                    // The task has ended: every frame it sent is queued.
+                    let mut bad = None;
+                    while let Ok(f) = frames_rx.try_recv() {
+                        if let Err(e) = self.take_frame(what, stream, &mut frames, &mut shown, f) {
+                            bad = Some(e);
+                            break;
+                        }
+                    }
+                    if let Some(e) = bad {
+                        break Err(e);
+                    }
+                    break match r {
+                        Ok(()) => Ok(()),
+                        Err(status) => Err(self.rpc_error(what, status)),
+                    };
+                }
             }
         };
         if let Some((stop, task)) = serving {
@@ -299,16 +447,77 @@ impl Plugin {
                 .rt()
                 .block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await });
         }
-        let bytes = outcome?;
-        if bytes.is_empty() {
-            return Ok(serde_json::Value::Null);
+        let quiet = frames.is_empty() && exec_calls == 0;
+        outcome.map_err(|e| (e, quiet))?;
+        Ok(Called { frames })
+    }
+
+    /// Takes one frame: checked and, for a stream, the one before it shown
+    /// as progress (a JSON string frame is shown at once).
+    fn take_frame(
+        &self,
+        what: &str,
+        stream: bool,
+        frames: &mut Vec<Vec<u8>>,
+        shown: &mut usize,
+        f: Vec<u8>,
+    ) -> Result<(), PluginError> {
+        if !stream {
+            frames.push(f);
+            return Ok(());
         }
-        serde_json::from_slice(&bytes).map_err(|e| PluginError::BadReply {
-            plugin: self.name.clone(),
-            op: what,
-            reason: format!("result_json is not JSON: {e}"),
-            excerpt: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
-        })
+        self.check_frame(what, &f)?;
+        // The previous frame was not the last: progress.
+        if *shown < frames.len()
+            && let Some(prev) = frames.last()
+        {
+            self.show_frame(prev);
+        }
+        frames.push(f);
+        *shown = frames.len() - 1;
+        if matches!(
+            frames.last().map(|f| serde_json::from_slice(f)),
+            Some(Ok(serde_json::Value::String(_)))
+        ) {
+            if let Some(last) = frames.last() {
+                self.show_frame(last);
+            }
+            *shown = frames.len();
+        }
+        Ok(())
+    }
+
+    /// Every frame of a stream must be JSON.
+    fn check_frame(&self, what: &str, f: &[u8]) -> Result<(), PluginError> {
+        if f.is_empty() {
+            return Ok(());
+        }
+        self.parse_result(what, f).map(|_| ())
+    }
+
+    /// A progress frame to the sink, as the plugin's stderr lines go.
+    fn show_frame(&self, f: &[u8]) {
+        let Some(sink) = &self.opts.sink else { return };
+        match serde_json::from_slice::<serde_json::Value>(f) {
+            Ok(serde_json::Value::String(text)) => {
+                for line in text.lines() {
+                    sink(&format!("{}: {line}", self.name));
+                }
+            }
+            Ok(v) => {
+                let mut text = v.to_string();
+                if text.len() > FRAME_SHOWN {
+                    let mut end = FRAME_SHOWN;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                    text.push('…');
+                }
+                sink(&format!("{}: {text}", self.name));
+            }
+            Err(_) => {}
+        }
     }
 
     /// Listens on a fresh socket, serves `ExecutorService` there and announces

@@ -10,8 +10,11 @@
 //! `PluginMeta`/`Provider` services on that socket.
 //!
 //! [`Plugin`] is the host: [`Plugin::start`], [`Plugin::describe`],
-//! [`Plugin::invoke`] (serving an [`Executor`] back to the plugin over the
-//! broker when given one), and on drop `GRPCController.Shutdown`, then a kill.
+//! [`Plugin::invoke`] and its streaming form [`Plugin::invoke_stream`]
+//! (`Provider.InvokeStream`, progress frames forwarded like stderr, falling
+//! back to `Invoke` for plugins without it), serving an [`Executor`] back to
+//! the plugin over the broker when given one, and on drop
+//! `GRPCController.Shutdown`, then a kill.
 //! The API is blocking; each plugin runs a small private tokio runtime.
 //!
 //! A plugin process never outlives charly, even a SIGKILLed one (module

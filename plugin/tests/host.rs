@@ -542,3 +542,127 @@ fn the_plugin_dies_with_a_sigkilled_charly() {
         t.elapsed()
     );
 }
+
+/// Collects what reaches a sink.
+fn collecting_sink() -> (charly_plugin::LineSink, Arc<Mutex<Vec<String>>>) {
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&lines);
+    let sink: charly_plugin::LineSink = Arc::new(move |l: &str| {
+        if let Ok(mut v) = seen.lock() {
+            v.push(l.to_string());
+        }
+    });
+    (sink, lines)
+}
+
+/// InvokeStream: the progress frames reach the sink (a string frame as its
+/// text, an object as JSON), the last frame is the result and is not shown.
+#[test]
+fn execute_streams_progress_to_the_sink_and_returns_the_last_frame() {
+    let (sink, lines) = collecting_sink();
+    let p = Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            name: Some("ex".into()),
+            sink: Some(sink),
+            ..PluginOptions::default()
+        },
+    )
+    .expect("starts");
+    let mut rec = Recorder::default();
+    let v = p
+        .invoke_stream(
+            "step",
+            "examplestepkind",
+            "execute",
+            &json!({"marker": "streamed"}),
+            &serde_json::Value::Null,
+            Some(&mut rec),
+        )
+        .expect("execute streamed");
+    let r: DeployReply = serde_json::from_value(v).expect("a DeployReply");
+    assert_eq!(r.reverse_ops.len(), 1);
+    assert_eq!(rec.calls.len(), 1, "{:?}", rec.calls);
+    assert!(rec.calls[0].contains("'streamed'"), "{:?}", rec.calls);
+    let shown = lines.lock().expect("lines").clone();
+    assert_eq!(
+        shown,
+        [
+            "ex: examplestepkind: writing the marker",
+            r#"ex: {"examplestepkind":"marker written"}"#,
+        ]
+    );
+    // A unary op streams its reply as the one frame.
+    let v = p
+        .invoke_stream(
+            "step",
+            "examplestepkind",
+            "emit",
+            &json!({}),
+            &json!({}),
+            None,
+        )
+        .expect("emit streamed");
+    assert!(
+        v["fragment"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("RUN "))
+    );
+    assert_eq!(lines.lock().expect("lines").len(), 2, "nothing more shown");
+}
+
+/// A plugin that serves only Invoke: InvokeStream falls back to it.
+#[test]
+fn a_plugin_without_invoke_stream_is_invoked_instead() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(Path::new(FAULT), fault_opts("plain", &pidfile)).expect("starts");
+    for _ in 0..2 {
+        let v = p
+            .invoke_stream("step", "x", "execute", &json!({}), &json!({}), None)
+            .expect("falls back to invoke");
+        assert_eq!(v, json!({"ok": true}));
+    }
+}
+
+/// The streaming call's failures are typed as the unary call's are.
+#[test]
+fn invoke_stream_failures_are_typed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |mode: &str| {
+        let pidfile = dir.path().join(mode);
+        let opts = PluginOptions {
+            call_timeout: Duration::from_millis(700),
+            ..fault_opts(mode, &pidfile)
+        };
+        Plugin::start(Path::new(FAULT), opts).expect("starts")
+    };
+    let call = |p: &Plugin| p.invoke_stream("verb", "x", "record", &json!({}), &json!({}), None);
+
+    let e = call(&start("crash")).expect_err("crash");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Crashed { .. }), "{msg}");
+    assert!(
+        msg.contains("crashed during invoke-stream verb:x record"),
+        "{msg}"
+    );
+    assert!(msg.contains("fault: crashing in invoke-stream"), "{msg}");
+
+    let e = call(&start("hang")).expect_err("hang");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Timeout { .. }), "{msg}");
+    assert_eq!(
+        msg,
+        "plugin fault-hang: invoke-stream verb:x record timed out after 700ms"
+    );
+
+    let e = call(&start("garbage")).expect_err("garbage");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
+    assert!(msg.contains("this is {not json"), "{msg}");
+
+    let e = call(&start("empty-stream")).expect_err("no frame");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
+    assert!(msg.contains("the stream ended without a frame"), "{msg}");
+}

@@ -13,7 +13,13 @@
 //!   (as go-plugin does where Unix sockets are not used); no broker or
 //!   controller, so the host has to kill it;
 //! - `stubborn`: serves, and keeps running after `GRPCController.Shutdown`;
+//! - `empty-stream`: serves, and answers `InvokeStream` with no frame;
 //! - anything else: serves, answering `invoke` with `{"ok": true}`.
+//!
+//! `InvokeStream` follows the mode too: `crash` exits after one frame,
+//! `hang` sends one frame and then nothing, `garbage` sends a frame that is
+//! not JSON; in the other modes it is not implemented (UNIMPLEMENTED, as a
+//! plugin with only `Invoke` answers), so the host falls back to `Invoke`.
 //!
 //! With `CHARLY_PLUGIN_FAULT_PIDFILE` set, it first writes its pid there.
 
@@ -53,7 +59,50 @@ impl pb::provider_server::Provider for Provider {
             })),
         }
     }
+
+    async fn invoke_stream(
+        &self,
+        _: Request<pb::InvokeRequest>,
+    ) -> Result<Response<FrameStream>, Status> {
+        let frame = |b: &[u8]| {
+            Ok(pb::Frame {
+                result_json: b.to_vec(),
+            })
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        match mode().as_str() {
+            "crash" => {
+                tokio::spawn(async move {
+                    let _ = tx.send(frame(br#""about to crash""#)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    eprintln!("fault: crashing in invoke-stream");
+                    std::process::exit(101);
+                });
+            }
+            "hang" => {
+                tokio::spawn(async move {
+                    let _ = tx.send(frame(br#"{"step": 1}"#)).await;
+                    std::future::pending::<()>().await;
+                });
+            }
+            "garbage" => {
+                tokio::spawn(async move {
+                    let _ = tx.send(frame(b"this is {not json")).await;
+                });
+            }
+            "empty-stream" => drop(tx),
+            _ => {
+                return Err(Status::unimplemented("method InvokeStream not implemented"));
+            }
+        }
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 }
+
+type FrameStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Frame, Status>> + Send + 'static>>;
 
 /// Calls each executor RPC once and reports what came back.
 async fn callbacks(broker_id: u32) -> Result<Response<pb::InvokeReply>, Status> {
