@@ -3,8 +3,9 @@
 //! declares `step:examplestepkind`, another's task uses it; `box generate`
 //! splices what the plugin emits, a second run starts no plugin, a new
 //! plugin build regenerates; `bundle add` has the plugin execute on the
-//! host through charly's venue and `bundle del` replays its teardown;
-//! `execute` streams its progress.
+//! host through charly's venue and `bundle del` replays its teardown. The
+//! example plugin answers charly's AutoMTLS, so all of it runs over mutual
+//! TLS, and `execute` streams its progress.
 
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};

@@ -21,6 +21,7 @@ use crate::executor::{ExecCall, Executor, HostExecutor};
 use crate::handshake;
 use crate::proto::charly as pb;
 use crate::proto::goplugin as gp;
+use crate::tls::{Curve, Identity};
 use crate::{APP_PROTOCOL_VERSION, HEALTH_SERVICE, MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE, net};
 
 /// Where the plugin's output lines go: stderr, stdout after the handshake,
@@ -77,6 +78,13 @@ pub struct PluginOptions {
     pub env: Vec<(OsString, OsString)>,
     /// go-plugin's `PLUGIN_MIN_PORT`/`PLUGIN_MAX_PORT` for TCP plugins.
     pub port_range: (u16, u16),
+    /// go-plugin's AutoMTLS (default on, as the original charly's host
+    /// sets it): a fresh client certificate in `PLUGIN_CLIENT_CERT`, and
+    /// mutual TLS with a plugin that answers with its own certificate (see
+    /// [`crate::tls`]). A plugin that answers without one is spoken to in
+    /// plaintext. Off: no `PLUGIN_CLIENT_CERT`, and a plugin that sends a
+    /// certificate anyway is [`PluginError::Unsupported`].
+    pub auto_mtls: bool,
 }
 
 impl Default for PluginOptions {
@@ -90,6 +98,7 @@ impl Default for PluginOptions {
             env: Vec::new(),
             // go-plugin's defaults.
             port_range: (10000, 25000),
+            auto_mtls: true,
         }
     }
 }
@@ -104,6 +113,7 @@ impl std::fmt::Debug for PluginOptions {
             .field("sink", &self.sink.as_ref().map(|_| "…"))
             .field("env", &self.env)
             .field("port_range", &self.port_range)
+            .field("auto_mtls", &self.auto_mtls)
             .finish()
     }
 }
@@ -125,6 +135,8 @@ pub struct Plugin {
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_done: watch::Receiver<bool>,
     broker: mpsc::Sender<gp::ConnInfo>,
+    // AutoMTLS: how broker connections are served (None: plaintext).
+    tls: Option<Arc<Tls>>,
     next_broker_id: AtomicU32,
     // The plugin answered InvokeStream with UNIMPLEMENTED: use Invoke.
     no_stream: AtomicBool,
@@ -170,14 +182,22 @@ impl Plugin {
             .prefix("charly-plugin-")
             .tempdir()
             .map_err(|e| setup(format!("socket directory: {e}")))?;
-        let cmd = command(exe, &opts, sockets.path());
+        let identity = if opts.auto_mtls {
+            Some(
+                Identity::generate(Curve::P256)
+                    .map_err(|r| setup(format!("AutoMTLS certificate: {r}")))?,
+            )
+        } else {
+            None
+        };
+        let cmd = command(exe, &opts, sockets.path(), identity.as_ref());
         let (child, mut keeper) =
             Keeper::spawn(cmd, rt.handle().clone(), &name).map_err(|e| PluginError::Spawn {
                 plugin: name.clone(),
                 exe: PathBuf::from(exe),
                 source: e,
             })?;
-        let started = rt.block_on(launch(child, &name, &opts));
+        let started = rt.block_on(launch(child, &name, &opts, identity.as_ref()));
         let l = match started {
             Ok(l) => l,
             Err(e) => {
@@ -199,6 +219,7 @@ impl Plugin {
             stderr: l.stderr,
             stderr_done: l.stderr_done,
             broker: l.broker,
+            tls: l.tls,
             next_broker_id: AtomicU32::new(1),
             no_stream: AtomicBool::new(false),
             sockets,
@@ -209,6 +230,12 @@ impl Plugin {
     /// The plugin's name in messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the connection is mutual TLS (AutoMTLS: the host offered it
+    /// and the plugin answered with its certificate).
+    pub fn mutual_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The process id (for diagnostics and tests).
@@ -542,13 +569,24 @@ impl Plugin {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let svc = pb::executor_service_server::ExecutorServiceServer::new(HostExecutor { calls });
+        let tls = self.tls.as_ref().map(|t| t.server.clone());
         let task = self.rt().spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            let server = tonic::transport::Server::builder().add_service(svc);
+            let _ = match tls {
+                None => {
+                    server
+                        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                        .await
+                }
+                Some(config) => {
+                    server
+                        .serve_with_incoming_shutdown(net::tls_incoming(listener, config), stop)
+                        .await
+                }
+            };
         });
         let info = gp::ConnInfo {
             service_id: id,
@@ -721,11 +759,17 @@ struct Launched {
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_done: watch::Receiver<bool>,
     broker: mpsc::Sender<gp::ConnInfo>,
+    tls: Option<Arc<Tls>>,
 }
 
 /// The command that starts the plugin: `<exe> __plugin serve` with
 /// go-plugin's environment, dying with charly (see [`crate::pdeathsig`]).
-fn command(exe: &Path, opts: &PluginOptions, socket_dir: &Path) -> Command {
+fn command(
+    exe: &Path,
+    opts: &PluginOptions,
+    socket_dir: &Path,
+    identity: Option<&Identity>,
+) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(["__plugin", "serve"])
         .env(MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE)
@@ -733,12 +777,16 @@ fn command(exe: &Path, opts: &PluginOptions, socket_dir: &Path) -> Command {
         .env("PLUGIN_MIN_PORT", opts.port_range.0.to_string())
         .env("PLUGIN_MAX_PORT", opts.port_range.1.to_string())
         .env("PLUGIN_UNIX_SOCKET_DIR", socket_dir)
-        // No AutoMTLS (see Unsupported): a plugin must not expect a client cert.
-        .env_remove("PLUGIN_CLIENT_CERT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    match identity {
+        Some(id) => cmd.env("PLUGIN_CLIENT_CERT", &id.pem),
+        // Without AutoMTLS a plugin must not find a client cert (an
+        // inherited one would make a go-plugin plugin expect TLS).
+        None => cmd.env_remove("PLUGIN_CLIENT_CERT"),
+    };
     for (k, v) in &opts.env {
         cmd.env(k, v);
     }
@@ -750,6 +798,7 @@ async fn launch(
     mut child: tokio::process::Child,
     name: &str,
     opts: &PluginOptions,
+    identity: Option<&Identity>,
 ) -> Result<Launched, PluginError> {
     let pid = child.id();
     let sink = opts.sink.clone();
@@ -871,19 +920,42 @@ async fn launch(
             return Err(fail(e, kill).await);
         }
     };
-    if hs.cert.is_some() {
-        let e = PluginError::Unsupported {
-            plugin: name.to_string(),
-            what: "AutoMTLS (the plugin sent a server certificate)".into(),
-        };
-        return Err(fail(e, kill).await);
-    }
-    let channel = match net::connect(&hs.addr, opts.handshake_timeout).await {
+    let tls = match (&hs.cert, identity) {
+        (None, _) => None,
+        (Some(_), None) => {
+            let e = PluginError::Unsupported {
+                plugin: name.to_string(),
+                what: "a server certificate (AutoMTLS) when the host did not offer AutoMTLS".into(),
+            };
+            return Err(fail(e, kill).await);
+        }
+        (Some(field), Some(id)) => match Tls::new(id, field) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(reason) => {
+                let e = PluginError::BadCertificate {
+                    plugin: name.to_string(),
+                    reason,
+                };
+                return Err(fail(e, kill).await);
+            }
+        },
+    };
+    let channel = match net::connect(
+        &hs.addr,
+        opts.handshake_timeout,
+        tls.as_ref().map(|t| t.client.clone()),
+    )
+    .await
+    {
         Ok(c) => c,
         Err(reason) => {
             let e = PluginError::Connect {
                 plugin: name.to_string(),
-                op: format!("connect to {}", hs.addr),
+                op: format!(
+                    "connect to {}{}",
+                    hs.addr,
+                    if tls.is_some() { " (mutual TLS)" } else { "" }
+                ),
                 reason,
             };
             return Err(fail(e, kill).await);
@@ -951,7 +1023,27 @@ async fn launch(
         stderr: stderr_tail,
         stderr_done,
         broker,
+        tls,
     })
+}
+
+/// AutoMTLS with one plugin: how the host dials it and serves it broker
+/// connections.
+struct Tls {
+    client: Arc<rustls::ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl Tls {
+    /// From the host's identity and the handshake's certificate field.
+    fn new(me: &Identity, field: &str) -> Result<Tls, String> {
+        let peer = crate::tls::parse_handshake_cert(field)?;
+        let key = me.certified_key()?;
+        Ok(Tls {
+            client: Arc::new(crate::tls::client_config(&key, &peer)?),
+            server: Arc::new(crate::tls::server_config(&key, &peer)?),
+        })
+    }
 }
 
 async fn check_health(channel: Channel, timeout: Duration) -> Result<(), String> {

@@ -14,12 +14,14 @@
 //! (`Provider.InvokeStream`, progress frames forwarded like stderr, falling
 //! back to `Invoke` for plugins without it), serving an [`Executor`] back to
 //! the plugin over the broker when given one, and on drop
-//! `GRPCController.Shutdown`, then a kill.
-//! The API is blocking; each plugin runs a small private tokio runtime.
+//! `GRPCController.Shutdown`, then a kill. The API is blocking; each plugin
+//! runs a small private tokio runtime.
 //!
-//! A plugin process never outlives charly, even a SIGKILLed one (module
-//! `pdeathsig`: Linux's parent-death signal, set from a keeper thread per
-//! plugin).
+//! Connections use go-plugin's AutoMTLS when the plugin answers with a
+//! certificate ([`PluginOptions::auto_mtls`]; module `tls`: ECDSA P-256,
+//! P-384 and go-plugin's P-521 are verified). A plugin process never
+//! outlives charly, even a SIGKILLed one (module `pdeathsig`: Linux's
+//! parent-death signal, set from a keeper thread per plugin).
 //!
 //! With the `serve` feature (default), [`serve`] is the plugin side for plugins
 //! written in Rust (the example and fault plugins of the tests use it).
@@ -50,6 +52,7 @@ mod pdeathsig;
 pub mod reply;
 #[cfg(feature = "serve")]
 pub mod serve;
+mod tls;
 
 pub use caps::{Capabilities, ProvidedCapability, StepContract, StepVenue};
 pub use error::PluginError;

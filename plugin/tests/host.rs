@@ -505,6 +505,7 @@ fn a_tcp_plugin() {
     drop(p);
     assert!(!alive(pid), "the plugin was left running");
 }
+
 /// charly SIGKILLed: no drop, no Shutdown runs, yet the plugin goes (the
 /// kernel's parent-death signal). The stand-in for charly started it on a
 /// thread that ended first, and the plugin kept serving until then.
@@ -665,4 +666,158 @@ fn invoke_stream_failures_are_typed() {
     let msg = e.to_string();
     assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
     assert!(msg.contains("the stream ended without a frame"), "{msg}");
+}
+
+/// Options for the fault plugin in `mode` with AutoMTLS side `tls`.
+fn fault_tls_opts(mode: &str, tls: &str, pidfile: &Path) -> PluginOptions {
+    let mut o = fault_opts(mode, pidfile);
+    o.name = Some(format!("fault-{tls}"));
+    o.env.push(("CHARLY_PLUGIN_FAULT_TLS".into(), tls.into()));
+    o
+}
+
+fn example_with_tls(tls: &str) -> Plugin {
+    Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            env: vec![("CHARLY_PLUGIN_EXAMPLE_TLS".into(), tls.into())],
+            ..PluginOptions::default()
+        },
+    )
+    .expect("example plugin starts")
+}
+
+/// AutoMTLS for real: the example plugin answers with its certificate
+/// (P-256, P-384); Describe, a streamed execute whose executor is served
+/// over TLS on the broker, and a unary emit all work. A plugin without
+/// AutoMTLS (5 handshake fields) is spoken to in plaintext.
+#[test]
+fn automtls_with_the_example_plugin_and_plaintext_without() {
+    for (tls, mutual) in [("p256", true), ("p384", true), ("off", false)] {
+        let p = example_with_tls(tls);
+        assert_eq!(p.mutual_tls(), mutual, "{tls}");
+        assert_eq!(p.describe().expect("describe").calver, "2026.182.0900");
+        let mut rec = Recorder::default();
+        let v = p
+            .invoke_stream(
+                "step",
+                "examplestepkind",
+                "execute",
+                &json!({"marker": tls}),
+                &serde_json::Value::Null,
+                Some(&mut rec),
+            )
+            .expect("execute over the broker");
+        assert!(v["reverse_ops"].is_array(), "{tls}: {v}");
+        assert_eq!(rec.calls.len(), 1, "{tls}: {:?}", rec.calls);
+        let v = p
+            .invoke(
+                "step",
+                "examplestepkind",
+                "emit",
+                &json!({}),
+                &json!({}),
+                None,
+            )
+            .expect("emit");
+        assert!(v["fragment"].is_string(), "{tls}");
+    }
+    // Without AutoMTLS the host passes no certificate: plaintext.
+    let p = Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            auto_mtls: false,
+            ..PluginOptions::default()
+        },
+    )
+    .expect("starts");
+    assert!(!p.mutual_tls());
+    p.describe().expect("describe");
+}
+
+/// A plugin that does AutoMTLS as a Go plugin does: ECDSA P-521. The host
+/// verifies its TLS signatures (ring cannot; the p521 verifier does), as
+/// server and, on the broker connection the plugin dials back, as client.
+#[test]
+fn a_go_style_p521_plugin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(
+        Path::new(FAULT),
+        fault_tls_opts("callbacks", "p521", &pidfile),
+    )
+    .expect("a P-521 plugin starts");
+    assert!(p.mutual_tls());
+    assert_eq!(p.describe().expect("describe").calver, "0");
+    let mut rec = Recorder::default();
+    let v = p
+        .invoke(
+            "deploy",
+            "x",
+            "execute",
+            &json!({}),
+            &json!({}),
+            Some(&mut rec),
+        )
+        .expect("the plugin dials the host's executor over TLS");
+    assert_eq!(v["venue"], "test");
+    assert_eq!(rec.calls.len(), 5, "{:?}", rec.calls);
+}
+
+/// Certificates the host cannot use are typed errors, and the plugin is
+/// killed: not base64, a curve it cannot verify (named), a served
+/// certificate other than the announced one, one it did not ask for.
+#[test]
+fn bad_automtls_certificates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |tls: &str, opts: fn(PluginOptions) -> PluginOptions| {
+        let pidfile = dir.path().join(tls);
+        let e = Plugin::start(
+            Path::new(FAULT),
+            opts(fault_tls_opts("plain", tls, &pidfile)),
+        )
+        .expect_err(tls);
+        assert!(
+            !alive(pid_from(&pidfile)),
+            "{tls}: the plugin was left running"
+        );
+        e
+    };
+    let same = |o: PluginOptions| o;
+
+    let e = start("garbage-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadCertificate { .. }), "{msg}");
+    assert!(
+        msg.starts_with(
+            "plugin fault-garbage-cert: bad AutoMTLS certificate in its handshake: not base64"
+        ),
+        "{msg}"
+    );
+
+    let e = start("secp256k1-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadCertificate { .. }), "{msg}");
+    assert!(
+        msg.contains(
+            "its key is ECDSA on curve secp256k1 (1.3.132.0.10), which this host cannot verify"
+        ),
+        "{msg}"
+    );
+
+    let e = start("wrong-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Connect { .. }), "{msg}");
+    assert!(msg.contains("(mutual TLS)"), "{msg}");
+
+    let e = start("garbage-cert", |o| PluginOptions {
+        auto_mtls: false,
+        ..o
+    });
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Unsupported { .. }), "{msg}");
+    assert!(
+        msg.contains("when the host did not offer AutoMTLS"),
+        "{msg}"
+    );
 }

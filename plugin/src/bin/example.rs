@@ -6,6 +6,10 @@
 //!   `/tmp/charly-examplestepkind/marker` with RunUser, and answers a
 //!   `DeployReply` whose one reverse op removes the marker directory.
 //!
+//! AutoMTLS: when the host asks, it serves mutual TLS with an ECDSA P-256
+//! certificate; `CHARLY_PLUGIN_EXAMPLE_TLS=p384` makes it P-384, `=off`
+//! makes it a plugin without AutoMTLS (plaintext, 5 handshake fields).
+//!
 //! It serves both `Invoke` and `InvokeStream`. Streamed, `execute` sends
 //! two progress frames before its reply: a JSON string before it writes
 //! the marker (`"examplestepkind: writing the marker"`) and an object after
@@ -187,5 +191,22 @@ impl pb::plugin_meta_server::PluginMeta for Meta {
 }
 
 fn main() -> ExitCode {
-    charly_plugin::serve::serve(Provider, Meta)
+    use charly_plugin::serve::{Curve, ServeOptions, ServeTls};
+    let tls = match std::env::var("CHARLY_PLUGIN_EXAMPLE_TLS").as_deref() {
+        Ok("off") => ServeTls::Off,
+        Ok("p384") => ServeTls::Auto(Curve::P384),
+        Ok("p256") | Ok("") | Err(_) => ServeTls::Auto(Curve::P256),
+        Ok(other) => {
+            eprintln!("CHARLY_PLUGIN_EXAMPLE_TLS={other:?}: expected off, p256 or p384");
+            return ExitCode::from(2);
+        }
+    };
+    charly_plugin::serve::serve_with(
+        Provider,
+        Meta,
+        ServeOptions {
+            tls,
+            ..ServeOptions::default()
+        },
+    )
 }

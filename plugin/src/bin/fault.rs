@@ -22,11 +22,27 @@
 //! plugin with only `Invoke` answers), so the host falls back to `Invoke`.
 //!
 //! With `CHARLY_PLUGIN_FAULT_PIDFILE` set, it first writes its pid there.
+//!
+//! `CHARLY_PLUGIN_FAULT_TLS` picks its AutoMTLS side (when the host asks):
+//!
+//! - `p521`: serves as a Go plugin does, with an ECDSA P-521 certificate of
+//!   go-plugin's shape (a fixed test certificate and key,
+//!   `tests/fixtures/go-p521.*.der`, made with openssl; ring cannot make
+//!   P-521 keys, so it signs with RustCrypto's `p521`);
+//! - `wrong-cert`: announces one certificate and serves another;
+//! - `garbage-cert`: prints a handshake whose certificate field is not
+//!   base64, then sleeps;
+//! - `secp256k1-cert`: prints a handshake with a certificate on secp256k1
+//!   (`tests/fixtures/secp256k1.cert.der`), then sleeps;
+//! - unset: the kit's default (ECDSA P-256).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use charly_plugin::proto::charly as pb;
+use charly_plugin::serve::{ServeOptions, ServeTls, serve_with};
 use tonic::{Request, Response, Status};
 
 fn mode() -> String {
@@ -202,6 +218,25 @@ fn main() -> ExitCode {
     {
         return ExitCode::from(4);
     }
+    let opts = match std::env::var("CHARLY_PLUGIN_FAULT_TLS").as_deref() {
+        Ok("garbage-cert") => return announce_and_sleep(&"!".repeat(60)),
+        Ok("secp256k1-cert") => return announce_and_sleep(&b64(SECP256K1_CERT)),
+        Ok("p521") => ServeOptions {
+            tls: ServeTls::Fixed(Arc::new(p521_key())),
+            ..ServeOptions::default()
+        },
+        Ok("wrong-cert") => {
+            let Ok(other) = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+            else {
+                return ExitCode::from(4);
+            };
+            ServeOptions {
+                announce_cert: Some(other.cert.der().to_vec()),
+                ..ServeOptions::default()
+            }
+        }
+        _ => ServeOptions::default(),
+    };
     match mode().as_str() {
         "exit-early" => {
             eprintln!("fault: giving up before the handshake");
@@ -218,11 +253,77 @@ fn main() -> ExitCode {
         }
         "tcp" => serve_tcp(),
         "stubborn" => {
-            let _ = charly_plugin::serve::serve(Provider, Meta);
+            let _ = serve_with(Provider, Meta, opts);
             std::thread::sleep(Duration::from_secs(600));
             ExitCode::SUCCESS
         }
-        _ => charly_plugin::serve::serve(Provider, Meta),
+        _ => serve_with(Provider, Meta, opts),
+    }
+}
+
+/// A go-plugin-shaped P-521 certificate and its key (test material only).
+const P521_CERT: &[u8] = include_bytes!("../../tests/fixtures/go-p521.cert.der");
+const P521_KEY: &[u8] = include_bytes!("../../tests/fixtures/go-p521.key.der");
+/// A certificate on secp256k1, which no host here verifies (test material).
+const SECP256K1_CERT: &[u8] = include_bytes!("../../tests/fixtures/secp256k1.cert.der");
+
+fn b64(der: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD_NO_PAD.encode(der)
+}
+
+/// Prints a handshake line carrying `cert` (no server behind it), then
+/// sleeps: the host must refuse the certificate before connecting.
+fn announce_and_sleep(cert: &str) -> ExitCode {
+    println!("1|1|unix|/nonexistent/plugin.sock|grpc|{cert}");
+    std::thread::sleep(Duration::from_secs(600));
+    ExitCode::SUCCESS
+}
+
+fn p521_key() -> rustls::sign::CertifiedKey {
+    use p521::pkcs8::DecodePrivateKey;
+    let key = p521::ecdsa::SigningKey::from_pkcs8_der(P521_KEY)
+        .unwrap_or_else(|e| panic!("the P-521 test key: {e}"));
+    rustls::sign::CertifiedKey::new(
+        vec![rustls::pki_types::CertificateDer::from(P521_CERT.to_vec())],
+        Arc::new(P521(key)),
+    )
+}
+
+/// ECDSA P-521/SHA-512 signing for rustls (as a Go plugin's TLS signs).
+#[derive(Clone)]
+struct P521(p521::ecdsa::SigningKey);
+
+impl std::fmt::Debug for P521 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("P521")
+    }
+}
+
+impl rustls::sign::SigningKey for P521 {
+    fn choose_scheme(
+        &self,
+        offered: &[rustls::SignatureScheme],
+    ) -> Option<Box<dyn rustls::sign::Signer>> {
+        offered
+            .contains(&rustls::SignatureScheme::ECDSA_NISTP521_SHA512)
+            .then(|| Box::new(self.clone()) as Box<dyn rustls::sign::Signer>)
+    }
+
+    fn algorithm(&self) -> rustls::SignatureAlgorithm {
+        rustls::SignatureAlgorithm::ECDSA
+    }
+}
+
+impl rustls::sign::Signer for P521 {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        use p521::ecdsa::signature::Signer;
+        let sig: p521::ecdsa::Signature = self.0.sign(message);
+        Ok(sig.to_der().as_bytes().to_vec())
+    }
+
+    fn scheme(&self) -> rustls::SignatureScheme {
+        rustls::SignatureScheme::ECDSA_NISTP521_SHA512
     }
 }
 
