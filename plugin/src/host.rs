@@ -272,12 +272,13 @@ impl Plugin {
     /// `&self`: calls from several threads may run at once; each blocks its
     /// own thread.
     ///
-    /// With an `executor`, the host serves `ExecutorService` on a fresh
-    /// broker connection for the duration of the call and passes its id in
-    /// `executor_broker_id`; the plugin's executor calls run `executor` on
-    /// this thread (see [`Executor`]). Without one the id is 0.
-    /// Callback RPCs this host does not implement (RunHostStep,
-    /// InvokeProvider, HostBuild, HostArbiter) answer "not supported".
+    /// With an `executor`, the host serves `ExecutorService` (and
+    /// `CheckContextService`) on a fresh broker connection for the duration
+    /// of the call and passes its id in `executor_broker_id`; the plugin's
+    /// executor calls run `executor` on this thread (see [`Executor`]).
+    /// Without one the id is 0. Callback RPCs this host does not implement
+    /// (RunHostStep, InvokeProvider, HostBuild, HostArbiter, AddBackground)
+    /// answer "not supported".
     pub fn invoke(
         &self,
         class: &str,
@@ -569,12 +570,17 @@ impl Plugin {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let svc = pb::executor_service_server::ExecutorServiceServer::new(HostExecutor { calls });
+        let cc = pb::check_context_service_server::CheckContextServiceServer::new(
+            crate::checkctx::HostCheckContext,
+        );
         let tls = self.tls.as_ref().map(|t| t.server.clone());
         let task = self.rt().spawn(async move {
             let stop = async {
                 let _ = stop_rx.await;
             };
-            let server = tonic::transport::Server::builder().add_service(svc);
+            let server = tonic::transport::Server::builder()
+                .add_service(svc)
+                .add_service(cc);
             let _ = match tls {
                 None => {
                     server

@@ -12,10 +12,11 @@
 //! [`Plugin`] is the host: [`Plugin::start`], [`Plugin::describe`],
 //! [`Plugin::invoke`] and its streaming form [`Plugin::invoke_stream`]
 //! (`Provider.InvokeStream`, progress frames forwarded like stderr, falling
-//! back to `Invoke` for plugins without it), serving an [`Executor`] back to
-//! the plugin over the broker when given one, and on drop
-//! `GRPCController.Shutdown`, then a kill. The API is blocking; each plugin
-//! runs a small private tokio runtime.
+//! back to `Invoke` for plugins without it), serving an [`Executor`] (and
+//! `CheckContextService`, see `checkctx`) back to the plugin over the
+//! broker when given one, and on drop `GRPCController.Shutdown`, then a
+//! kill. The API is blocking; each plugin runs a small private tokio
+//! runtime.
 //!
 //! Connections use go-plugin's AutoMTLS when the plugin answers with a
 //! certificate ([`PluginOptions::auto_mtls`]; module `tls`: ECDSA P-256,
@@ -43,6 +44,7 @@ pub mod proto {
 }
 
 mod caps;
+mod checkctx;
 mod error;
 mod executor;
 mod handshake;
@@ -55,6 +57,7 @@ pub mod serve;
 mod tls;
 
 pub use caps::{Capabilities, ProvidedCapability, StepContract, StepVenue};
+pub use checkctx::BASE_TIMEOUT as HTTP_DO_BASE_TIMEOUT;
 pub use error::PluginError;
 pub use executor::{Capture, ExecError, Executor};
 pub use host::{LineSink, Plugin, PluginOptions};

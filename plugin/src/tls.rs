@@ -341,6 +341,54 @@ impl ClientCertVerifier for Pinned {
     }
 }
 
+/// Accepts any server certificate (still checking the handshake signature):
+/// `HTTPDo` with `allow_insecure`.
+#[derive(Debug)]
+pub(crate) struct AnyServerCert {
+    algs: WebPkiSupportedAlgorithms,
+}
+
+impl AnyServerCert {
+    pub(crate) fn new() -> Arc<AnyServerCert> {
+        Arc::new(AnyServerCert { algs: algorithms() })
+    }
+}
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algs.supported_schemes()
+    }
+}
+
 /// gRPC over TLS needs ALPN `h2` (grpc-go enforces it).
 const ALPN_H2: &[u8] = b"h2";
 

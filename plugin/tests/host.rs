@@ -416,7 +416,11 @@ fn a_plugin_that_ignores_shutdown_is_killed() {
 fn every_executor_rpc_reaches_the_executor() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pidfile = dir.path().join("pid");
-    let p = Plugin::start(Path::new(FAULT), fault_opts("callbacks", &pidfile)).expect("starts");
+    let (url, requests) = http_server();
+    let mut opts = fault_opts("callbacks", &pidfile);
+    opts.env
+        .push(("CHARLY_PLUGIN_FAULT_URL".into(), url.into()));
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts");
     let mut rec = Recorder::default();
     let v = p
         .invoke(
@@ -454,6 +458,86 @@ fn every_executor_rpc_reaches_the_executor() {
         "{}",
         v["invoke_provider"]
     );
+    // CheckContextService on the same broker connection: HTTPDo from the
+    // host (redirect followed, or answered), AddBackground refused.
+    assert_eq!(v["http"][0], 200, "{}", v["http"]);
+    assert_eq!(v["http"][1], "final", "{}", v["http"]);
+    let blob = v["http"][2].as_str().unwrap_or_default();
+    assert!(blob.contains("X-Charly: yes\n"), "{blob:?}");
+    assert!(blob.contains("Content-Length: 5\n"), "{blob:?}");
+    assert_eq!(v["http"][3], "");
+    assert_eq!(v["http_no_follow"][0], 302, "{}", v["http_no_follow"]);
+    assert_eq!(v["http_no_follow"][3], "");
+    assert_eq!(v["http_bad_ca"][0], 0);
+    assert_eq!(v["http_bad_ca"][3], "no certs parsed from CA PEM");
+    let add = v["add_background"].as_str().unwrap_or_default();
+    assert!(
+        add.starts_with("Unimplemented: AddBackground (pid 42) is not supported by this host"),
+        "{add}"
+    );
+    let seen = requests.lock().expect("requests").clone();
+    assert!(
+        seen.iter().any(|r| r.starts_with("POST /redirect ")
+            && r.contains("x-asked: yes")
+            && r.ends_with("ping")),
+        "{seen:?}"
+    );
+}
+
+/// A one-thread HTTP server on 127.0.0.1: `/redirect` answers 302 to
+/// `/final`, which answers 200 `final` with `X-Charly: yes`. Returns its
+/// base URL and the requests it saw (head lowercased, then the body).
+fn http_server() -> (String, Arc<Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                let Ok(n) = c.read(&mut chunk) else {
+                    break None;
+                };
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i + 4);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < head_end + len {
+                let Ok(n) = c.read(&mut chunk) else { break };
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = String::from_utf8_lossy(&buf[head_end..]).into_owned();
+            let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+            if let Ok(mut v) = log.lock() {
+                v.push(format!("{head}{body}").replacen("post /", "POST /", 1));
+            }
+            let resp = if path == "/redirect" {
+                "HTTP/1.1 302 Found\r\nLocation: /final\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            } else {
+                "HTTP/1.1 200 OK\r\nX-Charly: yes\r\nContent-Length: 5\r\nConnection: close\r\n\r\nfinal".to_string()
+            };
+            let _ = c.write_all(resp.as_bytes());
+        }
+    });
+    (url, seen)
 }
 
 /// Two threads invoking one plugin at once.

@@ -8,7 +8,10 @@
 //! - `hang`: serves, and never answers `invoke`;
 //! - `garbage`: serves, and answers `invoke` with a result that is not JSON;
 //! - `callbacks`: serves, and in `invoke` calls every `ExecutorService` RPC
-//!   on the host's executor, answering what each returned as JSON;
+//!   on the host's executor and the host's `CheckContextService` (on the
+//!   same broker connection: `HTTPDo` of `$CHARLY_PLUGIN_FAULT_URL`,
+//!   following redirects and not, one with an unreadable CA, and
+//!   `AddBackground`), answering what each returned as JSON;
 //! - `tcp`: serves health and `PluginMeta` on TCP in the host's port range
 //!   (as go-plugin does where Unix sockets are not used); no broker or
 //!   controller, so the host has to kill it;
@@ -122,9 +125,41 @@ type FrameStream =
 
 /// Calls each executor RPC once and reports what came back.
 async fn callbacks(broker_id: u32) -> Result<Response<pb::InvokeReply>, Status> {
-    let mut ex = charly_plugin::serve::dial_executor(broker_id)
+    // One dial, both services (as the original's kit does).
+    let conn = charly_plugin::serve::dial(broker_id)
         .await
         .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    let mut ex = pb::executor_service_client::ExecutorServiceClient::new(conn.clone());
+    let mut cc = pb::check_context_service_client::CheckContextServiceClient::new(conn);
+    let url = std::env::var("CHARLY_PLUGIN_FAULT_URL").unwrap_or_default();
+    let http = |follow: bool, ca: &[u8]| pb::HttpDoRequest {
+        method: "POST".into(),
+        url: format!("{url}/redirect"),
+        body: b"ping".to_vec(),
+        headers: [("X-Asked".to_string(), "yes".to_string())].into(),
+        timeout: "5s".into(),
+        allow_insecure: false,
+        no_follow_redirects: !follow,
+        ca_pem: ca.to_vec(),
+    };
+    let http_reply = |r: pb::HttpDoReply| {
+        serde_json::json!([
+            r.status,
+            String::from_utf8_lossy(&r.body),
+            r.header_blob,
+            r.error
+        ])
+    };
+    let followed = http_reply(cc.http_do(http(true, b"")).await?.into_inner());
+    let unfollowed = http_reply(cc.http_do(http(false, b"")).await?.into_inner());
+    let bad_ca = http_reply(cc.http_do(http(true, b"not a pem")).await?.into_inner());
+    let add_background = match cc
+        .add_background(pb::AddBackgroundRequest { pid: 42 })
+        .await
+    {
+        Ok(_) => "answered".to_string(),
+        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+    };
     let venue = ex.venue(pb::Empty {}).await?.into_inner().venue;
     let system = ex
         .run_system(pb::RunRequest {
@@ -192,6 +227,10 @@ async fn callbacks(broker_id: u32) -> Result<Response<pb::InvokeReply>, Status> 
         "host_build": host_build,
         "host_arbiter": host_arbiter,
         "invoke_provider": invoke_provider,
+        "http": followed,
+        "http_no_follow": unfollowed,
+        "http_bad_ca": bad_ca,
+        "add_background": add_background,
     });
     Ok(Response::new(pb::InvokeReply {
         result_json: v.to_string().into_bytes(),
