@@ -3,7 +3,9 @@
 //! declares `step:examplestepkind`, another's task uses it; `box generate`
 //! splices what the plugin emits, a second run starts no plugin, a new
 //! plugin build regenerates; `bundle add` has the plugin execute on the
-//! host through charly's venue and `bundle del` replays its teardown.
+//! host through charly's venue and `bundle del` replays its teardown. The
+//! example plugin answers charly's AutoMTLS, so all of it runs over mutual
+//! TLS, and `execute` streams its progress.
 
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
@@ -176,7 +178,18 @@ fn a_deploy_has_the_plugin_execute_on_the_host_and_del_replays_its_teardown() {
         ])
         .output()
         .expect("add");
-    ok(&out);
+    let said = ok(&out);
+    // execute is streamed: the plugin's progress frames are shown like its
+    // stderr (the reply itself is not).
+    assert!(
+        said.contains("plugin-example-stepkind: examplestepkind: writing the marker"),
+        "{said}"
+    );
+    assert!(
+        said.contains(r#"plugin-example-stepkind: {"examplestepkind":"marker written"}"#),
+        "{said}"
+    );
+    assert!(!said.contains("reverse_ops"), "{said}");
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let step = &rep["steps"][0];
     assert_eq!(step["kind"], "external:examplestepkind", "{rep}");

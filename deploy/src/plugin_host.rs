@@ -2,8 +2,9 @@
 //! word, starts it once per run (`charly-plugin`), and answers the build
 //! leg (Describe, `emit`, both cached in the store's directory by the
 //! executable's digest, so a run that changes nothing starts no plugin)
-//! and the deploy leg (`execute`, with the walk's [`Host`] served back to
-//! the plugin as its venue).
+//! and the deploy leg (`execute`, streamed with `InvokeStream` when the
+//! plugin serves it, with the walk's [`Host`] served back to the plugin as
+//! its venue).
 //!
 //! Where an executable is looked for, in order: `$CHARLY_PLUGIN_DIR/<candy>`,
 //! `<store>/plugins/bin/<candy>`; else, when the candy declares `build:`,
@@ -428,8 +429,11 @@ impl PluginSteps for PluginHost {
             host,
             user: call.user,
         };
+        // The protocol names `execute` a streaming operation: progress frames
+        // go to the sink with the plugin's stderr; a plugin that serves only
+        // `Invoke` is asked that way instead (charly_plugin handles it).
         let reply = plugin
-            .invoke(
+            .invoke_stream(
                 call.class,
                 call.word,
                 "execute",

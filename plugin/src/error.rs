@@ -63,6 +63,16 @@ pub enum PluginError {
         /// What (AutoMTLS, net/rpc).
         what: String,
     },
+    /// The certificate a plugin sent for AutoMTLS (the handshake's 6th
+    /// field) is unusable: not base64, not a certificate, or a key this host
+    /// cannot verify (named, e.g. `ECDSA on curve secp256k1`).
+    #[error("plugin {plugin}: bad AutoMTLS certificate in its handshake: {reason}")]
+    BadCertificate {
+        /// Plugin name.
+        plugin: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Connecting to the plugin's address, or its health check, failed.
     #[error("plugin {plugin}: {op}: {reason}")]
     Connect {

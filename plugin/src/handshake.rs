@@ -38,7 +38,8 @@ impl Addr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Handshake {
     pub(crate) addr: Addr,
-    /// The server certificate (base64 DER) for AutoMTLS, if the plugin sent one.
+    /// The server certificate (base64 DER) for AutoMTLS, if the plugin sent
+    /// one (a 6th field of more than 50 characters, as go-plugin reads it).
     pub(crate) cert: Option<String>,
 }
 
@@ -76,10 +77,10 @@ pub(crate) fn parse(line: &str) -> Result<Handshake, String> {
             "protocol {protocol:?}, this host speaks only grpc (no net/rpc)"
         ));
     }
-    let cert = parts
-        .get(5)
-        .filter(|c| !c.is_empty())
-        .map(|c| c.to_string());
+    // go-plugin reads the 6th field as a certificate only when it is longer
+    // than 50 characters ("rules out catching the unused extra data
+    // returned from some older implementations").
+    let cert = parts.get(5).filter(|c| c.len() > 50).map(|c| c.to_string());
     Ok(Handshake { addr, cert })
 }
 
@@ -94,8 +95,12 @@ mod tests {
         assert_eq!(h.cert, None);
         let h = parse("1|1|tcp|127.0.0.1:1234|grpc").expect("parses");
         assert_eq!(h.addr, Addr::Tcp("127.0.0.1:1234".into()));
+        let long = "Q".repeat(51);
+        let h = parse(&format!("1|1|tcp|127.0.0.1:1234|grpc|{long}|true")).expect("parses");
+        assert_eq!(h.cert.as_deref(), Some(long.as_str()));
+        // Up to 50 characters: extra data of older plugins, not a certificate.
         let h = parse("1|1|tcp|127.0.0.1:1234|grpc|QUJD|true").expect("parses");
-        assert_eq!(h.cert.as_deref(), Some("QUJD"));
+        assert_eq!(h.cert, None);
     }
 
     #[test]

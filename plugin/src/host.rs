@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use crate::executor::{ExecCall, Executor, HostExecutor};
 use crate::handshake;
 use crate::proto::charly as pb;
 use crate::proto::goplugin as gp;
+use crate::tls::{Curve, Identity};
 use crate::{APP_PROTOCOL_VERSION, HEALTH_SERVICE, MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE, net};
 
 /// Where the plugin's output lines go: stderr, stdout after the handshake,
@@ -29,6 +30,31 @@ pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// How many stderr lines are kept for error messages.
 const STDERR_TAIL: usize = 20;
+
+/// How much of a non-string progress frame is shown.
+const FRAME_SHOWN: usize = 1000;
+
+/// What [`Plugin::call`] collected.
+struct Called {
+    frames: Vec<Vec<u8>>,
+}
+
+fn request(
+    class: &str,
+    word: &str,
+    op: &str,
+    params: &serde_json::Value,
+    env: &serde_json::Value,
+) -> pb::InvokeRequest {
+    pb::InvokeRequest {
+        reserved: word.to_string(),
+        op: op.to_string(),
+        params_json: json_bytes(params),
+        env_json: json_bytes(env),
+        class: class.to_string(),
+        executor_broker_id: 0,
+    }
+}
 
 /// Settings of [`Plugin::start`].
 #[derive(Clone)]
@@ -52,6 +78,13 @@ pub struct PluginOptions {
     pub env: Vec<(OsString, OsString)>,
     /// go-plugin's `PLUGIN_MIN_PORT`/`PLUGIN_MAX_PORT` for TCP plugins.
     pub port_range: (u16, u16),
+    /// go-plugin's AutoMTLS (default on, as the original charly's host
+    /// sets it): a fresh client certificate in `PLUGIN_CLIENT_CERT`, and
+    /// mutual TLS with a plugin that answers with its own certificate (see
+    /// [`crate::tls`]). A plugin that answers without one is spoken to in
+    /// plaintext. Off: no `PLUGIN_CLIENT_CERT`, and a plugin that sends a
+    /// certificate anyway is [`PluginError::Unsupported`].
+    pub auto_mtls: bool,
 }
 
 impl Default for PluginOptions {
@@ -65,6 +98,7 @@ impl Default for PluginOptions {
             env: Vec::new(),
             // go-plugin's defaults.
             port_range: (10000, 25000),
+            auto_mtls: true,
         }
     }
 }
@@ -79,6 +113,7 @@ impl std::fmt::Debug for PluginOptions {
             .field("sink", &self.sink.as_ref().map(|_| "…"))
             .field("env", &self.env)
             .field("port_range", &self.port_range)
+            .field("auto_mtls", &self.auto_mtls)
             .finish()
     }
 }
@@ -100,9 +135,16 @@ pub struct Plugin {
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_done: watch::Receiver<bool>,
     broker: mpsc::Sender<gp::ConnInfo>,
+    // AutoMTLS: how broker connections are served (None: plaintext).
+    tls: Option<Arc<Tls>>,
     next_broker_id: AtomicU32,
+    // The plugin answered InvokeStream with UNIMPLEMENTED: use Invoke.
+    no_stream: AtomicBool,
     // Holds the broker sockets; removed on drop, after the runtime.
     sockets: tempfile::TempDir,
+    // The thread the process was forked from (see `pdeathsig`); ended on
+    // drop, after the process was reaped.
+    keeper: Keeper,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -140,13 +182,29 @@ impl Plugin {
             .prefix("charly-plugin-")
             .tempdir()
             .map_err(|e| setup(format!("socket directory: {e}")))?;
-        let started = rt.block_on(launch(exe, &name, &opts, sockets.path()));
+        let identity = if opts.auto_mtls {
+            Some(
+                Identity::generate(Curve::P256)
+                    .map_err(|r| setup(format!("AutoMTLS certificate: {r}")))?,
+            )
+        } else {
+            None
+        };
+        let cmd = command(exe, &opts, sockets.path(), identity.as_ref());
+        let (child, mut keeper) =
+            Keeper::spawn(cmd, rt.handle().clone(), &name).map_err(|e| PluginError::Spawn {
+                plugin: name.clone(),
+                exe: PathBuf::from(exe),
+                source: e,
+            })?;
+        let started = rt.block_on(launch(child, &name, &opts, identity.as_ref()));
         let l = match started {
             Ok(l) => l,
             Err(e) => {
-                // The runtime's drop cancels the tasks; the child was spawned
-                // with kill_on_drop, so it is killed, and tokio reaps it.
+                // launch killed and reaped the child; the runtime's drop
+                // cancels the tasks.
                 rt.shutdown_timeout(Duration::from_secs(1));
+                keeper.finish();
                 return Err(e);
             }
         };
@@ -161,14 +219,23 @@ impl Plugin {
             stderr: l.stderr,
             stderr_done: l.stderr_done,
             broker: l.broker,
+            tls: l.tls,
             next_broker_id: AtomicU32::new(1),
+            no_stream: AtomicBool::new(false),
             sockets,
+            keeper,
         })
     }
 
     /// The plugin's name in messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the connection is mutual TLS (AutoMTLS: the host offered it
+    /// and the plugin answered with its certificate).
+    pub fn mutual_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The process id (for diagnostics and tests).
@@ -205,12 +272,13 @@ impl Plugin {
     /// `&self`: calls from several threads may run at once; each blocks its
     /// own thread.
     ///
-    /// With an `executor`, the host serves `ExecutorService` on a fresh
-    /// broker connection for the duration of the call and passes its id in
-    /// `executor_broker_id`; the plugin's executor calls run `executor` on
-    /// this thread (see [`Executor`]). Without one the id is 0.
-    /// Callback RPCs this host does not implement (RunHostStep,
-    /// InvokeProvider, HostBuild, HostArbiter) answer "not supported".
+    /// With an `executor`, the host serves `ExecutorService` (and
+    /// `CheckContextService`) on a fresh broker connection for the duration
+    /// of the call and passes its id in `executor_broker_id`; the plugin's
+    /// executor calls run `executor` on this thread (see [`Executor`]).
+    /// Without one the id is 0. Callback RPCs this host does not implement
+    /// (RunHostStep, InvokeProvider, HostBuild, HostArbiter, AddBackground)
+    /// answer "not supported".
     pub fn invoke(
         &self,
         class: &str,
@@ -221,43 +289,139 @@ impl Plugin {
         executor: Option<&mut dyn Executor>,
     ) -> Result<serde_json::Value, PluginError> {
         let what = format!("invoke {class}:{word} {op}");
+        let req = request(class, word, op, params, env);
+        let call = self.call(&what, req, executor, false).map_err(|(e, _)| e)?;
+        // A unary call yields exactly its one reply.
+        let bytes = call.frames.into_iter().last().unwrap_or_default();
+        self.parse_result(&what, &bytes)
+    }
+
+    /// `Provider.InvokeStream`: the streaming form of [`Plugin::invoke`]
+    /// (same arguments, executor and errors), which the protocol names for
+    /// the genuinely streaming operations (`execute`, `record`, `logcat`).
+    ///
+    /// The plugin answers a stream of `Frame`s, each carrying `result_json`;
+    /// the **last** frame is the call's result (returned parsed like
+    /// `invoke`'s reply). Every earlier frame is progress and goes to
+    /// [`PluginOptions::sink`] the way the plugin's stderr does, prefixed
+    /// `<name>: `: a frame holding a JSON string shows its text (line by
+    /// line) as soon as it arrives; any other frame shows as compact JSON
+    /// once the next frame proves it was not the last. Every frame must be
+    /// JSON ([`PluginError::BadReply`] otherwise), and a stream that ends
+    /// without a frame is [`PluginError::BadReply`] too. The timeout applies
+    /// to each stretch in which the plugin neither sends a frame nor calls
+    /// the executor.
+    ///
+    /// A plugin that does not serve `InvokeStream` (it answers
+    /// `UNIMPLEMENTED` before any frame and before calling the executor,
+    /// as go-plugin's and tonic's default stubs do) is asked again with
+    /// `Invoke`, and from then on straight away.
+    pub fn invoke_stream(
+        &self,
+        class: &str,
+        word: &str,
+        op: &str,
+        params: &serde_json::Value,
+        env: &serde_json::Value,
+        executor: Option<&mut dyn Executor>,
+    ) -> Result<serde_json::Value, PluginError> {
+        let mut executor = executor;
+        if !self.no_stream.load(Ordering::Relaxed) {
+            let what = format!("invoke-stream {class}:{word} {op}");
+            let req = request(class, word, op, params, env);
+            match self.call(&what, req, executor.as_deref_mut(), true) {
+                Ok(call) => {
+                    let Some(last) = call.frames.into_iter().last() else {
+                        return Err(PluginError::BadReply {
+                            plugin: self.name.clone(),
+                            op: what,
+                            reason: "the stream ended without a frame".into(),
+                            excerpt: String::new(),
+                        });
+                    };
+                    return self.parse_result(&what, &last);
+                }
+                Err((
+                    PluginError::Rpc {
+                        code: tonic::Code::Unimplemented,
+                        ..
+                    },
+                    quiet,
+                )) if quiet => {
+                    self.no_stream.store(true, Ordering::Relaxed);
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+        self.invoke(class, word, op, params, env, executor)
+    }
+
+    fn parse_result(&self, what: &str, bytes: &[u8]) -> Result<serde_json::Value, PluginError> {
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(bytes).map_err(|e| PluginError::BadReply {
+            plugin: self.name.clone(),
+            op: what.to_string(),
+            reason: format!("result_json is not JSON: {e}"),
+            excerpt: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+        })
+    }
+
+    /// Runs one `Invoke` (`stream: false`) or `InvokeStream` call to its
+    /// end, serving the executor meanwhile; returns the `result_json` of
+    /// every frame (a unary reply is one frame). On failure, also whether
+    /// the plugin had done nothing visible yet (no frame, no executor call).
+    fn call<'e>(
+        &self,
+        what: &str,
+        mut req: pb::InvokeRequest,
+        executor: Option<&mut (dyn Executor + 'e)>,
+        stream: bool,
+    ) -> Result<Called, (PluginError, bool)> {
         let (calls_tx, mut calls_rx) = mpsc::unbounded_channel::<ExecCall>();
         let mut serving = None;
-        let mut broker_id = 0;
         if executor.is_some() {
             let id = self.next_broker_id.fetch_add(1, Ordering::Relaxed);
-            let (stop, task) = self.serve_executor(id, calls_tx, &what)?;
-            broker_id = id;
+            let (stop, task) = self
+                .serve_executor(id, calls_tx, what)
+                .map_err(|e| (e, true))?;
+            req.executor_broker_id = id;
             serving = Some((stop, task));
         } else {
             drop(calls_tx);
         }
-        let req = pb::InvokeRequest {
-            reserved: word.to_string(),
-            op: op.to_string(),
-            params_json: json_bytes(params),
-            env_json: json_bytes(env),
-            class: class.to_string(),
-            executor_broker_id: broker_id,
-        };
+        let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let mut client = pb::provider_client::ProviderClient::new(self.channel.clone());
-        let mut call = self.rt().spawn(async move { client.invoke(req).await });
+        let mut call = self.rt().spawn(async move {
+            if stream {
+                let mut frames = client.invoke_stream(req).await?.into_inner();
+                while let Some(f) = frames.message().await? {
+                    let _ = frames_tx.send(f.result_json);
+                }
+            } else {
+                let r = client.invoke(req).await?;
+                let _ = frames_tx.send(r.into_inner().result_json);
+            }
+            Ok::<(), tonic::Status>(())
+        });
         let mut executor = executor;
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut shown = 0; // frames[..shown] went to the sink
+        let mut exec_calls = 0usize;
         let outcome = loop {
             enum Step {
-                Done(
-                    Result<
-                        Result<tonic::Response<pb::InvokeReply>, tonic::Status>,
-                        tokio::task::JoinError,
-                    >,
-                ),
+                Frame(Vec<u8>),
                 Exec(ExecCall),
+                Done(Result<Result<(), tonic::Status>, tokio::task::JoinError>),
             }
             let step = self.rt().block_on(async {
                 tokio::time::timeout(self.opts.call_timeout, async {
                     tokio::select! {
-                        r = &mut call => Step::Done(r),
+                        biased;
+                        Some(f) = frames_rx.recv() => Step::Frame(f),
                         Some(c) = calls_rx.recv() => Step::Exec(c),
+                        r = &mut call => Step::Done(r),
                     }
                 })
                 .await
@@ -265,20 +429,44 @@ impl Plugin {
             match step {
                 Err(_) => {
                     call.abort();
-                    break Err(self.timeout(&what));
+                    break Err(self.timeout(what));
                 }
-                Ok(Step::Exec(c)) => match executor.as_deref_mut() {
-                    Some(ex) => c.answer(ex),
-                    None => drop(c),
-                },
+                Ok(Step::Exec(c)) => {
+                    exec_calls += 1;
+                    match executor.as_deref_mut() {
+                        Some(ex) => c.answer(ex),
+                        None => drop(c),
+                    }
+                }
+                Ok(Step::Frame(f)) => {
+                    if let Err(e) = self.take_frame(what, stream, &mut frames, &mut shown, f) {
+                        call.abort();
+                        break Err(e);
+                    }
+                }
                 Ok(Step::Done(Err(join))) => {
                     break Err(PluginError::Setup {
                         plugin: self.name.clone(),
                         reason: format!("{what}: call task: {join}"),
                     });
                 }
-                Ok(Step::Done(Ok(Err(status)))) => break Err(self.rpc_error(&what, status)),
-                Ok(Step::Done(Ok(Ok(r)))) => break Ok(r.into_inner().result_json),
+                Ok(Step::Done(Ok(r))) => {
+                    // The task has ended: every frame it sent is queued.
+                    let mut bad = None;
+                    while let Ok(f) = frames_rx.try_recv() {
+                        if let Err(e) = self.take_frame(what, stream, &mut frames, &mut shown, f) {
+                            bad = Some(e);
+                            break;
+                        }
+                    }
+                    if let Some(e) = bad {
+                        break Err(e);
+                    }
+                    break match r {
+                        Ok(()) => Ok(()),
+                        Err(status) => Err(self.rpc_error(what, status)),
+                    };
+                }
             }
         };
         if let Some((stop, task)) = serving {
@@ -287,16 +475,77 @@ impl Plugin {
                 .rt()
                 .block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await });
         }
-        let bytes = outcome?;
-        if bytes.is_empty() {
-            return Ok(serde_json::Value::Null);
+        let quiet = frames.is_empty() && exec_calls == 0;
+        outcome.map_err(|e| (e, quiet))?;
+        Ok(Called { frames })
+    }
+
+    /// Takes one frame: checked and, for a stream, the one before it shown
+    /// as progress (a JSON string frame is shown at once).
+    fn take_frame(
+        &self,
+        what: &str,
+        stream: bool,
+        frames: &mut Vec<Vec<u8>>,
+        shown: &mut usize,
+        f: Vec<u8>,
+    ) -> Result<(), PluginError> {
+        if !stream {
+            frames.push(f);
+            return Ok(());
         }
-        serde_json::from_slice(&bytes).map_err(|e| PluginError::BadReply {
-            plugin: self.name.clone(),
-            op: what,
-            reason: format!("result_json is not JSON: {e}"),
-            excerpt: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
-        })
+        self.check_frame(what, &f)?;
+        // The previous frame was not the last: progress.
+        if *shown < frames.len()
+            && let Some(prev) = frames.last()
+        {
+            self.show_frame(prev);
+        }
+        frames.push(f);
+        *shown = frames.len() - 1;
+        if matches!(
+            frames.last().map(|f| serde_json::from_slice(f)),
+            Some(Ok(serde_json::Value::String(_)))
+        ) {
+            if let Some(last) = frames.last() {
+                self.show_frame(last);
+            }
+            *shown = frames.len();
+        }
+        Ok(())
+    }
+
+    /// Every frame of a stream must be JSON.
+    fn check_frame(&self, what: &str, f: &[u8]) -> Result<(), PluginError> {
+        if f.is_empty() {
+            return Ok(());
+        }
+        self.parse_result(what, f).map(|_| ())
+    }
+
+    /// A progress frame to the sink, as the plugin's stderr lines go.
+    fn show_frame(&self, f: &[u8]) {
+        let Some(sink) = &self.opts.sink else { return };
+        match serde_json::from_slice::<serde_json::Value>(f) {
+            Ok(serde_json::Value::String(text)) => {
+                for line in text.lines() {
+                    sink(&format!("{}: {line}", self.name));
+                }
+            }
+            Ok(v) => {
+                let mut text = v.to_string();
+                if text.len() > FRAME_SHOWN {
+                    let mut end = FRAME_SHOWN;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                    text.push('…');
+                }
+                sink(&format!("{}: {text}", self.name));
+            }
+            Err(_) => {}
+        }
     }
 
     /// Listens on a fresh socket, serves `ExecutorService` there and announces
@@ -321,13 +570,29 @@ impl Plugin {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let svc = pb::executor_service_server::ExecutorServiceServer::new(HostExecutor { calls });
+        let cc = pb::check_context_service_server::CheckContextServiceServer::new(
+            crate::checkctx::HostCheckContext,
+        );
+        let tls = self.tls.as_ref().map(|t| t.server.clone());
         let task = self.rt().spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            let server = tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+                .add_service(cc);
+            let _ = match tls {
+                None => {
+                    server
+                        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                        .await
+                }
+                Some(config) => {
+                    server
+                        .serve_with_incoming_shutdown(net::tls_incoming(listener, config), stop)
+                        .await
+                }
+            };
         });
         let info = gp::ConnInfo {
             service_id: id,
@@ -426,6 +691,68 @@ impl Drop for Plugin {
             }
         });
         rt.shutdown_timeout(Duration::from_millis(500));
+        // Last: should the process still be there, its parent-death signal
+        // ends it now.
+        self.keeper.finish();
+    }
+}
+
+/// The thread a plugin process is forked from. With PR_SET_PDEATHSIG the
+/// kernel kills the child when the *thread* that forked it exits, so the
+/// fork happens here and this thread then only waits for [`Keeper::finish`]
+/// (see [`crate::pdeathsig`]).
+struct Keeper {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Keeper {
+    /// Spawns `cmd` from a new keeper thread (inside `rt`'s context, so
+    /// tokio's child reaping works) and returns the child.
+    fn spawn(
+        mut cmd: Command,
+        rt: tokio::runtime::Handle,
+        name: &str,
+    ) -> std::io::Result<(tokio::process::Child, Keeper)> {
+        let (child_tx, child_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("plugin-keeper {name}"))
+            .spawn(move || {
+                let spawned = {
+                    let _in_rt = rt.enter();
+                    cmd.spawn()
+                };
+                let ok = spawned.is_ok();
+                let _ = child_tx.send(spawned);
+                if ok {
+                    // Returns when the sender is dropped.
+                    let _ = stop_rx.recv();
+                }
+            })?;
+        let mut keeper = Keeper {
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        match child_rx.recv() {
+            Ok(Ok(child)) => Ok((child, keeper)),
+            Ok(Err(e)) => {
+                keeper.finish();
+                Err(e)
+            }
+            Err(_) => {
+                keeper.finish();
+                Err(std::io::Error::other("the plugin's keeper thread ended"))
+            }
+        }
+    }
+
+    /// Ends the thread (and so, should it still run, the process).
+    fn finish(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -438,14 +765,17 @@ struct Launched {
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_done: watch::Receiver<bool>,
     broker: mpsc::Sender<gp::ConnInfo>,
+    tls: Option<Arc<Tls>>,
 }
 
-async fn launch(
+/// The command that starts the plugin: `<exe> __plugin serve` with
+/// go-plugin's environment, dying with charly (see [`crate::pdeathsig`]).
+fn command(
     exe: &Path,
-    name: &str,
     opts: &PluginOptions,
     socket_dir: &Path,
-) -> Result<Launched, PluginError> {
+    identity: Option<&Identity>,
+) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(["__plugin", "serve"])
         .env(MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE)
@@ -453,20 +783,29 @@ async fn launch(
         .env("PLUGIN_MIN_PORT", opts.port_range.0.to_string())
         .env("PLUGIN_MAX_PORT", opts.port_range.1.to_string())
         .env("PLUGIN_UNIX_SOCKET_DIR", socket_dir)
-        // No AutoMTLS (see Unsupported): a plugin must not expect a client cert.
-        .env_remove("PLUGIN_CLIENT_CERT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    match identity {
+        Some(id) => cmd.env("PLUGIN_CLIENT_CERT", &id.pem),
+        // Without AutoMTLS a plugin must not find a client cert (an
+        // inherited one would make a go-plugin plugin expect TLS).
+        None => cmd.env_remove("PLUGIN_CLIENT_CERT"),
+    };
     for (k, v) in &opts.env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().map_err(|e| PluginError::Spawn {
-        plugin: name.to_string(),
-        exe: PathBuf::from(exe),
-        source: e,
-    })?;
+    crate::pdeathsig::die_with_parent(&mut cmd);
+    cmd
+}
+
+async fn launch(
+    mut child: tokio::process::Child,
+    name: &str,
+    opts: &PluginOptions,
+    identity: Option<&Identity>,
+) -> Result<Launched, PluginError> {
     let pid = child.id();
     let sink = opts.sink.clone();
     let prefix = format!("{name}: ");
@@ -587,19 +926,42 @@ async fn launch(
             return Err(fail(e, kill).await);
         }
     };
-    if hs.cert.is_some() {
-        let e = PluginError::Unsupported {
-            plugin: name.to_string(),
-            what: "AutoMTLS (the plugin sent a server certificate)".into(),
-        };
-        return Err(fail(e, kill).await);
-    }
-    let channel = match net::connect(&hs.addr, opts.handshake_timeout).await {
+    let tls = match (&hs.cert, identity) {
+        (None, _) => None,
+        (Some(_), None) => {
+            let e = PluginError::Unsupported {
+                plugin: name.to_string(),
+                what: "a server certificate (AutoMTLS) when the host did not offer AutoMTLS".into(),
+            };
+            return Err(fail(e, kill).await);
+        }
+        (Some(field), Some(id)) => match Tls::new(id, field) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(reason) => {
+                let e = PluginError::BadCertificate {
+                    plugin: name.to_string(),
+                    reason,
+                };
+                return Err(fail(e, kill).await);
+            }
+        },
+    };
+    let channel = match net::connect(
+        &hs.addr,
+        opts.handshake_timeout,
+        tls.as_ref().map(|t| t.client.clone()),
+    )
+    .await
+    {
         Ok(c) => c,
         Err(reason) => {
             let e = PluginError::Connect {
                 plugin: name.to_string(),
-                op: format!("connect to {}", hs.addr),
+                op: format!(
+                    "connect to {}{}",
+                    hs.addr,
+                    if tls.is_some() { " (mutual TLS)" } else { "" }
+                ),
                 reason,
             };
             return Err(fail(e, kill).await);
@@ -667,7 +1029,27 @@ async fn launch(
         stderr: stderr_tail,
         stderr_done,
         broker,
+        tls,
     })
+}
+
+/// AutoMTLS with one plugin: how the host dials it and serves it broker
+/// connections.
+struct Tls {
+    client: Arc<rustls::ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl Tls {
+    /// From the host's identity and the handshake's certificate field.
+    fn new(me: &Identity, field: &str) -> Result<Tls, String> {
+        let peer = crate::tls::parse_handshake_cert(field)?;
+        let key = me.certified_key()?;
+        Ok(Tls {
+            client: Arc::new(crate::tls::client_config(&key, &peer)?),
+            server: Arc::new(crate::tls::server_config(&key, &peer)?),
+        })
+    }
 }
 
 async fn check_health(channel: Channel, timeout: Duration) -> Result<(), String> {

@@ -10,9 +10,19 @@
 //! `PluginMeta`/`Provider` services on that socket.
 //!
 //! [`Plugin`] is the host: [`Plugin::start`], [`Plugin::describe`],
-//! [`Plugin::invoke`] (serving an [`Executor`] back to the plugin over the
-//! broker when given one), and on drop `GRPCController.Shutdown`, then a kill.
-//! The API is blocking; each plugin runs a small private tokio runtime.
+//! [`Plugin::invoke`] and its streaming form [`Plugin::invoke_stream`]
+//! (`Provider.InvokeStream`, progress frames forwarded like stderr, falling
+//! back to `Invoke` for plugins without it), serving an [`Executor`] (and
+//! `CheckContextService`, see `checkctx`) back to the plugin over the
+//! broker when given one, and on drop `GRPCController.Shutdown`, then a
+//! kill. The API is blocking; each plugin runs a small private tokio
+//! runtime.
+//!
+//! Connections use go-plugin's AutoMTLS when the plugin answers with a
+//! certificate ([`PluginOptions::auto_mtls`]; module `tls`: ECDSA P-256,
+//! P-384 and go-plugin's P-521 are verified). A plugin process never
+//! outlives charly, even a SIGKILLed one (module `pdeathsig`: Linux's
+//! parent-death signal, set from a keeper thread per plugin).
 //!
 //! With the `serve` feature (default), [`serve`] is the plugin side for plugins
 //! written in Rust (the example and fault plugins of the tests use it).
@@ -34,16 +44,20 @@ pub mod proto {
 }
 
 mod caps;
+mod checkctx;
 mod error;
 mod executor;
 mod handshake;
 mod host;
 mod net;
+mod pdeathsig;
 pub mod reply;
 #[cfg(feature = "serve")]
 pub mod serve;
+mod tls;
 
 pub use caps::{Capabilities, ProvidedCapability, StepContract, StepVenue};
+pub use checkctx::BASE_TIMEOUT as HTTP_DO_BASE_TIMEOUT;
 pub use error::PluginError;
 pub use executor::{Capture, ExecError, Executor};
 pub use host::{LineSink, Plugin, PluginOptions};

@@ -13,14 +13,20 @@
 //! }
 //! ```
 //!
-//! Not implemented here: AutoMTLS (the plugin always serves plaintext on a
-//! private socket) and GRPCStdio (the host falls back to the process's
+//! AutoMTLS as go-plugin's server does it: when the host passes its
+//! certificate in `PLUGIN_CLIENT_CERT`, the plugin makes its own (ECDSA
+//! P-256 by default, see [`ServeTls`]), answers with it in the handshake's
+//! 6th field and serves mutual TLS, trusting exactly the host's
+//! certificate; its broker dials ([`dial`]) use TLS the same way. Without
+//! the variable it serves plaintext.
+//!
+//! Not implemented here: GRPCStdio (the host falls back to the process's
 //! stderr, which it forwards anyway).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -64,6 +70,41 @@ pub enum ServeError {
 /// What the host announced on the broker stream, by service id.
 static BROKER: OnceLock<watch::Sender<HashMap<u32, gp::ConnInfo>>> = OnceLock::new();
 
+/// With AutoMTLS: how broker connections to the host are dialed.
+static BROKER_TLS: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+
+pub use crate::tls::Curve;
+
+/// The plugin side of AutoMTLS.
+#[derive(Clone, Debug)]
+pub enum ServeTls {
+    /// When the host asks (`PLUGIN_CLIENT_CERT`), make a certificate on this
+    /// curve and serve mutual TLS (go-plugin's server behaviour).
+    Auto(Curve),
+    /// Serve plaintext even when the host asks (a plugin without AutoMTLS).
+    Off,
+    /// When the host asks, present this certificate and key (one ring
+    /// cannot make, such as go-plugin's ECDSA P-521).
+    Fixed(Arc<rustls::sign::CertifiedKey>),
+}
+
+impl Default for ServeTls {
+    fn default() -> Self {
+        ServeTls::Auto(Curve::P256)
+    }
+}
+
+/// Settings of [`serve_with`].
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// AutoMTLS.
+    pub tls: ServeTls,
+    /// Announce this DER certificate in the handshake instead of the one
+    /// served: only for testing that a host refuses a certificate other
+    /// than the announced one.
+    pub announce_cert: Option<Vec<u8>>,
+}
+
 /// Dials the host's `ExecutorService` announced under `broker_id`
 /// (`InvokeRequest.executor_broker_id`).
 pub async fn dial_executor(
@@ -90,7 +131,7 @@ pub async fn dial(id: u32) -> Result<Channel, ServeError> {
         addr: info.address.clone(),
         reason,
     })?;
-    net::connect(&addr, DIAL_WAIT)
+    net::connect(&addr, DIAL_WAIT, BROKER_TLS.get().cloned())
         .await
         .map_err(|reason| ServeError::Dial {
             id,
@@ -144,6 +185,15 @@ where
     P: pb::provider_server::Provider,
     M: pb::plugin_meta_server::PluginMeta,
 {
+    serve_with(provider, meta, ServeOptions::default())
+}
+
+/// [`serve`] with settings.
+pub fn serve_with<P, M>(provider: P, meta: M, opts: ServeOptions) -> ExitCode
+where
+    P: pb::provider_server::Provider,
+    M: pb::plugin_meta_server::PluginMeta,
+{
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args != ["__plugin", "serve"] {
         eprintln!(
@@ -175,13 +225,41 @@ where
             return ExitCode::from(1);
         }
     };
-    let code = rt.block_on(run(provider, meta));
+    let code = rt.block_on(run(provider, meta, opts));
     // A call still in flight (a hung handler) must not keep the process.
     rt.shutdown_timeout(Duration::from_millis(200));
     code
 }
 
-async fn run<P, M>(provider: P, meta: M) -> ExitCode
+/// The server's TLS configuration and the handshake's certificate field,
+/// when the host asked for AutoMTLS and `opts` allows it.
+fn auto_mtls(opts: &ServeOptions) -> Result<Option<(Arc<rustls::ServerConfig>, String)>, String> {
+    let Some(pem) = std::env::var("PLUGIN_CLIENT_CERT")
+        .ok()
+        .filter(|p| !p.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let me = match &opts.tls {
+        ServeTls::Off => return Ok(None),
+        ServeTls::Auto(curve) => crate::tls::Identity::generate(*curve)?.certified_key()?,
+        ServeTls::Fixed(key) => key.as_ref().clone(),
+    };
+    let host = crate::tls::parse_pem_cert(&pem).map_err(|e| format!("PLUGIN_CLIENT_CERT: {e}"))?;
+    let _ = BROKER_TLS.set(Arc::new(crate::tls::client_config(&me, &host)?));
+    let server = crate::tls::server_config(&me, &host)?;
+    let cert = match &opts.announce_cert {
+        Some(c) => c.clone(),
+        None => me
+            .cert
+            .first()
+            .map(|c| c.as_ref().to_vec())
+            .ok_or("no certificate")?,
+    };
+    Ok(Some((Arc::new(server), crate::tls::handshake_field(&cert))))
+}
+
+async fn run<P, M>(provider: P, meta: M, opts: ServeOptions) -> ExitCode
 where
     P: pb::provider_server::Provider,
     M: pb::plugin_meta_server::PluginMeta,
@@ -204,24 +282,43 @@ where
             return ExitCode::from(1);
         }
     };
+    let tls = match auto_mtls(&opts) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("plugin: AutoMTLS: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let _ = BROKER.set(watch::channel(HashMap::new()).0);
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
         .set_service_status(HEALTH_SERVICE, tonic_health::ServingStatus::Serving)
         .await;
     let stop = std::sync::Arc::new(Notify::new());
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(gp::grpc_broker_server::GrpcBrokerServer::new(Broker))
         .add_service(gp::grpc_controller_server::GrpcControllerServer::new(
             Controller(stop.clone()),
         ))
         .add_service(pb::plugin_meta_server::PluginMetaServer::new(meta))
-        .add_service(pb::provider_server::ProviderServer::new(provider))
-        .serve_with_incoming(UnixListenerStream::new(listener));
+        .add_service(pb::provider_server::ProviderServer::new(provider));
+    let (server, cert_field) = match tls {
+        None => (
+            Box::pin(router.serve_with_incoming(UnixListenerStream::new(listener)))
+                as std::pin::Pin<
+                    Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+                >,
+            String::new(),
+        ),
+        Some((config, field)) => (
+            Box::pin(router.serve_with_incoming(net::tls_incoming(listener, config))) as _,
+            field,
+        ),
+    };
 
     let line = format!(
-        "{CORE_PROTOCOL_VERSION}|{APP_PROTOCOL_VERSION}|unix|{}|grpc|",
+        "{CORE_PROTOCOL_VERSION}|{APP_PROTOCOL_VERSION}|unix|{}|grpc|{cert_field}",
         path.display()
     );
     {

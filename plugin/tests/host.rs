@@ -13,9 +13,22 @@ use serde_json::json;
 
 const EXAMPLE: &str = env!("CARGO_BIN_EXE_charly-plugin-example");
 const FAULT: &str = env!("CARGO_BIN_EXE_charly-plugin-fault");
+const HOLD: &str = env!("CARGO_BIN_EXE_charly-plugin-hold");
 
 fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Running: its /proc entry is there and it is not a zombie (an orphan
+/// whose new parent does not reap it stays a zombie, yet it has ended).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S …`: the state follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 fn start_example() -> Plugin {
@@ -403,7 +416,11 @@ fn a_plugin_that_ignores_shutdown_is_killed() {
 fn every_executor_rpc_reaches_the_executor() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pidfile = dir.path().join("pid");
-    let p = Plugin::start(Path::new(FAULT), fault_opts("callbacks", &pidfile)).expect("starts");
+    let (url, requests) = http_server();
+    let mut opts = fault_opts("callbacks", &pidfile);
+    opts.env
+        .push(("CHARLY_PLUGIN_FAULT_URL".into(), url.into()));
+    let p = Plugin::start(Path::new(FAULT), opts).expect("starts");
     let mut rec = Recorder::default();
     let v = p
         .invoke(
@@ -441,6 +458,86 @@ fn every_executor_rpc_reaches_the_executor() {
         "{}",
         v["invoke_provider"]
     );
+    // CheckContextService on the same broker connection: HTTPDo from the
+    // host (redirect followed, or answered), AddBackground refused.
+    assert_eq!(v["http"][0], 200, "{}", v["http"]);
+    assert_eq!(v["http"][1], "final", "{}", v["http"]);
+    let blob = v["http"][2].as_str().unwrap_or_default();
+    assert!(blob.contains("X-Charly: yes\n"), "{blob:?}");
+    assert!(blob.contains("Content-Length: 5\n"), "{blob:?}");
+    assert_eq!(v["http"][3], "");
+    assert_eq!(v["http_no_follow"][0], 302, "{}", v["http_no_follow"]);
+    assert_eq!(v["http_no_follow"][3], "");
+    assert_eq!(v["http_bad_ca"][0], 0);
+    assert_eq!(v["http_bad_ca"][3], "no certs parsed from CA PEM");
+    let add = v["add_background"].as_str().unwrap_or_default();
+    assert!(
+        add.starts_with("Unimplemented: AddBackground (pid 42) is not supported by this host"),
+        "{add}"
+    );
+    let seen = requests.lock().expect("requests").clone();
+    assert!(
+        seen.iter().any(|r| r.starts_with("POST /redirect ")
+            && r.contains("x-asked: yes")
+            && r.ends_with("ping")),
+        "{seen:?}"
+    );
+}
+
+/// A one-thread HTTP server on 127.0.0.1: `/redirect` answers 302 to
+/// `/final`, which answers 200 `final` with `X-Charly: yes`. Returns its
+/// base URL and the requests it saw (head lowercased, then the body).
+fn http_server() -> (String, Arc<Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                let Ok(n) = c.read(&mut chunk) else {
+                    break None;
+                };
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i + 4);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < head_end + len {
+                let Ok(n) = c.read(&mut chunk) else { break };
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = String::from_utf8_lossy(&buf[head_end..]).into_owned();
+            let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+            if let Ok(mut v) = log.lock() {
+                v.push(format!("{head}{body}").replacen("post /", "POST /", 1));
+            }
+            let resp = if path == "/redirect" {
+                "HTTP/1.1 302 Found\r\nLocation: /final\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            } else {
+                "HTTP/1.1 200 OK\r\nX-Charly: yes\r\nContent-Length: 5\r\nConnection: close\r\n\r\nfinal".to_string()
+            };
+            let _ = c.write_all(resp.as_bytes());
+        }
+    });
+    (url, seen)
 }
 
 /// Two threads invoking one plugin at once.
@@ -491,4 +588,320 @@ fn a_tcp_plugin() {
     // No GRPCController: the shutdown fails, the grace runs out, the kill.
     drop(p);
     assert!(!alive(pid), "the plugin was left running");
+}
+
+/// charly SIGKILLed: no drop, no Shutdown runs, yet the plugin goes (the
+/// kernel's parent-death signal). The stand-in for charly started it on a
+/// thread that ended first, and the plugin kept serving until then.
+#[test]
+fn the_plugin_dies_with_a_sigkilled_charly() {
+    use std::io::BufRead;
+    let mut hold = std::process::Command::new(HOLD)
+        .arg(EXAMPLE)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the stand-in starts");
+    let mut line = String::new();
+    std::io::BufReader::new(hold.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let Ok(pid) = line.trim().parse::<u32>() else {
+        let _ = hold.kill();
+        let out = hold.wait_with_output().expect("wait");
+        panic!(
+            "the stand-in printed no pid ({line:?}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    assert!(running(pid), "plugin {pid} is not running");
+    hold.kill().expect("SIGKILL");
+    hold.wait().expect("reaped");
+    let t = std::time::Instant::now();
+    while running(pid) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !running(pid),
+        "plugin {pid} outlived its SIGKILLed host by {:?}",
+        t.elapsed()
+    );
+}
+
+/// Collects what reaches a sink.
+fn collecting_sink() -> (charly_plugin::LineSink, Arc<Mutex<Vec<String>>>) {
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&lines);
+    let sink: charly_plugin::LineSink = Arc::new(move |l: &str| {
+        if let Ok(mut v) = seen.lock() {
+            v.push(l.to_string());
+        }
+    });
+    (sink, lines)
+}
+
+/// InvokeStream: the progress frames reach the sink (a string frame as its
+/// text, an object as JSON), the last frame is the result and is not shown.
+#[test]
+fn execute_streams_progress_to_the_sink_and_returns_the_last_frame() {
+    let (sink, lines) = collecting_sink();
+    let p = Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            name: Some("ex".into()),
+            sink: Some(sink),
+            ..PluginOptions::default()
+        },
+    )
+    .expect("starts");
+    let mut rec = Recorder::default();
+    let v = p
+        .invoke_stream(
+            "step",
+            "examplestepkind",
+            "execute",
+            &json!({"marker": "streamed"}),
+            &serde_json::Value::Null,
+            Some(&mut rec),
+        )
+        .expect("execute streamed");
+    let r: DeployReply = serde_json::from_value(v).expect("a DeployReply");
+    assert_eq!(r.reverse_ops.len(), 1);
+    assert_eq!(rec.calls.len(), 1, "{:?}", rec.calls);
+    assert!(rec.calls[0].contains("'streamed'"), "{:?}", rec.calls);
+    let shown = lines.lock().expect("lines").clone();
+    assert_eq!(
+        shown,
+        [
+            "ex: examplestepkind: writing the marker",
+            r#"ex: {"examplestepkind":"marker written"}"#,
+        ]
+    );
+    // A unary op streams its reply as the one frame.
+    let v = p
+        .invoke_stream(
+            "step",
+            "examplestepkind",
+            "emit",
+            &json!({}),
+            &json!({}),
+            None,
+        )
+        .expect("emit streamed");
+    assert!(
+        v["fragment"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("RUN "))
+    );
+    assert_eq!(lines.lock().expect("lines").len(), 2, "nothing more shown");
+}
+
+/// A plugin that serves only Invoke: InvokeStream falls back to it.
+#[test]
+fn a_plugin_without_invoke_stream_is_invoked_instead() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(Path::new(FAULT), fault_opts("plain", &pidfile)).expect("starts");
+    for _ in 0..2 {
+        let v = p
+            .invoke_stream("step", "x", "execute", &json!({}), &json!({}), None)
+            .expect("falls back to invoke");
+        assert_eq!(v, json!({"ok": true}));
+    }
+}
+
+/// The streaming call's failures are typed as the unary call's are.
+#[test]
+fn invoke_stream_failures_are_typed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |mode: &str| {
+        let pidfile = dir.path().join(mode);
+        let opts = PluginOptions {
+            call_timeout: Duration::from_millis(700),
+            ..fault_opts(mode, &pidfile)
+        };
+        Plugin::start(Path::new(FAULT), opts).expect("starts")
+    };
+    let call = |p: &Plugin| p.invoke_stream("verb", "x", "record", &json!({}), &json!({}), None);
+
+    let e = call(&start("crash")).expect_err("crash");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Crashed { .. }), "{msg}");
+    assert!(
+        msg.contains("crashed during invoke-stream verb:x record"),
+        "{msg}"
+    );
+    assert!(msg.contains("fault: crashing in invoke-stream"), "{msg}");
+
+    let e = call(&start("hang")).expect_err("hang");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Timeout { .. }), "{msg}");
+    assert_eq!(
+        msg,
+        "plugin fault-hang: invoke-stream verb:x record timed out after 700ms"
+    );
+
+    let e = call(&start("garbage")).expect_err("garbage");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
+    assert!(msg.contains("this is {not json"), "{msg}");
+
+    let e = call(&start("empty-stream")).expect_err("no frame");
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadReply { .. }), "{msg}");
+    assert!(msg.contains("the stream ended without a frame"), "{msg}");
+}
+
+/// Options for the fault plugin in `mode` with AutoMTLS side `tls`.
+fn fault_tls_opts(mode: &str, tls: &str, pidfile: &Path) -> PluginOptions {
+    let mut o = fault_opts(mode, pidfile);
+    o.name = Some(format!("fault-{tls}"));
+    o.env.push(("CHARLY_PLUGIN_FAULT_TLS".into(), tls.into()));
+    o
+}
+
+fn example_with_tls(tls: &str) -> Plugin {
+    Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            env: vec![("CHARLY_PLUGIN_EXAMPLE_TLS".into(), tls.into())],
+            ..PluginOptions::default()
+        },
+    )
+    .expect("example plugin starts")
+}
+
+/// AutoMTLS for real: the example plugin answers with its certificate
+/// (P-256, P-384); Describe, a streamed execute whose executor is served
+/// over TLS on the broker, and a unary emit all work. A plugin without
+/// AutoMTLS (5 handshake fields) is spoken to in plaintext.
+#[test]
+fn automtls_with_the_example_plugin_and_plaintext_without() {
+    for (tls, mutual) in [("p256", true), ("p384", true), ("off", false)] {
+        let p = example_with_tls(tls);
+        assert_eq!(p.mutual_tls(), mutual, "{tls}");
+        assert_eq!(p.describe().expect("describe").calver, "2026.182.0900");
+        let mut rec = Recorder::default();
+        let v = p
+            .invoke_stream(
+                "step",
+                "examplestepkind",
+                "execute",
+                &json!({"marker": tls}),
+                &serde_json::Value::Null,
+                Some(&mut rec),
+            )
+            .expect("execute over the broker");
+        assert!(v["reverse_ops"].is_array(), "{tls}: {v}");
+        assert_eq!(rec.calls.len(), 1, "{tls}: {:?}", rec.calls);
+        let v = p
+            .invoke(
+                "step",
+                "examplestepkind",
+                "emit",
+                &json!({}),
+                &json!({}),
+                None,
+            )
+            .expect("emit");
+        assert!(v["fragment"].is_string(), "{tls}");
+    }
+    // Without AutoMTLS the host passes no certificate: plaintext.
+    let p = Plugin::start(
+        Path::new(EXAMPLE),
+        PluginOptions {
+            auto_mtls: false,
+            ..PluginOptions::default()
+        },
+    )
+    .expect("starts");
+    assert!(!p.mutual_tls());
+    p.describe().expect("describe");
+}
+
+/// A plugin that does AutoMTLS as a Go plugin does: ECDSA P-521. The host
+/// verifies its TLS signatures (ring cannot; the p521 verifier does), as
+/// server and, on the broker connection the plugin dials back, as client.
+#[test]
+fn a_go_style_p521_plugin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let p = Plugin::start(
+        Path::new(FAULT),
+        fault_tls_opts("callbacks", "p521", &pidfile),
+    )
+    .expect("a P-521 plugin starts");
+    assert!(p.mutual_tls());
+    assert_eq!(p.describe().expect("describe").calver, "0");
+    let mut rec = Recorder::default();
+    let v = p
+        .invoke(
+            "deploy",
+            "x",
+            "execute",
+            &json!({}),
+            &json!({}),
+            Some(&mut rec),
+        )
+        .expect("the plugin dials the host's executor over TLS");
+    assert_eq!(v["venue"], "test");
+    assert_eq!(rec.calls.len(), 5, "{:?}", rec.calls);
+}
+
+/// Certificates the host cannot use are typed errors, and the plugin is
+/// killed: not base64, a curve it cannot verify (named), a served
+/// certificate other than the announced one, one it did not ask for.
+#[test]
+fn bad_automtls_certificates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |tls: &str, opts: fn(PluginOptions) -> PluginOptions| {
+        let pidfile = dir.path().join(tls);
+        let e = Plugin::start(
+            Path::new(FAULT),
+            opts(fault_tls_opts("plain", tls, &pidfile)),
+        )
+        .expect_err(tls);
+        assert!(
+            !alive(pid_from(&pidfile)),
+            "{tls}: the plugin was left running"
+        );
+        e
+    };
+    let same = |o: PluginOptions| o;
+
+    let e = start("garbage-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadCertificate { .. }), "{msg}");
+    assert!(
+        msg.starts_with(
+            "plugin fault-garbage-cert: bad AutoMTLS certificate in its handshake: not base64"
+        ),
+        "{msg}"
+    );
+
+    let e = start("secp256k1-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::BadCertificate { .. }), "{msg}");
+    assert!(
+        msg.contains(
+            "its key is ECDSA on curve secp256k1 (1.3.132.0.10), which this host cannot verify"
+        ),
+        "{msg}"
+    );
+
+    let e = start("wrong-cert", same);
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Connect { .. }), "{msg}");
+    assert!(msg.contains("(mutual TLS)"), "{msg}");
+
+    let e = start("garbage-cert", |o| PluginOptions {
+        auto_mtls: false,
+        ..o
+    });
+    let msg = e.to_string();
+    assert!(matches!(e, PluginError::Unsupported { .. }), "{msg}");
+    assert!(
+        msg.contains("when the host did not offer AutoMTLS"),
+        "{msg}"
+    );
 }
