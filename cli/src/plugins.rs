@@ -5,7 +5,6 @@
 
 use crate::project::Opened;
 use charly_deploy::plugin_host::PluginHost;
-use charly_engine::graph::PluginBuild;
 use charly_rules::plan::{HostContext, build_box_plans};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -15,20 +14,26 @@ use std::time::Duration;
 /// How long one plugin call may wait for the plugin.
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// `boxes` and the boxes they are built on, resolved.
+fn with_bases<'a>(
+    o: &'a Opened,
+    boxes: &'a [String],
+) -> impl Iterator<Item = &'a charly_rules::resolve::ResolvedBox> {
+    let mut all: BTreeSet<&str> = boxes.iter().map(String::as_str).collect();
+    for name in boxes {
+        if let Some(b) = o.resolution.get(name) {
+            all.extend(b.base_chain.iter().map(String::as_str));
+        }
+    }
+    all.into_iter().filter_map(|n| o.resolution.get(n))
+}
+
 /// The plugin words the candies of `boxes` (and of the boxes they are
 /// built on) use, plus those of `extra` candies.
 pub fn words_used(o: &Opened, boxes: &[String], extra: &[String]) -> BTreeSet<String> {
     let mut candies: BTreeSet<&str> = extra.iter().map(String::as_str).collect();
-    for name in boxes {
-        let Some(b) = o.resolution.get(name) else {
-            continue;
-        };
+    for b in with_bases(o, boxes) {
         candies.extend(b.candies.iter().map(String::as_str));
-        for base in &b.base_chain {
-            if let Some(pb) = o.resolution.get(base) {
-                candies.extend(pb.candies.iter().map(String::as_str));
-            }
-        }
     }
     candies
         .into_iter()
@@ -86,17 +91,8 @@ pub fn prepare_build(o: &mut Opened, store_dir: &Path, boxes: &[String]) -> anyh
     let Some(host) = host_for(o, store_dir, boxes, &[])? else {
         return Ok(false);
     };
-    let mut all: BTreeSet<&str> = boxes.iter().map(String::as_str).collect();
-    for name in boxes {
-        if let Some(b) = o.resolution.get(name) {
-            all.extend(b.base_chain.iter().map(String::as_str));
-        }
-    }
     let mut plans = Vec::new();
-    for name in all {
-        let Some(b) = o.resolution.get(name) else {
-            continue;
-        };
+    for b in with_bases(o, boxes) {
         let mut ps = build_box_plans(&o.project, b, &HostContext::default())?;
         for p in &mut ps {
             p.resolve_home(&b.user.home);
@@ -106,10 +102,4 @@ pub fn prepare_build(o: &mut Opened, store_dir: &Path, boxes: &[String]) -> anyh
     let refs: Vec<_> = plans.iter().collect();
     o.plugin_build = host.build_inputs(&refs).map_err(anyhow::Error::msg)?;
     Ok(true)
-}
-
-/// The plugins' build answers the engine keys with (empty without
-/// plugins).
-pub fn build_of(o: &Opened) -> PluginBuild {
-    o.plugin_build.clone()
 }

@@ -332,7 +332,7 @@ pub(crate) fn engine<'a>(
         runner,
         hasher,
         opts: GraphOptions {
-            plugins: crate::plugins::build_of(o),
+            plugins: o.plugin_build.clone(),
             dev_local_pkg,
             runner: name,
             arch: host_arch(),

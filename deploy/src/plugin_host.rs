@@ -16,7 +16,7 @@ use charly_engine::graph::PluginBuild;
 use charly_plugin::{Capabilities, Capture, ExecError, Executor, LineSink, Plugin, PluginOptions};
 use charly_rules::load::Project;
 use charly_rules::plan::{Gate, InstallPlan, Scope, StepData, Venue};
-use charly_rules::plugin::{PluginDecl, ProviderClass, StepContract};
+use charly_rules::plugin::{ProviderClass, StepContract};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -86,17 +86,11 @@ impl PluginHost {
             let Some(c) = p.candies.get(&prov.candy) else {
                 continue;
             };
-            let decl = c
-                .def
-                .plugin
-                .as_ref()
-                .map(|y| charly_rules::plugin::parse_decl(&c.key, &y.0, &mut Vec::new()))
-                .unwrap_or_else(PluginDecl::default);
             served.entry(prov.word.clone()).or_insert(Served {
                 class: prov.class,
                 name: c.name.clone(),
                 dir: c.dir.clone(),
-                build: decl.build,
+                build: p.plugins.builds.get(&c.key).cloned(),
             });
         }
         let cache = store_dir.join("plugins");

@@ -241,6 +241,8 @@ pub struct Plugins {
     /// `word` → its step contract (filled by the host after asking the
     /// plugin; empty in a project as loaded).
     pub contracts: BTreeMap<String, StepContract>,
+    /// Candy key → its declaration's `build:` command, when it has one.
+    pub builds: BTreeMap<String, String>,
 }
 
 impl Plugins {
@@ -253,6 +255,9 @@ impl Plugins {
     ) -> Plugins {
         let mut p = Plugins::default();
         for (candy, decl) in decls {
+            if let Some(b) = &decl.build {
+                p.builds.insert(candy.to_string(), b.clone());
+            }
             for (class, word, span) in &decl.providers {
                 let key = (*class, word.clone());
                 if let Some(first) = p.providers.get(&key) {
