@@ -130,6 +130,8 @@ pub struct Store {
     pub(crate) clock: Clock,
     pub(crate) session: Session,
     notes: Mutex<Vec<String>>,
+    /// Whether opening ran SQLite's `quick_check` (see [`init_index`]).
+    pub(crate) index_checked: bool,
 }
 
 pub(crate) fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -164,9 +166,45 @@ fn open_connection(path: &Path) -> Result<Connection, CacheError> {
     Ok(conn)
 }
 
+/// The fingerprint of the index files (`index.db` and its WAL: size,
+/// mtime, ctime, inode of each) as text, for the "checked" stamp.
+fn index_fingerprint(db_path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut wal = db_path.as_os_str().to_owned();
+    wal.push("-wal");
+    [db_path.to_path_buf(), PathBuf::from(wal)]
+        .iter()
+        .map(|p| match fs::metadata(p) {
+            Ok(m) => format!(
+                "{} {}.{} {}.{} {}",
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+                m.ino()
+            ),
+            Err(_) => "absent".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// Where the fingerprint of the index as charly last left it, or last
+/// found it sound, is kept.
+fn checked_stamp(db_path: &Path) -> PathBuf {
+    db_path.with_file_name("index.checked")
+}
+
 /// Opens the index at `path`, switches it to WAL, creates or checks its
-/// schema and runs SQLite's `quick_check`. The caller holds `init.lock`.
-fn init_index(db_path: &Path) -> Result<Connection, CacheError> {
+/// schema and runs SQLite's `quick_check` — unless the index files are
+/// exactly as charly last left them or last found them sound (their
+/// fingerprint, ctime included, equals the stamp): the check reads the
+/// whole file, which at a few thousand nodes is most of a no-op's system
+/// time. Returns whether the check ran. The caller holds `init.lock`.
+fn init_index(db_path: &Path) -> Result<(Connection, bool), CacheError> {
+    let stamp = checked_stamp(db_path);
+    let unchanged = fs::read_to_string(&stamp).is_ok_and(|s| s == index_fingerprint(db_path));
     let conn = open_connection(db_path)?;
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -189,8 +227,10 @@ fn init_index(db_path: &Path) -> Result<Connection, CacheError> {
         ))?;
     }
     // Damage anywhere in the file (not only in the header the statements
-    // above read) is found now rather than halfway through a build. The
-    // index is small, so this costs milliseconds.
+    // above read) is found now rather than halfway through a build.
+    if unchanged {
+        return Ok((conn, false));
+    }
     let problems = quick_check(&conn)?;
     if !problems.is_empty() {
         return Err(CacheError::DamagedIndex {
@@ -198,7 +238,9 @@ fn init_index(db_path: &Path) -> Result<Connection, CacheError> {
             problems,
         });
     }
-    Ok(conn)
+    // Best effort: without the stamp the next open checks again.
+    let _ = fs::write(&stamp, index_fingerprint(db_path));
+    Ok((conn, true))
 }
 
 /// SQLite's `quick_check`: the problems it reports (empty when fine).
@@ -290,8 +332,8 @@ impl Store {
         // first one's fresh index healthy and keeps it.
         let init_lock = acquire_file_lock(&root.join("init.lock"))?;
         let mut notes = Vec::new();
-        let conn = match init_index(&db_path) {
-            Ok(conn) => conn,
+        let (conn, index_checked) = match init_index(&db_path) {
+            Ok(c) => c,
             Err(e) if is_damage(&e) => {
                 let aside = move_index_aside(&db_path)?;
                 notes.push(moved_aside_note(&db_path, &aside, &e));
@@ -319,7 +361,14 @@ impl Store {
             clock: Clock::System,
             session,
             notes: Mutex::new(notes),
+            index_checked,
         })
+    }
+
+    /// Whether opening ran SQLite's `quick_check` on the index (it does
+    /// unless the index files are exactly as charly last left them).
+    pub fn index_was_checked(&self) -> bool {
+        self.index_checked
     }
 
     /// Takes the notes the store made since the last call: damage it found
@@ -348,7 +397,7 @@ impl Store {
         let init_lock = acquire_file_lock(&self.root.join("init.lock"))?;
         lock_ignoring_poison(&self.idle).clear();
         let aside = move_index_aside(&self.db_path)?;
-        let conn = init_index(&self.db_path)?;
+        let (conn, _) = init_index(&self.db_path)?;
         drop(init_lock);
         lock_ignoring_poison(&self.idle).push(conn);
         self.add_note(format!(
@@ -774,6 +823,17 @@ impl Drop for Store {
     fn drop(&mut self) {
         // Losing access times only makes GC slightly less precise.
         let _ = self.flush();
+        // The index as this process leaves it (its connections closed, the
+        // WAL checkpointed when it was the last): the next open trusts it
+        // unless something changed it since. Under `init.lock`, so an
+        // opener's check and this stamp do not interleave.
+        lock_ignoring_poison(&self.idle).clear();
+        if let Ok(_lock) = acquire_file_lock(&self.root.join("init.lock")) {
+            let _ = fs::write(
+                checked_stamp(&self.db_path),
+                index_fingerprint(&self.db_path),
+            );
+        }
     }
 }
 

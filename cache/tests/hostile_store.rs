@@ -216,6 +216,39 @@ fn every_kind_of_index_damage_is_recovered_and_repair_ends_clean() {
     }
 }
 
+/// The index is checked when it is not as charly last left it: not on a
+/// reopen after a clean close, but after damage that even keeps the file's
+/// size and mtime (its ctime moves).
+#[test]
+fn the_index_is_checked_only_when_it_changed_behind_charlys_back() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    populated(tmp.path());
+    let store = Store::open(tmp.path()).expect("open");
+    assert!(!store.index_was_checked(), "as the last process left it");
+    drop(store);
+    let db = tmp.path().join("index.db");
+    let mtime = fs::metadata(&db).and_then(|m| m.modified()).expect("mtime");
+    let mut b = fs::read(&db).expect("read");
+    let page = 4096;
+    let from = b.len() / page / 3 * page;
+    b[from..from + 3 * page].copy_from_slice(&garbage(3 * page, 3));
+    // Let the clock pass the kernel's timestamp tick: the ctime moves.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(&db, b).expect("write");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("restore mtime");
+    let store = Store::open(tmp.path()).expect("open");
+    assert!(store.index_was_checked());
+    let notes = store.take_notes();
+    assert!(
+        notes.iter().any(|n| n.contains("moved it aside")),
+        "{notes:?}"
+    );
+}
+
 #[test]
 fn concurrent_openers_of_a_damaged_index_move_it_aside_once_and_keep_each_others_writes() {
     let tmp = tempfile::tempdir().expect("tempdir");
