@@ -357,7 +357,16 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
             .unwrap_or_else(|| panic!("no step {t}"))
     };
     assert_eq!(state("write /opt/hello/motd.txt"), "complete");
-    reverse_ops_are_what_was_recorded(&plan, &ledger.steps("hello-local").expect("steps"));
+    let (kinds, ops) = reverse_ops_are_what_was_recorded(
+        &plan,
+        &ledger.steps("hello-local").expect("steps"),
+        &user.home,
+        true,
+    );
+    assert!(
+        ops >= 13 && kinds.len() >= 6,
+        "the example's files, links, blocks, env files, unit and artifact: {kinds:?} {ops}"
+    );
     assert_eq!(state("packages"), "skipped", "rooted: no packages");
     assert_eq!(state("cmd jq"), "skipped", "rooted: no commands");
     let rd = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
@@ -666,6 +675,212 @@ fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
     assert_eq!(host.files, original.files);
     // Gates closed: the root cmd never ran.
     assert!(!host.commands().iter().any(|c| c.contains("jq --version")));
+}
+
+/// What the example box lacks of the step kinds a host applies: a
+/// third-party repository (the prepare phase), a downloaded file and an
+/// unpacked archive, file capabilities, a packaged service and a reboot.
+const EXTRAS: &str = "candy:
+    version: 2026.12.1
+    name: extras
+    description: the host step kinds the example lacks
+    distro:
+        debian:
+            package:
+                - htop
+            repo:
+                - name: extra-repo
+                  url: https://example.org/debian
+                  key: https://example.org/key.asc
+    task:
+        - download: https://example.org/tool
+          extract: none
+          to: /usr/local/bin/tool
+          mode: \"0755\"
+          user: root
+        - download: https://example.org/t.tar.gz
+          to: /opt/t
+          user: root
+        - setcap: /usr/local/bin/tool
+          caps: cap_net_raw+ep
+          user: root
+    service:
+        - name: cron
+          use_packaged: cron
+          scope: system
+    reboot: true
+";
+
+/// The example project with the `extras` candy, and the merged vm plan of
+/// box hello plus extras.
+fn extras_plan(dir: &Path) -> (Project, InstallPlan) {
+    let proj = charly_testutil::copy_project(&example(), dir);
+    charly_testutil::write(&proj, "candy/extras/charly.yml", EXTRAS);
+    let p = load::load(&proj, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let plan = build_merged_plan(
+        &p,
+        r.get("hello").expect("hello"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &["extras".to_string()],
+    )
+    .expect("plan");
+    (p, plan)
+}
+
+/// A host whose package database answers as the packages of `plan` are
+/// installed: nothing before the first step, each step's packages after it
+/// (`dpkg-query` runs before and after every install), all of them for
+/// `del`; downloads stage a file and an archive with a `bin/t`.
+fn scripted_host(plan: &InstallPlan) -> MemHost {
+    let mut host = MemHost::new("user", 1000);
+    host.files
+        .insert("/tmp".into(), MemNode::Dir { mode: 0o1777 });
+    let list = |names: &[String]| {
+        names
+            .iter()
+            .map(|n| format!("{n}\tii \n"))
+            .collect::<String>()
+    };
+    let mut have: Vec<String> = Vec::new();
+    for s in &plan.steps {
+        let new: Vec<String> = match &s.data {
+            charly_rules::plan::StepData::SystemPackages(p)
+                if s.phase == Some(charly_rules::plan::Phase::Install) =>
+            {
+                p.packages.clone()
+            }
+            charly_rules::plan::StepData::LocalPkgInstall(_) => vec!["hello-charly".into()],
+            _ => continue,
+        };
+        host.once("dpkg-query -W", Response::ok(&list(&have)));
+        have.extend(new);
+        // A dependency comes with the first install.
+        if !have.iter().any(|h| h == "libonig5") {
+            have.push("libonig5".into());
+        }
+        host.once("dpkg-query -W", Response::ok(&list(&have)));
+    }
+    host.on("dpkg-query", Response::ok(&list(&have)));
+    host.on("dpkg-deb -f", Response::ok("hello-charly\n"));
+    host.on(
+        "mktemp -d /tmp/charly-dl.",
+        Response::ok("/tmp/charly-dl.abcdefgh\n"),
+    );
+    host.on(
+        "find ./file -printf",
+        Response::ok("f\x00755\x00./file\x00\x00"),
+    );
+    host.on("find ./file -type f", Response::ok("ab12  ./file\x00"));
+    host.on(
+        "find . -mindepth 1 -printf",
+        Response::ok("d\x00755\x00./bin\x00\x00f\x00755\x00./bin/t\x00\x00"),
+    );
+    host.on(
+        "find . -mindepth 1 -type f",
+        Response::ok("cd34  ./bin/t\x00"),
+    );
+    host
+}
+
+/// Every kind of step the compiler emits for a host, applied on a vm
+/// target, records the undo its own reverse ops say (the conformance check
+/// of `reverse_ops_are_what_was_recorded`), and `del` replays exactly those
+/// records: the host's files are as before, the packages that were new are
+/// removed (with the dependency they pulled in), each service goes back to
+/// its prior state, the capabilities and the repository are undone.
+#[test]
+fn every_step_kind_a_host_applies_records_the_undo_its_reverse_ops_say() {
+    let t = tempfile::tempdir().expect("tmp");
+    let (_p, plan) = extras_plan(&t.path().join("p"));
+    let mut host = scripted_host(&plan);
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("all", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::all(),
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let steps = ledger.steps("all").expect("steps");
+    let (kinds, ops) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    let every: std::collections::BTreeSet<String> = [
+        "system-packages",
+        "builder",
+        "op",
+        "file",
+        "service-packaged",
+        "service-custom",
+        "shell-hook",
+        "shell-snippet",
+        "local-pkg-install",
+        "reboot",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(kinds, every, "every kind a host applies was checked");
+    assert!(ops >= 25, "{ops} reverse ops checked");
+    // Each op verb and reverse kind the plan has was among them.
+    let reverse_kinds: std::collections::BTreeSet<String> = plan
+        .steps
+        .iter()
+        .flat_map(|s| &s.reverse)
+        .map(|r| walk::kind_name(r.kind))
+        .collect();
+    for k in [
+        "package-remove",
+        "remove-repo-file",
+        "rm-file-system",
+        "rm-file-user",
+        "remove-artifact-files",
+        "npm-uninstall-g",
+        "restore-caps",
+        "service-disable",
+        "restore-enabled",
+        "service-remove",
+        "remove-envd-file",
+        "remove-managed-block",
+    ] {
+        assert!(reverse_kinds.contains(k), "{k} not in {reverse_kinds:?}");
+    }
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|s| s.state == "complete" || s.state == "skipped")
+    );
+
+    let n = host.log.len();
+    walk::remove(&mut host, &mut ledger, "all", false, &mut |_| {}).expect("del");
+    let del: Vec<String> = host.log[n..]
+        .iter()
+        .filter_map(|l| l.strip_prefix("run ").map(String::from))
+        .collect();
+    let ran = |w: &str| del.iter().any(|c| c.contains(w));
+    assert!(
+        ran("apt-get purge -y -- htop libonig5") || ran("htop"),
+        "{del:#?}"
+    );
+    assert!(ran("libonig5"), "the dependency goes too: {del:#?}");
+    assert!(ran("setcap -r /usr/local/bin/tool"), "{del:#?}");
+    assert!(ran("systemctl disable --now cron.service"), "{del:#?}");
+    assert!(ran("apt-get update -qq"), "{del:#?}");
+    assert_eq!(host.files, original.files, "del restores the host's files");
+    assert!(ledger.get("all").expect("get").is_none());
 }
 
 #[test]
@@ -1836,68 +2051,68 @@ fn a_failing_plugin_stops_the_walk_naming_it() {
     assert!(text.contains("plugin `marker`: plugin crashed"), "{text}");
 }
 
-/// The IR's reverse ops and the walker's undo agree: every completed step
-/// recorded an undo for each path, block or unit its reverse ops name (the
-/// walker's undo is the exact, observed form of the same catalogue).
+/// The IR's reverse ops are the undo (conformance). For every completed
+/// step: the ledger holds the step as the compiler made it (home
+/// resolved); each undo operation it recorded either carries out reverse
+/// ops of that very step, and is a faithful form of each
+/// (`walk::realizes`: same kind of reversal, same subject, same
+/// privilege), or is something done on the way that no op names
+/// (`walk::incidental`: a directory created, a reload, a note that a
+/// command is not undone); and every reverse op of the step is carried out
+/// by some record, unless the host has nothing to carry out for it
+/// (`walk::vacuous`). Plugin steps carry the ops their plugin reported.
+/// Returns the step kinds checked and how many reverse ops.
 fn reverse_ops_are_what_was_recorded(
     plan: &InstallPlan,
     steps: &[charly_deploy::ledger::StepRecord],
-) {
-    use charly_deploy::ledger::Undo;
-    use charly_rules::plan::ReverseKind;
-    let mut checked = 0;
+    home: &str,
+    rooted: bool,
+) -> (std::collections::BTreeSet<String>, usize) {
+    use charly_rules::plan::{InstallStep, StepKind};
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut ops = 0;
     for rec in steps.iter().filter(|r| r.state == StepState::Complete) {
-        let step = &plan.steps[rec.seq as usize];
-        let undos: Vec<&Undo> = rec.undo.iter().map(|(_, u)| u).collect();
-        let covers_path = |t: &str| {
-            undos.iter().any(|u| match u {
-                Undo::RemovePath { path, .. }
-                | Undo::RestoreFile { path, .. }
-                | Undo::RestoreSymlink { path, .. }
-                | Undo::RemoveDir { path, .. } => path == t,
-                Undo::RemoveTree { paths, .. } => paths.iter().any(|p| p == t),
-                _ => false,
-            })
-        };
-        for op in &step.reverse {
-            let home = |t: &str| t.replace("{{.Home}}", "/home/user");
-            match op.kind {
-                ReverseKind::RmFileSystem
-                | ReverseKind::RmFileUser
-                | ReverseKind::RemoveEnvdFile => {
-                    for t in &op.targets {
+        let mut want = plan.steps[rec.seq as usize].clone();
+        want.resolve_home(home);
+        let applied: InstallStep =
+            serde_json::from_value(rec.step.clone()).expect("the recorded step reads");
+        assert_eq!(applied, want, "step {}: recorded as compiled", rec.seq);
+        let plugin = matches!(want.kind, StepKind::ExternalPlugin | StepKind::External(_));
+        let at = format!("step {} ({})", rec.seq, applied.kind);
+        for (idx, u) in &rec.undo {
+            match rec.realizes.get(idx) {
+                Some(rs) => {
+                    assert!(!rs.is_empty(), "{at}: {u:?}");
+                    for r in rs {
                         assert!(
-                            covers_path(&home(t)),
-                            "step {} ({}): reverse op {:?} {t}: no recorded undo in {undos:?}",
-                            rec.seq,
-                            step.kind,
-                            op.kind
+                            plugin || want.reverse.contains(r),
+                            "{at}: {u:?} claims {r:?}, which is not one of its reverse ops {:?}",
+                            want.reverse
                         );
-                        checked += 1;
+                        assert!(walk::realizes(r, u), "{at}: {u:?} does not carry out {r:?}");
                     }
-                }
-                ReverseKind::RemoveManagedBlock => {
                     assert!(
-                        undos.iter().any(|u| matches!(u, Undo::RemoveBlock { .. })),
-                        "step {}: {undos:?}",
-                        rec.seq
+                        !matches!(u, charly_deploy::ledger::Undo::Note { text } if text.contains("made no change it undoes")),
+                        "{at}: the walker did nothing for an op: {u:?}"
                     );
-                    checked += 1;
                 }
-                ReverseKind::RemoveArtifactFiles => {
-                    assert!(
-                        undos.iter().any(|u| matches!(u, Undo::RemoveTree { .. })),
-                        "step {}: {undos:?}",
-                        rec.seq
-                    );
-                    checked += 1;
-                }
-                _ => {}
+                None => assert!(
+                    walk::incidental(u),
+                    "{at}: {u:?} carries out none of the reverse ops {:?}",
+                    want.reverse
+                ),
             }
         }
+        for r in &want.reverse {
+            let done = rec.realizes.values().any(|rs| rs.contains(r));
+            assert!(
+                done || walk::vacuous(r, rooted).is_some(),
+                "{at}: reverse op {r:?} has no undo record in {:?}",
+                rec.undo
+            );
+            ops += 1;
+        }
+        kinds.insert(applied.kind.as_str());
     }
-    assert!(
-        checked >= 10,
-        "the example's steps name files, a block and an artifact: {checked}"
-    );
+    (kinds, ops)
 }

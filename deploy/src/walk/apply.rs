@@ -14,7 +14,8 @@ use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex};
 use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, StepState, Undo};
 use crate::pkg;
 use charly_rules::plan::{
-    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Target, Venue,
+    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, ReverseKind, Scope, StepData,
+    Target, Venue,
 };
 use charly_rules::sh;
 use serde::Serialize;
@@ -388,8 +389,12 @@ fn walk_steps(
             box_home: o.box_home.clone(),
             planned_dirs: &mut planned_dirs,
             plugins: o.plugins.clone(),
+            reverse: s.reverse.clone(),
+            realizing: Vec::new(),
+            realized: BTreeSet::new(),
         };
-        let res = apply_step(&mut cx, s, arts, &mut bin_dirs);
+        let res =
+            apply_step(&mut cx, s, arts, &mut bin_dirs).and_then(|()| cx.account_for_reverse_ops());
         let StepCx { facts, actions, .. } = cx;
         let state = match &res {
             Ok(()) if dry => "would-run",
@@ -487,7 +492,7 @@ fn walk_batch(
     let rooted = host.root().is_some();
     for (seq, s, _) in batch {
         ledger.begin_step(name, *seq, &head(s), StepState::Incomplete, None)?;
-        ledger.add_undo(name, *seq, &cmd_note(s), &[])?;
+        ledger.add_undo(name, *seq, &cmd_note(s), &[], &[])?;
     }
     let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
     // A host that fails to run the batch at all fails its first step, as
@@ -583,7 +588,12 @@ fn apply_step(
                     _ => format!("pacman -S --needed --noconfirm {list}"),
                 }
             });
-            let uninstall = s.reverse.first().and_then(|r| r.uninstall_cmd.clone());
+            let uninstall = s
+                .reverse
+                .iter()
+                .find(|r| r.kind == ReverseKind::PackageRemove)
+                .and_then(|r| r.uninstall_cmd.clone());
+            cx.realize(|r| r.kind == ReverseKind::PackageRemove);
             packages(cx, &p.format, &p.packages, &install, uninstall)
         }
         StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
@@ -679,6 +689,12 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
             format!("/run/user/{}", cx.user.uid),
         );
     }
+    cx.realize(|r| {
+        matches!(
+            r.kind,
+            ReverseKind::ServiceDisable | ReverseKind::RestoreEnabled
+        ) && r.targets.iter().any(|t| t == unit)
+    });
     if !cx.dry() {
         // What the unit was before, so the undo restores exactly that: a
         // unit the host had enabled (a packaged service) stays enabled.
@@ -758,6 +774,7 @@ impl PriorState {
 /// `setcap:` on a host: the file's capabilities before are read first
 /// (`getcap`), so the undo puts back exactly those (or removes them).
 fn setcap_step(cx: &mut StepCx<'_>, op: &OpStep) -> R<()> {
+    cx.realize(|r| r.kind == ReverseKind::RestoreCaps);
     let path = sh::quote_min(&cx.host.real(&op.value));
     let set = match op.caps.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
         Some(caps) => format!("setcap {} {path}", sh::quote_min(caps)),
@@ -893,6 +910,17 @@ fn packages(
         .filter(|p| !before_all.contains(*p))
         .cloned()
         .collect();
+    if !cx.dry() && new.is_empty() {
+        cx.undo(
+            &Undo::Note {
+                text: format!(
+                    "{format} packages {} were already installed when this bundle was applied",
+                    pkgs.join(" ")
+                ),
+            },
+            &[],
+        )?;
+    }
     if !cx.dry() && !new.is_empty() {
         let command = uninstall
             .filter(|_| new.len() == pkgs.len())
@@ -997,6 +1025,7 @@ fn local_pkg_step(
             )
         })?;
     }
+    cx.realize(|r| r.kind == ReverseKind::PackageRemove);
     let files = arts.local_packages(&s.candy, &l.format)?;
     let dir = format!("/tmp/charly-pkgs-{}-{}", cx.bundle, cx.seq);
     let mut names = Vec::new();
@@ -1123,6 +1152,10 @@ fn builder_step(
     b: &BuilderStep,
     arts: &dyn Artifacts,
 ) -> R<()> {
+    // The artifact's files are what the builder installed: removing them
+    // carries out every reverse op of the step (its files, the npm
+    // packages or pixi environment they are).
+    cx.realize(|_| true);
     let tar = arts.builder_tar(&s.candy, &b.builder)?;
     let from = cx.box_home.clone();
     let entries = retarget_artifact(&tar, &from, cx.user)?;
