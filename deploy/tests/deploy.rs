@@ -2116,3 +2116,290 @@ fn reverse_ops_are_what_was_recorded(
     }
     (kinds, ops)
 }
+
+/// An Arch project: box `app` (candy `paru` with an AUR package next to a
+/// repository one) and the builder box `yay` that produces `aur`.
+fn arch_plan(dir: &Path) -> InstallPlan {
+    let w = |rel: &str, text: &str| charly_testutil::write(dir, rel, text);
+    w(
+        "charly.yml",
+        "version: 2026.1.1\ndiscover:\n    - box\n    - candy\ndefaults:\n    distro:\n        - arch\n    build:\n        - pac\n        - aur\n    builder:\n        aur: yay\n",
+    );
+    w(
+        "box/yay/charly.yml",
+        "box:\n    name: yay\n    version: 2026.1.1\n    base: docker.io/library/archlinux:latest\n    produce:\n        - aur\n",
+    );
+    w(
+        "box/app/charly.yml",
+        "box:\n    name: app\n    version: 2026.1.1\n    base: docker.io/library/archlinux:latest\n    candy:\n        - paru\n",
+    );
+    w(
+        "candy/paru/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: paru\n    distro:\n        arch:\n            package:\n                - git\n            aur:\n                package:\n                    - paru-bin\n",
+    );
+    let p = load::load(dir, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    build_merged_plan(
+        &p,
+        r.get("app").expect("app resolves"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan")
+}
+
+/// The aur artifact as the builder stage stores it: the packages it
+/// staged in /tmp/aur-pkgs (and a signature, which is no package).
+struct AurArts;
+
+impl Artifacts for AurArts {
+    fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
+        assert_eq!((candy, builder), ("paru", "aur"));
+        use charly_engine::artifact::{Entry, Kind, write_tar};
+        let e = |path: &str, kind: Kind| Entry {
+            path: path.into(),
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        let t = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        write_tar(
+            t.path(),
+            vec![
+                e("tmp/aur-pkgs", Kind::Dir),
+                e(
+                    "tmp/aur-pkgs/paru-bin-2.0-1-x86_64.pkg.tar.zst",
+                    Kind::File(b"zstd package".to_vec()),
+                ),
+                e(
+                    "tmp/aur-pkgs/paru-bin-2.0-1-x86_64.pkg.tar.zst.sig",
+                    Kind::File(b"sig".to_vec()),
+                ),
+            ],
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::read(t.path()).map_err(|e| e.to_string())
+    }
+    fn local_packages(&self, _: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Err("no local packages".into())
+    }
+    fn candy_file(&self, _: &str, _: &str) -> Result<Vec<u8>, String> {
+        Err("no files".into())
+    }
+}
+
+/// An aur builder on a pacman host: the packages the builder stage made
+/// (from the store) are copied to a staging directory on the target,
+/// named with `pacman -Qqp` and installed with `pacman -U`; the removal of
+/// the new ones is recorded first, as the step's `package-remove` op (the
+/// conformance check), and `del` removes them.
+#[test]
+fn aur_packages_are_copied_to_a_pacman_host_installed_and_removed() {
+    let t = tempfile::tempdir().expect("tmp");
+    let plan = arch_plan(&t.path().join("p"));
+    let aur = plan
+        .steps
+        .iter()
+        .position(
+            |s| matches!(&s.data, charly_rules::plan::StepData::Builder(b) if b.builder == "aur"),
+        )
+        .expect("an aur builder step");
+    let mut host = MemHost::new("user", 1000);
+    host.files
+        .insert("/tmp".into(), MemNode::Dir { mode: 0o1777 });
+    host.binaries.insert("pacman".into());
+    host.on("pacman -Qqp", Response::ok("paru-bin\n"));
+    // Nothing installed before; git, then paru-bin, after their installs.
+    for out in [
+        "",
+        "git 2.45-1\n",
+        "git 2.45-1\n",
+        "git 2.45-1\nparu-bin 2.0-1\n",
+    ] {
+        host.once("-c 'pacman -Q'", Response::ok(out));
+    }
+    host.on("pacman -Q --", Response::ok("git 2.45-1\nparu-bin 2.0-1\n"));
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("aur", &plan, &user, "mem");
+    let opts = Options {
+        gates: Gates::all(),
+        target: Target::Vm,
+        ..Options::default()
+    };
+    // A dry run says what it would upload and run, and does neither.
+    let dry = walk::apply(
+        &mut host.clone(),
+        None,
+        &rec,
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            dry_run: true,
+            ..opts.clone()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run");
+    let acts = dry.steps[aur].actions.join("\n");
+    assert!(
+        acts.contains("upload 1 aur package(s)")
+            && acts.contains("pacman -U --noconfirm -- /tmp/charly-aur-aur-"),
+        "{acts}"
+    );
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &AurArts,
+        &opts,
+        &mut |_| {},
+    )
+    .expect("apply");
+    assert_eq!(
+        report.steps[aur].state, "complete",
+        "{:?}",
+        report.steps[aur]
+    );
+    let dir = format!("/tmp/charly-aur-aur-{aur}");
+    let written: Vec<&String> = host
+        .log
+        .iter()
+        .filter(|l| l.starts_with("write "))
+        .collect();
+    assert_eq!(
+        written,
+        [&format!("write {dir}/paru-bin-2.0-1-x86_64.pkg.tar.zst")],
+        "the package is shipped, the signature is not"
+    );
+    let install = host
+        .commands()
+        .into_iter()
+        .find(|c| c.contains("pacman -U"))
+        .expect("pacman -U ran")
+        .to_string();
+    assert!(
+        install.contains(&format!(
+            "pacman -U --noconfirm -- {dir}/paru-bin-2.0-1-x86_64.pkg.tar.zst"
+        )),
+        "{install}"
+    );
+    assert!(
+        !host.files.keys().any(|k| k.starts_with(&dir)),
+        "the staging directory is gone"
+    );
+    let steps = ledger.steps("aur").expect("steps");
+    let st = steps
+        .iter()
+        .find(|s| s.seq as usize == aur)
+        .expect("recorded");
+    assert!(
+        st.undo.iter().any(|(_, u)| matches!(u,
+            charly_deploy::ledger::Undo::RemovePackages { format, packages, .. }
+                if format == "pac" && packages == &["paru-bin".to_string()])),
+        "{:?}",
+        st.undo
+    );
+    assert!(st.facts.iter().any(|f| matches!(f,
+        charly_deploy::ledger::Fact::Packages { format, packages, .. }
+            if format == "pac" && packages == &["paru-bin".to_string()])));
+    let (kinds, _) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    assert!(kinds.contains("builder"), "{kinds:?}");
+    let runs = del_runs(&mut host, &mut ledger, "aur", "pacman -R");
+    assert!(
+        runs.iter()
+            .any(|r| r.contains("pacman -R --noconfirm -- paru-bin")),
+        "{runs:#?}"
+    );
+    assert_eq!(host.files, original.files);
+}
+
+/// An aur builder on a host without pacman is refused before any change,
+/// naming the step and the host's package format; a rooted target skips
+/// it (installing packages would touch the real system).
+#[test]
+fn aur_on_a_host_without_pacman_is_refused_naming_its_package_format() {
+    let t = tempfile::tempdir().expect("tmp");
+    let plan = arch_plan(&t.path().join("p"));
+    let mut host = MemHost::new("user", 1000);
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let before = host.log.len();
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("aur", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            gates: Gates::all(),
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect_err("refused");
+    let text = err.to_string();
+    assert!(matches!(err, WalkError::Setup(_)), "{text}");
+    assert!(
+        text.contains("aur packages are Arch packages")
+            && text.contains("its packages are deb packages (dpkg-query)")
+            && text.contains("paru: builder aur builder artifact"),
+        "{text}"
+    );
+    assert!(
+        host.log[before..]
+            .iter()
+            .all(|l| !l.starts_with("run ") && !l.starts_with("write ")),
+        "nothing ran: {:#?}",
+        &host.log[before..]
+    );
+    assert!(
+        ledger.get("aur").expect("get").is_none(),
+        "nothing recorded"
+    );
+
+    // A rooted target never installs packages: the step is skipped, saying so.
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).expect("root");
+    let mut local = LocalHost::rooted(&root).expect("rooted");
+    let user = walk::resolve_user(&mut local, "user", &plan).expect("user");
+    let rep = walk::apply(
+        &mut local,
+        None,
+        &record("aur", &plan, &user, "local"),
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            gates: Gates::all(),
+            dry_run: true,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run on a rooted target");
+    let step = rep
+        .steps
+        .iter()
+        .find(|s| s.title.contains("aur builder"))
+        .expect("aur step");
+    assert_eq!(step.state, "skipped");
+    assert!(
+        step.note
+            .as_deref()
+            .unwrap_or("")
+            .contains("installing aur packages"),
+        "{step:?}"
+    );
+}

@@ -77,7 +77,10 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
             "plugin `{}` is not served on this walk (no plugin host)",
             e.data["word"].as_str().unwrap_or("?")
         )),
-        StepData::Builder(b) if s.scope == Scope::System => Some(format!(
+        StepData::Builder(b) if b.builder == "aur" && rooted => {
+            rooted_msg("installing aur packages")
+        }
+        StepData::Builder(b) if s.scope == Scope::System && b.builder != "aur" => Some(format!(
             "system-scope {} builder artifacts are not applied to hosts yet",
             b.builder
         )),
@@ -131,8 +134,10 @@ pub fn apply(
     let rooted = host.root().is_some();
     let dry = o.dry_run || ledger.is_none();
     let (plan, skip) = for_user(plan, user, o, rooted);
-    // Privilege: checked once up front, naming the steps that need it.
+    // Privilege and package manager: checked once up front, naming the
+    // steps that need them.
     check_privilege(host, &plan, &skip, rooted, dry)?;
+    super::aur::refuse_without_pacman(host, &plan, &skip)?;
     let _lock = match ledger.as_deref_mut() {
         Some(l) if !dry => {
             let lock = l.lock(&record.name)?;
@@ -226,6 +231,7 @@ pub fn reapply(
         force: true,
     };
     check_privilege(host, &plan, &skip, rooted, o.dry_run)?;
+    super::aur::refuse_without_pacman(host, &plan, &skip)?;
     if !o.dry_run {
         ledger.set_state(name, BundleState::Applying, None)?;
     }
@@ -553,6 +559,7 @@ fn apply_step(
             hook_step(cx, s, h)
         }
         StepData::ShellSnippet(sn) => snippet_step(cx, s, sn),
+        StepData::Builder(b) if b.builder == "aur" => super::aur::aur_step(cx, s, b, arts),
         StepData::Builder(b) => {
             bin_dirs.extend(b.path.iter().cloned());
             builder_step(cx, s, b, arts)
@@ -880,7 +887,7 @@ fn reboot_step(cx: &mut StepCx<'_>) -> R<()> {
 }
 
 /// Installs packages; the undo removes only those that were not installed before.
-fn packages(
+pub(super) fn packages(
     cx: &mut StepCx<'_>,
     format: &str,
     pkgs: &[String],

@@ -26,6 +26,7 @@
 //! The public items are re-exported here (`charly_deploy::walk::apply`, …).
 
 mod apply;
+mod aur;
 mod batch;
 mod download;
 mod drift;
