@@ -485,6 +485,14 @@ impl Artifacts for TestArts {
 fn faulty(
     setup: impl FnOnce(&mut MemHost),
 ) -> (WalkError, MemHost, MemHost, Ledger, tempfile::TempDir) {
+    faulty_with(false, setup)
+}
+
+/// [`faulty`], the steps of one (scope, venue) batched when `batch`.
+fn faulty_with(
+    batch: bool,
+    setup: impl FnOnce(&mut MemHost),
+) -> (WalkError, MemHost, MemHost, Ledger, tempfile::TempDir) {
     let (p, r) = open();
     let plan = plan(&p, &r);
     let mut host = MemHost::new("user", 1000);
@@ -525,6 +533,7 @@ fn faulty(
         &Options {
             gates: Gates::all(),
             target: Target::Vm,
+            batch_commands: batch,
             ..Options::default()
         },
         &mut |_| {},
@@ -596,6 +605,35 @@ fn nonzero_exit_stops_the_walk() {
     let (err, mut host, original, mut ledger, _t) = faulty(|h| {
         h.on("jq --version", Response::fail(3, "jq: error: broken"));
     });
+    check_stop(&err, &mut host, &original, &mut ledger, "exit 3");
+    assert!(err.to_string().contains("jq: error: broken"));
+}
+
+/// In a batch the failing step is named exactly: the link before it in
+/// the same round trip is complete, nothing after it is recorded, and
+/// `del` undoes what was done.
+#[test]
+fn a_failure_inside_a_batch_stops_the_walk_at_that_step() {
+    let (err, mut host, original, mut ledger, _t) = faulty_with(true, |h| {
+        h.on("jq --version", Response::fail(3, "jq: error: broken"));
+    });
+    let WalkError::Step { title, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(title.contains("cmd jq --version"), "{title}");
+    let steps = ledger.steps("b").expect("steps");
+    let link = steps
+        .iter()
+        .find(|s| s.title.contains("link /usr/local/bin/hello-motd"))
+        .expect("the link");
+    assert_eq!(link.state, StepState::Complete);
+    assert!(
+        host.commands()
+            .iter()
+            .any(|c| c.contains("ln -s -- /opt/hello/motd.txt /usr/local/bin/hello-motd")),
+        "the link was made by the batch: {:#?}",
+        host.log
+    );
     check_stop(&err, &mut host, &original, &mut ledger, "exit 3");
     assert!(err.to_string().contains("jq: error: broken"));
 }
@@ -881,6 +919,92 @@ fn every_step_kind_a_host_applies_records_the_undo_its_reverse_ops_say() {
     assert!(ran("apt-get update -qq"), "{del:#?}");
     assert_eq!(host.files, original.files, "del restores the host's files");
     assert!(ledger.get("all").expect("get").is_none());
+}
+
+/// Steps of one (scope, venue) that are commands with a checkable outcome
+/// (packages, mkdir, link, cmd, setcap, a packaged service, file writes,
+/// a generated unit) go in two round trips per run of them — one asks,
+/// one does — and the ledger is what the same steps record one by one:
+/// the same undo records (tagged with the same reverse ops, backups
+/// included), facts and states; `del` undoes them.
+#[test]
+fn batched_steps_record_what_they_would_alone_in_fewer_round_trips() {
+    let t = tempfile::tempdir().expect("tmp");
+    let (_p, plan) = extras_plan(&t.path().join("p"));
+    let run = |batch: bool| {
+        let mut host = scripted_host(&plan);
+        let original = host.clone();
+        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+        let dir = tempfile::tempdir().expect("ledger");
+        let mut ledger = Ledger::open(dir.path()).expect("ledger");
+        let report = walk::apply(
+            &mut host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                gates: Gates::all(),
+                target: Target::Vm,
+                batch_commands: batch,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+        .expect("apply");
+        (host, original, ledger, dir, report, user)
+    };
+    let (alone, _, one_by_one, _d1, _, _) = run(false);
+    let (mut host, original, mut ledger, _d2, report, user) = run(true);
+    let strip = |l: &Ledger| -> Vec<serde_json::Value> {
+        l.steps("b")
+            .expect("steps")
+            .into_iter()
+            .map(|s| {
+                serde_json::json!({"seq": s.seq, "state": s.state, "undo": s.undo,
+                    "realizes": s.realizes, "facts": s.facts})
+            })
+            .collect()
+    };
+    assert_eq!(strip(&ledger), strip(&one_by_one), "the same ledger");
+    let together = |t: &str| {
+        report
+            .steps
+            .iter()
+            .find(|s| s.title.contains(t))
+            .unwrap_or_else(|| panic!("no step {t}"))
+            .actions
+            .iter()
+            .any(|a| a.contains("in one round trip"))
+    };
+    for t in [
+        "packages jq tree",
+        "mkdir /opt/hello",
+        "write /opt/hello/motd.txt",
+        "link /usr/local/bin/hello-motd",
+        "cmd jq --version",
+        "write /home/user/.config/hello/settings.json",
+        "copy /etc/systemd/system/greeter.service",
+        "service charly-greeter-greeter",
+        "setcap /usr/local/bin/tool",
+        "service cron.service",
+    ] {
+        assert!(together(t), "{t} ran in a batch");
+    }
+    assert!(!together("bash snippet"), "a managed block runs alone");
+    let (n1, n2) = (alone.round_trips(), host.round_trips());
+    eprintln!("round trips: {n1} one by one, {n2} batched");
+    assert!(n2 * 10 <= n1 * 7, "{n2} batched vs {n1} one by one");
+    let (kinds, _) = reverse_ops_are_what_was_recorded(
+        &plan,
+        &ledger.steps("b").expect("steps"),
+        &user.home,
+        false,
+    );
+    assert!(kinds.contains("service-packaged") && kinds.contains("op"));
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
 }
 
 #[test]

@@ -99,8 +99,9 @@ pub struct Options {
     pub box_home: String,
     /// Told about every change a step makes (not in dry runs).
     pub on_change: Option<ChangeHook>,
-    /// Run consecutive `cmd` steps of one (scope, venue) as one command
-    /// (one round trip; for targets reached over SSH).
+    /// Run consecutive steps of one (scope, venue) that are commands with
+    /// a checkable outcome in two round trips per run (see `batch`; for
+    /// targets reached over SSH).
     pub batch_commands: bool,
     /// What executes plugin steps; `None`: they are skipped, saying why.
     pub plugins: Option<std::sync::Arc<dyn PluginSteps>>,
@@ -362,6 +363,41 @@ struct StepCx<'a> {
 
 type R<T> = Result<T, String>;
 
+impl<'a> StepCx<'a> {
+    /// The context of step `seq` (a dry run has no ledger).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        host: &'a mut dyn Host,
+        ledger: Option<&'a mut Ledger>,
+        bundle: &'a str,
+        seq: u32,
+        user: &'a TargetUser,
+        o: &Options,
+        rooted: bool,
+        planned_dirs: &'a mut BTreeSet<String>,
+        reverse: Vec<ReverseOp>,
+    ) -> Self {
+        StepCx {
+            on_change: ledger.as_ref().and(o.on_change.clone()),
+            host,
+            ledger,
+            bundle,
+            seq,
+            user,
+            facts: Vec::new(),
+            actions: Vec::new(),
+            timeout: o.timeout,
+            rooted,
+            box_home: o.box_home.clone(),
+            planned_dirs,
+            plugins: o.plugins.clone(),
+            reverse,
+            realizing: Vec::new(),
+            realized: BTreeSet::new(),
+        }
+    }
+}
+
 impl StepCx<'_> {
     fn dry(&self) -> bool {
         self.ledger.is_none()
@@ -601,25 +637,7 @@ impl StepCx<'_> {
         if !self.rooted && is_unit_file(path) {
             // Recorded before the file's own undo, so `del` reloads systemd
             // after the unit (or quadlet) file is gone.
-            let user_flag = if privileged { "" } else { " --user" };
-            let mut env = BTreeMap::new();
-            if !privileged {
-                env.insert(
-                    "XDG_RUNTIME_DIR".to_string(),
-                    format!("/run/user/{}", self.user.uid),
-                );
-            }
-            self.undo_incidental(
-                &Undo::Run {
-                    what: format!("systemctl{user_flag} daemon-reload"),
-                    script: format!("systemctl{user_flag} daemon-reload"),
-                    privileged,
-                    as_user: (!privileged).then(|| self.user.name.clone()),
-                    env,
-                    ignore_failure: true,
-                },
-                &[],
-            )?;
+            self.undo_incidental(&reload_undo(privileged, self.user), &[])?;
         }
         self.record_replace(path, privileged)?;
         let a = self.attrs(mode, privileged);
@@ -683,6 +701,27 @@ impl StepCx<'_> {
             ));
         }
         Ok(out.stdout_str())
+    }
+}
+
+/// Reloading systemd (the user's for a user unit) once a unit file is
+/// gone; a failure is a warning.
+fn reload_undo(privileged: bool, user: &TargetUser) -> Undo {
+    let user_flag = if privileged { "" } else { " --user" };
+    let mut env = BTreeMap::new();
+    if !privileged {
+        env.insert(
+            "XDG_RUNTIME_DIR".to_string(),
+            format!("/run/user/{}", user.uid),
+        );
+    }
+    Undo::Run {
+        what: format!("systemctl{user_flag} daemon-reload"),
+        script: format!("systemctl{user_flag} daemon-reload"),
+        privileged,
+        as_user: (!privileged).then(|| user.name.clone()),
+        env,
+        ignore_failure: true,
     }
 }
 
