@@ -638,6 +638,50 @@ fn a_failure_inside_a_batch_stops_the_walk_at_that_step() {
     assert!(err.to_string().contains("jq: error: broken"));
 }
 
+/// A batch that breaks off (a timeout, a lost connection) tells nothing of
+/// which of its steps ran: the first is failed with the error, the others
+/// keep their recorded undo and say so, and `del` undoes whatever may have
+/// happened.
+#[test]
+fn a_batch_that_breaks_off_keeps_the_undo_of_every_step_in_it() {
+    let (err, mut host, original, mut ledger, _t) = faulty_with(true, |h| {
+        h.on("jq --version", Response::Timeout);
+    });
+    assert!(err.to_string().contains("timed out"), "{err}");
+    let steps = ledger.steps("b").expect("steps");
+    let state = |t: &str| {
+        steps
+            .iter()
+            .find(|s| s.title.contains(t))
+            .unwrap_or_else(|| panic!("no step {t}"))
+    };
+    // mkdir, write, link and cmd went in one batch.
+    let first = state("mkdir /opt/hello");
+    assert_eq!(first.state, StepState::Failed);
+    assert!(first.note.as_deref().unwrap_or("").contains("timed out"));
+    let link = state("link /usr/local/bin/hello-motd");
+    assert_eq!(link.state, StepState::Failed);
+    assert!(
+        link.note.as_deref().unwrap_or("").contains("broke off"),
+        "{:?}",
+        link.note
+    );
+    assert!(
+        link.undo.iter().any(|(_, u)| matches!(u,
+            charly_deploy::ledger::Undo::RemovePath { path, .. } if path == "/usr/local/bin/hello-motd")),
+        "its undo is kept: {:?}",
+        link.undo
+    );
+    assert!(
+        !steps
+            .iter()
+            .any(|s| s.title.contains("mkdir /home/user/.local/bin")),
+        "nothing after the batch was attempted"
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
+}
+
 #[test]
 fn timeout_stops_the_walk() {
     let (err, mut host, original, mut ledger, _t) = faulty(|h| {
