@@ -2179,6 +2179,19 @@ fn a_plugin_step_executes_through_the_host_and_del_replays_its_reverse_ops() {
             .iter()
             .any(|c| c.contains("mkdir -p /tmp/marker-dir"))
     );
+    // Its undo records carry the reverse ops the plugin reported.
+    let steps = ledger.steps("p").expect("steps");
+    let (kinds, _) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    assert!(kinds.contains("external:marker"), "{kinds:?}");
+    assert_eq!(
+        steps[0]
+            .realizes
+            .values()
+            .flatten()
+            .map(|r| r.kind)
+            .collect::<Vec<_>>(),
+        [charly_rules::plan::ReverseKind::PluginScript]
+    );
     let runs = del_runs(&mut host, &mut ledger, "p", "marker-dir");
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(
