@@ -26,10 +26,19 @@
 //!         error, UNIQUE(target_key, deploy_id))
 //! steps(bundle, seq, candy, kind, scope, title, state, note, step JSON,
 //!       started_unix, finished_unix, PK(bundle, seq))
-//! undo(bundle, seq, idx, op JSON, PK(bundle, seq, idx))
+//! undo(bundle, seq, idx, op JSON, reverse JSON, PK(bundle, seq, idx))
 //! facts(bundle, seq, idx, fact JSON, PK(bundle, seq, idx))
 //! blobs(bundle, sha256, data, PK(bundle, sha256))   -- backups
 //! ```
+//!
+//! **Reverse ops.** The plan's steps carry the typed reverse operations the
+//! compiler derived ([`ReverseOp`]); an undo operation records which of its
+//! step's reverse ops it carries out (`undo.reverse`: a JSON array, empty
+//! for what a step does on the way, such as a parent directory it created).
+//! The undo operation is the exact, observed form of those ops: what was
+//! there before, which packages were new, the unit's prior state.
+//! The column was added later: ledgers without it gain it when opened,
+//! and earlier versions read the rest unchanged.
 //!
 //! A record's target and connection are typed ([`Target`], [`Connection`])
 //! in memory and stored as the text they always were: the target's name
@@ -39,9 +48,10 @@
 //! versions read unchanged and earlier versions can read new ones.
 
 use crate::ssh::SshTarget;
-use charly_rules::plan::Target;
+use charly_rules::plan::{ReverseOp, Target};
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Ledger failures.
@@ -535,6 +545,9 @@ pub struct StepRecord {
     pub step: serde_json::Value,
     /// Undo operations in the order they were recorded.
     pub undo: Vec<(u32, Undo)>,
+    /// The reverse ops of the step each undo operation (by index) carries
+    /// out; absent for what the step did on the way.
+    pub realizes: BTreeMap<u32, Vec<ReverseOp>>,
     /// State left behind.
     pub facts: Vec<Fact>,
 }
@@ -614,6 +627,19 @@ impl Ledger {
                PRIMARY KEY(bundle, sha256));",
         )
         .map_err(sql)?;
+        // Added after the first versions: which reverse ops an undo carries out.
+        let has_reverse: bool = conn
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('undo') WHERE name='reverse'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(sql)?
+            > 0;
+        if !has_reverse {
+            conn.execute_batch("ALTER TABLE undo ADD COLUMN reverse TEXT")
+                .map_err(sql)?;
+        }
         Ok(Ledger { conn, path })
     }
 
@@ -779,15 +805,25 @@ impl Ledger {
         Ok(())
     }
 
-    /// Commits an undo operation (and the backups it needs) before the change it undoes.
+    /// Commits an undo operation (and the backups it needs) before the
+    /// change it undoes, with the step's reverse ops it carries out (none:
+    /// something the step did on the way).
     pub fn add_undo(
         &mut self,
         name: &str,
         seq: u32,
         op: &Undo,
+        realizes: &[ReverseOp],
         blobs: &[(String, Vec<u8>)],
     ) -> Result<(), LedgerError> {
         let json = undo_json(name, op)?;
+        let reverse = (!realizes.is_empty())
+            .then(|| serde_json::to_string(realizes))
+            .transpose()
+            .map_err(|e| LedgerError::Corrupt {
+                bundle: name.into(),
+                message: e.to_string(),
+            })?;
         let path = self.path.display().to_string();
         let sql = |e| LedgerError::Sql {
             path: path.clone(),
@@ -803,8 +839,8 @@ impl Ledger {
         }
         let idx = next_undo_idx(&tx, name, seq).map_err(sql)?;
         tx.execute(
-            "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
-            params![name, seq, idx, json],
+            "INSERT INTO undo(bundle, seq, idx, op, reverse) VALUES(?1,?2,?3,?4,?5)",
+            params![name, seq, idx, json, reverse],
         )
         .map_err(sql)?;
         tx.commit().map_err(sql)?;
@@ -928,21 +964,29 @@ impl Ledger {
         for (seq, candy, kind, scope, title, state, note, step) in rows {
             let mut u = self
                 .conn
-                .prepare("SELECT idx, op FROM undo WHERE bundle=?1 AND seq=?2 ORDER BY idx")
+                .prepare(
+                    "SELECT idx, op, reverse FROM undo WHERE bundle=?1 AND seq=?2 ORDER BY idx",
+                )
                 .map_err(self.sql())?;
-            let undo: Vec<(u32, String)> = u
-                .query_map(params![name, seq], |r| Ok((r.get(0)?, r.get(1)?)))
+            let rows: Vec<(u32, String, Option<String>)> = u
+                .query_map(params![name, seq], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
                 .map_err(self.sql())?
                 .collect::<Result<_, _>>()
                 .map_err(self.sql())?;
-            let undo = undo
-                .into_iter()
-                .map(|(i, j)| {
-                    serde_json::from_str(&j)
-                        .map(|op| (i, op))
-                        .map_err(|e| corrupt(format!("undo {seq}.{i}: {e}")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut undo = Vec::with_capacity(rows.len());
+            let mut realizes = BTreeMap::new();
+            for (i, j, rev) in rows {
+                let op = serde_json::from_str(&j)
+                    .map_err(|e| corrupt(format!("undo {seq}.{i}: {e}")))?;
+                undo.push((i, op));
+                if let Some(rev) = rev {
+                    let ops: Vec<ReverseOp> = serde_json::from_str(&rev)
+                        .map_err(|e| corrupt(format!("reverse ops of undo {seq}.{i}: {e}")))?;
+                    realizes.insert(i, ops);
+                }
+            }
             let mut f = self
                 .conn
                 .prepare("SELECT fact FROM facts WHERE bundle=?1 AND seq=?2 ORDER BY idx")
@@ -967,6 +1011,7 @@ impl Ledger {
                 note,
                 step: serde_json::from_str(&step).unwrap_or(serde_json::Value::Null),
                 undo,
+                realizes,
                 facts,
             });
         }
@@ -1227,8 +1272,13 @@ mod tests {
             gid: 1,
             privileged: false,
         };
-        l.add_undo("a", 0, &op, &[("ab".into(), b"old".to_vec())])
+        l.add_undo("a", 0, &op, &[], &[("ab".into(), b"old".to_vec())])
             .expect("undo");
+        let rm_y = ReverseOp::new(
+            charly_rules::plan::ReverseKind::RmFileUser,
+            vec!["/y".into()],
+            charly_rules::plan::Scope::User,
+        );
         l.add_undo(
             "a",
             0,
@@ -1236,6 +1286,7 @@ mod tests {
                 path: "/y".into(),
                 privileged: false,
             },
+            std::slice::from_ref(&rm_y),
             &[],
         )
         .expect("undo");
@@ -1245,6 +1296,9 @@ mod tests {
         assert_eq!(steps[0].state, StepState::Incomplete);
         assert_eq!(steps[0].undo.len(), 2);
         assert_eq!(steps[0].undo[0], (0, op));
+        // Which reverse op each carries out (none for the first).
+        assert_eq!(steps[0].realizes.get(&0), None);
+        assert_eq!(steps[0].realizes.get(&1), Some(&vec![rm_y]));
         assert_eq!(l2.blob("a", "ab").expect("blob"), Some(b"old".to_vec()));
         l.finish_step(
             "a",
@@ -1319,6 +1373,62 @@ mod tests {
             )
             .expect("row");
         }
+    }
+
+    /// An undo table of the versions before reverse ops were recorded: it
+    /// gains the column when opened, its rows read as carrying out none.
+    #[test]
+    fn undo_rows_of_earlier_versions_read_and_new_ones_record_reverse_ops() {
+        let t = tempfile::tempdir().expect("tmp");
+        {
+            let l = Ledger::open(t.path()).expect("open");
+            l.create(&rec("a")).expect("create");
+            l.begin_step("a", 0, &head(), StepState::Complete, None)
+                .expect("begin");
+            l.conn
+                .execute_batch(
+                    "DROP TABLE undo;
+                     CREATE TABLE undo(
+                       bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+                       seq INTEGER NOT NULL, idx INTEGER NOT NULL, op TEXT NOT NULL,
+                       PRIMARY KEY(bundle, seq, idx));
+                     INSERT INTO undo VALUES('a', 0, 0, '{\"op\":\"note\",\"text\":\"old\"}');",
+                )
+                .expect("old table");
+        }
+        let mut l = Ledger::open(t.path()).expect("reopen");
+        let s = &l.steps("a").expect("steps")[0];
+        assert_eq!(s.undo, vec![(0, Undo::Note { text: "old".into() })]);
+        assert!(s.realizes.is_empty());
+        let op = ReverseOp::new(
+            charly_rules::plan::ReverseKind::RmFileSystem,
+            vec!["/etc/x".into()],
+            charly_rules::plan::Scope::System,
+        );
+        l.add_undo(
+            "a",
+            0,
+            &Undo::RemovePath {
+                path: "/etc/x".into(),
+                privileged: true,
+            },
+            std::slice::from_ref(&op),
+            &[],
+        )
+        .expect("undo");
+        let s = &l.steps("a").expect("steps")[0];
+        assert_eq!(s.realizes.get(&1), Some(&vec![op]));
+        // Opening again leaves the table as it is.
+        drop(l);
+        assert_eq!(
+            Ledger::open(t.path())
+                .expect("open")
+                .steps("a")
+                .expect("steps")[0]
+                .undo
+                .len(),
+            2
+        );
     }
 
     #[test]

@@ -99,6 +99,11 @@ pub struct MemHost {
     pub boots: u32,
     /// A reboot command ran since the last reconnect.
     pub reboot_pending: bool,
+    /// Host operations so far (commands and file operations; a batch
+    /// script is one): what each would cost over SSH, an exec channel.
+    pub trips: usize,
+    /// Inside a batch script (its operations are not trips of their own).
+    in_batch: bool,
 }
 
 impl MemHost {
@@ -133,6 +138,8 @@ impl MemHost {
             name: "mem".into(),
             boots: 1,
             reboot_pending: false,
+            trips: 0,
+            in_batch: false,
         };
         for d in ["/", "/etc", "/home", "/root"] {
             h.files.insert(d.into(), MemNode::Dir { mode: 0o755 });
@@ -154,12 +161,277 @@ impl MemHost {
         self
     }
 
-    /// Commands run so far (display form).
+    /// Commands run so far (display form), with those a batch script ran.
     pub fn commands(&self) -> Vec<&str> {
         self.log
             .iter()
-            .filter_map(|l| l.strip_prefix("run "))
+            .filter_map(|l| l.strip_prefix("run ").or_else(|| l.strip_prefix("sub ")))
             .collect()
+    }
+
+    /// How many round trips the walk cost: host operations, commands and
+    /// file operations alike (each an exec channel over SSH; a batch script
+    /// is one).
+    pub fn round_trips(&self) -> usize {
+        self.trips
+    }
+
+    fn trip(&mut self) {
+        if !self.in_batch {
+            self.trips += 1;
+        }
+    }
+
+    /// The scripted answer to a command line, if a rule has one.
+    fn respond(&mut self, line: &str) -> Option<Response> {
+        let once = self
+            .once
+            .iter()
+            .position(|(p, _)| line.contains(p.as_str()))
+            .map(|i| self.once.remove(i).1);
+        once.or_else(|| {
+            self.rules
+                .iter()
+                .find(|(p, _)| line.contains(p.as_str()))
+                .map(|(_, r)| r.clone())
+        })
+    }
+
+    /// Runs a walker's batch script (see `walk::batch`) as a shell would:
+    /// statements of marker `printf`s, `__rc` bookkeeping, `&&`, `||`,
+    /// `if … fi` and `exit`, each command in it answered by the rules (and
+    /// the directories, links and removals of the file-operation scripts
+    /// made in the tree). Logged as `sub <command>` each.
+    fn run_batch(&mut self, script: &str) -> Result<CmdOutput, HostError> {
+        let mut out = CmdOutput::default();
+        let (mut rc, mut last) = (0i32, 0i32);
+        for stmt in split_unquoted(script, &["\n"]) {
+            let mut skipping = false;
+            let mut op = ";".to_string();
+            for seg in split_ops(&stmt) {
+                let (sep, text) = seg;
+                let run_it = match op.as_str() {
+                    "&&" => last == 0,
+                    "||" => last != 0,
+                    _ => true,
+                };
+                op = sep;
+                let mut w = words(&text);
+                if w.first().map(String::as_str) == Some("then") {
+                    w.remove(0);
+                }
+                if w.first().map(String::as_str) == Some("fi") {
+                    skipping = false;
+                    continue;
+                }
+                if skipping || !run_it || w.is_empty() {
+                    continue;
+                }
+                match w[0].as_str() {
+                    "if" => skipping = rc != 0,
+                    "[" => last = i32::from(rc != 0),
+                    "exit" => {
+                        out.status = rc;
+                        return Ok(out);
+                    }
+                    "__rc=$?" => rc = last,
+                    "printf" => {
+                        let kind = if w[1].contains("end") {
+                            format!("end {} {rc}", w.get(3).cloned().unwrap_or_default())
+                        } else {
+                            // `'\n@@charly-%s <part> %s\n'`
+                            let part = w[1].split_whitespace().nth(1).unwrap_or("part").to_string();
+                            format!("{part} {}", w.get(3).cloned().unwrap_or_default())
+                        };
+                        out.stdout.extend_from_slice(
+                            format!(
+                                "\n@@charly-{} {kind}\n",
+                                w.get(2).cloned().unwrap_or_default()
+                            )
+                            .as_bytes(),
+                        );
+                        last = 0;
+                    }
+                    _ => {
+                        let argv: Vec<String> =
+                            w.into_iter().filter(|x| x != "</dev/null").collect();
+                        let line = charly_rules::sh::join_min(&argv);
+                        self.log.push(format!("sub {line}"));
+                        let o = self.answer(&argv, &line)?;
+                        out.stdout.extend_from_slice(&o.stdout);
+                        out.stderr.extend_from_slice(&o.stderr);
+                        last = o.status;
+                    }
+                }
+            }
+        }
+        out.status = 0;
+        Ok(out)
+    }
+
+    /// A command's answer: a rule's, else what the built-in behaviours
+    /// (boot id, reboot, getent, file-operation scripts) make of it.
+    fn answer(&mut self, argv: &[String], line: &str) -> Result<CmdOutput, HostError> {
+        if let Some(r) = self.respond(line) {
+            return match r {
+                Response::Exit {
+                    status,
+                    stdout,
+                    stderr,
+                } => Ok(CmdOutput {
+                    status,
+                    stdout: stdout.into_bytes(),
+                    stderr: stderr.into_bytes(),
+                }),
+                Response::Timeout => Err(HostError::Timeout {
+                    host: self.name.clone(),
+                    what: line.chars().take(60).collect(),
+                    secs: 0,
+                }),
+            };
+        }
+        let script = argv.last().cloned().unwrap_or_default();
+        if script.contains("/proc/sys/kernel/random/boot_id") {
+            return Ok(CmdOutput {
+                status: 0,
+                stdout: format!("boot-{}\n", self.boots).into_bytes(),
+                stderr: Vec::new(),
+            });
+        }
+        if script.contains("systemctl reboot") {
+            self.reboot_pending = true;
+            return Ok(CmdOutput::default());
+        }
+        let getent = script
+            .trim()
+            .strip_prefix("getent passwd ")
+            .map(|n| n.trim().trim_matches('\'').to_string());
+        if let Some(name) = getent {
+            return Ok(
+                match self
+                    .passwd
+                    .iter()
+                    .find(|l| l.split(':').next() == Some(name.as_str()))
+                {
+                    Some(l) => CmdOutput {
+                        status: 0,
+                        stdout: format!("{l}\n").into_bytes(),
+                        stderr: Vec::new(),
+                    },
+                    None => CmdOutput {
+                        status: 2,
+                        ..CmdOutput::default()
+                    },
+                },
+            );
+        }
+        // A stat script (`host::stat_script`): answered from the tree.
+        if let Some(first) = script
+            .lines()
+            .next()
+            .filter(|_| script.contains("for p in \"$@\""))
+            && let Some(list) = first.strip_prefix("set --")
+        {
+            let paths = words(list);
+            let stats = self.stat(&paths, false)?;
+            let mut text = String::new();
+            for st in stats {
+                match st {
+                    None => text.push_str("N\n"),
+                    Some(st) => {
+                        let ids = format!("{:o} {} {}", st.mode, st.uid, st.gid);
+                        match st.kind {
+                            PathKind::Dir => text.push_str(&format!("D {ids}\n")),
+                            PathKind::File { .. } => text.push_str(&format!("F {ids}\n")),
+                            PathKind::Symlink { target } => {
+                                let hex: String =
+                                    target.bytes().map(|b| format!("{b:02x}")).collect();
+                                text.push_str(&format!("L {ids}\n{hex}0a\n"));
+                            }
+                            PathKind::Other => text.push_str("O\n"),
+                        }
+                    }
+                }
+            }
+            return Ok(CmdOutput {
+                status: 0,
+                stdout: text.into_bytes(),
+                stderr: Vec::new(),
+            });
+        }
+        // Inline file reads and writes (`shellops::read_inline_script`,
+        // `write_inline_script`): from and into the tree.
+        if script.starts_with("p=") && script.contains("base64 -w0") {
+            use base64::Engine as _;
+            let path = words(script.split(';').next().unwrap_or_default())
+                .first()
+                .and_then(|w| w.strip_prefix("p=").map(String::from))
+                .unwrap_or_default();
+            let text = match self.files.get(&path) {
+                Some(MemNode::File { data, .. }) => {
+                    base64::engine::general_purpose::STANDARD.encode(data)
+                }
+                _ => String::new(),
+            };
+            return Ok(CmdOutput {
+                status: 0,
+                stdout: text.into_bytes(),
+                stderr: Vec::new(),
+            });
+        }
+        if let Some((_, rest)) = script.split_once("<<'CHARLY_DATA'\n")
+            && let Some((b64, tail)) = rest.split_once("CHARLY_DATA\n")
+        {
+            use base64::Engine as _;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(b64.replace('\n', ""))
+                .map_err(|e| self.err("write", "(inline)", &e.to_string()))?;
+            let mut attrs = FileAttrs::default();
+            let mut dest = None;
+            for l in tail.lines() {
+                let w = words(l);
+                let w: Vec<&str> = w.iter().map(String::as_str).collect();
+                match w.as_slice() {
+                    ["chmod", mode, "$t"] => {
+                        attrs.mode = u32::from_str_radix(mode, 8).unwrap_or(0o644);
+                    }
+                    ["chown", owner, "$t"] => {
+                        attrs.owner = owner
+                            .split_once(':')
+                            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)));
+                    }
+                    ["mv", "-f", "$t", p] => dest = Some(p.to_string()),
+                    _ => {}
+                }
+            }
+            if let Some(p) = dest {
+                self.write_file(&p, &data, &attrs)?;
+            }
+            return Ok(CmdOutput::default());
+        }
+        // The file-operation scripts (`shellops`): made in the tree.
+        for l in script.lines() {
+            let w = words(l);
+            let w: Vec<&str> = w.iter().map(String::as_str).collect();
+            match w.as_slice() {
+                ["mkdir", "-m", mode, p] => {
+                    let mode = u32::from_str_radix(mode, 8).unwrap_or(0o755);
+                    self.mkdir(
+                        p,
+                        &FileAttrs {
+                            mode,
+                            ..FileAttrs::default()
+                        },
+                    )?;
+                }
+                ["ln", "-s", "--", t, p] => self.symlink(p, t, &FileAttrs::default())?,
+                ["rm", "-f", "--", p] => {
+                    self.remove(p, false)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(CmdOutput::default())
     }
 
     fn err(&self, op: &str, path: &str, m: &str) -> HostError {
@@ -200,75 +472,26 @@ impl Host for MemHost {
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
         let line = cmd.display(&self.login, false);
         self.log.push(format!("run {line}"));
-        let once = self
-            .once
-            .iter()
-            .position(|(p, _)| line.contains(p.as_str()))
-            .map(|i| self.once.remove(i).1);
-        if let Some(r) = once.or_else(|| {
-            self.rules
-                .iter()
-                .find(|(p, _)| line.contains(p.as_str()))
-                .map(|(_, r)| r.clone())
-        }) {
-            return match r {
-                Response::Exit {
-                    status,
-                    stdout,
-                    stderr,
-                } => Ok(CmdOutput {
-                    status,
-                    stdout: stdout.into_bytes(),
-                    stderr: stderr.into_bytes(),
-                }),
-                Response::Timeout => Err(HostError::Timeout {
-                    host: self.name.clone(),
-                    what: cmd.what(),
-                    secs: cmd.timeout.map_or(0, |t| t.as_secs()),
-                }),
-            };
-        }
         let script = cmd.argv.last().cloned().unwrap_or_default();
-        if script.contains("/proc/sys/kernel/random/boot_id") {
-            return Ok(CmdOutput {
-                status: 0,
-                stdout: format!("boot-{}\n", self.boots).into_bytes(),
-                stderr: Vec::new(),
-            });
+        self.trip();
+        if script.contains("@@charly-") && script.contains("__rc") {
+            self.in_batch = true;
+            let r = self.run_batch(&script);
+            self.in_batch = false;
+            return r;
         }
-        if script.contains("systemctl reboot") {
-            self.reboot_pending = true;
-            return Ok(CmdOutput::default());
+        match self.answer(&cmd.argv, &line) {
+            Err(HostError::Timeout { host, .. }) => Err(HostError::Timeout {
+                host,
+                what: cmd.what(),
+                secs: cmd.timeout.map_or(0, |t| t.as_secs()),
+            }),
+            r => r,
         }
-        let getent = cmd
-            .argv
-            .last()
-            .and_then(|s| s.trim().strip_prefix("getent passwd "))
-            .map(|n| n.trim().trim_matches('\'').to_string());
-        if let Some(name) = getent {
-            let name = &name;
-            return Ok(
-                match self
-                    .passwd
-                    .iter()
-                    .find(|l| l.split(':').next() == Some(name))
-                {
-                    Some(l) => CmdOutput {
-                        status: 0,
-                        stdout: format!("{l}\n").into_bytes(),
-                        stderr: Vec::new(),
-                    },
-                    None => CmdOutput {
-                        status: 2,
-                        ..CmdOutput::default()
-                    },
-                },
-            );
-        }
-        Ok(CmdOutput::default())
     }
 
     fn read_file(&mut self, path: &str, _privileged: bool) -> Result<Option<Vec<u8>>, HostError> {
+        self.trip();
         match self.files.get(path) {
             Some(MemNode::File { data, .. }) => Ok(Some(data.clone())),
             Some(_) => Err(self.err("read", path, "not a regular file")),
@@ -277,6 +500,7 @@ impl Host for MemHost {
     }
 
     fn write_file(&mut self, path: &str, data: &[u8], attrs: &FileAttrs) -> Result<(), HostError> {
+        self.trip();
         if !self.parent_is_dir(path) {
             return Err(self.err("write", path, "no parent directory"));
         }
@@ -298,6 +522,7 @@ impl Host for MemHost {
     }
 
     fn which(&mut self, name: &str, path: &str) -> Result<Option<String>, HostError> {
+        self.trip();
         Ok(self
             .binaries
             .contains(name)
@@ -305,6 +530,7 @@ impl Host for MemHost {
     }
 
     fn stat(&mut self, paths: &[String], digest: bool) -> Result<Vec<Option<Stat>>, HostError> {
+        self.trip();
         Ok(paths
             .iter()
             .map(|p| {
@@ -342,6 +568,7 @@ impl Host for MemHost {
     }
 
     fn mkdir(&mut self, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
+        self.trip();
         if self.files.contains_key(path) {
             return Err(self.err("mkdir", path, "exists"));
         }
@@ -355,6 +582,7 @@ impl Host for MemHost {
     }
 
     fn symlink(&mut self, path: &str, target: &str, _attrs: &FileAttrs) -> Result<(), HostError> {
+        self.trip();
         if self.files.contains_key(path) {
             return Err(self.err("symlink", path, "exists"));
         }
@@ -372,6 +600,7 @@ impl Host for MemHost {
     }
 
     fn remove(&mut self, path: &str, _privileged: bool) -> Result<bool, HostError> {
+        self.trip();
         if let Some(MemNode::Dir { .. }) = self.files.get(path) {
             let prefix = format!("{}/", path.trim_end_matches('/'));
             if self.files.keys().any(|k| k.starts_with(&prefix)) {
@@ -385,6 +614,7 @@ impl Host for MemHost {
     }
 
     fn extract_tar(&mut self, tar: &[u8], _privileged: bool) -> Result<(), HostError> {
+        self.trip();
         let entries =
             charly_engine::artifact::read_tar(tar, "").map_err(|e| HostError::Garbage {
                 host: self.name.clone(),
@@ -436,5 +666,133 @@ impl Host for MemHost {
             self.boots += 1;
         }
         Ok(())
+    }
+}
+
+/// `text` split at the unquoted occurrences of `seps` (single and double
+/// quotes and backslash escapes respected), pieces kept as written.
+fn split_unquoted(text: &str, seps: &[&str]) -> Vec<String> {
+    split_ops_with(text, seps)
+        .into_iter()
+        .map(|(_, t)| t)
+        .filter(|t| !t.trim().is_empty())
+        .collect()
+}
+
+/// A statement's simple commands, each with the operator that follows it
+/// (`;`, `&&`, `||`; `;` at the end).
+fn split_ops(stmt: &str) -> Vec<(String, String)> {
+    split_ops_with(stmt, &["&&", "||", ";"])
+}
+
+fn split_ops_with(text: &str, seps: &[&str]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let (mut sq, mut dq) = (false, false);
+    let mut i = 0;
+    let b = text.as_bytes();
+    while i < b.len() {
+        let c = b[i] as char;
+        if !sq
+            && !dq
+            && let Some(sep) = seps.iter().find(|s| text[i..].starts_with(**s))
+        {
+            out.push((sep.to_string(), std::mem::take(&mut cur)));
+            i += sep.len();
+            continue;
+        }
+        match c {
+            '\'' if !dq => sq = !sq,
+            '"' if !sq => dq = !dq,
+            '\\' if !sq && i + 1 < b.len() => {
+                cur.push(c);
+                i += 1;
+                cur.push(b[i] as char);
+                i += 1;
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+        i += 1;
+    }
+    out.push((";".to_string(), cur));
+    out
+}
+
+/// The words of a simple command, unquoted as a POSIX shell does (single
+/// and double quotes, backslash escapes).
+fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut any = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                any = true;
+                for d in chars.by_ref() {
+                    if d == '\'' {
+                        break;
+                    }
+                    cur.push(d);
+                }
+            }
+            '"' => {
+                any = true;
+                while let Some(d) = chars.next() {
+                    match d {
+                        '"' => break,
+                        '\\' => {
+                            if let Some(e) = chars.next() {
+                                cur.push(e);
+                            }
+                        }
+                        _ => cur.push(d),
+                    }
+                }
+            }
+            '\\' => {
+                if let Some(e) = chars.next() {
+                    cur.push(e);
+                    any = true;
+                }
+            }
+            c if c.is_whitespace() => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_and_statements_split_as_a_shell_does() {
+        assert_eq!(
+            words("env -i 'A=b c' /bin/sh -c 'it'\\''s \"q\"' \"$__rc\""),
+            ["env", "-i", "A=b c", "/bin/sh", "-c", "it's \"q\"", "$__rc"]
+        );
+        let s = split_unquoted("a 'x\ny'\nb; c && d", &["\n"]);
+        assert_eq!(s, ["a 'x\ny'", "b; c && d"]);
+        assert_eq!(
+            split_ops("b; c && d || e"),
+            [
+                (";".to_string(), "b".to_string()),
+                ("&&".to_string(), " c ".to_string()),
+                ("||".to_string(), " d ".to_string()),
+                (";".to_string(), " e".to_string())
+            ]
+        );
     }
 }

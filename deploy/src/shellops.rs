@@ -118,14 +118,70 @@ pub fn stat(
     Ok(out_all)
 }
 
-/// `mkdir -m MODE` plus chown.
-pub fn mkdir(host: &mut dyn Host, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
-    check(host, "mkdir", path)?;
-    let p = sh::quote_min(&host.real(path));
+/// The script that makes directory `real` (a host path) with the mode and
+/// owner of `attrs` (`set -e`: it fails as soon as a step does).
+pub fn mkdir_script(real: &str, attrs: &FileAttrs) -> String {
+    let p = sh::quote_min(real);
     let mut script = format!("set -e\nmkdir -m {:o} {p}\n", attrs.mode);
     if let Some((u, g)) = attrs.owner {
         script.push_str(&format!("chown {u}:{g} {p}\n"));
     }
+    script
+}
+
+/// The script that makes symlink `real` (a host path) to `target`, owned
+/// as `attrs` says.
+pub fn symlink_script(real: &str, target: &str, attrs: &FileAttrs) -> String {
+    let p = sh::quote_min(real);
+    let mut script = format!("set -e\nln -s -- {} {p}\n", sh::quote_min(target));
+    if let Some((u, g)) = attrs.owner {
+        script.push_str(&format!("chown -h {u}:{g} {p}\n"));
+    }
+    script
+}
+
+/// The script that writes `data` to `real` (a host path) atomically, as
+/// [`write_file`] does, with the content carried in the script itself
+/// (base64 in a here-document) instead of on stdin: for a batch of steps,
+/// whose commands all share one standard input.
+pub fn write_inline_script(real: &str, data: &[u8], attrs: &FileAttrs) -> String {
+    use base64::Engine as _;
+    let dir = crate::host::parent(real).unwrap_or("/");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+    let mut lines = String::new();
+    for chunk in b64.as_bytes().chunks(76) {
+        lines.push_str(&String::from_utf8_lossy(chunk));
+        lines.push('\n');
+    }
+    let mut script = format!(
+        "set -e\nt=$(mktemp {}/.charly-XXXXXXXX)\ntrap 'rm -f \"$t\"' EXIT\nbase64 -d > \"$t\" <<'CHARLY_DATA'\n{lines}CHARLY_DATA\nchmod {:o} \"$t\"\n",
+        sh::quote_min(dir),
+        attrs.mode
+    );
+    if let Some((u, g)) = attrs.owner {
+        script.push_str(&format!("chown {u}:{g} \"$t\"\n"));
+    }
+    script.push_str(&format!(
+        "mv -f \"$t\" {}\ntrap - EXIT\n",
+        sh::quote_min(real)
+    ));
+    script
+}
+
+/// The script that prints the content of the regular file `real` (a host
+/// path) in base64 when it is at most `max` bytes, `@too-big` when it is
+/// larger, and nothing for anything else (absent, a link, a directory).
+pub fn read_inline_script(real: &str, max: u64) -> String {
+    format!(
+        "p={}; if [ -f \"$p\" ] && [ ! -L \"$p\" ]; then if [ \"$(stat -c %s -- \"$p\")\" -le {max} ]; then base64 -w0 < \"$p\"; else echo @too-big; fi; fi",
+        sh::quote_min(real)
+    )
+}
+
+/// `mkdir -m MODE` plus chown.
+pub fn mkdir(host: &mut dyn Host, path: &str, attrs: &FileAttrs) -> Result<(), HostError> {
+    check(host, "mkdir", path)?;
+    let script = mkdir_script(&host.real(path), attrs);
     let out = host.run(&Cmd::sh(script).privileged(attrs.privileged))?;
     if out.ok() {
         Ok(())
@@ -142,11 +198,7 @@ pub fn symlink(
     attrs: &FileAttrs,
 ) -> Result<(), HostError> {
     check(host, "symlink", path)?;
-    let p = sh::quote_min(&host.real(path));
-    let mut script = format!("set -e\nln -s -- {} {p}\n", sh::quote_min(target));
-    if let Some((u, g)) = attrs.owner {
-        script.push_str(&format!("chown -h {u}:{g} {p}\n"));
-    }
+    let script = symlink_script(&host.real(path), target, attrs);
     let out = host.run(&Cmd::sh(script).privileged(attrs.privileged))?;
     if out.ok() {
         Ok(())
@@ -207,5 +259,55 @@ pub fn which(host: &mut dyn Host, name: &str, path: &str) -> Result<Option<Strin
         Ok(Some(line))
     } else {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The inline write and read scripts round-trip bytes through a real
+    /// shell (coreutils base64, mktemp, mv).
+    #[test]
+    fn inline_scripts_write_and_read_back_bytes() {
+        let t = tempfile::tempdir().expect("tmp");
+        let f = t.path().join("a b'c");
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let sh = |script: String| {
+            let out = std::process::Command::new("/bin/sh")
+                .args(["-c", &script])
+                .output()
+                .expect("sh");
+            assert!(out.status.success(), "{out:?}");
+            out.stdout
+        };
+        let real = f.display().to_string();
+        sh(write_inline_script(
+            &real,
+            &data,
+            &FileAttrs {
+                mode: 0o640,
+                owner: None,
+                privileged: false,
+            },
+        ));
+        assert_eq!(std::fs::read(&f).expect("written"), data);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&f).expect("meta").permissions().mode() & 0o777,
+            0o640
+        );
+        use base64::Engine as _;
+        let back = sh(read_inline_script(&real, 4096));
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(&back)
+                .expect("base64"),
+            data
+        );
+        assert_eq!(sh(read_inline_script(&real, 10)), b"@too-big\n");
+        assert!(sh(read_inline_script(&format!("{real}.none"), 10)).is_empty());
+        sh(write_inline_script(&real, b"", &FileAttrs::default()));
+        assert_eq!(std::fs::read(&f).expect("empty"), b"");
     }
 }

@@ -134,9 +134,18 @@ pub struct SshHost {
     rt: tokio::runtime::Runtime,
     handle: client::Handle<Checker>,
     login: Option<Login>,
+    /// Exec channels opened so far (each command or file operation is one).
+    channels: u64,
 }
 
 impl SshHost {
+    /// How many exec channels this connection has opened: one per command
+    /// or file operation (a batch of steps is one), the round trips a walk
+    /// costs.
+    pub fn channels(&self) -> u64 {
+        self.channels
+    }
+
     /// Connects and authenticates.
     pub fn connect(target: &SshTarget, timeout: Duration) -> Result<SshHost, HostError> {
         Self::connect_waiting(target, timeout, Duration::ZERO, &mut |_| {})
@@ -200,6 +209,7 @@ impl SshHost {
             }
         };
         Ok(SshHost {
+            channels: 0,
             target: target.clone(),
             rt,
             handle,
@@ -411,6 +421,7 @@ impl Host for SshHost {
         }
         // The session's own account (a forced command may run it as
         // another user than the one that logged in).
+        self.channels += 1;
         let out = self.rt.block_on(exec(
             &self.handle,
             "id -u && id -un".into(),
@@ -464,6 +475,7 @@ impl Host for SshHost {
         if let Some(c) = &cmd.cwd {
             line = format!("cd {} && {line}", sh::quote_min(c));
         }
+        self.channels += 1;
         let res = self.rt.block_on(exec(
             &self.handle,
             line,
@@ -481,6 +493,7 @@ impl Host for SshHost {
                     );
                     let k = Cmd::sh(script).privileged(cmd.privileged || cmd.as_user.is_some());
                     let line = sh::join_min(&k.argv_for(&login, false));
+                    self.channels += 1;
                     let _ = self.rt.block_on(exec(
                         &self.handle,
                         line,

@@ -357,7 +357,16 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
             .unwrap_or_else(|| panic!("no step {t}"))
     };
     assert_eq!(state("write /opt/hello/motd.txt"), "complete");
-    reverse_ops_are_what_was_recorded(&plan, &ledger.steps("hello-local").expect("steps"));
+    let (kinds, ops) = reverse_ops_are_what_was_recorded(
+        &plan,
+        &ledger.steps("hello-local").expect("steps"),
+        &user.home,
+        true,
+    );
+    assert!(
+        ops >= 13 && kinds.len() >= 6,
+        "the example's files, links, blocks, env files, unit and artifact: {kinds:?} {ops}"
+    );
     assert_eq!(state("packages"), "skipped", "rooted: no packages");
     assert_eq!(state("cmd jq"), "skipped", "rooted: no commands");
     let rd = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
@@ -476,6 +485,14 @@ impl Artifacts for TestArts {
 fn faulty(
     setup: impl FnOnce(&mut MemHost),
 ) -> (WalkError, MemHost, MemHost, Ledger, tempfile::TempDir) {
+    faulty_with(false, setup)
+}
+
+/// [`faulty`], the steps of one (scope, venue) batched when `batch`.
+fn faulty_with(
+    batch: bool,
+    setup: impl FnOnce(&mut MemHost),
+) -> (WalkError, MemHost, MemHost, Ledger, tempfile::TempDir) {
     let (p, r) = open();
     let plan = plan(&p, &r);
     let mut host = MemHost::new("user", 1000);
@@ -516,6 +533,7 @@ fn faulty(
         &Options {
             gates: Gates::all(),
             target: Target::Vm,
+            batch_commands: batch,
             ..Options::default()
         },
         &mut |_| {},
@@ -589,6 +607,79 @@ fn nonzero_exit_stops_the_walk() {
     });
     check_stop(&err, &mut host, &original, &mut ledger, "exit 3");
     assert!(err.to_string().contains("jq: error: broken"));
+}
+
+/// In a batch the failing step is named exactly: the link before it in
+/// the same round trip is complete, nothing after it is recorded, and
+/// `del` undoes what was done.
+#[test]
+fn a_failure_inside_a_batch_stops_the_walk_at_that_step() {
+    let (err, mut host, original, mut ledger, _t) = faulty_with(true, |h| {
+        h.on("jq --version", Response::fail(3, "jq: error: broken"));
+    });
+    let WalkError::Step { title, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(title.contains("cmd jq --version"), "{title}");
+    let steps = ledger.steps("b").expect("steps");
+    let link = steps
+        .iter()
+        .find(|s| s.title.contains("link /usr/local/bin/hello-motd"))
+        .expect("the link");
+    assert_eq!(link.state, StepState::Complete);
+    assert!(
+        host.commands()
+            .iter()
+            .any(|c| c.contains("ln -s -- /opt/hello/motd.txt /usr/local/bin/hello-motd")),
+        "the link was made by the batch: {:#?}",
+        host.log
+    );
+    check_stop(&err, &mut host, &original, &mut ledger, "exit 3");
+    assert!(err.to_string().contains("jq: error: broken"));
+}
+
+/// A batch that breaks off (a timeout, a lost connection) tells nothing of
+/// which of its steps ran: the first is failed with the error, the others
+/// keep their recorded undo and say so, and `del` undoes whatever may have
+/// happened.
+#[test]
+fn a_batch_that_breaks_off_keeps_the_undo_of_every_step_in_it() {
+    let (err, mut host, original, mut ledger, _t) = faulty_with(true, |h| {
+        h.on("jq --version", Response::Timeout);
+    });
+    assert!(err.to_string().contains("timed out"), "{err}");
+    let steps = ledger.steps("b").expect("steps");
+    let state = |t: &str| {
+        steps
+            .iter()
+            .find(|s| s.title.contains(t))
+            .unwrap_or_else(|| panic!("no step {t}"))
+    };
+    // mkdir, write, link and cmd went in one batch.
+    let first = state("mkdir /opt/hello");
+    assert_eq!(first.state, StepState::Failed);
+    assert!(first.note.as_deref().unwrap_or("").contains("timed out"));
+    let link = state("link /usr/local/bin/hello-motd");
+    assert_eq!(link.state, StepState::Failed);
+    assert!(
+        link.note.as_deref().unwrap_or("").contains("broke off"),
+        "{:?}",
+        link.note
+    );
+    assert!(
+        link.undo.iter().any(|(_, u)| matches!(u,
+            charly_deploy::ledger::Undo::RemovePath { path, .. } if path == "/usr/local/bin/hello-motd")),
+        "its undo is kept: {:?}",
+        link.undo
+    );
+    assert!(
+        !steps
+            .iter()
+            .any(|s| s.title.contains("mkdir /home/user/.local/bin")),
+        "nothing after the batch was attempted"
+    );
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
 }
 
 #[test]
@@ -666,6 +757,298 @@ fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
     assert_eq!(host.files, original.files);
     // Gates closed: the root cmd never ran.
     assert!(!host.commands().iter().any(|c| c.contains("jq --version")));
+}
+
+/// What the example box lacks of the step kinds a host applies: a
+/// third-party repository (the prepare phase), a downloaded file and an
+/// unpacked archive, file capabilities, a packaged service and a reboot.
+const EXTRAS: &str = "candy:
+    version: 2026.12.1
+    name: extras
+    description: the host step kinds the example lacks
+    distro:
+        debian:
+            package:
+                - htop
+            repo:
+                - name: extra-repo
+                  url: https://example.org/debian
+                  key: https://example.org/key.asc
+    task:
+        - download: https://example.org/tool
+          extract: none
+          to: /usr/local/bin/tool
+          mode: \"0755\"
+          user: root
+        - download: https://example.org/t.tar.gz
+          to: /opt/t
+          user: root
+        - setcap: /usr/local/bin/tool
+          caps: cap_net_raw+ep
+          user: root
+    service:
+        - name: cron
+          use_packaged: cron
+          scope: system
+    reboot: true
+";
+
+/// The example project with the `extras` candy, and the merged vm plan of
+/// box hello plus extras.
+fn extras_plan(dir: &Path) -> (Project, InstallPlan) {
+    let proj = charly_testutil::copy_project(&example(), dir);
+    charly_testutil::write(&proj, "candy/extras/charly.yml", EXTRAS);
+    let p = load::load(&proj, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let plan = build_merged_plan(
+        &p,
+        r.get("hello").expect("hello"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &["extras".to_string()],
+    )
+    .expect("plan");
+    (p, plan)
+}
+
+/// A host whose package database answers as the packages of `plan` are
+/// installed: nothing before the first step, each step's packages after it
+/// (`dpkg-query` runs before and after every install), all of them for
+/// `del`; downloads stage a file and an archive with a `bin/t`.
+fn scripted_host(plan: &InstallPlan) -> MemHost {
+    let mut host = MemHost::new("user", 1000);
+    host.files
+        .insert("/tmp".into(), MemNode::Dir { mode: 0o1777 });
+    let list = |names: &[String]| {
+        names
+            .iter()
+            .map(|n| format!("{n}\tii \n"))
+            .collect::<String>()
+    };
+    let mut have: Vec<String> = Vec::new();
+    for s in &plan.steps {
+        let new: Vec<String> = match &s.data {
+            charly_rules::plan::StepData::SystemPackages(p)
+                if s.phase == Some(charly_rules::plan::Phase::Install) =>
+            {
+                p.packages.clone()
+            }
+            charly_rules::plan::StepData::LocalPkgInstall(_) => vec!["hello-charly".into()],
+            _ => continue,
+        };
+        host.once("dpkg-query -W", Response::ok(&list(&have)));
+        have.extend(new);
+        // A dependency comes with the first install.
+        if !have.iter().any(|h| h == "libonig5") {
+            have.push("libonig5".into());
+        }
+        host.once("dpkg-query -W", Response::ok(&list(&have)));
+    }
+    host.on("dpkg-query", Response::ok(&list(&have)));
+    host.on("dpkg-deb -f", Response::ok("hello-charly\n"));
+    host.on(
+        "mktemp -d /tmp/charly-dl.",
+        Response::ok("/tmp/charly-dl.abcdefgh\n"),
+    );
+    host.on(
+        "find ./file -printf",
+        Response::ok("f\x00755\x00./file\x00\x00"),
+    );
+    host.on("find ./file -type f", Response::ok("ab12  ./file\x00"));
+    host.on(
+        "find . -mindepth 1 -printf",
+        Response::ok("d\x00755\x00./bin\x00\x00f\x00755\x00./bin/t\x00\x00"),
+    );
+    host.on(
+        "find . -mindepth 1 -type f",
+        Response::ok("cd34  ./bin/t\x00"),
+    );
+    host
+}
+
+/// Every kind of step the compiler emits for a host, applied on a vm
+/// target, records the undo its own reverse ops say (the conformance check
+/// of `reverse_ops_are_what_was_recorded`), and `del` replays exactly those
+/// records: the host's files are as before, the packages that were new are
+/// removed (with the dependency they pulled in), each service goes back to
+/// its prior state, the capabilities and the repository are undone.
+#[test]
+fn every_step_kind_a_host_applies_records_the_undo_its_reverse_ops_say() {
+    let t = tempfile::tempdir().expect("tmp");
+    let (_p, plan) = extras_plan(&t.path().join("p"));
+    let mut host = scripted_host(&plan);
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("all", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::all(),
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    let steps = ledger.steps("all").expect("steps");
+    let (kinds, ops) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    let every: std::collections::BTreeSet<String> = [
+        "system-packages",
+        "builder",
+        "op",
+        "file",
+        "service-packaged",
+        "service-custom",
+        "shell-hook",
+        "shell-snippet",
+        "local-pkg-install",
+        "reboot",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(kinds, every, "every kind a host applies was checked");
+    assert!(ops >= 25, "{ops} reverse ops checked");
+    // Each op verb and reverse kind the plan has was among them.
+    let reverse_kinds: std::collections::BTreeSet<String> = plan
+        .steps
+        .iter()
+        .flat_map(|s| &s.reverse)
+        .map(|r| walk::kind_name(r.kind))
+        .collect();
+    for k in [
+        "package-remove",
+        "remove-repo-file",
+        "rm-file-system",
+        "rm-file-user",
+        "remove-artifact-files",
+        "npm-uninstall-g",
+        "restore-caps",
+        "service-disable",
+        "restore-enabled",
+        "service-remove",
+        "remove-envd-file",
+        "remove-managed-block",
+    ] {
+        assert!(reverse_kinds.contains(k), "{k} not in {reverse_kinds:?}");
+    }
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|s| s.state == "complete" || s.state == "skipped")
+    );
+
+    let n = host.log.len();
+    walk::remove(&mut host, &mut ledger, "all", false, &mut |_| {}).expect("del");
+    let del: Vec<String> = host.log[n..]
+        .iter()
+        .filter_map(|l| l.strip_prefix("run ").map(String::from))
+        .collect();
+    let ran = |w: &str| del.iter().any(|c| c.contains(w));
+    assert!(
+        ran("apt-get purge -y -- htop libonig5") || ran("htop"),
+        "{del:#?}"
+    );
+    assert!(ran("libonig5"), "the dependency goes too: {del:#?}");
+    assert!(ran("setcap -r /usr/local/bin/tool"), "{del:#?}");
+    assert!(ran("systemctl disable --now cron.service"), "{del:#?}");
+    assert!(ran("apt-get update -qq"), "{del:#?}");
+    assert_eq!(host.files, original.files, "del restores the host's files");
+    assert!(ledger.get("all").expect("get").is_none());
+}
+
+/// Steps of one (scope, venue) that are commands with a checkable outcome
+/// (packages, mkdir, link, cmd, setcap, a packaged service, file writes,
+/// a generated unit) go in two round trips per run of them — one asks,
+/// one does — and the ledger is what the same steps record one by one:
+/// the same undo records (tagged with the same reverse ops, backups
+/// included), facts and states; `del` undoes them.
+#[test]
+fn batched_steps_record_what_they_would_alone_in_fewer_round_trips() {
+    let t = tempfile::tempdir().expect("tmp");
+    let (_p, plan) = extras_plan(&t.path().join("p"));
+    let run = |batch: bool| {
+        let mut host = scripted_host(&plan);
+        let original = host.clone();
+        let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+        let dir = tempfile::tempdir().expect("ledger");
+        let mut ledger = Ledger::open(dir.path()).expect("ledger");
+        let report = walk::apply(
+            &mut host,
+            Some(&mut ledger),
+            &record("b", &plan, &user, "mem"),
+            &plan,
+            &user,
+            &TestArts,
+            &Options {
+                gates: Gates::all(),
+                target: Target::Vm,
+                batch_commands: batch,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+        .expect("apply");
+        (host, original, ledger, dir, report, user)
+    };
+    let (alone, _, one_by_one, _d1, _, _) = run(false);
+    let (mut host, original, mut ledger, _d2, report, user) = run(true);
+    let strip = |l: &Ledger| -> Vec<serde_json::Value> {
+        l.steps("b")
+            .expect("steps")
+            .into_iter()
+            .map(|s| {
+                serde_json::json!({"seq": s.seq, "state": s.state, "undo": s.undo,
+                    "realizes": s.realizes, "facts": s.facts})
+            })
+            .collect()
+    };
+    assert_eq!(strip(&ledger), strip(&one_by_one), "the same ledger");
+    let together = |t: &str| {
+        report
+            .steps
+            .iter()
+            .find(|s| s.title.contains(t))
+            .unwrap_or_else(|| panic!("no step {t}"))
+            .actions
+            .iter()
+            .any(|a| a.contains("in one round trip"))
+    };
+    for t in [
+        "packages jq tree",
+        "mkdir /opt/hello",
+        "write /opt/hello/motd.txt",
+        "link /usr/local/bin/hello-motd",
+        "cmd jq --version",
+        "write /home/user/.config/hello/settings.json",
+        "copy /etc/systemd/system/greeter.service",
+        "service charly-greeter-greeter",
+        "setcap /usr/local/bin/tool",
+        "service cron.service",
+    ] {
+        assert!(together(t), "{t} ran in a batch");
+    }
+    assert!(!together("bash snippet"), "a managed block runs alone");
+    let (n1, n2) = (alone.round_trips(), host.round_trips());
+    eprintln!("round trips: {n1} one by one, {n2} batched");
+    assert!(n2 * 10 <= n1 * 7, "{n2} batched vs {n1} one by one");
+    let (kinds, _) = reverse_ops_are_what_was_recorded(
+        &plan,
+        &ledger.steps("b").expect("steps"),
+        &user.home,
+        false,
+    );
+    assert!(kinds.contains("service-packaged") && kinds.contains("op"));
+    walk::remove(&mut host, &mut ledger, "b", false, &mut |_| {}).expect("del");
+    assert_eq!(host.files, original.files);
 }
 
 #[test]
@@ -1796,6 +2179,19 @@ fn a_plugin_step_executes_through_the_host_and_del_replays_its_reverse_ops() {
             .iter()
             .any(|c| c.contains("mkdir -p /tmp/marker-dir"))
     );
+    // Its undo records carry the reverse ops the plugin reported.
+    let steps = ledger.steps("p").expect("steps");
+    let (kinds, _) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    assert!(kinds.contains("external:marker"), "{kinds:?}");
+    assert_eq!(
+        steps[0]
+            .realizes
+            .values()
+            .flatten()
+            .map(|r| r.kind)
+            .collect::<Vec<_>>(),
+        [charly_rules::plan::ReverseKind::PluginScript]
+    );
     let runs = del_runs(&mut host, &mut ledger, "p", "marker-dir");
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(
@@ -1836,68 +2232,355 @@ fn a_failing_plugin_stops_the_walk_naming_it() {
     assert!(text.contains("plugin `marker`: plugin crashed"), "{text}");
 }
 
-/// The IR's reverse ops and the walker's undo agree: every completed step
-/// recorded an undo for each path, block or unit its reverse ops name (the
-/// walker's undo is the exact, observed form of the same catalogue).
+/// The IR's reverse ops are the undo (conformance). For every completed
+/// step: the ledger holds the step as the compiler made it (home
+/// resolved); each undo operation it recorded either carries out reverse
+/// ops of that very step, and is a faithful form of each
+/// (`walk::realizes`: same kind of reversal, same subject, same
+/// privilege), or is something done on the way that no op names
+/// (`walk::incidental`: a directory created, a reload, a note that a
+/// command is not undone); and every reverse op of the step is carried out
+/// by some record, unless the host has nothing to carry out for it
+/// (`walk::vacuous`). Plugin steps carry the ops their plugin reported.
+/// Returns the step kinds checked and how many reverse ops.
 fn reverse_ops_are_what_was_recorded(
     plan: &InstallPlan,
     steps: &[charly_deploy::ledger::StepRecord],
-) {
-    use charly_deploy::ledger::Undo;
-    use charly_rules::plan::ReverseKind;
-    let mut checked = 0;
+    home: &str,
+    rooted: bool,
+) -> (std::collections::BTreeSet<String>, usize) {
+    use charly_rules::plan::{InstallStep, StepKind};
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut ops = 0;
     for rec in steps.iter().filter(|r| r.state == StepState::Complete) {
-        let step = &plan.steps[rec.seq as usize];
-        let undos: Vec<&Undo> = rec.undo.iter().map(|(_, u)| u).collect();
-        let covers_path = |t: &str| {
-            undos.iter().any(|u| match u {
-                Undo::RemovePath { path, .. }
-                | Undo::RestoreFile { path, .. }
-                | Undo::RestoreSymlink { path, .. }
-                | Undo::RemoveDir { path, .. } => path == t,
-                Undo::RemoveTree { paths, .. } => paths.iter().any(|p| p == t),
-                _ => false,
-            })
-        };
-        for op in &step.reverse {
-            let home = |t: &str| t.replace("{{.Home}}", "/home/user");
-            match op.kind {
-                ReverseKind::RmFileSystem
-                | ReverseKind::RmFileUser
-                | ReverseKind::RemoveEnvdFile => {
-                    for t in &op.targets {
+        let mut want = plan.steps[rec.seq as usize].clone();
+        want.resolve_home(home);
+        let applied: InstallStep =
+            serde_json::from_value(rec.step.clone()).expect("the recorded step reads");
+        assert_eq!(applied, want, "step {}: recorded as compiled", rec.seq);
+        let plugin = matches!(want.kind, StepKind::ExternalPlugin | StepKind::External(_));
+        let at = format!("step {} ({})", rec.seq, applied.kind);
+        for (idx, u) in &rec.undo {
+            match rec.realizes.get(idx) {
+                Some(rs) => {
+                    assert!(!rs.is_empty(), "{at}: {u:?}");
+                    for r in rs {
                         assert!(
-                            covers_path(&home(t)),
-                            "step {} ({}): reverse op {:?} {t}: no recorded undo in {undos:?}",
-                            rec.seq,
-                            step.kind,
-                            op.kind
+                            plugin || want.reverse.contains(r),
+                            "{at}: {u:?} claims {r:?}, which is not one of its reverse ops {:?}",
+                            want.reverse
                         );
-                        checked += 1;
+                        assert!(walk::realizes(r, u), "{at}: {u:?} does not carry out {r:?}");
                     }
-                }
-                ReverseKind::RemoveManagedBlock => {
                     assert!(
-                        undos.iter().any(|u| matches!(u, Undo::RemoveBlock { .. })),
-                        "step {}: {undos:?}",
-                        rec.seq
+                        !matches!(u, charly_deploy::ledger::Undo::Note { text } if text.contains("made no change it undoes")),
+                        "{at}: the walker did nothing for an op: {u:?}"
                     );
-                    checked += 1;
                 }
-                ReverseKind::RemoveArtifactFiles => {
-                    assert!(
-                        undos.iter().any(|u| matches!(u, Undo::RemoveTree { .. })),
-                        "step {}: {undos:?}",
-                        rec.seq
-                    );
-                    checked += 1;
-                }
-                _ => {}
+                None => assert!(
+                    walk::incidental(u),
+                    "{at}: {u:?} carries out none of the reverse ops {:?}",
+                    want.reverse
+                ),
             }
         }
+        for r in &want.reverse {
+            let done = rec.realizes.values().any(|rs| rs.contains(r));
+            assert!(
+                done || walk::vacuous(r, rooted).is_some(),
+                "{at}: reverse op {r:?} has no undo record in {:?}",
+                rec.undo
+            );
+            ops += 1;
+        }
+        kinds.insert(applied.kind.as_str());
     }
+    (kinds, ops)
+}
+
+/// An Arch project: box `app` (candy `paru` with an AUR package next to a
+/// repository one) and the builder box `yay` that produces `aur`.
+fn arch_plan(dir: &Path) -> InstallPlan {
+    let w = |rel: &str, text: &str| charly_testutil::write(dir, rel, text);
+    w(
+        "charly.yml",
+        "version: 2026.1.1\ndiscover:\n    - box\n    - candy\ndefaults:\n    distro:\n        - arch\n    build:\n        - pac\n        - aur\n    builder:\n        aur: yay\n",
+    );
+    w(
+        "box/yay/charly.yml",
+        "box:\n    name: yay\n    version: 2026.1.1\n    base: docker.io/library/archlinux:latest\n    produce:\n        - aur\n",
+    );
+    w(
+        "box/app/charly.yml",
+        "box:\n    name: app\n    version: 2026.1.1\n    base: docker.io/library/archlinux:latest\n    candy:\n        - paru\n",
+    );
+    w(
+        "candy/paru/charly.yml",
+        "candy:\n    version: 2026.1.1\n    name: paru\n    distro:\n        arch:\n            package:\n                - git\n            aur:\n                package:\n                    - paru-bin\n",
+    );
+    let p = load::load(dir, &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    build_merged_plan(
+        &p,
+        r.get("app").expect("app resolves"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan")
+}
+
+/// The aur artifact as the builder stage stores it: the packages it
+/// staged in /tmp/aur-pkgs (and a signature, which is no package).
+struct AurArts;
+
+impl Artifacts for AurArts {
+    fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
+        assert_eq!((candy, builder), ("paru", "aur"));
+        use charly_engine::artifact::{Entry, Kind, write_tar};
+        let e = |path: &str, kind: Kind| Entry {
+            path: path.into(),
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        let t = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        write_tar(
+            t.path(),
+            vec![
+                e("tmp/aur-pkgs", Kind::Dir),
+                e(
+                    "tmp/aur-pkgs/paru-bin-2.0-1-x86_64.pkg.tar.zst",
+                    Kind::File(b"zstd package".to_vec()),
+                ),
+                e(
+                    "tmp/aur-pkgs/paru-bin-2.0-1-x86_64.pkg.tar.zst.sig",
+                    Kind::File(b"sig".to_vec()),
+                ),
+            ],
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::read(t.path()).map_err(|e| e.to_string())
+    }
+    fn local_packages(&self, _: &str, _: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Err("no local packages".into())
+    }
+    fn candy_file(&self, _: &str, _: &str) -> Result<Vec<u8>, String> {
+        Err("no files".into())
+    }
+}
+
+/// An aur builder on a pacman host: the packages the builder stage made
+/// (from the store) are copied to a staging directory on the target,
+/// named with `pacman -Qqp` and installed with `pacman -U`; the removal of
+/// the new ones is recorded first, as the step's `package-remove` op (the
+/// conformance check), and `del` removes them.
+#[test]
+fn aur_packages_are_copied_to_a_pacman_host_installed_and_removed() {
+    let t = tempfile::tempdir().expect("tmp");
+    let plan = arch_plan(&t.path().join("p"));
+    let aur = plan
+        .steps
+        .iter()
+        .position(
+            |s| matches!(&s.data, charly_rules::plan::StepData::Builder(b) if b.builder == "aur"),
+        )
+        .expect("an aur builder step");
+    let mut host = MemHost::new("user", 1000);
+    host.files
+        .insert("/tmp".into(), MemNode::Dir { mode: 0o1777 });
+    host.binaries.insert("pacman".into());
+    host.on("pacman -Qqp", Response::ok("paru-bin\n"));
+    // Nothing installed before; git, then paru-bin, after their installs.
+    for out in [
+        "",
+        "git 2.45-1\n",
+        "git 2.45-1\n",
+        "git 2.45-1\nparu-bin 2.0-1\n",
+    ] {
+        host.once("-c 'pacman -Q'", Response::ok(out));
+    }
+    host.on("pacman -Q --", Response::ok("git 2.45-1\nparu-bin 2.0-1\n"));
+    let original = host.clone();
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("aur", &plan, &user, "mem");
+    let opts = Options {
+        gates: Gates::all(),
+        target: Target::Vm,
+        ..Options::default()
+    };
+    // A dry run says what it would upload and run, and does neither.
+    let dry = walk::apply(
+        &mut host.clone(),
+        None,
+        &rec,
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            dry_run: true,
+            ..opts.clone()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run");
+    let acts = dry.steps[aur].actions.join("\n");
     assert!(
-        checked >= 10,
-        "the example's steps name files, a block and an artifact: {checked}"
+        acts.contains("upload 1 aur package(s)")
+            && acts.contains("pacman -U --noconfirm -- /tmp/charly-aur-aur-"),
+        "{acts}"
+    );
+    let report = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &plan,
+        &user,
+        &AurArts,
+        &opts,
+        &mut |_| {},
+    )
+    .expect("apply");
+    assert_eq!(
+        report.steps[aur].state, "complete",
+        "{:?}",
+        report.steps[aur]
+    );
+    let dir = format!("/tmp/charly-aur-aur-{aur}");
+    let written: Vec<&String> = host
+        .log
+        .iter()
+        .filter(|l| l.starts_with("write "))
+        .collect();
+    assert_eq!(
+        written,
+        [&format!("write {dir}/paru-bin-2.0-1-x86_64.pkg.tar.zst")],
+        "the package is shipped, the signature is not"
+    );
+    let install = host
+        .commands()
+        .into_iter()
+        .find(|c| c.contains("pacman -U"))
+        .expect("pacman -U ran")
+        .to_string();
+    assert!(
+        install.contains(&format!(
+            "pacman -U --noconfirm -- {dir}/paru-bin-2.0-1-x86_64.pkg.tar.zst"
+        )),
+        "{install}"
+    );
+    assert!(
+        !host.files.keys().any(|k| k.starts_with(&dir)),
+        "the staging directory is gone"
+    );
+    let steps = ledger.steps("aur").expect("steps");
+    let st = steps
+        .iter()
+        .find(|s| s.seq as usize == aur)
+        .expect("recorded");
+    assert!(
+        st.undo.iter().any(|(_, u)| matches!(u,
+            charly_deploy::ledger::Undo::RemovePackages { format, packages, .. }
+                if format == "pac" && packages == &["paru-bin".to_string()])),
+        "{:?}",
+        st.undo
+    );
+    assert!(st.facts.iter().any(|f| matches!(f,
+        charly_deploy::ledger::Fact::Packages { format, packages, .. }
+            if format == "pac" && packages == &["paru-bin".to_string()])));
+    let (kinds, _) = reverse_ops_are_what_was_recorded(&plan, &steps, &user.home, false);
+    assert!(kinds.contains("builder"), "{kinds:?}");
+    let runs = del_runs(&mut host, &mut ledger, "aur", "pacman -R");
+    assert!(
+        runs.iter()
+            .any(|r| r.contains("pacman -R --noconfirm -- paru-bin")),
+        "{runs:#?}"
+    );
+    assert_eq!(host.files, original.files);
+}
+
+/// An aur builder on a host without pacman is refused before any change,
+/// naming the step and the host's package format; a rooted target skips
+/// it (installing packages would touch the real system).
+#[test]
+fn aur_on_a_host_without_pacman_is_refused_naming_its_package_format() {
+    let t = tempfile::tempdir().expect("tmp");
+    let plan = arch_plan(&t.path().join("p"));
+    let mut host = MemHost::new("user", 1000);
+    let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let before = host.log.len();
+    let err = walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &record("aur", &plan, &user, "mem"),
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            gates: Gates::all(),
+            target: Target::Vm,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect_err("refused");
+    let text = err.to_string();
+    assert!(matches!(err, WalkError::Setup(_)), "{text}");
+    assert!(
+        text.contains("aur packages are Arch packages")
+            && text.contains("its packages are deb packages (dpkg-query)")
+            && text.contains("paru: builder aur builder artifact"),
+        "{text}"
+    );
+    assert!(
+        host.log[before..]
+            .iter()
+            .all(|l| !l.starts_with("run ") && !l.starts_with("write ")),
+        "nothing ran: {:#?}",
+        &host.log[before..]
+    );
+    assert!(
+        ledger.get("aur").expect("get").is_none(),
+        "nothing recorded"
+    );
+
+    // A rooted target never installs packages: the step is skipped, saying so.
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).expect("root");
+    let mut local = LocalHost::rooted(&root).expect("rooted");
+    let user = walk::resolve_user(&mut local, "user", &plan).expect("user");
+    let rep = walk::apply(
+        &mut local,
+        None,
+        &record("aur", &plan, &user, "local"),
+        &plan,
+        &user,
+        &AurArts,
+        &Options {
+            gates: Gates::all(),
+            dry_run: true,
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("dry run on a rooted target");
+    let step = rep
+        .steps
+        .iter()
+        .find(|s| s.title.contains("aur builder"))
+        .expect("aur step");
+    assert_eq!(step.state, "skipped");
+    assert!(
+        step.note
+            .as_deref()
+            .unwrap_or("")
+            .contains("installing aur packages"),
+        "{step:?}"
     );
 }

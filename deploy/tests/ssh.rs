@@ -390,3 +390,263 @@ fn connecting_waits_for_a_booting_machine() {
     assert!(matches!(err, HostError::HostKey { .. }), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
+
+/// The Debian mirror this machine uses (falls back to deb.debian.org).
+fn debian_mirror() -> String {
+    std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("URIs:").map(|u| u.trim().to_string()))
+        })
+        .unwrap_or_else(|| "http://deb.debian.org/debian".into())
+}
+
+fn sh_ok(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The example's artifacts for a guest deploy: the npm prefix as a tar,
+/// its local .deb built here with dpkg-deb, the candies' files.
+struct ExampleArts {
+    deb: Vec<u8>,
+}
+
+impl Artifacts for ExampleArts {
+    fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
+        Arts.builder_tar(candy, builder)
+    }
+    fn local_packages(&self, _: &str, format: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        assert_eq!(format, "deb");
+        Ok(vec![("hello-charly_1.0_all.deb".into(), self.deb.clone())])
+    }
+    fn candy_file(&self, candy: &str, rel: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(
+            charly_testutil::example()
+                .join("candy")
+                .join(candy)
+                .join(rel),
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The example box deployed over SSH to a Debian guest (debootstrap,
+/// every session chrooted into it; systemd replaced by a `systemctl` that
+/// records its calls), once with each step on its own and once with the
+/// steps of one (scope, venue) batched: both install what the box says
+/// (jq works, the local .deb is installed, the unit file is in place), and
+/// `del` leaves the guest's files and package list as they were. Prints
+/// the SSH exec channels each walk opened, and the batched walk must open
+/// fewer.
+#[test]
+fn the_example_box_on_a_guest_over_ssh_batched_in_fewer_round_trips() {
+    if !charly_testutil::sshd::root_available("sshd, chroot, mount namespaces") {
+        return;
+    }
+    if !Path::new("/usr/sbin/debootstrap").exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "debootstrap is not installed (.ci/install)"
+        );
+        eprintln!("skipped: debootstrap is not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let t = tmp.path();
+    let guest = t.join("guest");
+    sh_ok(
+        std::process::Command::new("/usr/sbin/debootstrap")
+            .args(["--variant=minbase", "bookworm"])
+            .arg(&guest)
+            .arg(debian_mirror()),
+    );
+    std::fs::copy("/etc/resolv.conf", guest.join("etc/resolv.conf")).expect("resolv.conf");
+    sh_ok(
+        std::process::Command::new("chroot")
+            .arg(&guest)
+            .args(["apt-get", "update", "-qq"]),
+    );
+    // No systemd in a chroot: a systemctl that records what it is asked.
+    let fake = guest.join("usr/local/bin/systemctl");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho \"$*\" >> /var/log/fake-systemctl.log\ncase \"$1\" in is-enabled|is-active) exit 1 ;; esac\nexit 0\n",
+    )
+    .expect("fake systemctl");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // The example's local package, built here.
+    let deb = t.join("hello-charly_1.0_all.deb");
+    sh_ok(
+        std::process::Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zgzip", "--build"])
+            .arg(charly_testutil::example().join("candy/hello-deb/pkg"))
+            .arg(&deb),
+    );
+    let arts = ExampleArts {
+        deb: std::fs::read(&deb).expect("deb"),
+    };
+    let installed = || {
+        sh_ok(std::process::Command::new("chroot").arg(&guest).args([
+            "dpkg-query",
+            "-W",
+            "-f=${db:Status-Abbrev} ${Package}\n",
+        ]))
+        .lines()
+        .filter(|l| l.starts_with("ii "))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+    };
+    let files = || {
+        let mut m = std::collections::BTreeMap::new();
+        for d in ["etc", "root", "opt", "usr/local", "home"] {
+            let mut tr = tree(&guest.join(d));
+            // ldconfig's cache is rebuilt by the package manager's triggers.
+            tr.retain(|k, _| !k.ends_with("/etc/ld.so.cache"));
+            m.insert(d, tr);
+        }
+        m
+    };
+    let wrap = charly_testutil::sshd::guest_wrap(&guest);
+    let (_sshd, port) = start_sshd(t, Some(wrap.as_str()));
+    let target = SshTarget::parse(
+        &format!("root@127.0.0.1:{port}"),
+        &t.join("userkey"),
+        &t.join("known_hosts"),
+    )
+    .expect("target");
+    let p = load::load(&charly_testutil::example(), &LoadOptions::default()).expect("loads");
+    let r = resolve::resolve(&p);
+    let plan = build_merged_plan(
+        &p,
+        r.get("hello").expect("hello"),
+        &HostContext {
+            target: Target::Vm,
+            ..HostContext::default()
+        },
+        &[],
+    )
+    .expect("plan");
+    let before = (files(), installed());
+    let mut counts = Vec::new();
+    for batch in [false, true] {
+        let mut h = SshHost::connect(&target, Duration::from_secs(10)).expect("connect");
+        let user = walk::resolve_user(&mut h, "root", &plan).expect("user");
+        let ldir = tempfile::tempdir().expect("ledger");
+        let mut ledger = Ledger::open(ldir.path()).expect("ledger");
+        let rec = BundleRecord {
+            name: "ex".into(),
+            deploy_id: plan.deploy_id.clone(),
+            box_name: plan.box_name.clone(),
+            target: Target::Vm,
+            target_key: format!("vm:root@127.0.0.1:{port}"),
+            connection: Connection::Ssh(target.clone()),
+            user: user.name.clone(),
+            home: user.home.clone(),
+            state: BundleState::Applying,
+            plan: serde_json::to_value(&plan).expect("json"),
+            options: serde_json::json!({}),
+            created_unix: 0,
+            updated_unix: 0,
+            error: None,
+        };
+        let c0 = h.channels();
+        let report = walk::apply(
+            &mut h,
+            Some(&mut ledger),
+            &rec,
+            &plan,
+            &user,
+            &arts,
+            &Options {
+                gates: Gates::all(),
+                target: Target::Vm,
+                box_home: "/home/user".into(),
+                batch_commands: batch,
+                ..Options::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("apply (batch {batch}): {e}"));
+        let applied = h.channels() - c0;
+        let batches = report
+            .steps
+            .iter()
+            .filter(|s| s.actions.iter().any(|a| a.contains("in one round trip")))
+            .count();
+        assert!(
+            report
+                .steps
+                .iter()
+                .all(|s| s.state == "complete" || s.state == "skipped"),
+            "{:#?}",
+            report.steps
+        );
+        assert!(
+            std::fs::read_to_string(guest.join("opt/hello/jq-version.txt"))
+                .expect("jq ran")
+                .starts_with("jq-1."),
+            "the cmd ran with the installed jq"
+        );
+        assert!(installed().contains(" hello-charly\n"), "the local .deb");
+        assert!(guest.join("etc/systemd/system/greeter.service").exists());
+        assert!(
+            walk::drift(&mut h, &ledger, "ex", Some(&plan))
+                .expect("drift")
+                .is_empty(),
+            "clean after apply"
+        );
+        let c1 = h.channels();
+        walk::remove(&mut h, &mut ledger, "ex", false, &mut |_| {}).expect("del");
+        let removed = h.channels() - c1;
+        let now = files();
+        let diff: Vec<String> = before
+            .0
+            .iter()
+            .flat_map(|(d, a)| {
+                let b = &now[d];
+                a.keys()
+                    .chain(b.keys())
+                    .filter(|k| a.get(*k) != b.get(*k))
+                    .map(|k| k.to_string())
+                    .collect::<std::collections::BTreeSet<_>>()
+            })
+            .collect();
+        // What the `cmd` task wrote is not undone (its note says so), and
+        // keeps its directory; everything else is as before.
+        let opt = guest.join("opt/hello");
+        assert_eq!(
+            diff,
+            [
+                opt.display().to_string(),
+                opt.join("jq-version.txt").display().to_string()
+            ],
+            "del (batch {batch}): the guest's files"
+        );
+        std::fs::remove_dir_all(&opt).expect("the cmd's output");
+        assert_eq!(
+            installed(),
+            before.1,
+            "del (batch {batch}): the package list"
+        );
+        counts.push((batch, applied, removed, batches));
+    }
+    for (batch, applied, removed, batches) in &counts {
+        eprintln!(
+            "SSH exec channels, example box, {}: apply {applied} ({batches} steps in batches), del {removed}",
+            if *batch { "batched" } else { "one by one" }
+        );
+    }
+    assert!(
+        counts[1].1 < counts[0].1,
+        "batched {} vs one by one {}",
+        counts[1].1,
+        counts[0].1
+    );
+}

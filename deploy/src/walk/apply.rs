@@ -14,7 +14,8 @@ use crate::host::{Cmd, FileAttrs, Host, PathKind, base_env, parent, sha256_hex};
 use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, StepState, Undo};
 use crate::pkg;
 use charly_rules::plan::{
-    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, Scope, StepData, Target, Venue,
+    BuilderStep, FileStep, InstallPlan, InstallStep, OpStep, Phase, ReverseKind, Scope, StepData,
+    Target, Venue,
 };
 use charly_rules::sh;
 use serde::Serialize;
@@ -76,7 +77,10 @@ fn skip_reason(s: &InstallStep, o: &Options, rooted: bool, user: &TargetUser) ->
             "plugin `{}` is not served on this walk (no plugin host)",
             e.data["word"].as_str().unwrap_or("?")
         )),
-        StepData::Builder(b) if s.scope == Scope::System => Some(format!(
+        StepData::Builder(b) if b.builder == "aur" && rooted => {
+            rooted_msg("installing aur packages")
+        }
+        StepData::Builder(b) if s.scope == Scope::System && b.builder != "aur" => Some(format!(
             "system-scope {} builder artifacts are not applied to hosts yet",
             b.builder
         )),
@@ -130,8 +134,10 @@ pub fn apply(
     let rooted = host.root().is_some();
     let dry = o.dry_run || ledger.is_none();
     let (plan, skip) = for_user(plan, user, o, rooted);
-    // Privilege: checked once up front, naming the steps that need it.
+    // Privilege and package manager: checked once up front, naming the
+    // steps that need them.
     check_privilege(host, &plan, &skip, rooted, dry)?;
+    super::aur::refuse_without_pacman(host, &plan, &skip)?;
     let _lock = match ledger.as_deref_mut() {
         Some(l) if !dry => {
             let lock = l.lock(&record.name)?;
@@ -225,6 +231,7 @@ pub fn reapply(
         force: true,
     };
     check_privilege(host, &plan, &skip, rooted, o.dry_run)?;
+    super::aur::refuse_without_pacman(host, &plan, &skip)?;
     if !o.dry_run {
         ledger.set_state(name, BundleState::Applying, None)?;
     }
@@ -339,24 +346,21 @@ fn walk_steps(
         let seq = i as u32;
         let h = head(s);
         if !dry && o.batch_commands {
-            let batch = batch_at(plan, skip, i);
-            if batch.len() > 1 {
-                next = i + batch.len();
-                let led = ledger.as_deref_mut().ok_or_else(|| {
-                    WalkError::Setup("a batch of commands needs the ledger".into())
-                })?;
-                walk_batch(
-                    host,
-                    led,
-                    record,
-                    plan,
-                    &batch,
-                    user,
-                    &bin_dirs,
-                    o,
-                    progress,
-                    &mut report,
-                )?;
+            let led = ledger
+                .as_deref_mut()
+                .ok_or_else(|| WalkError::Setup("a batch of steps needs the ledger".into()))?;
+            let cx = super::batch::Walk {
+                record,
+                plan,
+                skip,
+                user,
+                bin_dirs: &bin_dirs,
+                o,
+                arts,
+            };
+            let carried = super::batch::walk(host, led, &cx, i, progress, &mut report)?;
+            if carried > 0 {
+                next = i + carried;
                 continue;
             }
         }
@@ -374,22 +378,19 @@ fn walk_steps(
         if let Some(l) = led.as_deref_mut() {
             l.begin_step(&record.name, seq, &h, StepState::Incomplete, None)?;
         }
-        let mut cx = StepCx {
-            host: &mut *host,
-            ledger: led,
-            bundle: &record.name,
+        let mut cx = StepCx::new(
+            &mut *host,
+            led,
+            &record.name,
             seq,
             user,
-            facts: Vec::new(),
-            actions: Vec::new(),
-            on_change: if dry { None } else { o.on_change.clone() },
-            timeout: o.timeout,
+            o,
             rooted,
-            box_home: o.box_home.clone(),
-            planned_dirs: &mut planned_dirs,
-            plugins: o.plugins.clone(),
-        };
-        let res = apply_step(&mut cx, s, arts, &mut bin_dirs);
+            &mut planned_dirs,
+            s.reverse.clone(),
+        );
+        let res =
+            apply_step(&mut cx, s, arts, &mut bin_dirs).and_then(|()| cx.account_for_reverse_ops());
         let StepCx { facts, actions, .. } = cx;
         let state = match &res {
             Ok(()) if dry => "would-run",
@@ -418,7 +419,7 @@ fn walk_steps(
 
 /// The walk stops at step `seq`, which failed: the bundle is marked
 /// failed (when recorded) and the error names the steps not attempted.
-fn stop(
+pub(super) fn stop(
     ledger: Option<&mut Ledger>,
     record: &BundleRecord,
     plan: &InstallPlan,
@@ -444,95 +445,6 @@ fn stop(
     })
 }
 
-/// The `cmd` steps from `i` on that run as one batch: consecutive,
-/// runnable, of one (scope, venue) (see [`InstallPlan::steps_by_venue`]).
-fn batch_at<'a>(
-    plan: &'a InstallPlan,
-    skip: &[Option<String>],
-    i: usize,
-) -> Vec<(u32, &'a InstallStep, &'a OpStep)> {
-    let Some(first) = plan.steps.get(i) else {
-        return Vec::new();
-    };
-    plan.steps[i..]
-        .iter()
-        .zip(&skip[i..])
-        .enumerate()
-        .map_while(|(k, (s, sk))| {
-            let op = super::batch::batchable(s, sk)?;
-            ((s.scope, s.venue) == (first.scope, first.venue)).then_some(((i + k) as u32, s, op))
-        })
-        .collect()
-}
-
-/// Runs a batch of `cmd` steps (see [`super::batch`]) under the ledger's
-/// rules: every step recorded before the script starts, each finished
-/// as its marker says; after a failure, the steps not attempted are
-/// forgotten and the walk stops as it does for one step.
-#[allow(clippy::too_many_arguments)]
-fn walk_batch(
-    host: &mut dyn Host,
-    ledger: &mut Ledger,
-    record: &BundleRecord,
-    plan: &InstallPlan,
-    batch: &[(u32, &InstallStep, &OpStep)],
-    user: &TargetUser,
-    bin_dirs: &[String],
-    o: &Options,
-    progress: &mut dyn FnMut(&StepReport),
-    report: &mut Report,
-) -> Result<(), WalkError> {
-    let name = &record.name;
-    let login = host.login()?;
-    let rooted = host.root().is_some();
-    for (seq, s, _) in batch {
-        ledger.begin_step(name, *seq, &head(s), StepState::Incomplete, None)?;
-        ledger.add_undo(name, *seq, &cmd_note(s), &[])?;
-    }
-    let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-    // A host that fails to run the batch at all fails its first step, as
-    // it would fail a single one.
-    let ended = super::batch::run(host, batch, user, bin_dirs, o.timeout)
-        .unwrap_or_else(|e| vec![(first, super::batch::Ended::Failed(e.to_string()))]);
-    for (seq, end) in ended {
-        let Some((_, s, op)) = batch.iter().find(|b| b.0 == seq) else {
-            continue;
-        };
-        let h = head(s);
-        let c = cmd_command(op, s.scope == Scope::System, user, bin_dirs);
-        let actions = vec![
-            c.display(&login, rooted),
-            format!("(steps {first}–{last} in one round trip)"),
-        ];
-        let failed = match &end {
-            super::batch::Ended::Ok => {
-                ledger.finish_step(name, seq, StepState::Complete, None, &[])?;
-                if let Some(hook) = &o.on_change {
-                    hook(seq);
-                }
-                None
-            }
-            super::batch::Ended::Failed(m) => {
-                ledger.finish_step(name, seq, StepState::Failed, Some(m), &[])?;
-                Some(m.clone())
-            }
-        };
-        let state = if failed.is_some() {
-            "failed"
-        } else {
-            "complete"
-        };
-        let r = StepReport::of(seq, &h, state, failed.clone(), actions);
-        progress(&r);
-        report.steps.push(r);
-        if let Some(message) = failed {
-            ledger.clear_steps_from(name, seq + 1)?;
-            return Err(stop(Some(ledger), record, plan, seq, h.title, message)?);
-        }
-    }
-    Ok(())
-}
-
 fn apply_step(
     cx: &mut StepCx<'_>,
     s: &InstallStep,
@@ -548,6 +460,7 @@ fn apply_step(
             hook_step(cx, s, h)
         }
         StepData::ShellSnippet(sn) => snippet_step(cx, s, sn),
+        StepData::Builder(b) if b.builder == "aur" => super::aur::aur_step(cx, s, b, arts),
         StepData::Builder(b) => {
             bin_dirs.extend(b.path.iter().cloned());
             builder_step(cx, s, b, arts)
@@ -570,27 +483,46 @@ fn apply_step(
         }
         StepData::RepoChange(r) => super::repo::repo_step(cx, &r.format, &r.repos, &r.copr, &[]),
         StepData::SystemPackages(p) => {
-            let install = p.host_cmd.clone().unwrap_or_else(|| {
-                let list = p
-                    .packages
-                    .iter()
-                    .map(|x| sh::quote_min(x))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                match p.format.as_str() {
-                    "deb" => format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -- {list}"),
-                    "rpm" => format!("dnf install -y {list}"),
-                    _ => format!("pacman -S --needed --noconfirm {list}"),
-                }
-            });
-            let uninstall = s.reverse.first().and_then(|r| r.uninstall_cmd.clone());
-            packages(cx, &p.format, &p.packages, &install, uninstall)
+            cx.realize(|r| r.kind == ReverseKind::PackageRemove);
+            packages(
+                cx,
+                &p.format,
+                &p.packages,
+                &install_command(p),
+                uninstall_of(s),
+            )
         }
         StepData::LocalPkgInstall(l) => local_pkg_step(cx, s, l, arts),
         StepData::Reboot(_) => reboot_step(cx),
         StepData::External(e) => super::plugin::plugin_step(cx, s, e),
         _ => Err(format!("{} steps are not applied to hosts", s.kind)),
     }
+}
+
+/// The host install command of a packages step: the format's rendered
+/// `phase.install.host`, else the package manager's own.
+pub(super) fn install_command(p: &charly_rules::plan::SystemPackages) -> String {
+    p.host_cmd.clone().unwrap_or_else(|| {
+        let list = p
+            .packages
+            .iter()
+            .map(|x| sh::quote_min(x))
+            .collect::<Vec<_>>()
+            .join(" ");
+        match p.format.as_str() {
+            "deb" => format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -- {list}"),
+            "rpm" => format!("dnf install -y {list}"),
+            _ => format!("pacman -S --needed --noconfirm {list}"),
+        }
+    })
+}
+
+/// The rendered uninstall command of a step's package-remove op.
+pub(super) fn uninstall_of(s: &InstallStep) -> Option<String> {
+    s.reverse
+        .iter()
+        .find(|r| r.kind == ReverseKind::PackageRemove)
+        .and_then(|r| r.uninstall_cmd.clone())
 }
 
 fn file_step(cx: &mut StepCx<'_>, s: &InstallStep, f: &FileStep, arts: &dyn Artifacts) -> R<()> {
@@ -665,6 +597,39 @@ pub(super) fn cmd_note(s: &InstallStep) -> Undo {
 }
 
 fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R<()> {
+    let (c, q) = service_commands(unit, sys, enable, cx.user);
+    realize_service(cx, unit);
+    if !cx.dry() {
+        // What the unit was before, so the undo restores exactly that: a
+        // unit the host had enabled (a packaged service) stays enabled.
+        let prior = cx.run(q, &format!("read the state of {unit}"))?;
+        let undo = service_undo(&prior, unit, sys, enable, cx.user);
+        cx.undo(&undo, &[])?;
+    }
+    cx.run(c, &format!("enable {unit}"))?;
+    cx.changed();
+    Ok(())
+}
+
+/// The undo records from now on carry out the service ops naming `unit`.
+pub(super) fn realize_service(cx: &mut StepCx<'_>, unit: &str) {
+    cx.realize(|r| {
+        matches!(
+            r.kind,
+            ReverseKind::ServiceDisable | ReverseKind::RestoreEnabled
+        ) && r.targets.iter().any(|t| t == unit)
+    });
+}
+
+/// The command that enables (`enable --now`) or starts `unit`, and the
+/// query of its state before (`"<is-enabled> <is-active>"`), as root for a
+/// system unit, else as the user with the user's systemd.
+pub(super) fn service_commands(
+    unit: &str,
+    sys: bool,
+    enable: bool,
+    user: &TargetUser,
+) -> (Cmd, Cmd) {
     let user_flag = if sys { "" } else { " --user" };
     let u = sh::quote_min(unit);
     let mut c = Cmd::sh(format!(
@@ -673,48 +638,51 @@ fn service_enable(cx: &mut StepCx<'_>, unit: &str, sys: bool, enable: bool) -> R
     ));
     c.privileged = sys;
     if !sys {
-        c.as_user = Some(cx.user.name.clone());
-        c.env.insert(
-            "XDG_RUNTIME_DIR".into(),
-            format!("/run/user/{}", cx.user.uid),
-        );
+        c.as_user = Some(user.name.clone());
+        c.env
+            .insert("XDG_RUNTIME_DIR".into(), format!("/run/user/{}", user.uid));
     }
-    if !cx.dry() {
-        // What the unit was before, so the undo restores exactly that: a
-        // unit the host had enabled (a packaged service) stays enabled.
-        let mut q = Cmd::sh(format!(
-            "e=$(systemctl{user_flag} is-enabled {u} 2>/dev/null); \
-             a=$(systemctl{user_flag} is-active {u} 2>/dev/null); echo \"$e $a\""
-        ));
-        q.privileged = c.privileged;
-        q.as_user = c.as_user.clone();
-        q.env = c.env.clone();
-        let prior = PriorState::parse(&cx.run(q, &format!("read the state of {unit}"))?);
-        let undo = match prior.undo(enable) {
-            Some((what, verb)) => Undo::Run {
-                what: format!("{what} {unit}"),
-                script: format!("systemctl{user_flag} {verb} {u}"),
-                privileged: sys,
-                as_user: (!sys).then(|| cx.user.name.clone()),
-                env: c.env.clone(),
-                ignore_failure: true,
-            },
-            None => Undo::Note {
-                text: format!(
-                    "{unit} was already {} before the deploy; left as it was",
-                    if enable {
-                        "enabled and running"
-                    } else {
-                        "running"
-                    }
-                ),
-            },
-        };
-        cx.undo(&undo, &[])?;
+    let mut q = Cmd::sh(format!(
+        "e=$(systemctl{user_flag} is-enabled {u} 2>/dev/null); \
+         a=$(systemctl{user_flag} is-active {u} 2>/dev/null); echo \"$e $a\""
+    ));
+    q.privileged = c.privileged;
+    q.as_user = c.as_user.clone();
+    q.env = c.env.clone();
+    (c, q)
+}
+
+/// The undo of enabling (or starting) `unit`, from what its state query
+/// printed before: back to exactly that state.
+pub(super) fn service_undo(
+    prior: &str,
+    unit: &str,
+    sys: bool,
+    enable: bool,
+    user: &TargetUser,
+) -> Undo {
+    let (c, _) = service_commands(unit, sys, enable, user);
+    let user_flag = if sys { "" } else { " --user" };
+    match PriorState::parse(prior).undo(enable) {
+        Some((what, verb)) => Undo::Run {
+            what: format!("{what} {unit}"),
+            script: format!("systemctl{user_flag} {verb} {}", sh::quote_min(unit)),
+            privileged: sys,
+            as_user: (!sys).then(|| user.name.clone()),
+            env: c.env,
+            ignore_failure: true,
+        },
+        None => Undo::Note {
+            text: format!(
+                "{unit} was already {} before the deploy; left as it was",
+                if enable {
+                    "enabled and running"
+                } else {
+                    "running"
+                }
+            ),
+        },
     }
-    cx.run(c, &format!("enable {unit}"))?;
-    cx.changed();
-    Ok(())
 }
 
 /// A unit's state before a step enabled or started it (`systemctl
@@ -758,29 +726,41 @@ impl PriorState {
 /// `setcap:` on a host: the file's capabilities before are read first
 /// (`getcap`), so the undo puts back exactly those (or removes them).
 fn setcap_step(cx: &mut StepCx<'_>, op: &OpStep) -> R<()> {
-    let path = sh::quote_min(&cx.host.real(&op.value));
-    let set = match op.caps.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+    cx.realize(|r| r.kind == ReverseKind::RestoreCaps);
+    let (set, get) = setcap_commands(&cx.host.real(&op.value), op.caps.as_deref());
+    if !cx.dry() {
+        let before = cx.run(get, &format!("read the capabilities of {}", op.value))?;
+        let undo = setcap_undo(&before, &op.value, &cx.host.real(&op.value));
+        cx.undo(&undo, &[])?;
+    }
+    cx.run(set, "setcap")?;
+    cx.changed();
+    Ok(())
+}
+
+/// The `setcap` (or `setcap -r`, without caps) of file `real` (a host
+/// path), and the `getcap` that reads its capabilities before; as root.
+pub(super) fn setcap_commands(real: &str, caps: Option<&str>) -> (Cmd, Cmd) {
+    let path = sh::quote_min(real);
+    let set = match caps.map(str::trim).filter(|c| !c.is_empty()) {
         Some(caps) => format!("setcap {} {path}", sh::quote_min(caps)),
         None => format!("setcap -r {path}"),
     };
-    if !cx.dry() {
-        let before = cx.run(
-            Cmd::sh(format!("getcap {path}")).privileged(true),
-            &format!("read the capabilities of {}", op.value),
-        )?;
-        let prior = prior_caps(&before);
-        let restore = match &prior {
-            Some(p) => format!("setcap {} {path}", sh::quote_min(p)),
-            None => format!("setcap -r {path} 2>/dev/null || true"),
-        };
-        cx.undo(
-            &Undo::root_run(format!("capabilities of {}", op.value), restore),
-            &[],
-        )?;
-    }
-    cx.run(Cmd::sh(set).privileged(true), "setcap")?;
-    cx.changed();
-    Ok(())
+    (
+        Cmd::sh(set).privileged(true),
+        Cmd::sh(format!("getcap {path}")).privileged(true),
+    )
+}
+
+/// The undo of a `setcap` on `path` (host path `real`), from what `getcap`
+/// printed before: exactly those capabilities, or none.
+pub(super) fn setcap_undo(before: &str, path: &str, real: &str) -> Undo {
+    let q = sh::quote_min(real);
+    let restore = match prior_caps(before) {
+        Some(p) => format!("setcap {} {q}", sh::quote_min(&p)),
+        None => format!("setcap -r {q} 2>/dev/null || true"),
+    };
+    Undo::root_run(format!("capabilities of {path}"), restore)
 }
 
 /// The capabilities in `getcap FILE`'s output (`FILE caps`, or older
@@ -863,7 +843,7 @@ fn reboot_step(cx: &mut StepCx<'_>) -> R<()> {
 }
 
 /// Installs packages; the undo removes only those that were not installed before.
-fn packages(
+pub(super) fn packages(
     cx: &mut StepCx<'_>,
     format: &str,
     pkgs: &[String],
@@ -888,11 +868,45 @@ fn packages(
     // Everything installed now (which of `pkgs` are new, and what the
     // install adds beyond them: their dependencies go with them on `del`).
     let before_all = installed_all(cx, format)?;
+    let new = packages_intent(cx, format, pkgs, &before_all, uninstall)?;
+    let mut c = Cmd::sh(install.to_string());
+    c.privileged = true;
+    cx.run(c, "package install")?;
+    cx.changed();
+    if !cx.dry() {
+        let after_all = installed_all(cx, format)?;
+        packages_done(cx, format, pkgs, &new, &before_all, &after_all)?;
+    }
+    Ok(())
+}
+
+/// Before a package install: records the removal of the packages of
+/// `pkgs` that are not in `before_all` (with the plan's `uninstall` command
+/// when that is all of them), or a note that all were there; returns the
+/// new ones.
+pub(super) fn packages_intent(
+    cx: &mut StepCx<'_>,
+    format: &str,
+    pkgs: &[String],
+    before_all: &BTreeSet<String>,
+    uninstall: Option<String>,
+) -> R<Vec<String>> {
     let new: Vec<String> = pkgs
         .iter()
         .filter(|p| !before_all.contains(*p))
         .cloned()
         .collect();
+    if !cx.dry() && new.is_empty() {
+        cx.undo(
+            &Undo::Note {
+                text: format!(
+                    "{format} packages {} were already installed when this bundle was applied",
+                    pkgs.join(" ")
+                ),
+            },
+            &[],
+        )?;
+    }
     if !cx.dry() && !new.is_empty() {
         let command = uninstall
             .filter(|_| new.len() == pkgs.len())
@@ -907,53 +921,60 @@ fn packages(
             &[],
         )?;
     }
-    let mut c = Cmd::sh(install.to_string());
-    c.privileged = true;
-    cx.run(c, "package install")?;
-    cx.changed();
-    if !cx.dry() {
-        let after_all = installed_all(cx, format)?;
-        let missing: Vec<&String> = pkgs.iter().filter(|p| !after_all.contains(*p)).collect();
-        if !missing.is_empty() {
-            return Err(format!(
-                "the install command succeeded but these packages are not installed: {}",
-                missing
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
-        }
-        let deps: Vec<String> = after_all
-            .into_iter()
-            .filter(|p| !before_all.contains(p) && !pkgs.contains(p))
-            .collect();
-        if !deps.is_empty() {
-            // Recorded after the install (what it pulls in is known only
-            // then): one removal of the packages and their dependencies,
-            // replayed before the first record, which then finds nothing
-            // left to remove.
-            let all: Vec<String> = new.iter().chain(&deps).cloned().collect();
-            cx.actions.push(format!(
-                "dependencies installed with them: {}",
-                deps.join(" ")
-            ));
-            cx.undo(
-                &Undo::RemovePackages {
-                    format: format.into(),
-                    command: pkg::remove_script(format, &all, None),
-                    packages: all,
-                    root: None,
-                },
-                &[],
-            )?;
-        }
-        cx.facts.push(Fact::Packages {
-            format: format.into(),
-            packages: pkgs.to_vec(),
-            root: None,
-        });
+    Ok(new)
+}
+
+/// After a package install: every one of `pkgs` must be in `after_all`;
+/// what else is new since `before_all` came with them and is removed with
+/// them (recorded now: it is known only after the install); the packages
+/// are a fact of the step.
+pub(super) fn packages_done(
+    cx: &mut StepCx<'_>,
+    format: &str,
+    pkgs: &[String],
+    new: &[String],
+    before_all: &BTreeSet<String>,
+    after_all: &BTreeSet<String>,
+) -> R<()> {
+    let missing: Vec<&String> = pkgs.iter().filter(|p| !after_all.contains(*p)).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the install command succeeded but these packages are not installed: {}",
+            missing
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
     }
+    let deps: Vec<String> = after_all
+        .iter()
+        .filter(|p| !before_all.contains(*p) && !pkgs.contains(p))
+        .cloned()
+        .collect();
+    if !deps.is_empty() {
+        // One removal of the packages and their dependencies, replayed
+        // before the first record, which then finds nothing left to remove.
+        let all: Vec<String> = new.iter().chain(&deps).cloned().collect();
+        cx.actions.push(format!(
+            "dependencies installed with them: {}",
+            deps.join(" ")
+        ));
+        cx.undo(
+            &Undo::RemovePackages {
+                format: format.into(),
+                command: pkg::remove_script(format, &all, None),
+                packages: all,
+                root: None,
+            },
+            &[],
+        )?;
+    }
+    cx.facts.push(Fact::Packages {
+        format: format.into(),
+        packages: pkgs.to_vec(),
+        root: None,
+    });
     Ok(())
 }
 
@@ -997,6 +1018,7 @@ fn local_pkg_step(
             )
         })?;
     }
+    cx.realize(|r| r.kind == ReverseKind::PackageRemove);
     let files = arts.local_packages(&s.candy, &l.format)?;
     let dir = format!("/tmp/charly-pkgs-{}-{}", cx.bundle, cx.seq);
     let mut names = Vec::new();
@@ -1123,6 +1145,10 @@ fn builder_step(
     b: &BuilderStep,
     arts: &dyn Artifacts,
 ) -> R<()> {
+    // The artifact's files are what the builder installed: removing them
+    // carries out every reverse op of the step (its files, the npm
+    // packages or pixi environment they are).
+    cx.realize(|_| true);
     let tar = arts.builder_tar(&s.candy, &b.builder)?;
     let from = cx.box_home.clone();
     let entries = retarget_artifact(&tar, &from, cx.user)?;

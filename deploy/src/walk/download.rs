@@ -9,20 +9,14 @@ use super::apply::op_env;
 use super::{R, StepCx, title};
 use crate::host::{Cmd, PathKind, parent};
 use crate::ledger::{Fact, Undo};
-use charly_rules::plan::{InstallStep, OpStep, Scope};
+use charly_rules::plan::{InstallStep, OpStep, ReverseKind, Scope};
 use charly_rules::sh;
 use std::collections::BTreeMap;
 
-/// The archive kind of a download: its `extract:`, else by the URL's
-/// ending (as the image build decides).
+/// The archive kind of a download (see [`OpStep::download_kind`]: the
+/// IR's reverse ops follow the same rule).
 pub(super) fn download_kind(op: &OpStep) -> String {
-    op.extract.clone().unwrap_or_else(|| {
-        if op.value.ends_with(".tar.gz") || op.value.ends_with(".tgz") {
-            "tar.gz".into()
-        } else {
-            "none".into()
-        }
-    })
+    op.download_kind()
 }
 
 /// One path the download unpacked, relative to its destination.
@@ -130,6 +124,13 @@ pub(super) fn download_step(
 ) -> R<()> {
     let sys = s.scope == Scope::System;
     let kind = download_kind(op);
+    // What it places (a file at `to`, or what an archive unpacked there).
+    cx.realize(|r| {
+        matches!(
+            r.kind,
+            ReverseKind::RemoveArtifactFiles | ReverseKind::RmFileSystem | ReverseKind::RmFileUser
+        )
+    });
     let as_user = |mut c: Cmd, cx: &StepCx<'_>| {
         c.env = op_env(cx.user, bin_dirs, op);
         c.privileged = sys;

@@ -5,7 +5,7 @@
 use super::{R, StepCx};
 use crate::host::{parent, sha256_hex};
 use crate::ledger::{Fact, Undo};
-use charly_rules::plan::{InstallStep, Scope, ShellHookStep, ShellSnippetStep};
+use charly_rules::plan::{InstallStep, ReverseKind, Scope, ShellHookStep, ShellSnippetStep};
 use charly_rules::sh;
 
 /// The rc file a login shell reads.
@@ -168,7 +168,7 @@ fn fq(s: &str) -> String {
 }
 
 /// Where the fish form of an env file goes: next to it, `.fish` for `.sh`.
-fn fish_env_file(env_file: &str) -> String {
+pub(super) fn fish_env_file(env_file: &str) -> String {
     format!("{}.fish", env_file.strip_suffix(".sh").unwrap_or(env_file))
 }
 
@@ -183,6 +183,9 @@ fn dq(s: &str) -> String {
 }
 
 pub(super) fn hook_step(cx: &mut StepCx<'_>, s: &InstallStep, h: &ShellHookStep) -> R<()> {
+    // The fish form of the env file is the env file too (its op names the
+    // POSIX one); the block is named by its marker.
+    cx.realize(|r| r.kind == ReverseKind::RemoveEnvdFile);
     cx.put_file(&h.env_file, env_file_text(h).as_bytes(), 0o644, false)?;
     let rc = rc_file(&cx.user.shell, &cx.user.home);
     let line = if rc.ends_with(".fish") {

@@ -5,9 +5,11 @@
 //! **Per step:** gate and target checks decide whether it runs (a skipped
 //! step is recorded with its reason). A running step is recorded
 //! `incomplete` (committed) first; each change it makes is preceded by the
-//! committed undo operation for it; at the end it becomes `complete` with
-//! the facts it left (for drift), or `failed` — and the walk stops, naming
-//! the step and every step not attempted.
+//! committed undo operation for it — the exact, observed form of the
+//! step's own reverse op that names the change, tagged with it (see
+//! `reverse`: the IR's reverse ops are the undo); at the end it becomes
+//! `complete` with the facts it left (for drift), or `failed` — and the
+//! walk stops, naming the step and every step not attempted.
 //!
 //! **What runs where.** Files, directories, links, env.d files and managed
 //! blocks go through the host's file operations. Builder steps are never
@@ -24,23 +26,28 @@
 //! The public items are re-exported here (`charly_deploy::walk::apply`, …).
 
 mod apply;
+mod aur;
 mod batch;
 mod download;
 mod drift;
 mod managed;
 mod plugin;
 mod repo;
+mod reverse;
 mod undo;
 
 pub use apply::{ReapplyReport, apply, reapply, retarget_artifact};
 pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
-pub use plugin::{PluginCall, PluginSteps, parse_deploy_reply, undo_of};
+pub use plugin::{PluginCall, PluginSteps, parse_deploy_reply};
+pub use reverse::{incidental, kind_name, realizes, undo_of, vacuous};
 pub use undo::{DelOptions, UndoReport, remove, remove_with};
 
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex};
 use crate::ledger::{Fact, Ledger, LedgerError, StepHead, Undo};
-use charly_rules::plan::{Gates, InstallPlan, InstallStep, Phase, StepData, Target};
+use charly_rules::plan::{
+    Gates, InstallPlan, InstallStep, Phase, ReverseKind, ReverseOp, StepData, Target,
+};
 use charly_rules::sh;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,8 +99,9 @@ pub struct Options {
     pub box_home: String,
     /// Told about every change a step makes (not in dry runs).
     pub on_change: Option<ChangeHook>,
-    /// Run consecutive `cmd` steps of one (scope, venue) as one command
-    /// (one round trip; for targets reached over SSH).
+    /// Run consecutive steps of one (scope, venue) that are commands with
+    /// a checkable outcome in two round trips per run (see `batch`; for
+    /// targets reached over SSH).
     pub batch_commands: bool,
     /// What executes plugin steps; `None`: they are skipped, saying why.
     pub plugins: Option<std::sync::Arc<dyn PluginSteps>>,
@@ -344,19 +352,158 @@ struct StepCx<'a> {
     box_home: String,
     planned_dirs: &'a mut BTreeSet<String>,
     plugins: Option<std::sync::Arc<dyn PluginSteps>>,
+    /// The step's reverse ops (home resolved): what its undo carries out.
+    reverse: Vec<ReverseOp>,
+    /// The ops (indices into `reverse`) the undo operations recorded now
+    /// carry out, unless a path or marker names others (see [`Self::undo`]).
+    realizing: Vec<usize>,
+    /// The ops some recorded undo operation carries out.
+    realized: BTreeSet<usize>,
 }
 
 type R<T> = Result<T, String>;
+
+impl<'a> StepCx<'a> {
+    /// The context of step `seq` (a dry run has no ledger).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        host: &'a mut dyn Host,
+        ledger: Option<&'a mut Ledger>,
+        bundle: &'a str,
+        seq: u32,
+        user: &'a TargetUser,
+        o: &Options,
+        rooted: bool,
+        planned_dirs: &'a mut BTreeSet<String>,
+        reverse: Vec<ReverseOp>,
+    ) -> Self {
+        StepCx {
+            on_change: ledger.as_ref().and(o.on_change.clone()),
+            host,
+            ledger,
+            bundle,
+            seq,
+            user,
+            facts: Vec::new(),
+            actions: Vec::new(),
+            timeout: o.timeout,
+            rooted,
+            box_home: o.box_home.clone(),
+            planned_dirs,
+            plugins: o.plugins.clone(),
+            reverse,
+            realizing: Vec::new(),
+            realized: BTreeSet::new(),
+        }
+    }
+}
 
 impl StepCx<'_> {
     fn dry(&self) -> bool {
         self.ledger.is_none()
     }
 
+    /// Records `op` as the undo of the change about to be made, tagged with
+    /// the reverse ops of the step it carries out: those that name its
+    /// subject (a file's path, a block's marker), else the ones the step
+    /// is carrying out now ([`Self::realize`]).
     fn undo(&mut self, op: &Undo, blobs: &[(String, Vec<u8>)]) -> R<()> {
+        let named = self.naming(op);
+        let idx = if named.is_empty() {
+            self.realizing.clone()
+        } else {
+            named
+        };
+        let ops: Vec<ReverseOp> = idx
+            .iter()
+            .filter_map(|i| self.reverse.get(*i).cloned())
+            .collect();
+        debug_assert!(
+            ops.iter().all(|r| reverse::realizes(r, op)),
+            "step {}: {op:?} does not carry out {ops:?}",
+            self.seq
+        );
+        self.undo_for(op, &ops, blobs)?;
+        self.realized.extend(idx);
+        Ok(())
+    }
+
+    /// Records `op` as something the step does on the way (no reverse op
+    /// names it: a parent directory, a reload after files go).
+    fn undo_incidental(&mut self, op: &Undo, blobs: &[(String, Vec<u8>)]) -> R<()> {
+        self.undo_for(op, &[], blobs)
+    }
+
+    /// Records `op`, carrying out `realizes`.
+    fn undo_for(
+        &mut self,
+        op: &Undo,
+        realizes: &[ReverseOp],
+        blobs: &[(String, Vec<u8>)],
+    ) -> R<()> {
         if let Some(l) = self.ledger.as_deref_mut() {
-            l.add_undo(self.bundle, self.seq, op, blobs)
+            l.add_undo(self.bundle, self.seq, op, realizes, blobs)
                 .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The undo operations recorded from now on carry out the step's
+    /// reverse ops that `pick` accepts (until the next call).
+    fn realize(&mut self, pick: impl Fn(&ReverseOp) -> bool) {
+        self.realizing = (0..self.reverse.len())
+            .filter(|i| pick(&self.reverse[*i]))
+            .collect();
+    }
+
+    /// The step's reverse ops that name the subject of `op` (a file by its
+    /// path, a managed block by its marker), when `op` is of their kind.
+    fn naming(&self, op: &Undo) -> Vec<usize> {
+        (0..self.reverse.len())
+            .filter(|i| {
+                let r = &self.reverse[*i];
+                let targets_path = |p: &str| r.targets.iter().any(|t| t == p);
+                match op {
+                    Undo::RemovePath { path, .. }
+                    | Undo::RestoreFile { path, .. }
+                    | Undo::RestoreSymlink { path, .. } => {
+                        matches!(
+                            r.kind,
+                            ReverseKind::RmFileSystem
+                                | ReverseKind::RmFileUser
+                                | ReverseKind::RemoveEnvdFile
+                                | ReverseKind::ServiceRemove
+                        ) && targets_path(path)
+                    }
+                    Undo::RemoveBlock { marker, .. } => {
+                        r.kind == ReverseKind::RemoveManagedBlock
+                            && r.extra.get("marker") == Some(marker)
+                    }
+                    _ => false,
+                }
+            })
+            .collect()
+    }
+
+    /// After the step succeeded: a reverse op no record carries out (and
+    /// that the host has no reason to skip, see [`reverse::vacuous`]) gets
+    /// a note saying so, so `del` and the ledger show every op of the step.
+    fn account_for_reverse_ops(&mut self) -> R<()> {
+        if self.dry() {
+            return Ok(());
+        }
+        for i in 0..self.reverse.len() {
+            let r = self.reverse[i].clone();
+            if self.realized.contains(&i) || reverse::vacuous(&r, self.rooted).is_some() {
+                continue;
+            }
+            let text = format!(
+                "reverse op `{}` ({}): the deploy made no change it undoes",
+                reverse::kind_name(r.kind),
+                r.targets.join(", ")
+            );
+            self.undo_for(&Undo::Note { text }, std::slice::from_ref(&r), &[])?;
+            self.realized.insert(i);
         }
         Ok(())
     }
@@ -411,7 +558,7 @@ impl StepCx<'_> {
                 continue;
             }
             self.actions.push(format!("mkdir {d}"));
-            self.undo(
+            self.undo_incidental(
                 &Undo::RemoveDir {
                     path: d.clone(),
                     privileged: p,
@@ -490,25 +637,7 @@ impl StepCx<'_> {
         if !self.rooted && is_unit_file(path) {
             // Recorded before the file's own undo, so `del` reloads systemd
             // after the unit (or quadlet) file is gone.
-            let user_flag = if privileged { "" } else { " --user" };
-            let mut env = BTreeMap::new();
-            if !privileged {
-                env.insert(
-                    "XDG_RUNTIME_DIR".to_string(),
-                    format!("/run/user/{}", self.user.uid),
-                );
-            }
-            self.undo(
-                &Undo::Run {
-                    what: format!("systemctl{user_flag} daemon-reload"),
-                    script: format!("systemctl{user_flag} daemon-reload"),
-                    privileged,
-                    as_user: (!privileged).then(|| self.user.name.clone()),
-                    env,
-                    ignore_failure: true,
-                },
-                &[],
-            )?;
+            self.undo_incidental(&reload_undo(privileged, self.user), &[])?;
         }
         self.record_replace(path, privileged)?;
         let a = self.attrs(mode, privileged);
@@ -572,6 +701,27 @@ impl StepCx<'_> {
             ));
         }
         Ok(out.stdout_str())
+    }
+}
+
+/// Reloading systemd (the user's for a user unit) once a unit file is
+/// gone; a failure is a warning.
+fn reload_undo(privileged: bool, user: &TargetUser) -> Undo {
+    let user_flag = if privileged { "" } else { " --user" };
+    let mut env = BTreeMap::new();
+    if !privileged {
+        env.insert(
+            "XDG_RUNTIME_DIR".to_string(),
+            format!("/run/user/{}", user.uid),
+        );
+    }
+    Undo::Run {
+        what: format!("systemctl{user_flag} daemon-reload"),
+        script: format!("systemctl{user_flag} daemon-reload"),
+        privileged,
+        as_user: (!privileged).then(|| user.name.clone()),
+        env,
+        ignore_failure: true,
     }
 }
 

@@ -4,11 +4,11 @@
 //! operations before the step is reported done; `bundle del` replays them
 //! like any other undo (record and replay: never recomputed).
 
+use super::reverse::undo_of;
 use super::{R, StepCx, TargetUser};
 use crate::host::Host;
 use crate::ledger::Undo;
 use charly_rules::plan::{ExternalStep, InstallStep, ReverseKind, ReverseOp, Scope};
-use charly_rules::sh;
 use std::collections::BTreeMap;
 
 /// One plugin step to execute.
@@ -61,9 +61,10 @@ pub(super) fn plugin_step(cx: &mut StepCx<'_>, s: &InstallStep, e: &ExternalStep
         .execute(&call, &mut *cx.host)
         .map_err(|m| format!("plugin `{word}`: {m}"))?;
     cx.changed();
+    // Each reported op, replayed as recorded; the record carries the op.
     for op in &ops {
-        let undo = undo_of(op, cx.user, word);
-        cx.undo(&undo, &[])?;
+        let undo = undo_of(op, cx.user, &format!("plugin `{word}`"));
+        cx.undo_for(&undo, std::slice::from_ref(op), &[])?;
     }
     if ops.is_empty() {
         cx.undo(
@@ -74,82 +75,6 @@ pub(super) fn plugin_step(cx: &mut StepCx<'_>, s: &InstallStep, e: &ExternalStep
         )?;
     }
     Ok(())
-}
-
-/// The undo operation a reported reverse op is replayed as. What this
-/// host cannot replay exactly becomes a note `del` shows, never a guess.
-pub fn undo_of(op: &ReverseOp, user: &TargetUser, word: &str) -> Undo {
-    let sys = op.scope == Scope::System;
-    let run = |what: String, script: String| Undo::Run {
-        what,
-        script,
-        privileged: sys,
-        as_user: (!sys).then(|| user.name.clone()),
-        env: BTreeMap::new(),
-        ignore_failure: false,
-    };
-    let paths_ok = !op.targets.is_empty()
-        && op
-            .targets
-            .iter()
-            .all(|t| t.starts_with('/') && charly_rules::plan::compile::climbing_path(t).is_none());
-    match op.kind {
-        ReverseKind::PluginScript => match op.extra.get("script") {
-            Some(script) if !script.trim().is_empty() => {
-                run(format!("plugin {word}: teardown script"), script.clone())
-            }
-            _ => note(word, op, "a plugin-script without a script"),
-        },
-        ReverseKind::RmFileSystem | ReverseKind::RmFileUser | ReverseKind::RemoveEnvdFile
-            if paths_ok =>
-        {
-            let list: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
-            run(
-                format!("plugin {word}: remove {}", op.targets.join(", ")),
-                format!("rm -f -- {}", list.join(" ")),
-            )
-        }
-        ReverseKind::RmDirRecursive if paths_ok && op.targets.iter().all(|t| t != "/") => {
-            let list: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
-            run(
-                format!("plugin {word}: remove {}", op.targets.join(", ")),
-                format!("rm -rf -- {}", list.join(" ")),
-            )
-        }
-        ReverseKind::ServiceDisable if !op.targets.is_empty() => {
-            let units: Vec<String> = op.targets.iter().map(|t| sh::quote(t)).collect();
-            let user_flag = if sys { "" } else { "--user " };
-            run(
-                format!("plugin {word}: disable {}", op.targets.join(", ")),
-                format!("systemctl {user_flag}disable --now -- {}", units.join(" ")),
-            )
-        }
-        ReverseKind::PackageRemove => match &op.uninstall_cmd {
-            Some(cmd) if !cmd.trim().is_empty() => Undo::Run {
-                what: format!("plugin {word}: remove packages {}", op.targets.join(", ")),
-                script: cmd.clone(),
-                privileged: true,
-                as_user: None,
-                env: BTreeMap::new(),
-                ignore_failure: false,
-            },
-            _ => note(word, op, "package removal without an uninstall command"),
-        },
-        _ => note(word, op, "a kind this host does not replay"),
-    }
-}
-
-fn note(word: &str, op: &ReverseOp, why: &str) -> Undo {
-    Undo::Note {
-        text: format!(
-            "plugin `{word}` reported teardown `{}` ({why}; targets: {}); not undone",
-            serde_json::to_value(op.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            op.targets.join(", ")
-        ),
-    }
 }
 
 /// Reads the reverse ops of a plugin's `execute` reply (the original's
@@ -230,16 +155,6 @@ pub fn parse_deploy_reply(json: &[u8]) -> Result<Vec<ReverseOp>, String> {
 mod tests {
     use super::*;
 
-    fn user() -> TargetUser {
-        TargetUser {
-            name: "alice".into(),
-            uid: 1000,
-            gid: 1000,
-            home: "/home/alice".into(),
-            shell: "/bin/bash".into(),
-        }
-    }
-
     #[test]
     fn the_originals_reply_shape_is_read() {
         let ops = parse_deploy_reply(
@@ -268,55 +183,5 @@ mod tests {
         let e = parse_deploy_reply(br#"{"reverse_ops":[{"kind":"format-disk"}]}"#)
             .expect_err("unknown kind");
         assert!(e.contains("format-disk"), "{e}");
-    }
-
-    #[test]
-    fn reverse_ops_replay_as_undos_and_what_cannot_is_a_note() {
-        let u = user();
-        let mut script = ReverseOp::new(ReverseKind::PluginScript, vec![], Scope::User);
-        script.extra.insert("script".into(), "rm -rf /tmp/m".into());
-        match undo_of(&script, &u, "w") {
-            Undo::Run {
-                script,
-                privileged,
-                as_user,
-                ..
-            } => {
-                assert_eq!(script, "rm -rf /tmp/m");
-                assert!(!privileged);
-                assert_eq!(as_user.as_deref(), Some("alice"));
-            }
-            other => panic!("{other:?}"),
-        }
-        let rm = ReverseOp::new(
-            ReverseKind::RmFileSystem,
-            vec!["/etc/a b".into()],
-            Scope::System,
-        );
-        match undo_of(&rm, &u, "w") {
-            Undo::Run {
-                script, privileged, ..
-            } => {
-                assert_eq!(script, "rm -f -- '/etc/a b'");
-                assert!(privileged);
-            }
-            other => panic!("{other:?}"),
-        }
-        for bad in [
-            ReverseOp::new(ReverseKind::RmDirRecursive, vec!["/".into()], Scope::System),
-            ReverseOp::new(ReverseKind::RmFileUser, vec!["rel/x".into()], Scope::User),
-            ReverseOp::new(
-                ReverseKind::RmFileUser,
-                vec!["/a/../etc".into()],
-                Scope::User,
-            ),
-            ReverseOp::new(ReverseKind::PluginScript, vec![], Scope::User),
-            ReverseOp::new(ReverseKind::CoprDisable, vec!["x/y".into()], Scope::System),
-        ] {
-            assert!(
-                matches!(undo_of(&bad, &u, "w"), Undo::Note { .. }),
-                "{bad:?}"
-            );
-        }
     }
 }

@@ -15,10 +15,12 @@
 //! `dnf copr enable` / `dnf module enable` undone by `copr remove` /
 //! `module reset`.
 
+use super::reverse::undo_of;
 use super::{R, StepCx};
 use crate::host::Cmd;
 use crate::ledger::Undo;
 use base64::Engine as _;
+use charly_rules::plan::{ReverseKind, ReverseOp, Scope};
 use charly_rules::sh;
 use std::collections::BTreeMap;
 
@@ -111,14 +113,19 @@ fn fetch(cx: &mut StepCx<'_>, url: &str) -> R<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// Runs `script` as root, recording `undo` (as root, failures ignored) first.
-fn run_undoable(cx: &mut StepCx<'_>, what: &str, script: String, undo: String) -> R<()> {
+/// Runs `script` as root, recording `undo` first.
+fn run_undoable(cx: &mut StepCx<'_>, what: &str, script: String, undo: Undo) -> R<()> {
     if !cx.dry() {
-        cx.undo(&Undo::root_run(format!("undo {what}"), undo), &[])?;
+        cx.undo(&undo, &[])?;
     }
     cx.run(Cmd::sh(script).privileged(true), what)?;
     cx.changed();
     Ok(())
+}
+
+/// Whether `o` is the reverse op of repository `name`'s files.
+fn repo_file_op(o: &ReverseOp, name: &str) -> bool {
+    o.kind == ReverseKind::RemoveRepoFile && o.targets.iter().any(|t| t == name)
 }
 
 /// The source line of a deb repository.
@@ -170,10 +177,13 @@ pub(super) fn repo_step(
             if !cx.dry() {
                 // Recorded first, so `del` refreshes the index last, after
                 // the repository's files are gone.
-                cx.undo(&Undo::root_run("apt-get update", "apt-get update -qq"), &[])?;
+                cx.undo_incidental(&Undo::root_run("apt-get update", "apt-get update -qq"), &[])?;
             }
             for r in repos {
                 let n = name(r)?;
+                // The repository's files (key, source line) and its PPA are
+                // what the step's `remove-repo-file <name>` undoes.
+                cx.realize(|o| repo_file_op(o, n));
                 let keyring = match (r.get("key"), r.get("signed_by")) {
                     (Some(_), Some(p)) | (None, Some(p)) => Some(p.clone()),
                     (Some(_), None) => Some(format!("/etc/apt/keyrings/{n}.gpg")),
@@ -197,7 +207,10 @@ pub(super) fn repo_step(
                         cx,
                         &format!("add ppa:{ppa}"),
                         format!("add-apt-repository -y {p}"),
-                        format!("add-apt-repository -y --remove {p}"),
+                        Undo::root_run(
+                            format!("undo add ppa:{ppa}"),
+                            format!("add-apt-repository -y --remove {p}"),
+                        ),
                     )?;
                 }
             }
@@ -213,6 +226,7 @@ pub(super) fn repo_step(
                 let Some(url) = token(r, "url")? else {
                     continue;
                 };
+                cx.realize(|o| repo_file_op(o, n));
                 let text = if url.ends_with(".repo") {
                     fetch(cx, url)?
                 } else {
@@ -220,23 +234,22 @@ pub(super) fn repo_step(
                 };
                 cx.put_file(&format!("/etc/yum.repos.d/{n}.repo"), &text, 0o644, true)?;
             }
-            for c in copr {
-                let q = sh::quote_min(c);
-                run_undoable(
-                    cx,
-                    &format!("enable copr {c}"),
-                    format!("dnf copr enable -y {q}"),
-                    format!("dnf copr remove -y {q} || dnf copr disable -y {q}"),
-                )?;
-            }
-            for m in modules {
-                let q = sh::quote_min(m);
-                run_undoable(
-                    cx,
-                    &format!("enable module {m}"),
-                    format!("dnf module enable -y {q}"),
-                    format!("dnf module reset -y {q}"),
-                )?;
+            // Each project and module by itself: the undo of each is
+            // recorded before it is enabled.
+            for (kind, list, verb) in [
+                (ReverseKind::CoprDisable, copr, "copr enable"),
+                (ReverseKind::ModuleReset, modules, "module enable"),
+            ] {
+                for c in list {
+                    cx.realize(|o| o.kind == kind && o.targets.contains(c));
+                    let op = ReverseOp::new(kind, vec![c.clone()], Scope::System);
+                    run_undoable(
+                        cx,
+                        &format!("{verb} {c}"),
+                        format!("dnf {verb} -y {}", sh::quote_min(c)),
+                        undo_of(&op, cx.user, "repositories"),
+                    )?;
+                }
             }
         }
     }

@@ -230,7 +230,8 @@ pub enum ReverseKind {
     CargoUninstall,
     /// `npm uninstall -g` packages.
     NpmUninstallG,
-    /// Remove files an artifact extracted into the home.
+    /// Remove the files a builder artifact or an unpacked download created
+    /// (the host records which as it places them).
     RemoveArtifactFiles,
     /// Remove a system file.
     RmFileSystem,
@@ -253,6 +254,11 @@ pub enum ReverseKind {
     /// Run the teardown script a plugin reported (`extra.script`), as
     /// root for system scope, else as the user.
     PluginScript,
+    /// Put back the capabilities files had before a `setcap` task (none:
+    /// removed); a host reads them before the change.
+    RestoreCaps,
+    /// Reset modules a prepare phase enabled (`dnf module reset`).
+    ModuleReset,
 }
 
 /// One typed undo operation.
@@ -402,6 +408,21 @@ pub struct OpStep {
     pub comment: Option<String>,
     /// Index of the task in the candy (0-based).
     pub task: usize,
+}
+
+impl OpStep {
+    /// The archive kind of a `download`: its `extract:`, else by the URL's
+    /// ending (`tar.gz` for `.tar.gz`/`.tgz`, else `none`), as the image
+    /// build decides; `sh` is an installer script.
+    pub fn download_kind(&self) -> String {
+        self.extract.clone().unwrap_or_else(|| {
+            if self.value.ends_with(".tar.gz") || self.value.ends_with(".tgz") {
+                "tar.gz".into()
+            } else {
+                "none".into()
+            }
+        })
+    }
 }
 
 /// A file placed on the target.
@@ -726,6 +747,13 @@ impl InstallStep {
                         reverse.push(op);
                     }
                 }
+                if !data.modules.is_empty() {
+                    reverse.push(ReverseOp::new(
+                        ReverseKind::ModuleReset,
+                        data.modules.clone(),
+                        Scope::System,
+                    ));
+                }
             }
             Phase::Install if !data.packages.is_empty() => {
                 let mut op = ReverseOp::new(
@@ -828,18 +856,22 @@ impl InstallStep {
         };
         let reverse = match data.verb.as_str() {
             "link" => vec![file_reverse(&data.value, scope)],
-            "download" => {
-                let targets: Vec<String> = match &data.to {
-                    Some(to) if data.extract.as_deref().unwrap_or("none") == "none" => {
-                        vec![to.clone()]
-                    }
-                    _ => Vec::new(),
-                };
-                targets
-                    .into_iter()
-                    .map(|t| file_reverse(&t, scope))
-                    .collect()
-            }
+            // A plain file at `to`; an archive's files under `to` (what it
+            // unpacked, as for an artifact); an installer script (`sh`)
+            // has nothing to reverse.
+            "download" => match (&data.to, data.download_kind().as_str()) {
+                (Some(to), "none") => vec![file_reverse(to, scope)],
+                (_, "sh") | (None, _) => Vec::new(),
+                (Some(to), _) => vec![
+                    ReverseOp::new(ReverseKind::RemoveArtifactFiles, vec![to.clone()], scope)
+                        .with("verb", "download"),
+                ],
+            },
+            "setcap" => vec![ReverseOp::new(
+                ReverseKind::RestoreCaps,
+                vec![data.value.clone()],
+                Scope::System,
+            )],
             _ => Vec::new(),
         };
         let mut s = Self::new(
@@ -1036,16 +1068,22 @@ impl InstallStep {
         )
     }
 
-    /// A local package: system scope, no gate.
+    /// A local package: system scope, no gate; reverses to removing the
+    /// packages it installs (their names are read from the built package
+    /// files when they are installed, so the op names none).
     pub fn local_pkg(candy: &str, data: LocalPkgStep) -> Self {
-        Self::new(
+        let mut op = ReverseOp::new(ReverseKind::PackageRemove, Vec::new(), Scope::System);
+        op.format = Some(data.format.clone());
+        let mut s = Self::new(
             candy,
             StepKind::LocalPkgInstall,
             Scope::System,
             Venue::HostNative,
             Gate::None,
             StepData::LocalPkgInstall(data),
-        )
+        );
+        s.reverse = vec![op];
+        s
     }
 
     /// A reboot: system scope, no gate, nothing to undo.
@@ -1279,6 +1317,18 @@ mod tests {
         );
         // Prepare without repos needs no gate.
         assert_eq!(pkgs(Phase::Prepare, false).gate, Gate::None);
+        let modules = InstallStep::system_packages(
+            "c",
+            Phase::Prepare,
+            SystemPackages {
+                format: "rpm".into(),
+                modules: vec!["nodejs:20".into()],
+                ..SystemPackages::default()
+            },
+            None,
+        );
+        assert_eq!(modules.reverse[0].kind, ReverseKind::ModuleReset);
+        assert_eq!(modules.reverse[0].targets, vec!["nodejs:20"]);
     }
 
     #[test]
@@ -1330,6 +1380,41 @@ mod tests {
             ReverseKind::RmFileUser
         );
         assert!(op("mkdir", "root").reverse.is_empty());
+        let setcap = op("setcap", "root");
+        assert_eq!(
+            (setcap.reverse[0].kind, setcap.reverse[0].targets.clone()),
+            (ReverseKind::RestoreCaps, vec!["/x".to_string()])
+        );
+        let dl = |value: &str, extract: Option<&str>| {
+            InstallStep::op(
+                "c",
+                OpStep {
+                    verb: "download".into(),
+                    value: value.into(),
+                    to: Some("/opt/t".into()),
+                    extract: extract.map(String::from),
+                    ..OpStep::default()
+                },
+            )
+            .reverse
+        };
+        assert_eq!(dl("https://x/t", None)[0].kind, ReverseKind::RmFileSystem);
+        // An archive (by `extract:` or by the URL) unpacks files under `to`.
+        for (url, ex) in [("https://x/t.tgz", None), ("https://x/t", Some("zip"))] {
+            let r = dl(url, ex);
+            assert_eq!(r[0].kind, ReverseKind::RemoveArtifactFiles, "{url}");
+            assert_eq!(r[0].targets, vec!["/opt/t"]);
+        }
+        assert!(dl("https://x/install.sh", Some("sh")).is_empty());
+        let lp = InstallStep::local_pkg(
+            "c",
+            LocalPkgStep {
+                format: "deb".into(),
+                ..LocalPkgStep::default()
+            },
+        );
+        assert_eq!(lp.reverse[0].kind, ReverseKind::PackageRemove);
+        assert_eq!(lp.reverse[0].format.as_deref(), Some("deb"));
     }
 
     #[test]
