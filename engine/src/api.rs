@@ -302,21 +302,8 @@ impl<'a> Engine<'a> {
     }
 
     /// Where [`Engine::write_build_dirs`] with `self_contained` copies the
-    /// candy directories of the graph's goal Containerfiles under `out_root`
-    /// (for the no-op journal's outputs).
-    pub fn context_candy_dirs(&self, graph: &Graph, out_root: &Path) -> Vec<PathBuf> {
-        let names: Vec<&str> = graph
-            .goals
-            .iter()
-            .filter_map(|i| match &graph.g[*i].work {
-                crate::graph::Work::Containerfile { box_name, .. } => Some(box_name.as_str()),
-                _ => None,
-            })
-            .collect();
-        self.box_context_candy_dirs(&names, out_root)
-    }
-
-    /// [`Engine::context_candy_dirs`] of the boxes `names`.
+    /// candy directories of the boxes `names` under `out_root` (for the
+    /// no-op journal's outputs).
     pub fn box_context_candy_dirs(&self, names: &[&str], out_root: &Path) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = names
             .iter()
