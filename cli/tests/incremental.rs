@@ -199,8 +199,15 @@ fn apply(root: &Path, e: &Edit) {
     }
 }
 
-/// `box generate --all` on `root` with `store`: the node ids and keys.
-fn generate(root: &Path, store: &Path, racy_ms: &str, summary: &Path) -> Vec<(String, String)> {
+/// `box generate --all ARGS --summary-json SUMMARY` on `root` with
+/// `store`: its stderr, and the node ids and keys of the summary.
+fn run_generate(
+    root: &Path,
+    store: &Path,
+    racy_ms: &str,
+    summary: &Path,
+    args: &[&str],
+) -> (String, Vec<(String, String)>) {
     let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
         .env("NO_COLOR", "1")
         .env("CHARLY_CACHE_DIR", store)
@@ -209,15 +216,14 @@ fn generate(root: &Path, store: &Path, racy_ms: &str, summary: &Path) -> Vec<(St
         .env_remove("CHARLY_REMOTE")
         .arg("-C")
         .arg(root)
-        .args(["box", "generate", "--all", "-q", "--summary-json"])
+        .args(["box", "generate", "--all"])
+        .args(args)
+        .arg("--summary-json")
         .arg(summary)
         .output()
         .expect("charly runs");
-    assert!(
-        out.status.success(),
-        "generate failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "generate failed:\n{err}");
     let s: serde_json::Value =
         serde_json::from_slice(&std::fs::read(summary).expect("summary")).expect("json");
     let mut v: Vec<(String, String)> = s["nodes"]
@@ -232,26 +238,18 @@ fn generate(root: &Path, store: &Path, racy_ms: &str, summary: &Path) -> Vec<(St
         })
         .collect();
     v.sort();
-    v
+    (err, v)
+}
+
+/// `box generate --all` on `root` with `store`: the node ids and keys.
+fn generate(root: &Path, store: &Path, racy_ms: &str, summary: &Path) -> Vec<(String, String)> {
+    run_generate(root, store, racy_ms, summary, &["-q"]).1
 }
 
 /// `box generate --all --explain` (stat trusted): how many boxes it
 /// carried over, and the node ids and keys.
 fn generate_explained(root: &Path, store: &Path, summary: &Path) -> (usize, Vec<(String, String)>) {
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
-        .env("NO_COLOR", "1")
-        .env("CHARLY_CACHE_DIR", store)
-        .env("CHARLY_JOURNAL_RACY_MS", "0")
-        .env_remove("CHARLY_NO_JOURNAL")
-        .env_remove("CHARLY_REMOTE")
-        .arg("-C")
-        .arg(root)
-        .args(["box", "generate", "--all", "--explain", "--summary-json"])
-        .arg(summary)
-        .output()
-        .expect("charly runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "generate failed:\n{err}");
+    let (err, keys) = run_generate(root, store, "0", summary, &["--explain"]);
     let carried = err
         .lines()
         .find_map(|l| {
@@ -261,21 +259,7 @@ fn generate_explained(root: &Path, store: &Path, summary: &Path) -> (usize, Vec<
                 .then(|| n.parse().expect("count"))
         })
         .unwrap_or(0);
-    let s: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(summary).expect("summary")).expect("json");
-    let mut v: Vec<(String, String)> = s["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .map(|n| {
-            (
-                n["id"].as_str().expect("id").into(),
-                n["key"].as_str().expect("key").into(),
-            )
-        })
-        .collect();
-    v.sort();
-    (carried, v)
+    (carried, keys)
 }
 
 /// An edit to one candy re-derives only the boxes that contain it; the
