@@ -76,6 +76,7 @@ impl Builder<'_> {
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
         k.text("plan", &canonical("the candy's plan", plan)?);
+        k.value("emitter", charly_rules::emit::REVISION.to_string());
         plugin_values(k, plan, &self.opts.plugins);
         user_values(k, &b.user);
         k.value("formats", b.formats.join(","));
@@ -98,6 +99,7 @@ impl Builder<'_> {
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
         box_facts(k, b)?;
+        k.value("emitter", charly_rules::emit::REVISION.to_string());
         k.value("prebuilt-artifacts", prebuilt.to_string());
         vocab_texts(k, self.p, b, None, &self.vocab_digests)?;
         k.base = Some(b.root_image.clone());

@@ -156,7 +156,7 @@ const INSTRUCTIONS: [&str; 17] = [
 ];
 
 /// The terminator of a here-document a line opens (`<<EOF`, `<<-"EOF"`).
-fn heredoc_end(line: &str) -> Option<String> {
+pub(super) fn heredoc_end(line: &str) -> Option<String> {
     let at = line.find("<<")?;
     let rest = line[at + 2..].trim_start_matches('-');
     let rest = rest.trim_start_matches(['"', '\'']);
@@ -333,6 +333,7 @@ pub fn render_fragment(
     let mut e = emitter(p, b, opts);
     let key = plan.candy.clone().unwrap_or_default();
     e.candy_section(&key, &plan.steps, is_last)?;
+    super::cache_lock::one_lock_per_run(&mut e.out);
     let files = e
         .files
         .into_iter()
@@ -373,6 +374,7 @@ pub fn assemble(
 ) -> Result<BuildDir, EmitError> {
     let mut e = emitter(p, b, opts);
     e.render(fragments)?;
+    super::cache_lock::one_lock_per_run(&mut e.out);
     Ok(BuildDir {
         box_name: b.name.clone(),
         dir: e.dir,
@@ -515,6 +517,7 @@ pub fn layer_containerfile(
             e.blank();
         }
     }
+    super::cache_lock::one_lock_per_run(&mut e.out);
     Ok(Some(LayerText {
         containerfile: e.out,
         files: e.files,
@@ -1899,11 +1902,13 @@ pub fn builder_stage_text(
         )?;
         data["ManylinuxFix"] = serde_json::Value::String(rendered.trim_end().to_string());
     }
-    render(
+    let mut text = render(
         format!("builder/{builder}/stage_template"),
         &tmpl.value,
         &data,
-    )
+    )?;
+    super::cache_lock::one_lock_per_run(&mut text);
+    Ok(text)
 }
 
 /// mkdir/link/setcap tasks sharing one RUN.
