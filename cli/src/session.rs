@@ -104,7 +104,9 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "DIR", env = "CHARLY_PODMAN_ROOT")]
     pub podman_root: Option<PathBuf>,
     /// A CA bundle builds trust for HTTPS (e.g. behind an intercepting proxy);
-    /// mounted read-only into every build step.
+    /// mounted read-only over the system bundle of every build step, except
+    /// in builds that install `ca-certificates` themselves (dpkg could not
+    /// replace a mounted file).
     #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
     /// Never pull: an external base image (`base: docker.io/…`) that podman

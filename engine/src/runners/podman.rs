@@ -92,6 +92,14 @@ fn listed_images(json: &[u8]) -> std::collections::HashSet<String> {
     out
 }
 
+/// Whether a Containerfile installs the `ca-certificates` package or runs
+/// `update-ca-certificates` (a word of its own, not a path such as the
+/// bundle's `/etc/ssl/certs/ca-certificates.crt`).
+fn installs_ca_certificates(text: &str) -> bool {
+    text.split(|c: char| c.is_whitespace() || matches!(c, ';' | '&' | '|' | '\'' | '"'))
+        .any(|w| w == "ca-certificates" || w == "update-ca-certificates")
+}
+
 /// Where the CA bundle is mounted inside build containers.
 const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
 
@@ -150,16 +158,12 @@ impl PodmanRunner {
                 .unwrap_or_default();
             let mut lines = text.lines().map(str::trim);
             let shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
-            // Cache mounts live in podman's storage, so every charly process
-            // that builds into the same storage must see the same slots.
-            let slot_dir = match (&self.opts.root, lines.next().filter(|g| !g.is_empty())) {
-                (Some(root), _) => root.join("charly-cache-slots"),
-                (None, Some(graph)) => Path::new(graph).join("charly-cache-slots"),
-                (None, None) => self.opts.conf_dir.join("podman").join("cache-slots"),
-            };
             Info {
                 shared_caches,
-                slot_dir,
+                slot_dir: slot_dir(
+                    std::env::var_os("TMPDIR").as_deref(),
+                    rustix::process::getuid().as_raw(),
+                ),
             }
         })
     }
@@ -268,17 +272,18 @@ impl PodmanRunner {
         // the same cache ids meanwhile.
         let mut _slot = None;
         let info = self.info();
-        if info.shared_caches {
-            let text = std::fs::read_to_string(b.file)
-                .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?;
-            if text.contains("--mount=type=cache") {
-                let slot = CacheSlot::take(&info.slot_dir)
-                    .map_err(|e| RunError::new(format!("{}: {e}", info.slot_dir.display())))?;
-                file = tmp.path().join("Containerfile");
-                std::fs::write(&file, slot.rewrite(&text))
-                    .map_err(|e| RunError::new(e.to_string()))?;
-                _slot = Some(slot);
-            }
+        let text = if info.shared_caches || self.opts.ca_bundle.is_some() {
+            std::fs::read_to_string(b.file)
+                .map_err(|e| RunError::new(format!("{}: {e}", b.file.display())))?
+        } else {
+            String::new()
+        };
+        if info.shared_caches && text.contains("--mount=type=cache") {
+            let slot = CacheSlot::take(&info.slot_dir)
+                .map_err(|e| RunError::new(format!("{}: {e}", info.slot_dir.display())))?;
+            file = tmp.path().join("Containerfile");
+            std::fs::write(&file, slot.rewrite(&text)).map_err(|e| RunError::new(e.to_string()))?;
+            _slot = Some(slot);
         }
         let mut c = self.cmd();
         c.arg("build").arg("--pull=never");
@@ -307,7 +312,14 @@ impl PodmanRunner {
         for (k, v) in b.labels {
             c.arg("--label").arg(format!("{k}={v}"));
         }
-        self.ca_args(&mut c);
+        // A build that installs the `ca-certificates` package (or runs
+        // update-ca-certificates) writes the system bundle itself: with the
+        // host's bundle bound over that file its rename onto it fails
+        // (EBUSY) and dpkg with it. Such a build gets no bundle; its base
+        // has none to replace anyway, and the builds after it get it again.
+        if !installs_ca_certificates(&text) {
+            self.ca_args(&mut c);
+        }
         c.arg(b.context);
         self.run_logged(b.what, &mut c, b.log)?;
         std::fs::read_to_string(&iid)
@@ -464,13 +476,25 @@ impl crate::check::BedHost for PodmanRunner {
     }
 }
 
+/// Where the cache slots are: beside buildah's cache mounts. buildah before
+/// 1.29 keeps every `id=` cache in `$TMPDIR/buildah-cache` (`/var/tmp`
+/// without `TMPDIR`), one directory for the whole host whatever podman
+/// storage a build uses, so every charly process of the user must see the
+/// same slots, whichever `--podman-root` it builds into.
+fn slot_dir(tmpdir: Option<&std::ffi::OsStr>, uid: u32) -> PathBuf {
+    let tmp = tmpdir
+        .filter(|t| !t.is_empty())
+        .unwrap_or("/var/tmp".as_ref());
+    Path::new(tmp).join(format!("charly-cache-slots-{uid}"))
+}
+
 /// A cache slot: on buildah before 1.29, cache mounts are `sharing=shared`
 /// (see [`PodmanRunner`]), so two builds running `apt-get` at once on one
 /// storage would share `/var/cache/apt` and the second dies on apt's lock
 /// ("Could not get lock /var/cache/apt/archives/lock"). Each build that
 /// mounts caches therefore holds a slot, an exclusive lock on
-/// `slot-N.lock` in a directory shared by every charly process on that
-/// storage, and the cache ids of slot N > 0 carry the suffix `-sN`. The
+/// `slot-N.lock` in a directory shared by every charly process of the user
+/// on the host ([`slot_dir`]), and the cache ids of slot N > 0 carry the suffix `-sN`. The
 /// first build takes slot 0 and keeps the generated ids (so its RUN lines,
 /// and podman's layer cache, are those of the Containerfile); a concurrent
 /// build gets its own caches instead of failing. Slots are per storage and
@@ -998,6 +1022,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_build_that_installs_ca_certificates_goes_without_the_bundle() {
+        assert!(installs_ca_certificates(
+            "RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates gnupg && \\\n    true\n"
+        ));
+        assert!(installs_ca_certificates(
+            "RUN dnf install -y ca-certificates\n"
+        ));
+        assert!(installs_ca_certificates(
+            "RUN cp x /usr/local/share/ca-certificates/ && update-ca-certificates\n"
+        ));
+        // The bundle's path (the ENV a builder stage gets) is not an install.
+        assert!(!installs_ca_certificates(
+            "FROM x\nENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt\nRUN npm install -g cowsay\n"
+        ));
+        assert!(!installs_ca_certificates("RUN apt-get install -y curl\n"));
+    }
+
+    #[test]
     fn listed_images_are_known_by_id_short_id_and_name() {
         let json = br#"[{"Id":"4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807","Names":["localhost/hello:2026.1.1","localhost/charly-layer:abc"]},{"Id":"sha256:0123456789abcdef","Names":null},{"Names":["x"]}]"#;
         let k = listed_images(json);
@@ -1116,6 +1158,22 @@ mod tests {
             "only mount options change: {t}"
         );
         assert!(t.contains("\\\n    --mount"), "continuations kept: {t}");
+    }
+
+    #[test]
+    fn slots_are_per_host_and_user_like_buildahs_caches_not_per_storage() {
+        assert_eq!(
+            slot_dir(None, 0),
+            Path::new("/var/tmp/charly-cache-slots-0")
+        );
+        assert_eq!(
+            slot_dir(Some("".as_ref()), 1000),
+            Path::new("/var/tmp/charly-cache-slots-1000")
+        );
+        assert_eq!(
+            slot_dir(Some("/scratch".as_ref()), 0),
+            Path::new("/scratch/charly-cache-slots-0")
+        );
     }
 
     #[test]
