@@ -223,17 +223,6 @@ fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
 
-/// The Debian mirror this machine uses (falls back to deb.debian.org).
-fn debian_mirror() -> String {
-    std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("URIs:").map(|u| u.trim().to_string()))
-        })
-        .unwrap_or_else(|| "http://deb.debian.org/debian".into())
-}
-
 fn guest_pkg_status(guest: &Path, pkg: &str) -> String {
     let out = std::process::Command::new("chroot")
         .arg(guest)
@@ -363,21 +352,11 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
     if !charly_testutil::sshd::root_available("sshd, chroot, mount namespaces") {
         return;
     }
-    if !Path::new("/usr/sbin/debootstrap").exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "debootstrap is not installed (.ci/install)"
-        );
-        eprintln!("skipped: debootstrap is not installed");
-        return;
-    }
     let tmp = tempfile::tempdir().expect("tmp");
     let t = tmp.path();
-    let guest = t.join("guest");
-    sh(std::process::Command::new("/usr/sbin/debootstrap")
-        .args(["--variant=minbase", "bookworm"])
-        .arg(&guest)
-        .arg(debian_mirror()));
+    let Some(guest) = charly_testutil::debootstrap_bookworm(&t.join("guest")) else {
+        return;
+    };
     std::fs::copy("/etc/resolv.conf", guest.join("etc/resolv.conf")).expect("resolv.conf");
     sh(std::process::Command::new("chroot")
         .arg(&guest)

@@ -101,6 +101,21 @@ impl Podman {
     /// A podman command with this storage.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new("podman");
+        self.configure(&mut c);
+        c
+    }
+
+    /// A podman command with this storage that `timeout` ends with SIGQUIT
+    /// (podman then prints every goroutine's stack: where it hung) after
+    /// `secs` seconds.
+    pub fn cmd_within(&self, secs: u32) -> Command {
+        let mut c = Command::new("timeout");
+        c.args(["-s", "QUIT", &secs.to_string(), "podman"]);
+        self.configure(&mut c);
+        c
+    }
+
+    fn configure(&self, c: &mut Command) {
         c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .arg("--root")
             .arg(self.dir.join("storage"))
@@ -108,7 +123,6 @@ impl Podman {
             .arg(self.dir.join("run"))
             .arg("--storage-driver")
             .arg("overlay");
-        c
     }
 
     /// Runs podman with args.
@@ -257,12 +271,26 @@ pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
     for s in stubs {
         let body = if s == "getent" {
             "#!/bin/sh\nexit 2\n".to_string()
+        } else if s == "node" {
+            // The npm builder lists its packages with `node -e … | xargs -r
+            // npm install --global`: name one, so that npm runs.
+            "#!/bin/sh\necho \"charly-stub: node $*\" >> /var/log/charly-stub.log\n[ \"$1\" != -e ] || echo charly-stub-package\nexit 0\n".to_string()
+        } else if s == "npm" {
+            // `npm install --global` leaves the prefix the npm builder
+            // stage's artifact is copied from.
+            "#!/bin/sh\necho \"charly-stub: npm $*\" >> /var/log/charly-stub.log\n[ -z \"$NPM_CONFIG_PREFIX\" ] || mkdir -p \"$NPM_CONFIG_PREFIX/bin\"\nexit 0\n".to_string()
         } else {
             format!("#!/bin/sh\necho \"charly-stub: {s} $*\" >> /var/log/charly-stub.log\nexit 0\n")
         };
         std::fs::write(root.join("usr/bin").join(s), body).expect("stub");
     }
-    std::fs::write(root.join("usr/local/bin/pixi"), "#!/bin/sh\nexit 0\n").expect("pixi");
+    // `pixi install` leaves the project's environment the pixi builder
+    // stage's artifact is copied from.
+    std::fs::write(
+        root.join("usr/local/bin/pixi"),
+        "#!/bin/sh\n[ \"$1\" != install ] || mkdir -p .pixi/envs/default\nexit 0\n",
+    )
+    .expect("pixi");
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
     std::fs::write(root.join("etc/group"), "root:x:0:\n").expect("group");
     for e in walkdir::WalkDir::new(&root).into_iter().flatten() {
@@ -375,4 +403,43 @@ pub fn plugin_example() -> PathBuf {
         );
     }
     p
+}
+
+/// The Debian mirror this machine's apt uses (`deb.debian.org` otherwise).
+pub fn debian_mirror() -> String {
+    std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("URIs:").map(|u| u.trim().to_string()))
+        })
+        .unwrap_or_else(|| "http://deb.debian.org/debian".into())
+}
+
+/// A Debian bookworm minbase root filesystem at `dir`, made with
+/// debootstrap from [`debian_mirror`]. `None` when debootstrap is not
+/// installed: a failure under CI (`.ci/install` installs it), a loud skip
+/// elsewhere.
+pub fn debootstrap_bookworm(dir: &Path) -> Option<PathBuf> {
+    if !Path::new("/usr/sbin/debootstrap").exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "debootstrap is not installed (.ci/install)"
+        );
+        eprintln!("skipped: debootstrap is not installed");
+        return None;
+    }
+    let out = Command::new("/usr/sbin/debootstrap")
+        .args(["--variant=minbase", "bookworm"])
+        .arg(dir)
+        .arg(debian_mirror())
+        .output()
+        .expect("debootstrap runs");
+    assert!(
+        out.status.success(),
+        "debootstrap: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir.to_path_buf())
 }
