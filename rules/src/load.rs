@@ -42,10 +42,23 @@ pub const MAX_IMPORT_DEPTH: usize = 8;
 pub struct NsId(pub usize);
 
 /// Options that change how a project loads.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct LoadOptions {
     /// `--import NS=DIR`: where an import alias (or a repo identity) lives.
     pub imports: BTreeMap<String, PathBuf>,
+    /// Trees parsed by earlier runs, by the digest of their text
+    /// ([`yaml::cache`]): what the project loads is the same with or
+    /// without it.
+    pub trees: Option<Arc<dyn yaml::TreeCache>>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("imports", &self.imports)
+            .field("trees", &self.trees.is_some())
+            .finish()
+    }
 }
 
 /// A fatal loading error (everything else is a diagnostic).
@@ -385,6 +398,10 @@ impl Loader<'_> {
         relative(path, &self.p.root)
     }
 
+    fn trees(&self) -> Option<&'_ dyn yaml::TreeCache> {
+        self.opts.trees.as_deref()
+    }
+
     /// Reads and parses a file. `None` when it cannot be used (diagnosed).
     fn read_docs(&mut self, path: &Path, at: Option<Span>) -> Option<(FileId, Vec<Node>)> {
         let parsed = match self.prefetched.remove(path) {
@@ -499,7 +516,7 @@ impl Loader<'_> {
             }
         };
         let id = self.p.sources.add(path.to_path_buf(), rel, text.clone());
-        Some((id, yaml::parse_stream(id, &text)))
+        Some((id, yaml::parse_cached(self.trees(), id, &text)))
     }
 
     /// Reads and parses `manifests` ahead, in parallel, with the listings
@@ -509,12 +526,13 @@ impl Loader<'_> {
     /// that cannot be read or parsed is left to `read_docs` to diagnose.
     fn prefetch(&mut self, manifests: &[PathBuf]) {
         use rayon::prelude::*;
+        let trees = self.trees();
         let ahead: Vec<_> = manifests
             .par_iter()
             .map(|m| {
                 let parsed = std::fs::read(m).ok().and_then(|bytes| {
                     let text: Arc<str> = Arc::from(yaml::check_text(&bytes).ok()?);
-                    let docs = yaml::parse_stream(PROVISIONAL, &text).ok()?;
+                    let docs = yaml::parse_cached(trees, PROVISIONAL, &text).ok()?;
                     Some(Prefetched { text, docs })
                 });
                 let listing = m.parent().map(|d| {
@@ -1563,7 +1581,7 @@ impl Loader<'_> {
             .p
             .sources
             .add(PathBuf::from(name), name.to_string(), Arc::from(text));
-        let docs = match yaml::parse_stream(id, text) {
+        let docs = match yaml::parse_cached(self.trees(), id, text) {
             Ok(d) => d,
             Err(d) => {
                 self.diag(d);
