@@ -65,9 +65,8 @@ pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
             "the project file cannot be used; fix the errors above (`charly validate` lists every problem)"
         );
     }
-    let t = charly_engine::timings::phase("names");
-    let refused = charly_rules::names::check_project(&o.project);
-    drop(t);
+    // Checked when the project loaded (charly_rules::names::check_project).
+    let refused = &o.project.refused_names;
     if !refused.is_empty() {
         output::diagnostics(refused.iter(), &o.project.sources);
         output::error(&format!(

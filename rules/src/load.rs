@@ -212,6 +212,10 @@ pub struct Project {
     pub root_unusable: bool,
     /// Every plugin capability the candies declare (`plugin:`).
     pub plugins: Plugins,
+    /// The names and tokens [`crate::names::check_project`] refused when
+    /// the project loaded (also in [`Project::diags`]): what a command
+    /// refuses to act on, without checking every name again.
+    pub refused_names: Vec<Diagnostic>,
 }
 
 impl Project {
@@ -345,6 +349,7 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
     l.fill_vocab();
     l.check_schema_version();
     let refused = crate::names::check_project(&l.p);
+    l.p.refused_names = refused.clone();
     l.p.diags.extend(refused);
     Ok(l.p)
 }
