@@ -65,9 +65,8 @@ pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
             "the project file cannot be used; fix the errors above (`charly validate` lists every problem)"
         );
     }
-    let t = charly_engine::timings::phase("names");
-    let refused = charly_rules::names::check_project(&o.project);
-    drop(t);
+    // Checked when the project loaded (charly_rules::names::check_project).
+    let refused = &o.project.refused_names;
     if !refused.is_empty() {
         output::diagnostics(refused.iter(), &o.project.sources);
         output::error(&format!(
@@ -81,13 +80,32 @@ pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
 }
 
 fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
+    // Trees parsed by earlier runs, kept in the store
+    // (charly_engine::trees): only the manifests whose text changed are
+    // parsed again.
+    let store_dir = cli
+        .cache_dir
+        .clone()
+        .or_else(charly_cache::Store::default_dir);
+    let trees = store_dir.as_ref().map(|s| {
+        let root = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+        std::sync::Arc::new(charly_engine::trees::TreeFile::open(s, &root))
+    });
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
+        trees: trees
+            .clone()
+            .map(|t| t as std::sync::Arc<dyn charly_rules::yaml::TreeCache>),
     };
     let project = {
         let _t = charly_engine::timings::phase("load");
         load::load(&root, &opts)?
     };
+    drop(opts);
+    if let (Some(t), Some(s)) = (&trees, &store_dir) {
+        // A cache that cannot be written only costs the next run its parse.
+        let _ = t.save(s);
+    }
     let resolution = {
         let _t = charly_engine::timings::phase("resolve");
         resolve::resolve(&project)

@@ -316,7 +316,14 @@ fn build_tree(root: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    // 12 cases by default; `CHARLY_INCREMENTAL_CASES=N` for a longer soak.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("CHARLY_INCREMENTAL_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn incremental_generation_equals_a_fresh_one(

@@ -676,10 +676,18 @@ fn is_racy(fp: &Fp, racy_after: i64) -> bool {
 impl Recorder {
     /// Whether `path` lies inside a walked root (and not in a skipped part).
     pub fn covers(&self, path: &Path) -> bool {
+        // By bytes: both sides are normalized (no `.`, `..`, `//` or
+        // trailing `/`), so a component-wise prefix is a byte prefix
+        // ending at a `/` (this runs for every file a project loads).
         let path = normalize(path);
-        self.roots.iter().any(|r| path.starts_with(r))
-            && !self.skip.iter().any(|s| path.starts_with(s))
-            && !path.components().any(|c| c.as_os_str() == ".git")
+        let p = path.as_os_str().as_encoded_bytes();
+        let under = |r: &PathBuf| {
+            let r = r.as_os_str().as_encoded_bytes();
+            p.starts_with(r) && (p.len() == r.len() || p[r.len()] == b'/' || r.ends_with(b"/"))
+        };
+        self.roots.iter().any(under)
+            && !self.skip.iter().any(under)
+            && !p.split(|&b| b == b'/').any(|c| c == b".git")
     }
 
     /// Marks the run as not recordable (it used something the walk did not
@@ -871,6 +879,9 @@ fn hash_entry(h: &mut Vec<u8>, path: &str, fp: &Fp) {
 /// `p` made absolute and lexically normalized (`.` and `..` resolved
 /// without touching the disk), so paths compare by prefix.
 pub fn normalize(p: &Path) -> PathBuf {
+    if is_normal(p) {
+        return p.to_path_buf();
+    }
     let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut out = PathBuf::new();
     for c in abs.components() {
@@ -883,6 +894,18 @@ pub fn normalize(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Whether `p` is absolute and already what [`normalize`] makes of it: no
+/// empty, `.` or `..` component and no trailing `/` (most paths: checked
+/// by bytes, without splitting it into components).
+fn is_normal(p: &Path) -> bool {
+    let b = p.as_os_str().as_encoded_bytes();
+    b == b"/"
+        || (b.first() == Some(&b'/')
+            && b[1..]
+                .split(|&c| c == b'/')
+                .all(|c| !c.is_empty() && c != b"." && c != b".."))
 }
 
 /// What a full run over a project may read, for [`Journal::begin`].
@@ -946,6 +969,66 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn normal_paths_are_taken_as_they_are_and_others_normalized() {
+        let slow = |p: &str| {
+            let mut out = PathBuf::new();
+            for c in std::path::absolute(p).expect("abs").components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    other => out.push(other),
+                }
+            }
+            out
+        };
+        for p in [
+            "/",
+            "/a",
+            "/a/b",
+            "/a/b/",
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/a/b/..",
+            "/a/.",
+            "/.a/..b",
+            "//a",
+            "a/b",
+            ".",
+            "/a/.git/b",
+        ] {
+            assert_eq!(normalize(Path::new(p)), slow(p), "{p}");
+        }
+        assert!(is_normal(Path::new("/a/.b/c..")));
+        assert!(!is_normal(Path::new("/a/b/")));
+        let rec = Recorder {
+            roots: vec![PathBuf::from("/p")],
+            skip: vec![PathBuf::from("/p/.build")],
+            epoch: String::new(),
+            inputs: Vec::new(),
+            usable: true,
+            walked: true,
+            racy_after: 0,
+        };
+        for (p, want) in [
+            ("/p", true),
+            ("/p/a/b", true),
+            ("/pa/b", false),
+            ("/p/.build", false),
+            ("/p/.builder/x", true),
+            ("/p/.build/x", false),
+            ("/p/x/.git/y", false),
+            ("/p/x/.gitignore", true),
+            ("/p/a/../../q", false),
+            ("/p/a/../b", true),
+        ] {
+            assert_eq!(rec.covers(Path::new(p)), want, "{p}");
+        }
+    }
 
     fn outcome() -> Outcome {
         Outcome {

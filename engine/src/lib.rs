@@ -39,4 +39,5 @@ pub mod runners;
 pub mod sched;
 pub mod stage;
 pub mod timings;
+pub mod trees;
 pub mod why;

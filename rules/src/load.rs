@@ -42,10 +42,23 @@ pub const MAX_IMPORT_DEPTH: usize = 8;
 pub struct NsId(pub usize);
 
 /// Options that change how a project loads.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct LoadOptions {
     /// `--import NS=DIR`: where an import alias (or a repo identity) lives.
     pub imports: BTreeMap<String, PathBuf>,
+    /// Trees parsed by earlier runs, by the digest of their text
+    /// ([`yaml::cache`]): what the project loads is the same with or
+    /// without it.
+    pub trees: Option<Arc<dyn yaml::TreeCache>>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("imports", &self.imports)
+            .field("trees", &self.trees.is_some())
+            .finish()
+    }
 }
 
 /// A fatal loading error (everything else is a diagnostic).
@@ -199,6 +212,10 @@ pub struct Project {
     pub root_unusable: bool,
     /// Every plugin capability the candies declare (`plugin:`).
     pub plugins: Plugins,
+    /// The names and tokens [`crate::names::check_project`] refused when
+    /// the project loaded (also in [`Project::diags`]): what a command
+    /// refuses to act on, without checking every name again.
+    pub refused_names: Vec<Diagnostic>,
 }
 
 impl Project {
@@ -332,6 +349,7 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
     l.fill_vocab();
     l.check_schema_version();
     let refused = crate::names::check_project(&l.p);
+    l.p.refused_names = refused.clone();
     l.p.diags.extend(refused);
     Ok(l.p)
 }
@@ -383,6 +401,10 @@ impl Loader<'_> {
 
     fn rel_of(&self, path: &Path) -> String {
         relative(path, &self.p.root)
+    }
+
+    fn trees(&self) -> Option<&'_ dyn yaml::TreeCache> {
+        self.opts.trees.as_deref()
     }
 
     /// Reads and parses a file. `None` when it cannot be used (diagnosed).
@@ -499,7 +521,7 @@ impl Loader<'_> {
             }
         };
         let id = self.p.sources.add(path.to_path_buf(), rel, text.clone());
-        Some((id, yaml::parse_stream(id, &text)))
+        Some((id, yaml::parse_cached(self.trees(), id, &text)))
     }
 
     /// Reads and parses `manifests` ahead, in parallel, with the listings
@@ -507,18 +529,21 @@ impl Loader<'_> {
     /// [`Loader::add_candy`] then take them in order, so file ids,
     /// diagnostics and the model are what a sequential load gives. A file
     /// that cannot be read or parsed is left to `read_docs` to diagnose.
-    fn prefetch(&mut self, manifests: &[PathBuf]) {
+    /// `listings` are the file lists of some of their directories, known
+    /// already (the others are listed here).
+    fn prefetch(&mut self, manifests: &[PathBuf], listings: HashMap<PathBuf, BTreeSet<String>>) {
         use rayon::prelude::*;
+        let trees = self.trees();
         let ahead: Vec<_> = manifests
             .par_iter()
             .map(|m| {
                 let parsed = std::fs::read(m).ok().and_then(|bytes| {
                     let text: Arc<str> = Arc::from(yaml::check_text(&bytes).ok()?);
-                    let docs = yaml::parse_stream(PROVISIONAL, &text).ok()?;
+                    let docs = yaml::parse_cached(trees, PROVISIONAL, &text).ok()?;
                     Some(Prefetched { text, docs })
                 });
                 let listing = m.parent().map(|d| {
-                    let files = list_files(d);
+                    let files = listings.get(d).cloned().unwrap_or_else(|| list_files(d));
                     let small = read_small_manifests(d, &files);
                     (d.to_path_buf(), (files, small))
                 });
@@ -1338,17 +1363,9 @@ impl Loader<'_> {
             return;
         }
         let mut manifests = Vec::new();
+        let mut listings = HashMap::new();
         if item.recursive {
-            for e in walkdir::WalkDir::new(&dir)
-                .sort_by_file_name()
-                .into_iter()
-                .filter_entry(|e| e.file_name() != ".git" && e.file_name() != ".build")
-                .flatten()
-            {
-                if e.file_type().is_file() && e.file_name() == item.manifest.as_str() {
-                    manifests.push(e.into_path());
-                }
-            }
+            (manifests, listings) = discover_walk(&dir, &item.manifest);
         } else {
             let mut subdirs: Vec<PathBuf> = std::fs::read_dir(&dir)
                 .into_iter()
@@ -1365,7 +1382,7 @@ impl Loader<'_> {
                 }
             }
         }
-        self.prefetch(&manifests);
+        self.prefetch(&manifests, listings);
         for m in manifests {
             let Some((fid, docs)) = self.read_docs(&m, None) else {
                 continue;
@@ -1563,7 +1580,7 @@ impl Loader<'_> {
             .p
             .sources
             .add(PathBuf::from(name), name.to_string(), Arc::from(text));
-        let docs = match yaml::parse_stream(id, text) {
+        let docs = match yaml::parse_cached(self.trees(), id, text) {
             Ok(d) => d,
             Err(d) => {
                 self.diag(d);
@@ -1820,6 +1837,89 @@ fn read_small_manifests(dir: &Path, files: &BTreeSet<String>) -> BTreeMap<String
         .collect()
 }
 
+/// The manifests named `manifest` under `dir` (sorted, skipping `.git` and
+/// `.build`), and the [`list_files`] of their directories taken from the
+/// same walk instead of walking each directory again.
+fn discover_walk(dir: &Path, manifest: &str) -> (Vec<PathBuf>, HashMap<PathBuf, BTreeSet<String>>) {
+    let mut skipped_build = Vec::new();
+    let all: Vec<walkdir::DirEntry> = walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            if e.file_name() == ".build" {
+                skipped_build.push(e.path().to_path_buf());
+            }
+            e.file_name() != ".git" && e.file_name() != ".build"
+        })
+        .flatten()
+        .collect();
+    let manifests: Vec<PathBuf> = all
+        .iter()
+        .filter(|e| e.file_type().is_file() && e.file_name() == manifest)
+        .map(|e| e.path().to_path_buf())
+        .collect();
+    let listings = listings_from_walk(&all, &manifests, &skipped_build);
+    (manifests, listings)
+}
+
+/// [`list_files`] of each manifest's directory, from a walk that already
+/// saw everything under them: `all`, every entry of a sorted walk
+/// ([`walkdir::WalkDir::sort_by_file_name`], not following links) that left
+/// out `.git` and `.build` (those in `skipped_build`). A directory with a
+/// `.build` somewhere below it is not answered (`list_files` does not skip
+/// `.build`): it is listed on its own.
+fn listings_from_walk(
+    all: &[walkdir::DirEntry],
+    manifests: &[PathBuf],
+    skipped_build: &[PathBuf],
+) -> HashMap<PathBuf, BTreeSet<String>> {
+    let at: HashMap<&Path, usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.file_type().is_dir())
+        .map(|(i, e)| (e.path(), i))
+        .collect();
+    // Directories with their own `charly.yml` (a nested candy: not listed).
+    let nested: std::collections::HashSet<&Path> = all
+        .iter()
+        .filter(|e| {
+            e.file_name() == "charly.yml"
+                && (e.file_type().is_file() || (e.path_is_symlink() && e.path().is_file()))
+        })
+        .filter_map(|e| e.path().parent())
+        .collect();
+    let mut out = HashMap::new();
+    for m in manifests {
+        let Some(d) = m.parent() else { continue };
+        let Some(&i) = at.get(d) else { continue };
+        if skipped_build.iter().any(|b| b.starts_with(d)) {
+            continue;
+        }
+        let depth = all[i].depth();
+        let mut files = BTreeSet::new();
+        let mut j = i + 1;
+        while j < all.len() && all[j].depth() > depth {
+            let e = &all[j];
+            if e.file_type().is_dir() {
+                if nested.contains(e.path()) {
+                    // Skip the nested candy's whole tree.
+                    let nd = e.depth();
+                    j += 1;
+                    while j < all.len() && all[j].depth() > nd {
+                        j += 1;
+                    }
+                    continue;
+                }
+            } else if let Ok(r) = e.path().strip_prefix(d) {
+                files.insert(unix(r));
+            }
+            j += 1;
+        }
+        out.insert(d.to_path_buf(), files);
+    }
+    out
+}
+
 /// Lists the files under a candy directory (relative, sorted), skipping
 /// `.git` and nested candies (directories with their own `charly.yml`).
 fn list_files(dir: &Path) -> BTreeSet<String> {
@@ -1872,4 +1972,66 @@ pub fn unix(p: &Path) -> String {
         .map(|c| c.as_os_str().to_string_lossy())
         .collect::<Vec<_>>()
         .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The listings the discovery walk gives are what [`list_files`] gives
+    /// each directory: nested candies, `.git`, `.build`, symlinks.
+    #[test]
+    fn listings_from_the_discovery_walk_are_list_files() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let d = tmp.path().join("candy");
+        let w = |rel: &str| {
+            let p = d.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, "x").expect("write");
+        };
+        for f in [
+            "a/charly.yml",
+            "a/files/x.conf",
+            "a/files/deep/y",
+            "a/.git/config",
+            "a/.gitignore",
+            "a/nested/charly.yml",
+            "a/nested/files/z",
+            "a/nested/more/charly.yml",
+            "a/dirnamed/charly.yml/inner",
+            "b/charly.yml",
+            "b/.build/out",
+            "b/kept",
+            "c/charly.yml",
+            "c/sub/.build",
+            "c/sub/f",
+            "e/charly.yml",
+            "e/linked/data",
+        ] {
+            w(f);
+        }
+        std::os::unix::fs::symlink(d.join("a/files"), d.join("c/dirlink")).expect("symlink");
+        std::fs::create_dir_all(d.join("e/viasym")).expect("mkdir");
+        std::os::unix::fs::symlink(d.join("e/charly.yml"), d.join("e/viasym/charly.yml"))
+            .expect("symlink");
+        std::fs::write(d.join("e/viasym/hidden"), "x").expect("write");
+        std::os::unix::fs::symlink(d.join("nowhere"), d.join("e/dangling")).expect("symlink");
+        let (manifests, listings) = discover_walk(&d, "charly.yml");
+        assert!(manifests.len() >= 5, "{manifests:?}");
+        let mut answered = 0;
+        for m in &manifests {
+            let dir = m.parent().expect("dir");
+            if let Some(files) = listings.get(dir) {
+                answered += 1;
+                assert_eq!(files, &list_files(dir), "{}", dir.display());
+            }
+        }
+        // b has a .build below it: listed on its own.
+        assert!(!listings.contains_key(&d.join("b")));
+        assert!(answered >= 4, "{answered}");
+        // The root of the walk as a candy directory too.
+        w("charly.yml");
+        let (_, listings) = discover_walk(&d, "charly.yml");
+        assert!(!listings.contains_key(&d), "a .build below the root");
+    }
 }

@@ -131,6 +131,7 @@ fn without_the_cachyos_checkout_only_its_dependants_fail() {
     // With an explicit --import it resolves again.
     let opts = LoadOptions {
         imports: [("cachyos".to_string(), corpus().join("image/cachyos"))].into(),
+        ..LoadOptions::default()
     };
     let p = load::load(tmp.path(), &opts).expect("loads");
     let r = resolve::resolve(&p);

@@ -1,0 +1,216 @@
+//! The parse cache (`<store>/trees/`, charly_engine::trees) never changes
+//! what a project loads: the warnings and errors of a run that reads every
+//! tree from it are the ones of a run that parses every file, a cache that
+//! is damaged is ignored and written again, and runs that fill it at the
+//! same time leave a sound file.
+
+use charly_testutil as project_copy;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    project: PathBuf,
+    store: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let project = tmp.path().join("project");
+        project_copy::copy_project(&project_copy::graph_fixture(), &project);
+        // An unknown key (a near miss of `version`) warns with its place
+        // and a suggestion; a parse error in a box file is an error.
+        let candy = project.join("candy/common/charly.yml");
+        let text = std::fs::read_to_string(&candy).expect("read");
+        std::fs::write(
+            &candy,
+            text.replace("    version: 1.0.0\n", "    versoin: 1.0.0\n"),
+        )
+        .expect("write");
+        let store = tmp.path().join("store");
+        // The cache is only written into a store that exists.
+        std::fs::create_dir_all(&store).expect("store");
+        Env {
+            _tmp: tmp,
+            project,
+            store,
+        }
+    }
+
+    fn charly(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"));
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &self.store)
+            .env("CHARLY_JOURNAL_RACY_MS", "0")
+            .env_remove("CHARLY_NO_JOURNAL")
+            .env_remove("CHARLY_REMOTE")
+            .arg("-C")
+            .arg(&self.project)
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.charly(args).output().expect("charly runs")
+    }
+
+    /// What a generate said (the project's path left out) and the
+    /// Containerfiles it wrote.
+    fn generated(&self, o: &Output) -> (Said, Files) {
+        let p = self.project.to_string_lossy().into_owned();
+        let (code, out, err) = said(o);
+        let mut files: Files = std::fs::read_dir(self.project.join(".build"))
+            .expect(".build")
+            .flatten()
+            .map(|e| e.path().join("Containerfile"))
+            .filter(|f| f.is_file())
+            .map(|f| {
+                let rel = f
+                    .strip_prefix(&self.project)
+                    .expect("inside")
+                    .to_string_lossy()
+                    .into_owned();
+                (rel, std::fs::read(&f).expect("read"))
+            })
+            .collect();
+        files.sort();
+        assert!(!files.is_empty(), "generated something: {err}");
+        (
+            (code, out.replace(&p, "<P>"), err.replace(&p, "<P>")),
+            files,
+        )
+    }
+
+    /// The cache file (the one file under `trees/`), if any.
+    fn cache_file(&self) -> Option<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.store.join("trees"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "bin"))
+            .collect();
+        assert!(files.len() <= 1, "one cache file per project: {files:?}");
+        files.pop()
+    }
+}
+
+/// What a run said: exit code, stdout, stderr.
+type Said = (Option<i32>, String, String);
+
+/// Files by path, with their bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
+fn said(o: &Output) -> Said {
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn bytes(p: &Path) -> Vec<u8> {
+    std::fs::read(p).expect("read cache")
+}
+
+/// The file's inode: a cache written again is a new file (renamed over).
+fn inode(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).expect("cache").ino()
+}
+
+#[test]
+fn a_cached_tree_warns_and_loads_like_a_parsed_one() {
+    let env = Env::new();
+    let cold = said(&env.run(&["validate"]));
+    assert!(
+        cold.1.contains("versoin") || cold.2.contains("versoin"),
+        "the unknown key is reported: {cold:?}"
+    );
+    let file = env.cache_file().expect("the first run fills the cache");
+    let filled = (bytes(&file), inode(&file));
+    let warm = said(&env.run(&["validate"]));
+    assert_eq!(cold, warm, "the same report from the cache");
+    assert_eq!(
+        (bytes(&file), inode(&file)),
+        filled,
+        "every tree came from the cache (nothing new to write)"
+    );
+    // The loaded model too.
+    let list = said(&env.run(&["box", "list", "--json"]));
+    std::fs::remove_dir_all(env.store.join("trees")).expect("rm");
+    assert_eq!(said(&env.run(&["box", "list", "--json"])), list);
+
+    // An edit is parsed again and reported at its new place.
+    let candy = env.project.join("candy/common/charly.yml");
+    let text = std::fs::read_to_string(&candy).expect("read");
+    std::fs::write(&candy, format!("# moved down\n{text}")).expect("write");
+    let edited = said(&env.run(&["validate"]));
+    std::fs::remove_dir_all(env.store.join("trees")).expect("rm");
+    assert_eq!(said(&env.run(&["validate"])), edited);
+    assert_ne!(edited, cold, "the warning's line moved");
+}
+
+#[test]
+fn a_damaged_cache_is_ignored_and_written_again() {
+    let env = Env::new();
+    let want = said(&env.run(&["validate"]));
+    let file = env.cache_file().expect("filled");
+    let good = bytes(&file);
+    let mut damaged: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        good[..good.len() / 2].to_vec(),
+        good[..good.len() - 1].to_vec(),
+        b"not a cache at all".to_vec(),
+    ];
+    for at in [0, 9, 45, good.len() / 2, good.len() - 1] {
+        let mut b = good.clone();
+        b[at] ^= 0x5a;
+        damaged.push(b);
+    }
+    for (i, bad) in damaged.iter().enumerate() {
+        std::fs::write(&file, bad).expect("damage");
+        let damaged_inode = inode(&file);
+        assert_eq!(said(&env.run(&["validate"])), want, "damage {i}");
+        assert_eq!(bytes(&file), good, "damage {i}: written again");
+        assert_ne!(inode(&file), damaged_inode, "damage {i}: a new file");
+    }
+    // Generating on top of a damaged cache gives what a clean store gives.
+    std::fs::write(&file, &good[..good.len() / 3]).expect("damage");
+    let args = ["box", "generate", "--all", "-q", "--no-journal"];
+    let damaged_run = env.generated(&env.run(&args));
+    let fresh = Env::new();
+    assert_eq!(fresh.generated(&fresh.run(&args)), damaged_run);
+}
+
+#[test]
+fn runs_at_the_same_time_leave_a_sound_cache() {
+    let env = Env::new();
+    let want = said(&env.run(&["validate"]));
+    std::fs::remove_dir_all(env.store.join("trees")).expect("rm");
+    let children: Vec<std::process::Child> = (0..6)
+        .map(|_| {
+            env.charly(&["validate"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().expect("wait");
+        assert_eq!(said(&out), want);
+    }
+    let file = env.cache_file().expect("filled");
+    let left = (bytes(&file), inode(&file));
+    // Sound: the next run takes every tree from it and writes nothing.
+    assert_eq!(said(&env.run(&["validate"])), want);
+    assert_eq!((bytes(&file), inode(&file)), left);
+    // No temporary files left behind.
+    let names: Vec<String> = std::fs::read_dir(env.store.join("trees"))
+        .expect("trees")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
