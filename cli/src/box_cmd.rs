@@ -1,6 +1,8 @@
 //! `charly box …`.
 
 use crate::{Cli, output, project};
+use charly_engine::journal::Scope;
+use charly_engine::pure::Printed;
 use charly_rules::plan::{HostContext, InstallStep, Target};
 use charly_rules::resolve::BaseRef;
 use serde::Serialize;
@@ -15,6 +17,8 @@ pub enum BoxCommand {
         /// Print a JSON array instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        journal: crate::journaled::JournalArgs,
     },
     /// Show the InstallPlan of a box for a target: per candy, its steps with
     /// kind, scope, venue and gate. `--json` prints the full IR (stable).
@@ -28,6 +32,8 @@ pub enum BoxCommand {
         /// Print `{box, target, deploy_id, plans: [{candy, steps}]}` as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        journal: crate::journaled::JournalArgs,
     },
     /// Render boxes to build directories (`.build/<box>/Containerfile` plus
     /// staged files); prints the written paths. Fails naming every box that
@@ -147,8 +153,31 @@ pub struct BoxRow {
 /// Runs a box subcommand.
 pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
     match c {
-        BoxCommand::List { json } => list(cli, *json),
-        BoxCommand::Plan { name, target, json } => plan(cli, name, (*target).into(), *json),
+        BoxCommand::List { json, journal } => crate::journaled::print(
+            cli,
+            *journal,
+            serde_json::json!({"command": "box list", "json": json}),
+            |scope| list(cli, scope, *json),
+        ),
+        BoxCommand::Plan {
+            name,
+            target,
+            json,
+            journal,
+        } => {
+            let target: Target = (*target).into();
+            crate::journaled::print(
+                cli,
+                *journal,
+                serde_json::json!({
+                    "command": "box plan",
+                    "box": name,
+                    "target": target.as_str(),
+                    "json": json,
+                }),
+                |scope| plan(cli, scope, name, target, *json),
+            )
+        }
         BoxCommand::Generate(a) => crate::engine_cmd::generate(cli, a),
         BoxCommand::Build(a) => crate::engine_cmd::build(cli, a),
         BoxCommand::Push(a) => crate::engine_cmd::build(
@@ -158,6 +187,7 @@ pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
                 all: false,
                 dry_run: false,
                 explain: false,
+                no_journal: false,
                 dev_local_pkg: a.dev_local_pkg,
                 load: false,
                 output: None,
@@ -169,8 +199,12 @@ pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
+fn list(cli: &Cli, scope: &Scope, json: bool) -> anyhow::Result<Printed> {
     let o = project::open(cli)?;
+    let mut printed = Printed {
+        covered: scope.covers_project(&o.project),
+        ..Printed::default()
+    };
     let sources = &o.project.sources;
     let mut rows = Vec::new();
     for (name, r) in &o.resolution.boxes {
@@ -229,7 +263,7 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
         rows.push(row);
     }
     if json {
-        output::json(&rows)?;
+        output::json_to(&mut printed.stdout, &rows)?;
     } else {
         // Columns as wide as their widest cell; no trailing blanks.
         let cells: Vec<[String; 4]> =
@@ -252,19 +286,31 @@ fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
                 .unwrap_or(0)
         };
         let (w0, w1, w2) = (width(0), width(1), width(2));
-        let mut out = std::io::stdout().lock();
+        let out = &mut printed.stdout;
         for r in &cells {
             let line = format!("{:w0$}  {:w1$}  {:w2$}  {}", r[0], r[1], r[2], r[3]);
             writeln!(out, "{}", line.trim_end())?;
         }
         let ok = rows.iter().filter(|r| r.error.is_none()).count();
-        output::note(&format!("{} boxes, {ok} resolve", rows.len()));
+        printed
+            .notes
+            .push(format!("{} boxes, {ok} resolve", rows.len()));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(printed)
 }
 
-fn plan(cli: &Cli, name: &str, target: Target, json: bool) -> anyhow::Result<ExitCode> {
+fn plan(
+    cli: &Cli,
+    scope: &Scope,
+    name: &str,
+    target: Target,
+    json: bool,
+) -> anyhow::Result<Printed> {
     let o = project::open(cli)?;
+    let mut printed = Printed {
+        covered: scope.covers_project(&o.project),
+        ..Printed::default()
+    };
     let b = project::resolved(&o, name)?;
     let ctx = HostContext {
         target,
@@ -292,10 +338,10 @@ fn plan(cli: &Cli, name: &str, target: Target, json: bool) -> anyhow::Result<Exi
             .collect(),
     };
     if json {
-        output::json(&doc)?;
-        return Ok(ExitCode::SUCCESS);
+        output::json_to(&mut printed.stdout, &doc)?;
+        return Ok(printed);
     }
-    let mut out = std::io::stdout().lock();
+    let out = &mut printed.stdout;
     writeln!(
         out,
         "box {} {} for {} (deploy id {})",
@@ -321,7 +367,7 @@ fn plan(cli: &Cli, name: &str, target: Target, json: bool) -> anyhow::Result<Exi
             )?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(printed)
 }
 
 /// The serde name of a unit enum value.

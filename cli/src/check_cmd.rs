@@ -1,17 +1,19 @@
 //! `charly check`: build disposable beds of boxes and run their `eval:` checks.
 
-use crate::project::{self, Unresolved, select};
+use crate::journaled::JournalArgs;
+use crate::project::{self, Unresolved, select_warning};
 use crate::report::{report_failed, report_remote_unless_quiet, write_junit, write_summary_json};
 use crate::session::{
     RunArgs, RunnerArgs, StoreNotes, Using, engine, host_arch, jobs, open_remote_cache, open_store,
     podman_runner, remote_exec_runner, stat_cache,
 };
 use crate::{Cli, output};
-use charly_engine::check::{Bed, BedReport, Outcome, box_checks, run_bed};
+use charly_engine::check::{Bed, BedReport, Outcome, bed_without_container, box_checks, run_bed};
 use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
+use charly_engine::journal::Scope;
+use charly_engine::pure::Printed;
 use rayon::prelude::*;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,14 +42,76 @@ pub struct CheckArgs {
     pub run: RunArgs,
     #[command(flatten)]
     pub runner: RunnerArgs,
+    #[command(flatten)]
+    pub journal: JournalArgs,
 }
 
-/// Runs `charly check`.
+/// Why `check` has no journal, if it has none: files a replay would not
+/// write, containers it must start or keep, remote traffic.
+fn journal_off(cli: &Cli, a: &CheckArgs) -> Option<&'static str> {
+    if a.journal.no_journal {
+        Some("--no-journal")
+    } else if a.force {
+        Some("--force")
+    } else if a.keep {
+        Some("--keep")
+    } else if a.junit.is_some() || a.run.summary_json.is_some() {
+        Some("a report file: a replay would not write it")
+    } else if a.runner.remote_exec.remote_exec.is_some() {
+        Some("--remote-exec")
+    } else if cli.remote.as_deref().is_some_and(|r| !r.is_empty()) {
+        Some("a remote cache: a replay would skip its traffic")
+    } else {
+        None
+    }
+}
+
+/// Runs `charly check`: replayed from the no-op journal when the project,
+/// the binary and the store's epoch are unchanged since a run whose beds
+/// were all unchanged since an all-pass run (it started no container and
+/// printed what a replay prints), else checked.
 pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let off = journal_off(cli, a);
+    let root = project::root(cli)?;
+    let journal = match off {
+        Some(_) => None,
+        None => {
+            let mut boxes = a.boxes.clone();
+            boxes.sort();
+            crate::journaled::journal_for(
+                cli,
+                &root,
+                serde_json::json!({
+                    "command": "check",
+                    "boxes": boxes,
+                    "all": a.all,
+                    "keep_going": a.run.keep_going,
+                    "json": a.json,
+                    "runner": a.runner.runner,
+                    "podman_root": a.runner.podman_root,
+                    "ca_bundle": a.runner.ca_bundle,
+                    "offline": a.runner.offline,
+                }),
+            )
+        }
+    };
+    crate::journaled::print_with(journal.as_ref(), a.journal, off, |scope| {
+        check_full(cli, a, scope)
+    })
+}
+
+fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed> {
     let mut o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
+    let (names, said) = select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     let store = open_store(cli)?;
-    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let uses_plugins = crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let mut printed = Printed {
+        covered: scope.covers_project(&o.project) && !uses_plugins,
+        said,
+        // Cached beds and images: the index as this run left it.
+        uses_store: true,
+        ..Printed::default()
+    };
     // Every check definition must parse before anything is built.
     let mut diags = Vec::new();
     let mut beds_checks = Vec::new();
@@ -60,6 +124,8 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         return Err(crate::Reported.into());
     }
     output::diagnostics(diags.iter(), &o.project.sources);
+    // Warnings about check definitions are printed by a full run only.
+    printed.covered &= diags.is_empty();
 
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
@@ -91,10 +157,9 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     }
     if !summary.ok() {
         report_failed(&summary);
-        return Ok(ExitCode::from(1));
+        printed.failed = true;
+        return Ok(printed);
     }
-    // Beds run in podman: images assembled earlier are loaded when it lacks them.
-    engine.ensure_images(&graph, &names)?;
 
     let vocab_init = |b: &charly_rules::resolve::ResolvedBox| -> Option<Vec<String>> {
         let own_services = b.candies.iter().chain(b.provided.iter()).any(|k| {
@@ -131,6 +196,17 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
             ))
         })
         .collect();
+    // Beds run in podman: images assembled earlier are loaded when it lacks
+    // them. Only for beds that start a container: a check whose beds are all
+    // unchanged since an all-pass run (or have no checks) starts no podman.
+    let need: Vec<String> = beds
+        .iter()
+        .filter(|(bed, key)| bed_without_container(&store, key, bed, a.force).is_none())
+        .map(|(bed, _)| bed.b.name.clone())
+        .collect();
+    if !need.is_empty() {
+        engine.ensure_images(&graph, &need)?;
+    }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
     let reports: Vec<BedReport> = pool.install(|| {
         beds.par_iter()
@@ -142,14 +218,17 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.junit {
         write_junit(p, &reports)?;
     }
+    // Only a run that started no container printed what the next run
+    // prints (a bed that ran is reported cached from now on).
+    printed.covered &= reports.iter().all(|r| r.cached || r.checks.is_empty());
     if a.json {
         let counted: Vec<CountedReport<'_>> = reports.iter().map(CountedReport::new).collect();
-        output::json(&counted)?;
+        output::json_to(&mut printed.stdout, &counted)?;
     } else {
-        let mut err = std::io::stderr().lock();
+        let err = &mut printed.notes;
         for r in &reports {
             if let Some(e) = &r.error {
-                writeln!(err, "{}: ERROR {e}", r.box_name)?;
+                err.push(format!("{}: ERROR {e}", r.box_name));
                 continue;
             }
             for c in &r.checks {
@@ -171,15 +250,14 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
                     )),
                     Outcome::Pass => {}
                 }
-                writeln!(err, "{line}")?;
+                err.push(line);
             }
             if r.checks.is_empty() {
-                writeln!(err, "{}: no checks (no container started)", r.box_name)?;
+                err.push(format!("{}: no checks (no container started)", r.box_name));
                 continue;
             }
             let (p, f, s) = r.counts();
-            writeln!(
-                err,
+            err.push(format!(
                 "{}: {p} passed, {f} failed, {s} skipped{}",
                 r.box_name,
                 if r.cached {
@@ -187,14 +265,11 @@ pub fn run(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
                 } else {
                     ""
                 }
-            )?;
+            ));
         }
     }
-    Ok(if reports.iter().all(BedReport::ok) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    printed.failed = !reports.iter().all(BedReport::ok);
+    Ok(printed)
 }
 
 /// A bed's report as `--json` prints it: the report with its counts, so a

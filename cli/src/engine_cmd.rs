@@ -17,6 +17,7 @@ use charly_cache::Store;
 use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
+use charly_engine::pure::Printed;
 use charly_engine::runners::Runner;
 use charly_engine::sched::{State, Summary};
 use charly_rules::naming;
@@ -71,9 +72,18 @@ pub struct BuildArgs {
     /// Compute every key and print, per node, `cached` or `would run`; run nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// After the run, explain every node that ran (what changed since its last build).
+    /// Say whether the run was replayed from the no-op journal (or why
+    /// not); after a run, explain every node that ran (what changed since
+    /// its last build).
     #[arg(long)]
     pub explain: bool,
+    /// Always load the project and look up every node. By default a build
+    /// whose inputs (every file and directory of the project, by stat),
+    /// store and charly binary are unchanged since the last identical
+    /// successful build reports that build's result without loading
+    /// anything (every node is still in the store; nothing runs).
+    #[arg(long, env = "CHARLY_NO_JOURNAL")]
+    pub no_journal: bool,
     #[command(flatten)]
     pub dev_local_pkg: crate::session::DevLocalPkg,
     /// Make the built images present in podman even when nothing was
@@ -121,6 +131,8 @@ pub struct GraphArgs {
     pub runner: String,
     #[command(flatten)]
     pub dev_local_pkg: crate::session::DevLocalPkg,
+    #[command(flatten)]
+    pub journal: crate::journaled::JournalArgs,
 }
 
 /// Arguments of `explain`.
@@ -455,12 +467,151 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `box build`.
+/// Why `box build` has no journal, if it has none: what a replay would
+/// skip besides the graph (a push, an export, loading images into podman,
+/// remote traffic), or a report a replay cannot give.
+fn build_journal_off(cli: &Cli, a: &BuildArgs) -> Option<&'static str> {
+    if a.no_journal {
+        Some("--no-journal")
+    } else if a.push.is_some() {
+        Some("--push")
+    } else if a.output.is_some() {
+        Some("--output")
+    } else if a.load {
+        Some("--load")
+    } else if a.runner.remote_exec.remote_exec.is_some() {
+        Some("--remote-exec")
+    } else if cli.remote.as_deref().is_some_and(|r| !r.is_empty()) {
+        Some("a remote cache: a replay would skip its traffic")
+    } else if a.dry_run && (a.run.summary_json.is_some() || a.run.trace.is_some()) {
+        Some("--dry-run with a report: a replay reports every node as cached")
+    } else {
+        None
+    }
+}
+
+/// The no-op journal of this `box build` (see [`build_journal_off`]).
+fn build_journal(cli: &Cli, a: &BuildArgs, root: &Path) -> Option<(Journal, Scope)> {
+    if build_journal_off(cli, a).is_some() {
+        return None;
+    }
+    let mut boxes = a.boxes.clone();
+    boxes.sort();
+    let command = serde_json::json!({
+        "command": "box build",
+        "boxes": boxes,
+        "all": a.all,
+        "keep_going": a.run.keep_going,
+        "dry_run": a.dry_run,
+        "dev_local_pkg": a.dev_local_pkg.on,
+        "runner": a.runner.runner,
+        "podman_root": a.runner.podman_root,
+        "ca_bundle": a.runner.ca_bundle,
+        "offline": a.runner.offline,
+    });
+    crate::journaled::journal_for(cli, root, command)
+}
+
+/// `box build`: replayed from the no-op journal when nothing changed since
+/// the last identical successful build (every node it reported is still in
+/// the store: the epoch says nothing was deleted), else built.
 pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let root = project::root(cli)?;
+    let journal = build_journal(cli, a, &root);
+    let miss = match &journal {
+        Some((j, _)) => {
+            let t = charly_engine::timings::phase("journal: check");
+            match j.check().and_then(|o| j.check_store(&o).map(|()| o)) {
+                Ok(outcome) => {
+                    drop(t);
+                    if a.explain {
+                        output::note(&crate::journaled::explain_line(
+                            &charly_engine::pure::Replay::Replayed,
+                            "",
+                        ));
+                    }
+                    return replay_build(a, &outcome, started);
+                }
+                Err(m) => charly_engine::pure::Replay::Missed(m),
+            }
+        }
+        None => charly_engine::pure::Replay::Off,
+    };
+    if a.explain {
+        output::note(&crate::journaled::explain_line(
+            &miss,
+            build_journal_off(cli, a).unwrap_or("no store directory"),
+        ));
+    }
+    let Some((j, scope)) = &journal else {
+        return Ok(build_full(cli, a, None)?.0);
+    };
+    let st = j.start();
+    let (rec, done) = std::thread::scope(|s| {
+        let walk = s.spawn(|| {
+            let _t = charly_engine::timings::phase("journal: begin");
+            j.fingerprint_inputs(st, &scope.roots, &scope.files, &scope.skip)
+        });
+        let done = build_full(cli, a, Some(scope));
+        (join(walk), done)
+    });
+    let (code, outcome) = done?;
+    if let Some((outcome, covered)) = outcome {
+        let mut rec = rec;
+        if !covered {
+            rec.spoil();
+        }
+        let _t = charly_engine::timings::phase("journal: record");
+        // Every node it reported is in the index as the run left it.
+        if let Err(e) = j.record(rec, &j.store_index(), &[], outcome) {
+            output::note(&format!("could not write the no-op journal: {e}"));
+        }
+    }
+    Ok(code)
+}
+
+/// Prints what a replayed `box build` printed the first time.
+fn replay_build(
+    a: &BuildArgs,
+    outcome: &charly_engine::journal::Outcome,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    let summary = Summary::replayed(outcome, started.elapsed().as_millis() as u64);
+    write_reports(&a.run, &summary)?;
+    for w in &outcome.warnings {
+        output::note(w);
+    }
+    let mut stdout = std::io::stdout().lock();
+    for line in &outcome.stdout {
+        writeln!(stdout, "{line}")?;
+    }
+    if !a.run.quiet {
+        // A dry run's line counts what would run; a build's, now, nothing.
+        let line = match outcome.notes.first() {
+            Some(l) if a.dry_run => l.clone(),
+            _ => summary_line("build", &summary),
+        };
+        output::note(&format!("{line} (nothing changed since the last run)"));
+        for n in outcome.notes.iter().skip(1) {
+            output::note(n);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `box build` in full; on success, the journal outcome of the run and
+/// whether everything it read lies inside `scope`.
+fn build_full(
+    cli: &Cli,
+    a: &BuildArgs,
+    scope: Option<&Scope>,
+) -> anyhow::Result<(ExitCode, Option<(charly_engine::journal::Outcome, bool)>)> {
     let mut o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
+    let (names, said) = select_warning(&o, &a.boxes, a.all, Unresolved::unless(a.run.keep_going))?;
     let store = open_store(cli)?;
-    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let uses_plugins = crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let covered = scope.is_some_and(|s| s.covers_project(&o.project)) && !uses_plugins;
     let _notes = StoreNotes(&store);
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
@@ -507,6 +658,7 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
         }
         None => write_reports(&a.run, &summary)?,
     }
+    let mut lines = Vec::new();
     if a.dry_run {
         let mut out = std::io::stdout().lock();
         for n in &summary.nodes {
@@ -514,20 +666,21 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
                 State::Cached => "cached",
                 _ => "would run",
             };
-            writeln!(
-                out,
+            let line = format!(
                 "{state:<10} {:<14} {}  {}",
                 n.kind.as_str(),
                 &n.key[..12],
                 n.id
-            )?;
+            );
+            writeln!(out, "{line}")?;
+            lines.push(line);
         }
     }
     if !summary.ok() {
         report_failures(&summary);
         output::note(&summary_line("build", &summary));
         report_remote(&summary);
-        return Ok(ExitCode::from(1));
+        return Ok((ExitCode::from(1), None));
     }
     if a.load && !a.dry_run {
         engine.ensure_images(&graph, &names)?;
@@ -560,11 +713,12 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
     {
         export_oci(&o, &engine, &graph, &names, dir)?;
     }
-    if !a.run.quiet {
-        output::note(&summary_line(
-            if a.dry_run { "dry run" } else { "build" },
-            &summary,
-        ));
+    // What a replay prints again after stdout (unless quiet).
+    let mut notes = vec![summary_line(
+        if a.dry_run { "dry run" } else { "build" },
+        &summary,
+    )];
+    {
         // podman ran with settings charly wrote for this host (runc,
         // ulimits); without them `podman run` may fail (`error setting
         // rlimit`), so say how to use them.
@@ -590,15 +744,31 @@ pub fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
                     r.join("run").display()
                 )
             });
-            output::note(&format!(
+            notes.push(format!(
                 "run it: CONTAINERS_CONF={} podman{storage} run --rm {}",
                 conf.display(),
                 charly_rules::naming::box_image_ref(&o.resolution, top)
             ));
         }
     }
+    if !a.run.quiet {
+        for n in &notes {
+            output::note(n);
+        }
+    }
     report_remote_unless_quiet(&summary, a.run.quiet);
-    Ok(ExitCode::SUCCESS)
+    let mut outcome = summary.outcome(lines);
+    outcome.warnings = said;
+    outcome.notes = notes;
+    // Every node a replay reports: those a dry run found missing must
+    // still be missing.
+    outcome.absent = summary
+        .nodes
+        .iter()
+        .filter(|n| n.state != State::Cached && a.dry_run)
+        .map(|n| (n.id.clone(), n.key.clone()))
+        .collect();
+    Ok((ExitCode::SUCCESS, Some((outcome, covered))))
 }
 
 /// `[oci://]HOST[:PORT]/REPO[:TAG]` → (`HOST[:PORT]/REPO` with its
@@ -644,12 +814,32 @@ fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {
     }
 }
 
-/// `graph`.
+/// `graph`: through the journal (the store's state of each node is part of
+/// what it prints: a node reported `would-run` must still have no record
+/// for a replay).
 pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
+    let command = serde_json::json!({
+        "command": "graph",
+        "boxes": a.boxes,
+        "format": a.format,
+        "generate": a.generate,
+        "runner": a.runner,
+        "dev_local_pkg": a.dev_local_pkg.on,
+    });
+    crate::journaled::print(cli, a.journal, command, |scope| graph_full(cli, scope, a))
+}
+
+fn graph_full(cli: &Cli, scope: &Scope, a: &GraphArgs) -> anyhow::Result<Printed> {
     let mut o = project::open(cli)?;
-    let names = select(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
+    let (names, said) = select_warning(&o, &a.boxes, a.boxes.is_empty(), Unresolved::Warn)?;
     let store = open_store(cli)?;
-    crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let uses_plugins = crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
+    let mut printed = Printed {
+        // A plugin's executable lives outside the project.
+        covered: scope.covers_project(&o.project) && !uses_plugins,
+        said,
+        ..Printed::default()
+    };
     let hasher = stat_cache(&store);
     let engine = engine(
         &o,
@@ -666,8 +856,17 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
     };
     let g = engine.graph(&goal, &names)?;
     let _ = hasher.save();
-    let mut out = std::io::stdout().lock();
     let order = g.topo()?;
+    let states: std::collections::HashMap<_, &str> = order
+        .iter()
+        .map(|i| (*i, state_of(&store, &g.g[*i])))
+        .collect();
+    printed.absent = order
+        .iter()
+        .filter(|i| states[*i] != "cached")
+        .map(|i| (g.g[*i].id.clone(), g.g[*i].key.to_hex()))
+        .collect();
+    let out = &mut printed.stdout;
     if a.format == "json" {
         let nodes: Vec<serde_json::Value> = order
             .iter()
@@ -678,19 +877,18 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
                     "kind": n.kind.as_str(),
                     "key": n.key.to_hex(),
                     "key_prefix": n.key.short(12),
-                    "state": state_of(&store, n),
+                    "state": states[i],
                     "deps": g.deps(*i).iter().map(|d| g.g[*d].id.clone()).collect::<Vec<_>>(),
                 })
             })
             .collect();
-        serde_json::to_writer_pretty(&mut out, &serde_json::json!({"nodes": nodes}))?;
-        writeln!(out)?;
+        output::json_to(out, &serde_json::json!({"nodes": nodes}))?;
     } else {
         writeln!(out, "digraph charly {{")?;
         writeln!(out, "  rankdir=LR;")?;
         for i in &order {
             let n = &g.g[*i];
-            let style = if state_of(&store, n) == "cached" {
+            let style = if states[i] == "cached" {
                 "solid"
             } else {
                 "dashed"
@@ -711,7 +909,7 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
         }
         writeln!(out, "}}")?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(printed)
 }
 
 fn shape(k: charly_engine::key::NodeKind) -> &'static str {

@@ -15,6 +15,7 @@ mod candy_cmd;
 mod check_cmd;
 mod engine_cmd;
 mod init_cmd;
+mod journaled;
 mod migrate_cmd;
 mod output;
 mod plugins;

@@ -30,19 +30,23 @@ pub fn install_hooks() {
     }));
 }
 
-/// Prints one diagnostic with its source context.
-pub fn diagnostic(d: &Diagnostic, sources: &SourceMap) {
-    let report = d.to_report(sources);
-    let _ = writeln!(std::io::stderr(), "{report:?}");
-}
-
 /// Prints every diagnostic, errors last so they stay on screen.
 pub fn diagnostics<'a>(ds: impl IntoIterator<Item = &'a Diagnostic>, sources: &SourceMap) {
+    for r in rendered(ds, sources) {
+        note(&r);
+    }
+}
+
+/// Every diagnostic as [`diagnostics`] prints it, errors last.
+pub fn rendered<'a>(
+    ds: impl IntoIterator<Item = &'a Diagnostic>,
+    sources: &SourceMap,
+) -> Vec<String> {
     let mut all: Vec<&Diagnostic> = ds.into_iter().collect();
     all.sort_by_key(|d| d.is_error());
-    for d in all {
-        diagnostic(d, sources);
-    }
+    all.into_iter()
+        .map(|d| format!("{:?}", d.to_report(sources)))
+        .collect()
 }
 
 /// A one-line error for people.
@@ -59,6 +63,13 @@ pub fn note(msg: &str) {
 pub fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Writes JSON into `out` as [`json`] prints it.
+pub fn json_to<T: serde::Serialize>(out: &mut Vec<u8>, v: &T) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())
 }

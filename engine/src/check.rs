@@ -165,6 +165,38 @@ pub struct Bed<'a> {
     pub format: String,
 }
 
+/// A bed's report when it needs no container: it has no checks, or (not
+/// `force`) its image and checks are unchanged since an all-pass run, whose
+/// report the store holds. None: [`run_bed`] starts a container (and the
+/// image must be in podman first).
+pub fn bed_without_container(
+    store: &Store,
+    image_key: &NodeKey,
+    bed: &Bed<'_>,
+    force: bool,
+) -> Option<BedReport> {
+    if bed.checks.is_empty() {
+        return Some(BedReport {
+            box_name: bed.b.name.clone(),
+            cached: false,
+            checks: Vec::new(),
+            error: None,
+        });
+    }
+    let key = bed_key(image_key, &bed.checks);
+    if !force
+        && let Ok(Some(rec)) = store.get_record(&key)
+        && let Ok(prev) = serde_json::from_value::<BedReport>(rec.meta.clone())
+        && prev.ok()
+    {
+        return Some(BedReport {
+            cached: true,
+            ..prev
+        });
+    }
+    None
+}
+
 /// Runs one bed (or reports the cached result).
 pub fn run_bed(
     host: &dyn BedHost,
@@ -174,26 +206,10 @@ pub fn run_bed(
     keep: bool,
     force: bool,
 ) -> BedReport {
-    if bed.checks.is_empty() {
-        // Nothing to run: no container.
-        return BedReport {
-            box_name: bed.b.name.clone(),
-            cached: false,
-            checks: Vec::new(),
-            error: None,
-        };
+    if let Some(r) = bed_without_container(store, image_key, bed, force) {
+        return r;
     }
     let key = bed_key(image_key, &bed.checks);
-    if !force
-        && let Ok(Some(rec)) = store.get_record(&key)
-        && let Ok(prev) = serde_json::from_value::<BedReport>(rec.meta.clone())
-        && prev.ok()
-    {
-        return BedReport {
-            cached: true,
-            ..prev
-        };
-    }
     let name = format!(
         "charly-bed-{}-{}",
         bed.b.name.replace('.', "-"),

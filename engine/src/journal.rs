@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Version of the journal file format; a different one is ignored.
-pub const JOURNAL_SCHEMA: u32 = 3;
+pub const JOURNAL_SCHEMA: u32 = 4;
 
 /// Files modified this close (nanoseconds) to a fingerprint are not trusted
 /// by stat alone (the stat cache's window, [`crate::hash::RACY_NS`]).
@@ -260,6 +260,19 @@ pub struct Outcome {
     /// nodes (what the next run's [`Memo`] compares and carries).
     #[serde(default)]
     pub boxes: Vec<BoxEntry>,
+    /// Exactly what a command whose stdout is not a list of lines printed
+    /// (`box plan`, `graph`, …: [`Journal::run_pure`]), byte for byte.
+    #[serde(default)]
+    pub raw: Option<Vec<u8>>,
+    /// Nodes the run reported as not in the store (`would run`): id, key
+    /// hex. Adding never changes the store's epoch, so a replay first asks
+    /// the store that each is still absent ([`Journal::check_store`]).
+    #[serde(default)]
+    pub absent: Vec<(String, String)>,
+    /// Lines for people the run printed after its stdout unless quiet
+    /// (summary lines, hints), for a replay to print again.
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// The digest of what one box's output is derived from
@@ -319,6 +332,10 @@ pub enum Miss {
     /// The last run's inputs changed while it read them (or it read
     /// something outside the project), so they cannot be trusted by stat.
     Unreplayable,
+    /// The store now has a record for a node the run reported as absent.
+    Added(String),
+    /// The store's index was written since (by [`Journal::store_index`]).
+    StoreIndex,
 }
 
 impl std::fmt::Display for Miss {
@@ -332,6 +349,14 @@ impl std::fmt::Display for Miss {
             Miss::Unreplayable => write!(
                 f,
                 "the last run's inputs changed while it read them (or it read outside the project)"
+            ),
+            Miss::StoreIndex => write!(
+                f,
+                "the store's index changed since (records added, used or repaired)"
+            ),
+            Miss::Added(id) => write!(
+                f,
+                "the store has a record for {id} now (the last run reported it as not built)"
             ),
         }
     }
@@ -413,6 +438,18 @@ impl Journal {
         Ok(())
     }
 
+    /// The files of the store's index, for a command whose result depends
+    /// on every record it found (`box build`, `check`) to record as
+    /// outputs: a replay then also needs the index exactly as that run
+    /// left it (nothing added, used, repaired or damaged since; verified by
+    /// content while recent, as outputs are).
+    pub fn store_index(&self) -> Vec<PathBuf> {
+        ["index.db", "index.db-wal"]
+            .iter()
+            .map(|f| normalize(&self.store_dir.join(f)))
+            .collect()
+    }
+
     /// Forgets this command's entry.
     pub fn clear(&self) {
         let _ = std::fs::remove_file(&self.file);
@@ -454,6 +491,26 @@ impl Journal {
         Ok(e.outcome)
     }
 
+    /// Whether the store still lacks a record for every node `outcome`
+    /// reported as absent (deletions are the epoch's business; additions
+    /// leave it alone). Opens the store only when there is something to ask.
+    pub fn check_store(&self, outcome: &Outcome) -> Result<(), Miss> {
+        if outcome.absent.is_empty() {
+            return Ok(());
+        }
+        let store = charly_cache::Store::open(&self.store_dir)
+            .map_err(|e| Miss::Added(format!("(the store did not open: {e})")))?;
+        for (id, hex) in &outcome.absent {
+            let present = hex
+                .parse::<charly_cache::NodeKey>()
+                .map_or(true, |k| store.has_record(&k).unwrap_or(true));
+            if present {
+                return Err(Miss::Added(id.clone()));
+            }
+        }
+        Ok(())
+    }
+
     /// The first difference between the entry and the disk, if any.
     fn changed(&self, e: &Entry) -> Option<Miss> {
         if !e.replayable {
@@ -467,6 +524,9 @@ impl Journal {
             return Some(Miss::Input(p.clone()));
         }
         if let Some(OutputEntry(p, ..)) = e.outputs.par_iter().find_any(|o| !o.unchanged()) {
+            if Path::new(p).starts_with(&self.store_dir) {
+                return Some(Miss::StoreIndex);
+            }
             return Some(Miss::Output(p.clone()));
         }
         None
@@ -946,23 +1006,44 @@ impl Scope {
     }
 }
 
+impl Scope {
+    /// Whether `path` lies inside a walked root (and not in a skipped part).
+    pub fn covers(&self, path: &Path) -> bool {
+        let path = normalize(path);
+        self.roots.iter().any(|r| path.starts_with(r))
+            && !self.skip.iter().any(|s| path.starts_with(s))
+            && !path.components().any(|c| c.as_os_str() == ".git")
+    }
+
+    /// Whether everything the loaded project was read from lies inside
+    /// the walked roots ([`Recorder::covers_project`]).
+    pub fn covers_project(&self, p: &charly_rules::load::Project) -> bool {
+        project_paths(p).all(|d| self.covers(d))
+    }
+}
+
+/// Every path the loaded project was read from: namespaces, candy
+/// directories, offline repos and every source file but the embedded ones.
+fn project_paths(p: &charly_rules::load::Project) -> impl Iterator<Item = &Path> {
+    let sources = (0..p.sources.len()).filter_map(|i| {
+        u32::try_from(i)
+            .ok()
+            .and_then(|i| p.sources.path(charly_rules::source::FileId(i)))
+    });
+    p.namespaces
+        .iter()
+        .map(|n| n.dir.as_path())
+        .chain(p.candies.values().map(|c| c.dir.as_path()))
+        .chain(p.repos.values().map(PathBuf::as_path))
+        .chain(sources.filter(|f| !f.starts_with("<embedded>")))
+}
+
 impl Recorder {
     /// Whether everything the loaded project was read from (namespaces,
     /// candy directories, every source file but the embedded ones, offline
     /// repos) lies inside the walked roots.
     pub fn covers_project(&self, p: &charly_rules::load::Project) -> bool {
-        let sources = (0..p.sources.len()).filter_map(|i| {
-            u32::try_from(i)
-                .ok()
-                .and_then(|i| p.sources.path(charly_rules::source::FileId(i)))
-        });
-        p.namespaces
-            .iter()
-            .map(|n| n.dir.as_path())
-            .chain(p.candies.values().map(|c| c.dir.as_path()))
-            .chain(p.repos.values().map(PathBuf::as_path))
-            .chain(sources.filter(|f| !f.starts_with("<embedded>")))
-            .all(|d| self.covers(d))
+        project_paths(p).all(|d| self.covers(d))
     }
 }
 
@@ -1039,7 +1120,7 @@ mod tests {
             )],
             stdout: vec!["out/x".into()],
             warnings: vec!["warning: box `b` does not resolve".into()],
-            boxes: Vec::new(),
+            ..Outcome::default()
         }
     }
 

@@ -35,6 +35,7 @@ pub mod key;
 pub mod layers;
 pub mod oci;
 pub mod outputs;
+pub mod pure;
 pub mod runners;
 pub mod sched;
 pub mod stage;

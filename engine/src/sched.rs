@@ -169,8 +169,7 @@ impl Summary {
                 .map(|n| (n.id.clone(), n.kind, n.key.clone()))
                 .collect(),
             stdout,
-            warnings: Vec::new(),
-            boxes: Vec::new(),
+            ..crate::journal::Outcome::default()
         }
     }
 
