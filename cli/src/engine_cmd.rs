@@ -186,18 +186,7 @@ fn generate_journal(cli: &Cli, a: &GenerateArgs, root: &Path) -> Option<(Journal
         "out": a.out.as_deref().map(charly_engine::journal::normalize),
     })
     .to_string();
-    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
-    let mut journal = Journal::new(&store_dir, &command);
-    // Test hook (test builds only): how recent an input may be and still be
-    // trusted by stat (tests shrink it instead of waiting out the clock).
-    #[cfg(feature = "testing")]
-    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
-        .ok()
-        .and_then(|v| v.parse::<i64>().ok())
-    {
-        journal.racy_ns = ms.saturating_mul(1_000_000);
-    }
-    Some((journal, scope))
+    Some((crate::journaled::open_journal(&store_dir, &command), scope))
 }
 
 /// Why [`generate_journal`] gave none.

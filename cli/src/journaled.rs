@@ -51,18 +51,7 @@ pub fn journal_for(cli: &Cli, root: &Path, command: serde_json::Value) -> Option
         "imports": cli.imports,
     })
     .to_string();
-    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
-    let mut journal = Journal::new(&store_dir, &key);
-    // Test hook (test builds only): how recent an input may be and still be
-    // trusted by stat (tests shrink it instead of waiting out the clock).
-    #[cfg(feature = "testing")]
-    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
-        .ok()
-        .and_then(|v| v.parse::<i64>().ok())
-    {
-        journal.racy_ns = ms.saturating_mul(1_000_000);
-    }
-    Some((journal, scope))
+    Some((open_journal(&store_dir, &key), scope))
 }
 
 /// The note `--explain` prints about the journal.
@@ -127,4 +116,20 @@ pub fn print_with(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The journal of `key` in the store at `store_dir`.
+pub(crate) fn open_journal(store_dir: &std::path::Path, key: &str) -> Journal {
+    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
+    let mut journal = Journal::new(store_dir, key);
+    // Test hook (test builds only): how recent an input may be and still be
+    // trusted by stat (tests shrink it instead of waiting out the clock).
+    #[cfg(feature = "testing")]
+    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        journal.racy_ns = ms.saturating_mul(1_000_000);
+    }
+    journal
 }
