@@ -48,17 +48,7 @@ fn corpus_containerfiles_build_with_podman() {
 
     let podman = common::Podman::new(&t.path().join("podman"));
     let tar = common::stub_rootfs_tar(t.path());
-    let out = podman.run(&[
-        "import",
-        "-q",
-        tar.to_str().expect("utf8"),
-        "localhost/charly-stub:1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman.import_tar(&tar, "localhost/charly-stub:1");
 
     let mut tags: Vec<String> = refs.values().cloned().collect();
     for n in &names {

@@ -75,23 +75,10 @@ fn a_node_form_debian_box_builds_and_its_checks_run() {
         return;
     };
     let podman = tu::Podman::new(&t.join("podman"));
-    let tar = t.join("rootfs.tar");
-    let st = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .expect("tar");
-    assert!(st.success());
-    let out = podman.run(&[
-        "import",
-        "-q",
-        tar.to_str().expect("utf8"),
+    podman.import_tar(
+        &tu::tar_dir(&rootfs, &t.join("rootfs.tar")),
         "docker.io/library/debian:13",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    );
 
     let lib = t.join("overthink");
     tu::copy_project(&tu::corpus_174(), &lib);

@@ -63,17 +63,7 @@ fn corpus_174_containerfiles_build_with_podman() {
     charly_testutil::copy_project(&charly_testutil::corpus_174(), &lib);
     let podman = charly_testutil::Podman::new(&t.path().join("podman"));
     let stub = charly_testutil::stub_rootfs_tar(t.path());
-    let out = podman.run(&[
-        "import",
-        "-q",
-        stub.to_str().expect("utf8"),
-        "localhost/charly-stub:1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman.import_tar(&stub, "localhost/charly-stub:1");
     let gz = t.path().join("stub.tar.gz");
     let st = Command::new("sh")
         .arg("-c")

@@ -133,11 +133,16 @@ impl Podman {
     /// Imports the busybox root filesystem ([`busybox_rootfs_tar`], made
     /// under `dir`) as image `tag`; panics with podman's stderr on failure.
     pub fn import_busybox(&self, dir: &Path, tag: &str) {
-        let tar = busybox_rootfs_tar(dir);
+        self.import_tar(&busybox_rootfs_tar(dir), tag);
+    }
+
+    /// Imports a root filesystem tar as image `tag`; panics with podman's
+    /// stderr on failure.
+    pub fn import_tar(&self, tar: &Path, tag: &str) {
         let out = self.run(&["import", "-q", tar.to_str().expect("utf8"), tag]);
         assert!(
             out.status.success(),
-            "podman import: {}",
+            "podman import {tag}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -303,17 +308,7 @@ pub fn stub_rootfs_tar(dir: &Path) -> PathBuf {
                 .expect("chmod");
         }
     }
-    let tar = dir.join("stub.tar");
-    let st = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .expect("tar");
-    assert!(st.success());
-    tar
+    tar_dir(&root, &dir.join("stub.tar"))
 }
 
 /// A real (not stubbed) busybox root filesystem tar: busybox-static with its
@@ -362,17 +357,22 @@ pub fn busybox_rootfs_tar(dir: &Path) -> PathBuf {
         .expect("chmod tmp");
     std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000))
         .expect("chown home (tests run as root)");
-    let tar = dir.join("busybox.tar");
+    tar_dir(&root, &dir.join("busybox.tar"))
+}
+
+/// Tars the tree under `root` into `tar` (paths relative to `root`, numeric
+/// owners, so an imported image has the tree's ids) and returns `tar`.
+pub fn tar_dir(root: &Path, tar: &Path) -> PathBuf {
     let st = Command::new("tar")
         .arg("-C")
-        .arg(&root)
+        .arg(root)
         .args(["--numeric-owner", "-cf"])
-        .arg(&tar)
+        .arg(tar)
         .arg(".")
         .status()
         .expect("tar");
-    assert!(st.success());
-    tar
+    assert!(st.success(), "tar -C {} failed", root.display());
+    tar.to_path_buf()
 }
 
 /// The example plugin (`charly-plugin-example`, the Rust mirror of the

@@ -147,17 +147,12 @@ impl PodmanRunner {
         self.info.get_or_init(|| {
             let text = self
                 .cmd()
-                .args([
-                    "info",
-                    "--format",
-                    "{{.Host.BuildahVersion}}\n{{.Store.GraphRoot}}",
-                ])
+                .args(["info", "--format", "{{.Host.BuildahVersion}}"])
                 .output()
                 .ok()
                 .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
                 .unwrap_or_default();
-            let mut lines = text.lines().map(str::trim);
-            let shared_caches = buildah_before(lines.next().unwrap_or(""), (1, 29));
+            let shared_caches = buildah_before(text.trim(), (1, 29));
             Info {
                 shared_caches,
                 slot_dir: slot_dir(
@@ -497,8 +492,8 @@ fn slot_dir(tmpdir: Option<&std::ffi::OsStr>, uid: u32) -> PathBuf {
 /// on the host ([`slot_dir`]), and the cache ids of slot N > 0 carry the suffix `-sN`. The
 /// first build takes slot 0 and keeps the generated ids (so its RUN lines,
 /// and podman's layer cache, are those of the Containerfile); a concurrent
-/// build gets its own caches instead of failing. Slots are per storage and
-/// reused, so each slot's caches stay warm.
+/// build gets its own caches instead of failing. Slots are per user and host
+/// (as buildah's caches are) and reused, so each slot's caches stay warm.
 struct CacheSlot {
     n: usize,
     _lock: std::fs::File,
