@@ -9,15 +9,18 @@
 //!   compressed single-threaded at a fixed level: the same content always
 //!   gives the same bytes, yet frames are (de)compressed on all cores. A blob
 //!   is compressed into a temp file, fsynced, renamed into place and its
-//!   directory fsynced; an existing blob is never overwritten, so concurrent
+//!   directory fsynced (except what charly derives in process and redoes in
+//!   milliseconds: [`Store::put_derived_blob`], verified on read like every
+//!   blob); an existing blob is never overwritten, so concurrent
 //!   writers of the same content are harmless. Reads decompress and hash in
 //!   one streaming pass and never hand out bytes that fail verification: a
 //!   bad blob is moved to `quarantine/` and the read is a miss.
 //! * **The action cache** is an SQLite index (`index.db`, WAL mode) mapping a
 //!   [`NodeKey`] to a [`Record`] that names the node's output blobs. It also
 //!   indexes blobs (sizes, last access) and GC roots. A record is only
-//!   inserted after every blob it names is durable, checked inside the
-//!   inserting transaction; a record whose blobs have since vanished is a miss.
+//!   inserted after every blob it names is in place (and, but for derived
+//!   blobs, durable), checked inside the inserting transaction; a record whose
+//!   blobs have since vanished or fail verification is a miss.
 //!
 //! Many threads share one [`Store`] (`&Store` is all they need) and many
 //! processes share one directory: SQLite serializes writers (with a generous

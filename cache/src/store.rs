@@ -5,7 +5,10 @@
 //! then survives a crash of the process but may be lost on power failure. That
 //! is the right trade for a cache: the invariant that matters is "a record
 //! never outlives its blobs", and it holds either way because blobs are fsynced
-//! (file and directory) before a record naming them is inserted. Losing the
+//! (file and directory) before a record naming them is inserted. Blobs stored
+//! with [`Store::put_derived_blob`] are not: a power loss may leave their
+//! record naming a short or missing blob, which fails verification on read and
+//! makes the engine run that (in-process, millisecond) node again. Losing the
 //! newest records costs a rebuild, not correctness. GC roots are the exception
 //! (a lost root could let GC delete what a live deploy uses), so root changes
 //! are committed with `synchronous=FULL`.

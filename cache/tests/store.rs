@@ -102,7 +102,7 @@ fn every_put_path_writes_identical_bytes() {
     fs::write(&src, &data).expect("write input");
 
     let mut files = Vec::new();
-    for how in 0..3 {
+    for how in 0..4 {
         let tmp = tempfile::tempdir().expect("tempdir");
         let store = Store::open(tmp.path()).expect("open");
         let (d, len) = match how {
@@ -110,6 +110,10 @@ fn every_put_path_writes_identical_bytes() {
             1 => store
                 .put_blob_reader(Dribble(&data, 7919))
                 .expect("put reader"),
+            2 => (
+                store.put_derived_blob(&data).expect("put derived"),
+                data.len() as u64,
+            ),
             _ => store.put_blob_file(&src).expect("put file"),
         };
         assert_eq!(d, BlobDigest::of(&data));
@@ -120,7 +124,11 @@ fn every_put_path_writes_identical_bytes() {
         files[0], files[1],
         "reader output differs from bytes output"
     );
-    assert_eq!(files[0], files[2], "file output differs from bytes output");
+    assert_eq!(
+        files[0], files[2],
+        "derived output differs from bytes output"
+    );
+    assert_eq!(files[0], files[3], "file output differs from bytes output");
 }
 
 #[test]
@@ -149,7 +157,9 @@ fn corrupt_blobs_are_quarantined_and_read_as_misses() {
         let store = Store::open(tmp.path()).expect("open");
         let data = text(3, len);
         type Damage = fn(&mut Vec<u8>);
-        let damages: [(&str, Damage); 4] = [
+        let damages: [(&str, Damage); 5] = [
+            // What a power loss can leave of an unsynced (derived) blob.
+            ("emptied", |b| b.clear()),
             ("flipped byte", |b| {
                 let mid = b.len() / 2;
                 b[mid] ^= 0x40;

@@ -166,6 +166,56 @@ fn a_corrupt_output_blob_is_rebuilt_in_the_same_run() {
     );
 }
 
+/// Fragments, build directories and their files are written without fsync
+/// (derived in process, milliseconds to redo): a power loss may leave any of
+/// them empty. The next run must notice every one and write them again.
+#[test]
+fn empty_blobs_and_build_files_a_power_loss_left_are_rebuilt() {
+    let env = Env::new();
+    env.ok(&GENERATE);
+    let left = std::fs::read(env.containerfile("left")).expect("left");
+    let right = std::fs::read(env.containerfile("right")).expect("right");
+    let mut emptied = 0;
+    // Lock files (`.build/.locks`) are empty anyway.
+    let files = |dir: PathBuf| {
+        walkdir::WalkDir::new(dir)
+            .into_iter()
+            .filter_entry(|e| e.file_name() != ".locks")
+            .map(|e| e.expect("walk"))
+            .filter(|e| e.file_type().is_file())
+    };
+    for dir in [env.store.join("blobs"), env.project.join(".build")] {
+        for e in files(dir) {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(e.path())
+                .and_then(|f| f.set_len(0))
+                .expect("truncate");
+            emptied += 1;
+        }
+    }
+    assert!(emptied > 4, "blobs and build files were written: {emptied}");
+    let out = env.ok(&GENERATE);
+    assert_eq!(
+        std::fs::read(env.containerfile("left")).expect("left"),
+        left
+    );
+    assert_eq!(
+        std::fs::read(env.containerfile("right")).expect("right"),
+        right
+    );
+    assert!(!notes(&out).is_empty(), "{}", stderr(&out));
+    // Every build file is whole again, and so is the store.
+    for e in files(env.project.join(".build")) {
+        assert!(
+            e.metadata().expect("stat").len() > 0,
+            "{} still empty",
+            e.path().display()
+        );
+    }
+    env.verifies_clean();
+}
+
 #[test]
 fn a_corrupt_fragment_blob_read_by_a_later_node_is_rebuilt() {
     let env = Env::new();

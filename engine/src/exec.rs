@@ -114,10 +114,18 @@ fn execute_as(
     if ctx.store.has_record(&n.key)? {
         return Ok(Done::Cached);
     }
-    let _lock = ctx.store.lock_key(&n.key)?;
-    if ctx.store.has_record(&n.key)? {
-        return Ok(Done::Cached);
-    }
+    // Two processes may both compute an in-process node (milliseconds, the
+    // same bytes; the first record wins): only work that takes a runner is
+    // worth a lock file per key.
+    let _lock = if n.kind.in_process() {
+        None
+    } else {
+        let lock = ctx.store.lock_key(&n.key)?;
+        if ctx.store.has_record(&n.key)? {
+            return Ok(Done::Cached);
+        }
+        Some(lock)
+    };
     if let Some(remote) = ctx.remote
         && remote.fetch(ctx.store, &n.key)?.is_some()
     {
@@ -132,7 +140,11 @@ fn execute_as(
     for (name, o) in outputs.files {
         let (digest, size) = match o {
             Out::Bytes(b) => {
-                let d = ctx.store.put_blob(&b)?;
+                let d = if n.kind.in_process() {
+                    ctx.store.put_derived_blob(&b)?
+                } else {
+                    ctx.store.put_blob(&b)?
+                };
                 (d, b.len() as u64)
             }
             Out::File(p) => ctx.store.put_blob_file(&p)?,
@@ -652,7 +664,7 @@ fn materialize_record(
     }
     crate::generate::write(root, &d).map_err(|e| ExecError::Io(e.to_string()))?;
     froot
-        .write_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
+        .write_output_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
         .map_err(io(marker.display()))?;
     Ok((dir, lock))
 }

@@ -175,6 +175,16 @@ struct Resolved {
     name: Option<OsString>,
 }
 
+/// Whether a write is fsynced before it is renamed into place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Synced: the file is either the old or the whole new content after a
+    /// power loss (deployed files, the project's own sources).
+    Synced,
+    /// Derived from the store and verified when read again: not synced.
+    Derived,
+}
+
 impl Root {
     /// Opens an existing directory as a root (the root path itself is
     /// trusted and may be reached through symlinks).
@@ -497,6 +507,18 @@ impl Root {
         owner: Option<(u32, u32)>,
         parents: bool,
     ) -> io::Result<()> {
+        self.write_atomic_as(rel, bytes, mode, owner, parents, Durability::Synced)
+    }
+
+    fn write_atomic_as(
+        &self,
+        rel: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+        parents: bool,
+        durability: Durability,
+    ) -> io::Result<()> {
         let (dir, name) = self.parent_and_name(rel, parents)?;
         let ctx = |e: io::Error| err(e.kind(), format!("{}: {e}", self.describe(rel)));
         let (file, tmp) = create_locked_temp(&dir).map_err(ctx)?;
@@ -507,7 +529,9 @@ impl Root {
             if let Some((u, g)) = owner {
                 std::os::unix::fs::fchown(&file, Some(u), Some(g))?;
             }
-            file.sync_all()?;
+            if durability == Durability::Synced {
+                file.sync_all()?;
+            }
             rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_os_str()).map_err(from_rustix)
         })();
         if res.is_err() {
@@ -521,6 +545,24 @@ impl Root {
     /// `bytes`, so mtimes stay put for tools that watch them. Returns
     /// whether it wrote.
     pub fn write_if_changed(&self, rel: &Path, bytes: &[u8]) -> io::Result<bool> {
+        self.write_if_changed_as(rel, bytes, Durability::Synced)
+    }
+
+    /// [`Root::write_if_changed`] for a derived output (a build directory's
+    /// files): renamed into place unsynced, like every build tool writes
+    /// its outputs. Whoever reads it again verifies it against what it
+    /// should hold (the key marker, the stat cache, the journal's
+    /// fingerprints) and rewrites it after a crash left it short or old.
+    pub fn write_output_if_changed(&self, rel: &Path, bytes: &[u8]) -> io::Result<bool> {
+        self.write_if_changed_as(rel, bytes, Durability::Derived)
+    }
+
+    fn write_if_changed_as(
+        &self,
+        rel: &Path,
+        bytes: &[u8],
+        durability: Durability,
+    ) -> io::Result<bool> {
         let (dir, name) = self.parent_and_name(rel, true)?;
         if let Ok(fd) = rustix::fs::openat(
             &dir,
@@ -540,7 +582,7 @@ impl Root {
         }
         // Context files are bind-mounted into RUNs that may run as the box
         // user: they must be readable by everyone.
-        self.write_atomic(rel, bytes, 0o644, None, true)?;
+        self.write_atomic_as(rel, bytes, 0o644, None, true, durability)?;
         Ok(true)
     }
 

@@ -65,6 +65,15 @@ impl NodeKind {
         }
     }
 
+    /// Whether charly computes the node itself from its inputs, without a
+    /// runner (fragments, build directories, plans; sources are only hashed).
+    pub fn in_process(self) -> bool {
+        matches!(
+            self,
+            NodeKind::Source | NodeKind::Fragment | NodeKind::Containerfile | NodeKind::Plan
+        )
+    }
+
     /// The kebab-case name.
     pub fn as_str(self) -> &'static str {
         match self {
