@@ -6,55 +6,27 @@
 //! the leftovers of a process killed with SIGKILL are removed by the next run
 //! and never make `cache verify` fail.
 
-use charly_testutil as project_copy;
+use charly_testutil::{Sandbox, graph_fixture};
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-struct Env {
-    _tmp: tempfile::TempDir,
-    project: PathBuf,
-    store: PathBuf,
+struct Env(Sandbox);
+
+impl std::ops::Deref for Env {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.0
+    }
 }
 
 impl Env {
     fn new() -> Env {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let project = tmp.path().join("project");
-        project_copy::copy_project(&project_copy::graph_fixture(), &project);
-        let store = tmp.path().join("store");
-        Env {
-            _tmp: tmp,
-            project,
-            store,
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> std::process::Command {
-        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"));
-        c.env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
-            .env("CHARLY_JOURNAL_RACY_MS", "0")
-            .env_remove("CHARLY_NO_JOURNAL")
-            .env_remove("CHARLY_REMOTE")
-            .arg("-C")
-            .arg(&self.project)
-            .args(args);
-        c
-    }
-
-    /// Runs charly and insists it succeeds.
-    fn ok(&self, args: &[&str]) -> Output {
-        let out = self.command(args).output().expect("charly runs");
-        assert!(
-            out.status.success(),
-            "charly {args:?} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        Env(Sandbox::new(
+            assert_cmd::cargo::cargo_bin("charly"),
+            &graph_fixture(),
+        ))
     }
 
     fn containerfile(&self, b: &str) -> PathBuf {

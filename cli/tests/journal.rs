@@ -8,17 +8,19 @@
 //! seconds. These tests set `CHARLY_JOURNAL_RACY_MS=0` rather than wait; the
 //! window itself is unit-tested in `engine/src/journal.rs`.
 
-use charly_testutil as project_copy;
+use charly_testutil::{Sandbox, corpus};
 use std::path::{Path, PathBuf};
-use std::process::Output;
-
-use charly_testutil::corpus;
 
 struct Env {
-    tmp: tempfile::TempDir,
-    project: PathBuf,
-    store: PathBuf,
+    sb: Sandbox,
     runs: std::cell::Cell<u32>,
+}
+
+impl std::ops::Deref for Env {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.sb
+    }
 }
 
 /// One run: whether it was replayed, its summary, its stdout.
@@ -30,42 +32,16 @@ struct Run {
 
 impl Env {
     fn new() -> Env {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let project = tmp.path().join("project");
-        project_copy::copy_project(&corpus(), &project);
-        let store = tmp.path().join("store");
         Env {
-            tmp,
-            project,
-            store,
+            sb: Sandbox::new(assert_cmd::cargo::cargo_bin("charly"), &corpus()),
             runs: std::cell::Cell::new(0),
         }
-    }
-
-    fn charly(&self, args: &[&str]) -> Output {
-        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"));
-        c.env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
-            .env("CHARLY_JOURNAL_RACY_MS", "0")
-            .env_remove("CHARLY_NO_JOURNAL")
-            .env_remove("CHARLY_REMOTE")
-            .arg("-C")
-            .arg(&self.project)
-            .args(args);
-        let out = c.output().expect("charly runs");
-        assert!(
-            out.status.success(),
-            "charly {args:?} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
     }
 
     fn generate(&self, extra: &[&str]) -> Run {
         let n = self.runs.get() + 1;
         self.runs.set(n);
-        let summary = self.tmp.path().join(format!("summary-{n}.json"));
+        let summary = self.dir().join(format!("summary-{n}.json"));
         let mut args = vec![
             "box",
             "generate",
@@ -76,7 +52,7 @@ impl Env {
             summary.to_str().expect("utf8"),
         ];
         args.extend(extra);
-        let out = self.charly(&args);
+        let out = self.ok(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         Run {
             replayed: stderr.contains("nothing changed since the last run"),
@@ -212,7 +188,7 @@ fn unchanged_runs_replay_and_every_change_falls_back() {
     assert_eq!(containerfiles(&env.project), tree_after_edits);
 
     // A GC may have dropped records: not replayed.
-    env.charly(&["cache", "gc", "--max-size", "1G"]);
+    env.ok(&["cache", "gc", "--max-size", "1G"]);
     env.full();
     env.settle();
 
@@ -223,7 +199,7 @@ fn unchanged_runs_replay_and_every_change_falls_back() {
         .into_iter()
         .find_map(|n| n.0.strip_prefix("containerfile:").map(str::to_string))
         .expect("a box");
-    let out = env.charly(&["box", "generate", &name]);
+    let out = env.ok(&["box", "generate", &name]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("nothing changed since the last run"));
 }
 
@@ -232,7 +208,7 @@ fn unchanged_runs_replay_and_every_change_falls_back() {
 #[test]
 fn a_self_contained_context_replays_and_is_repaired() {
     let env = Env::new();
-    let out = env.tmp.path().join("context");
+    let out = env.dir().join("context");
     let out_s = out.to_str().expect("utf8").to_string();
     let args = ["--out", out_s.as_str()];
     let first = env.generate(&args);
@@ -279,7 +255,7 @@ fn explain_says_why_the_journal_did_not_replay_and_why_nodes_ran() {
     let mut text = std::fs::read_to_string(&cfg).expect("read");
     text.push_str("# edited\n");
     std::fs::write(&cfg, text).expect("write");
-    let out = env.charly(&["box", "generate", "--all", "--keep-going", "--explain"]);
+    let out = env.ok(&["box", "generate", "--all", "--keep-going", "--explain"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.lines()
@@ -292,7 +268,7 @@ fn explain_says_why_the_journal_did_not_replay_and_why_nodes_ran() {
             .any(|l| l.contains("explain: ") && l.contains("filebrowser") && l.contains(" ran: ")),
         "{err}"
     );
-    let off = env.charly(&[
+    let off = env.ok(&[
         "box",
         "generate",
         "--all",

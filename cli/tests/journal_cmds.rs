@@ -8,13 +8,15 @@
 //! `CHARLY_JOURNAL_RACY_MS=0`: files written moments ago are trusted by
 //! stat (see cli/tests/journal.rs).
 
-use charly_testutil::{copy_project, graph_fixture};
-use std::path::PathBuf;
+use charly_testutil::{Sandbox, graph_fixture};
 
-struct Env {
-    _tmp: tempfile::TempDir,
-    project: PathBuf,
-    store: PathBuf,
+struct Env(Sandbox);
+
+impl std::ops::Deref for Env {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.0
+    }
 }
 
 /// One run: stdout, stderr without the journal's own `--explain` line, and
@@ -30,28 +32,14 @@ const REPLAYED: &str = "journal: replayed from the journal";
 
 impl Env {
     fn new() -> Env {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let project = copy_project(&graph_fixture(), &tmp.path().join("p"));
-        let store = tmp.path().join("store");
-        Env {
-            _tmp: tmp,
-            project,
-            store,
-        }
+        Env(Sandbox::new(
+            assert_cmd::cargo::cargo_bin("charly"),
+            &graph_fixture(),
+        ))
     }
 
     fn run(&self, args: &[&str]) -> Run {
-        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
-            .env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
-            .env("CHARLY_JOURNAL_RACY_MS", "0")
-            .env_remove("CHARLY_NO_JOURNAL")
-            .env_remove("CHARLY_REMOTE")
-            .arg("-C")
-            .arg(&self.project)
-            .args(args)
-            .output()
-            .expect("charly runs");
+        let out = self.command(args).output().expect("charly runs");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(
             out.status.success(),
@@ -255,7 +243,7 @@ fn graph_is_not_replayed_after_the_store_gained_or_lost_records() {
 #[test]
 fn box_build_replays_a_no_op_and_rebuilds_after_an_edit() {
     let env = Env::new();
-    let fake_log = env._tmp.path().join("fake.log");
+    let fake_log = env.dir().join("fake.log");
     // Progress lines (one per node on a pipe) are for people, not replayed.
     let build: &[&str] = &[
         "box",
@@ -306,14 +294,9 @@ fn box_build_replays_a_no_op_and_rebuilds_after_an_edit() {
     // The replay ran nothing: the fake runner logs every call.
     let logged = |args: &[&str]| {
         let _ = std::fs::remove_file(&fake_log);
-        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
-            .env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &env.store)
-            .env("CHARLY_JOURNAL_RACY_MS", "0")
+        let out = env
+            .command(args)
             .env("CHARLY_FAKE_LOG", &fake_log)
-            .arg("-C")
-            .arg(&env.project)
-            .args(args)
             .output()
             .expect("charly runs");
         assert!(out.status.success());
@@ -347,25 +330,15 @@ fn box_build_replays_a_no_op_and_rebuilds_after_an_edit() {
         "COMMON2: \"edited\"",
         "COMMON2: \"again\"",
     );
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
-        .env("NO_COLOR", "1")
-        .env("CHARLY_CACHE_DIR", &env.store)
-        .env("CHARLY_JOURNAL_RACY_MS", "0")
+    let out = env
+        .command(&[build, &["-q"][..]].concat())
         .env("CHARLY_FAKE_FAIL", "layer:left/common2")
-        .arg("-C")
-        .arg(&env.project)
-        .args([build, &["-q"][..]].concat())
         .output()
         .expect("charly runs");
     assert_eq!(out.status.code(), Some(1));
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"))
-        .env("NO_COLOR", "1")
-        .env("CHARLY_CACHE_DIR", &env.store)
-        .env("CHARLY_JOURNAL_RACY_MS", "0")
+    let out = env
+        .command(&[build, &["--explain"][..]].concat())
         .env("CHARLY_FAKE_FAIL", "layer:left/common2")
-        .arg("-C")
-        .arg(&env.project)
-        .args([build, &["--explain"][..]].concat())
         .output()
         .expect("charly runs");
     assert_eq!(out.status.code(), Some(1), "still fails, not replayed");

@@ -4,55 +4,38 @@
 //! is damaged is ignored and written again, and runs that fill it at the
 //! same time leave a sound file.
 
-use charly_testutil as project_copy;
+use charly_testutil::{Sandbox, graph_fixture};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-struct Env {
-    _tmp: tempfile::TempDir,
-    project: PathBuf,
-    store: PathBuf,
+struct Env(Sandbox);
+
+impl std::ops::Deref for Env {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.0
+    }
 }
 
 impl Env {
     fn new() -> Env {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let project = tmp.path().join("project");
-        project_copy::copy_project(&project_copy::graph_fixture(), &project);
+        let sb = Sandbox::new(assert_cmd::cargo::cargo_bin("charly"), &graph_fixture());
         // An unknown key (a near miss of `version`) warns with its place
         // and a suggestion; a parse error in a box file is an error.
-        let candy = project.join("candy/common/charly.yml");
+        let candy = sb.project.join("candy/common/charly.yml");
         let text = std::fs::read_to_string(&candy).expect("read");
         std::fs::write(
             &candy,
             text.replace("    version: 1.0.0\n", "    versoin: 1.0.0\n"),
         )
         .expect("write");
-        let store = tmp.path().join("store");
         // The cache is only written into a store that exists.
-        std::fs::create_dir_all(&store).expect("store");
-        Env {
-            _tmp: tmp,
-            project,
-            store,
-        }
-    }
-
-    fn charly(&self, args: &[&str]) -> std::process::Command {
-        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("charly"));
-        c.env("NO_COLOR", "1")
-            .env("CHARLY_CACHE_DIR", &self.store)
-            .env("CHARLY_JOURNAL_RACY_MS", "0")
-            .env_remove("CHARLY_NO_JOURNAL")
-            .env_remove("CHARLY_REMOTE")
-            .arg("-C")
-            .arg(&self.project)
-            .args(args);
-        c
+        std::fs::create_dir_all(&sb.store).expect("store");
+        Env(sb)
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        self.charly(args).output().expect("charly runs")
+        self.command(args).output().expect("charly runs")
     }
 
     /// What a generate said (the project's path left out) and the
@@ -190,7 +173,7 @@ fn runs_at_the_same_time_leave_a_sound_cache() {
     std::fs::remove_dir_all(env.store.join("trees")).expect("rm");
     let children: Vec<std::process::Child> = (0..6)
         .map(|_| {
-            env.charly(&["validate"])
+            env.command(&["validate"])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()

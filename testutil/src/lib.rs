@@ -2,7 +2,8 @@
 //! (a dev-dependency only; nothing here reaches a release binary).
 //!
 //! * projects ([`project`], re-exported here): [`example`], [`corpus`],
-//!   fixtures, [`open`], private copies ([`copy_project`]), tree snapshots
+//!   fixtures, [`open`], private copies ([`copy_project`], [`Sandbox`] with
+//!   a store and the command that runs charly on them), tree snapshots
 //!   ([`tree`]); [`workspace`], [`write`], [`free_port`], [`hold_lock`];
 //! * podman: [`Podman`] (isolated storage), [`podman_available`], root
 //!   filesystem tars ([`busybox_rootfs_tar`], [`stub_rootfs_tar`]);
@@ -18,8 +19,8 @@ pub mod project;
 pub mod sshd;
 
 pub use project::{
-    bench_corpus, busybox_fixture, copy_project, corpus, corpus_174, example, graph_fixture,
-    hold_lock, open, tree, tree_with_modes,
+    Sandbox, bench_corpus, busybox_fixture, copy_project, corpus, corpus_174, example,
+    graph_fixture, hold_lock, open, tree, tree_with_modes,
 };
 
 use std::path::{Path, PathBuf};

@@ -25,6 +25,70 @@ pub fn copy_project(from: &Path, to: &Path) -> PathBuf {
     to.to_path_buf()
 }
 
+/// A private copy of a project with its own store (`<tmp>/project`,
+/// `<tmp>/store`, the store not made), and the charly binary that runs on
+/// them: the setup of every test that runs charly against a project.
+pub struct Sandbox {
+    tmp: tempfile::TempDir,
+    bin: PathBuf,
+    /// The project's copy.
+    pub project: PathBuf,
+    /// The store (`CHARLY_CACHE_DIR`).
+    pub store: PathBuf,
+}
+
+impl Sandbox {
+    /// Copies `src`; `bin` is the charly binary (from the test crate:
+    /// `assert_cmd::cargo::cargo_bin("charly")`).
+    pub fn new(bin: impl Into<PathBuf>, src: &Path) -> Sandbox {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let project = copy_project(src, &tmp.path().join("project"));
+        let store = tmp.path().join("store");
+        Sandbox {
+            tmp,
+            bin: bin.into(),
+            project,
+            store,
+        }
+    }
+
+    /// The temp directory holding project and store, for the test's own
+    /// files.
+    pub fn dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// `charly -C <project> ARGS` with this store, no colour, the journal's
+    /// racy window off (files written moments ago are trusted by stat; see
+    /// cli/tests/journal.rs) and none of the caller's journal or remote
+    /// settings.
+    pub fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(&self.bin);
+        c.env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &self.store)
+            .env("CHARLY_JOURNAL_RACY_MS", "0")
+            .env_remove("CHARLY_NO_JOURNAL")
+            .env_remove("CHARLY_REMOTE")
+            .arg("-C")
+            .arg(&self.project)
+            .args(args);
+        c
+    }
+
+    /// Runs [`Sandbox::command`] and insists it succeeds.
+    pub fn ok(&self, args: &[&str]) -> std::process::Output {
+        let out = self.command(args).output().expect("charly runs");
+        assert!(
+            out.status.success(),
+            "charly {args:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
 /// The bundled example project.
 pub fn example() -> PathBuf {
     crate::workspace().join("examples/hello")
