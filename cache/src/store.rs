@@ -422,6 +422,13 @@ impl Store {
         &self.root
     }
 
+    /// This process's scratch directory, on the store's file system: what
+    /// is left in it when the process dies (killed mid-build) is removed by
+    /// the next process that opens the store, never while this one lives.
+    pub fn scratch_dir(&self) -> &Path {
+        self.session.dir()
+    }
+
     pub(crate) fn now(&self) -> u64 {
         match &self.clock {
             Clock::System => SystemTime::now()

@@ -383,8 +383,20 @@ fn a_sigkilled_process_leaves_nothing_that_fails_verify() {
         );
         std::thread::sleep(Duration::from_millis(5));
     };
-    // Let it get into its run, then SIGKILL.
-    std::thread::sleep(Duration::from_millis(300));
+    // Let it get into a node's work (a builder stage's scratch directory
+    // lives in the session's directory), then SIGKILL.
+    let session = lock_of_child.with_extension("");
+    while !std::fs::read_dir(&session)
+        .map(|d| d.flatten().any(|e| e.path().is_dir()))
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no scratch directory ever appeared in {}",
+            session.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
     assert!(
@@ -401,6 +413,10 @@ fn a_sigkilled_process_leaves_nothing_that_fails_verify() {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "{left:?}");
+    assert!(
+        !env.store.join("work").exists(),
+        "scratch directories outside the session"
+    );
     // And the next build works.
     env.ok(&["box", "build", "--all", "--runner", "fake", "-q"]);
 }

@@ -526,13 +526,13 @@ fn ensure_dep_images(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<(), E
 }
 
 /// A scratch directory for a node run (inside the store's filesystem, so
-/// blobs move without crossing devices).
+/// blobs move without crossing devices; in the process's own scratch
+/// directory, so a kill leaves nothing behind for long).
 fn scratch_dir(ctx: &Ctx<'_>, key: &str) -> Result<tempfile::TempDir, ExecError> {
-    let base = ctx.store.dir().join("work");
-    std::fs::create_dir_all(&base).map_err(io(base.display()))?;
+    let base = ctx.store.scratch_dir();
     tempfile::Builder::new()
         .prefix(&format!("{}-", &key[..12.min(key.len())]))
-        .tempdir_in(&base)
+        .tempdir_in(base)
         .map_err(io("scratch dir"))
 }
 

@@ -222,9 +222,11 @@ fn load_assembled(
 ) -> Result<String, ExecError> {
     // podman names an image loaded from a layout after the layout's path,
     // which must therefore be a valid image name: a lowercase, per-process
-    // directory under the first place whose path is one.
+    // directory under the first place whose path is one (the store's
+    // scratch directory, which the next process sweeps should this one be
+    // killed, unless the store's path is not a valid name).
     let base = [
-        ctx.store.dir().join("work"),
+        ctx.store.scratch_dir().to_path_buf(),
         std::env::temp_dir(),
         std::path::PathBuf::from("/var/tmp"),
         std::path::PathBuf::from("/tmp"),
