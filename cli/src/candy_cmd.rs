@@ -1,6 +1,8 @@
 //! `charly candy …`.
 
 use crate::{Cli, output, project};
+use charly_engine::journal::Scope;
+use charly_engine::pure::Printed;
 use serde::Serialize;
 use std::io::Write;
 use std::process::ExitCode;
@@ -13,6 +15,8 @@ pub enum CandyCommand {
         /// Print a JSON array instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        journal: crate::journaled::JournalArgs,
     },
     /// Create `candy/NAME/charly.yml`: a skeleton with a package, a task
     /// and a check, to edit and add to a box's `candy:` list.
@@ -36,11 +40,24 @@ struct CandyRow {
 
 /// Runs a candy subcommand.
 pub fn run(cli: &Cli, c: &CandyCommand) -> anyhow::Result<ExitCode> {
-    let json = match c {
-        CandyCommand::List { json } => *json,
-        CandyCommand::New { name } => return crate::init_cmd::new_candy(cli, name),
-    };
+    match c {
+        CandyCommand::List { json, journal } => crate::journaled::print(
+            cli,
+            *journal,
+            serde_json::json!({"command": "candy list", "json": json}),
+            |scope| list(cli, scope, *json),
+        ),
+        CandyCommand::New { name } => crate::init_cmd::new_candy(cli, name),
+    }
+}
+
+/// `candy list`: what it prints, for the journal to record.
+fn list(cli: &Cli, scope: &Scope, json: bool) -> anyhow::Result<Printed> {
     let o = project::open(cli)?;
+    let mut printed = Printed {
+        covered: scope.covers_project(&o.project),
+        ..Printed::default()
+    };
     let p = &o.project;
     let rows: Vec<CandyRow> = p
         .candies
@@ -71,9 +88,9 @@ pub fn run(cli: &Cli, c: &CandyCommand) -> anyhow::Result<ExitCode> {
         })
         .collect();
     if json {
-        output::json(&rows)?;
+        output::json_to(&mut printed.stdout, &rows)?;
     } else {
-        let mut out = std::io::stdout().lock();
+        let out = &mut printed.stdout;
         let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4);
         for r in &rows {
             writeln!(
@@ -85,5 +102,5 @@ pub fn run(cli: &Cli, c: &CandyCommand) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(printed)
 }

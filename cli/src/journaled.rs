@@ -1,5 +1,6 @@
 //! The no-op journal of the commands that only print (`box plan`, `box
-//! list`, `graph`): which journal a command line has, and printing its
+//! list`, `candy list`, `graph`, `validate`): which journal a command line
+//! has, and printing its
 //! answer ([`charly_engine::pure`] decides whether to replay).
 
 use crate::{Cli, output, project};

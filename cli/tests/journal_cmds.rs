@@ -138,6 +138,8 @@ const PRINTING: &[&[&str]] = &[
     &["box", "plan", "left", "--json", "--target", "local"],
     &["box", "list"],
     &["box", "list", "--json"],
+    &["candy", "list"],
+    &["candy", "list", "--json"],
     &["graph"],
     &["graph", "--format", "json"],
     &["graph", "--generate", "left"],
