@@ -1,7 +1,7 @@
 //! The no-op journal of the commands that only print (`box plan`, `box
 //! list`, `candy list`, `graph`, `validate`): which journal a command line
-//! has, and printing its
-//! answer ([`charly_engine::pure`] decides whether to replay).
+//! has, and printing its answer ([`charly_engine::pure`] decides whether to
+//! replay).
 
 use crate::{Cli, output, project};
 use charly_cache::Store;
