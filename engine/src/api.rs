@@ -372,9 +372,9 @@ impl<'a> Engine<'a> {
     ) -> Option<Change> {
         let crate::graph::Work::Fragment {
             box_name,
+            candy,
             index,
-            plan,
-            ..
+            steps,
         } = &graph.g[i].work
         else {
             return None;
@@ -382,9 +382,15 @@ impl<'a> Engine<'a> {
         let old = last.outputs.get(crate::outputs::TEXT)?;
         let old = self.store.get_blob(&old.digest).ok()??;
         let old = String::from_utf8_lossy(&old).into_owned();
-        let new = exec::fragment(&self.ctx(&self.project.root), box_name, *index, plan)
-            .ok()?
-            .text;
+        let new = exec::fragment(
+            &self.ctx(&self.project.root),
+            box_name,
+            candy,
+            *index,
+            steps,
+        )
+        .ok()?
+        .text;
         (old != new).then(|| Change::Text {
             name: "fragment text".into(),
             old: Some(crate::key::text_digest(&old)),

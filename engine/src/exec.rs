@@ -25,7 +25,9 @@ use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta};
 use crate::runners::{LocalPkgRequest, LogSink, RootfsRequest, StageRequest};
 use charly_cache::{Output, Record};
-use charly_rules::emit::containerfile::{Fragment, assemble, fragment_is_last, render_fragment};
+use charly_rules::emit::containerfile::{
+    Fragment, assemble, fragment_is_last, render_candy_fragment,
+};
 use charly_rules::emit::{EmitOptions, Staged};
 use charly_rules::naming;
 use charly_rules::resolve::ResolvedBox;
@@ -53,14 +55,16 @@ fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
 pub fn fragment(
     ctx: &Ctx<'_>,
     box_name: &str,
+    candy: &str,
     index: usize,
-    plan: &charly_rules::plan::InstallPlan,
+    steps: &[charly_rules::plan::InstallStep],
 ) -> Result<Fragment, ExecError> {
     let b = rbox(ctx, box_name)?;
-    Ok(render_fragment(
+    Ok(render_candy_fragment(
         ctx.project,
         b,
-        plan,
+        candy,
+        steps,
         fragment_is_last(ctx.project, b, index),
         &ctx.emit,
     )?)
@@ -350,11 +354,11 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
         Work::Source => {}
         Work::Fragment {
             box_name,
-            candy: _,
+            candy,
             index,
-            plan,
+            steps,
         } => {
-            let f = fragment(ctx, box_name, *index, plan)?;
+            let f = fragment(ctx, box_name, candy, *index, steps)?;
             out.files
                 .insert(outputs::TEXT.into(), Out::Bytes(f.text.into_bytes()));
             for (path, bytes) in f.files {

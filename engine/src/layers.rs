@@ -101,7 +101,7 @@ pub fn base_emit_options(r: &Resolution, opts: &crate::graph::GraphOptions) -> E
 fn part_of(part: &LayerWork) -> LayerPart<'_> {
     match part {
         LayerWork::Setup => LayerPart::Setup,
-        LayerWork::Candy { candy, plan } => LayerPart::Candy { key: candy, plan },
+        LayerWork::Candy { candy, steps } => LayerPart::Candy { key: candy, steps },
         LayerWork::Init => LayerPart::Init,
     }
 }

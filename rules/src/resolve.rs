@@ -42,7 +42,7 @@ pub enum BaseRef {
 }
 
 /// The box user.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct User {
     /// Name.
     pub name: String,

@@ -179,7 +179,7 @@ fn layer_instructions_map_back_to_the_candy_file() {
         b,
         LayerPart::Candy {
             key: "hello-tools",
-            plan: &plans[idx],
+            steps: &plans[idx].steps,
         },
         &opts,
     )

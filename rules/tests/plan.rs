@@ -558,3 +558,51 @@ fn a_plugin_fragment_is_spliced_as_root_and_a_missing_one_is_an_error() {
         Ok(())
     );
 }
+
+/// A candy's steps depend only on its [`CompileContext`]: for every box and
+/// candy of the corpus and the example, and every target, the plan is the
+/// shared steps under the box's header ([`deploy_plan_header`]), encoded
+/// alike (the engine keys fragments by this encoding, and shares the
+/// steps across boxes whose context agrees).
+#[test]
+fn plans_are_context_steps_under_a_box_header() {
+    use std::collections::HashMap;
+    for root in [corpus(), charly_testutil::example()] {
+        let p = load::load(&root, &LoadOptions::default()).expect("loads");
+        let r = resolve::resolve(&p);
+        for target in Target::ALL {
+            let host = HostContext {
+                target,
+                ..HostContext::default()
+            };
+            let mut seen: HashMap<(String, CompileContext), Vec<InstallStep>> = HashMap::new();
+            let mut checked = 0;
+            for b in r.boxes.values().filter_map(|b| b.as_ref().ok()) {
+                for k in &b.candies {
+                    let Ok(plan) = build_deploy_plan(&p, b, k, &host) else {
+                        continue;
+                    };
+                    let cx = CompileContext::of(b, k);
+                    let steps = compile_candy_steps(&p, &cx, k, &host).expect("compiles");
+                    assert_eq!(steps, plan.steps, "{}/{k}", b.name);
+                    let view = DeployPlanRef {
+                        steps: &steps,
+                        ..deploy_plan_header(b, k, &host)
+                    };
+                    assert_eq!(
+                        serde_json::to_value(&view).expect("encodes"),
+                        serde_json::to_value(&plan).expect("encodes"),
+                        "{}/{k}",
+                        b.name
+                    );
+                    if let Some(prev) = seen.get(&(k.clone(), cx.clone())) {
+                        assert_eq!(prev, &steps, "{}/{k}: same context, other steps", b.name);
+                    }
+                    seen.insert((k.clone(), cx), steps);
+                    checked += 1;
+                }
+            }
+            assert!(checked > 0, "{}: no plans", root.display());
+        }
+    }
+}

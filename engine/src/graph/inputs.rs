@@ -13,7 +13,7 @@ use crate::id::SourceId;
 use crate::key::{KeyInputs, NodeKind};
 use charly_rules::emit::containerfile::fragment_is_last;
 use charly_rules::load::{CandyEntry, Project};
-use charly_rules::plan::{HostContext, InstallPlan, Target, build_merged_plan};
+use charly_rules::plan::{HostContext, InstallStep, Target, build_merged_plan, deploy_plan_header};
 use charly_rules::resolve::{BaseRef, ResolvedBox, User, effective_distro};
 use petgraph::stable_graph::NodeIndex;
 
@@ -32,8 +32,8 @@ impl Builder<'_> {
                 box_name,
                 candy,
                 index,
-                plan,
-            } => self.fragment_inputs(&mut k, box_name, candy, *index, plan)?,
+                steps,
+            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps)?,
             Work::Containerfile { box_name, prebuilt } => {
                 self.containerfile_inputs(&mut k, box_name, *prebuilt)?
             }
@@ -72,12 +72,19 @@ impl Builder<'_> {
         box_name: &str,
         candy: &str,
         index: usize,
-        plan: &InstallPlan,
+        steps: &[InstallStep],
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
-        k.text("plan", &canonical("the candy's plan", plan)?);
+        // The plan as `build_deploy_plan` gives it for this box: the
+        // shared steps under this box's header.
+        let host = HostContext::default();
+        let plan = charly_rules::plan::DeployPlanRef {
+            steps,
+            ..deploy_plan_header(b, candy, &host)
+        };
+        k.text("plan", &canonical("the candy's plan", &plan)?);
         k.value("emitter", charly_rules::emit::REVISION.to_string());
-        plugin_values(k, plan, &self.opts.plugins);
+        plugin_values(k, steps, &self.opts.plugins);
         user_values(k, &b.user);
         k.value("formats", b.formats.join(","));
         k.value("tags", b.tags.join(","));
@@ -249,8 +256,8 @@ impl Builder<'_> {
                 k.texts.insert(format!("file:{path}"), d);
             }
         }
-        if let super::LayerWork::Candy { plan, .. } = part {
-            plugin_values(k, plan, &self.opts.plugins);
+        if let super::LayerWork::Candy { steps, .. } = part {
+            plugin_values(k, steps, &self.opts.plugins);
         }
         k.value("runner", self.opts.runner.clone());
         k.value("arch", self.opts.arch.clone());
@@ -283,8 +290,8 @@ impl Builder<'_> {
 /// The plugins a candy's plan uses: each one's identity, and the fragment
 /// it emitted for each of the candy's tasks (a new plugin build, or a new
 /// answer, rebuilds what uses it; `explain` names the word).
-fn plugin_values(k: &mut KeyInputs, plan: &InstallPlan, pb: &super::PluginBuild) {
-    for s in &plan.steps {
+fn plugin_values(k: &mut KeyInputs, steps: &[InstallStep], pb: &super::PluginBuild) {
+    for s in steps {
         let charly_rules::plan::StepData::External(e) = &s.data else {
             continue;
         };

@@ -16,7 +16,7 @@ use crate::id::{LayerSlot, NodeId, SourceId};
 use crate::key::{KeyInputs, NodeKind};
 use charly_cache::NodeKey;
 use charly_rules::load::Project;
-use charly_rules::plan::{HostContext, InstallPlan, Target, build_box_plans};
+use charly_rules::plan::{CompileContext, HostContext, InstallStep, Target, compile_candy_steps};
 use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox, User};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use rayon::prelude::*;
@@ -74,8 +74,9 @@ pub enum Work {
         candy: String,
         /// Position in the box.
         index: usize,
-        /// The candy's plan (target oci, home resolved).
-        plan: Arc<InstallPlan>,
+        /// The candy's plan's steps (target oci, home resolved), shared
+        /// with every box that compiles the candy alike.
+        steps: OciSteps,
     },
     /// Assemble a box's build directory.
     Containerfile {
@@ -152,8 +153,8 @@ pub enum LayerWork {
     Candy {
         /// Candy key.
         candy: String,
-        /// Its plan (target oci, home resolved).
-        plan: Arc<InstallPlan>,
+        /// Its plan's steps (target oci, home resolved), shared.
+        steps: OciSteps,
     },
     /// The init configuration.
     Init,
@@ -385,8 +386,11 @@ pub struct Builder<'a> {
     r: &'a Resolution,
     opts: GraphOptions,
     graph: Graph,
-    /// Per box: its candies' oci plans (computed once).
-    plans: BTreeMap<String, Vec<Arc<InstallPlan>>>,
+    /// Per box: its candies' oci plans' steps (computed once).
+    plans: BTreeMap<String, Vec<OciSteps>>,
+    /// Compiled candies by what compiling them reads: boxes that agree
+    /// on it share one compiled candy instead of a copy each.
+    compiled: OciMemo,
     /// The emitter options layers and images are keyed with (every box's
     /// image reference: made once, when the first layer or image is keyed).
     emit: std::sync::OnceLock<charly_rules::emit::EmitOptions>,
@@ -426,6 +430,7 @@ impl<'a> Builder<'a> {
                 aliases: BTreeMap::new(),
             },
             plans: BTreeMap::new(),
+            compiled: OciMemo::default(),
             emit: std::sync::OnceLock::new(),
             vocab_digests: Default::default(),
         }
@@ -526,18 +531,32 @@ impl<'a> Builder<'a> {
         )
     }
 
-    fn oci_plans(&mut self, b: &ResolvedBox) -> Result<Vec<Arc<InstallPlan>>, GraphError> {
+    fn oci_plans(&mut self, b: &ResolvedBox) -> Result<Vec<OciSteps>, GraphError> {
         if let Some(p) = self.plans.get(&b.name) {
             return Ok(p.clone());
         }
-        let plans = compile_oci_plans(self.p, b)?;
+        let mut plans = Vec::with_capacity(b.candies.len());
+        for k in &b.candies {
+            let cx = CompileContext::of(b, k);
+            let steps = match self.compiled.get(&(k.clone(), cx)) {
+                Some(s) => s.clone(),
+                None => {
+                    let cx = CompileContext::of(b, k);
+                    let s = compile_oci_steps(self.p, &cx, k)?;
+                    self.compiled.insert((k.clone(), cx), s.clone());
+                    s
+                }
+            };
+            plans.push(steps);
+        }
         self.plans.insert(b.name.clone(), plans.clone());
         Ok(plans)
     }
 
-    /// Compiles the plans of the named boxes in parallel (each box's are
-    /// compiled once; adding nodes then finds them). A box whose plans do
-    /// not compile is left to [`Builder::add`], which reports it.
+    /// Compiles the plans of the named boxes (each candy once per
+    /// [`CompileContext`], in parallel; adding nodes then finds them). A
+    /// box whose plans do not compile is left to [`Builder::add`], which
+    /// reports it.
     pub fn prepare_plans(&mut self, names: &[String]) {
         let p = self.p;
         let todo: Vec<&ResolvedBox> = names
@@ -545,11 +564,47 @@ impl<'a> Builder<'a> {
             .filter_map(|n| self.r.get(n))
             .filter(|b| !self.plans.contains_key(&b.name))
             .collect();
-        let done: Vec<(String, Vec<Arc<InstallPlan>>)> = todo
+        // Every box's candies, each by what compiling it reads.
+        let wanted: Vec<Vec<(String, CompileContext)>> = todo
             .par_iter()
-            .filter_map(|b| compile_oci_plans(p, b).ok().map(|v| (b.name.clone(), v)))
+            .map(|b| {
+                b.candies
+                    .iter()
+                    .map(|k| (k.clone(), CompileContext::of(b, k)))
+                    .collect()
+            })
             .collect();
-        self.plans.extend(done);
+        let mut distinct: Vec<&(String, CompileContext)> = Vec::new();
+        {
+            let mut seen = std::collections::HashSet::new();
+            for w in wanted.iter().flatten() {
+                if !self.compiled.contains_key(w) && seen.insert(w) {
+                    distinct.push(w);
+                }
+            }
+        }
+        let done: Vec<(&(String, CompileContext), Option<OciSteps>)> = distinct
+            .par_iter()
+            .map(|w| (*w, compile_oci_steps(p, &w.1, &w.0).ok()))
+            .collect();
+        let mut failed = std::collections::HashSet::new();
+        for (w, s) in done {
+            match s {
+                Some(s) => {
+                    self.compiled.insert(w.clone(), s);
+                }
+                None => {
+                    failed.insert(w);
+                }
+            }
+        }
+        for (b, w) in todo.iter().zip(&wanted) {
+            if w.iter().any(|x| failed.contains(x)) {
+                continue;
+            }
+            let plans = w.iter().map(|x| self.compiled[x].clone()).collect();
+            self.plans.insert(b.name.clone(), plans);
+        }
     }
 
     fn containerfile(&mut self, name: &str, prebuilt: bool) -> Result<NodeIndex, GraphError> {
@@ -579,7 +634,7 @@ impl<'a> Builder<'a> {
                     box_name: name.into(),
                     candy: k.clone(),
                     index: i,
-                    plan: plans[i].clone(),
+                    steps: plans[i].clone(),
                 },
             );
             self.edge(sc, f);
@@ -685,7 +740,7 @@ impl<'a> Builder<'a> {
                 LayerSlot::Candy(k.clone()),
                 LayerWork::Candy {
                     candy: k.clone(),
-                    plan: plans[ci].clone(),
+                    steps: plans[ci].clone(),
                 },
             );
             let sc = self.source_candy(k);
@@ -706,7 +761,7 @@ impl<'a> Builder<'a> {
                 self.edge(st, layer);
             }
             if self.opts.dev_local_pkg {
-                for s in &plans[ci].steps {
+                for s in plans[ci].iter() {
                     if let charly_rules::plan::StepData::LocalPkgInstall(l) = &s.data {
                         let lp = self.local_pkg(b, k, &l.format)?;
                         self.edge(lp, layer);
@@ -876,13 +931,22 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// A box's candies' plans for the oci target, home resolved.
-fn compile_oci_plans(p: &Project, b: &ResolvedBox) -> Result<Vec<Arc<InstallPlan>>, GraphError> {
-    let mut plans = build_box_plans(p, b, &HostContext::default())?;
-    for pl in &mut plans {
-        pl.resolve_home(&b.user.home);
+/// A candy's plan's steps for the oci target, home resolved (the steps of
+/// [`charly_rules::plan::build_deploy_plan`] with the default host context
+/// after [`charly_rules::plan::InstallPlan::resolve_home`]), shared by
+/// every box whose [`CompileContext`] for the candy is the same.
+pub type OciSteps = Arc<Vec<InstallStep>>;
+
+/// Compiled candies by (candy key, context).
+type OciMemo = std::collections::HashMap<(String, CompileContext), OciSteps>;
+
+/// Candy `key` compiled in context `cx` for the oci target, home resolved.
+fn compile_oci_steps(p: &Project, cx: &CompileContext, key: &str) -> Result<OciSteps, GraphError> {
+    let mut steps = compile_candy_steps(p, cx, key, &HostContext::default())?;
+    for s in &mut steps {
+        s.resolve_home(&cx.user.home);
     }
-    Ok(plans.into_iter().map(Arc::new).collect())
+    Ok(Arc::new(steps))
 }
 
 /// How a layer's key inputs name the layer below it.

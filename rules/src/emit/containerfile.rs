@@ -330,9 +330,23 @@ pub fn render_fragment(
     is_last: bool,
     opts: &EmitOptions,
 ) -> Result<Fragment, EmitError> {
+    let key = plan.candy.as_deref().unwrap_or_default();
+    render_candy_fragment(p, b, key, &plan.steps, is_last, opts)
+}
+
+/// Renders candy `key`'s section from its plan's steps (target `oci`, home
+/// resolved): [`render_fragment`] of a plan with that candy and steps.
+pub fn render_candy_fragment(
+    p: &Project,
+    b: &ResolvedBox,
+    key: &str,
+    steps: &[InstallStep],
+    is_last: bool,
+    opts: &EmitOptions,
+) -> Result<Fragment, EmitError> {
     let mut e = emitter(p, b, opts);
-    let key = plan.candy.clone().unwrap_or_default();
-    e.candy_section(&key, &plan.steps, is_last)?;
+    let key = key.to_string();
+    e.candy_section(&key, steps, is_last)?;
     super::cache_lock::one_lock_per_run(&mut e.out);
     let files = e
         .files
@@ -396,8 +410,8 @@ pub enum LayerPart<'a> {
     Candy {
         /// The candy key.
         key: &'a str,
-        /// Its plan (target `oci`, home resolved).
-        plan: &'a InstallPlan,
+        /// Its plan's steps (target `oci`, home resolved).
+        steps: &'a [InstallStep],
     },
     /// The init system's configuration, assembled from the box's services.
     Init,
@@ -477,7 +491,7 @@ pub fn layer_containerfile(
             e.line(&format!("FROM ${{{LAYER_PARENT_ARG}}}"));
             e.bootstrap()?;
         }
-        LayerPart::Candy { key, plan } => {
+        LayerPart::Candy { key, steps } => {
             let c = e.candy(key);
             let short = c.name.clone();
             let src = match &c.rel_dir {
@@ -500,7 +514,7 @@ pub fn layer_containerfile(
             e.candy_env(&keys, Some(key), &format!("charly-path-{short}.sh"));
             e.artifacts_of(Some(key));
             e.data_copies_of(&keys);
-            e.candy_section(key, &plan.steps, false)?;
+            e.candy_section(key, steps, false)?;
         }
         LayerPart::Init => {
             let mut head = std::mem::take(&mut e.out);

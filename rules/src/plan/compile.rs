@@ -200,6 +200,60 @@ fn meta(b: &ResolvedBox, ctx: &HostContext) -> BTreeMap<String, String> {
     m
 }
 
+/// Everything of a resolved box that compiling one of its candies reads,
+/// and nothing else: the same context and candy give the same steps, so
+/// boxes that agree on it can share one compiled candy
+/// ([`compile_candy_steps`]). What differs per box (its name, version,
+/// deploy id, meta) is only in the plan's header ([`deploy_plan_header`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompileContext {
+    /// The box's namespace (whose vocabulary the candy compiles with).
+    pub ns: crate::load::NsId,
+    /// The box's distro definition.
+    pub distro_def: Option<String>,
+    /// The box's package formats, primary first.
+    pub formats: Vec<String>,
+    /// The box's tags.
+    pub tags: Vec<String>,
+    /// The box user.
+    pub user: User,
+    /// Whether the box keeps its base's user.
+    pub preserve_user: bool,
+    /// The box's builder uses that include this candy, in the box's order:
+    /// (builder, image).
+    pub builders: Vec<(String, Option<String>)>,
+}
+
+impl CompileContext {
+    /// The context box `b` compiles candy `key` in.
+    pub fn of(b: &ResolvedBox, key: &str) -> Self {
+        CompileContext {
+            ns: b.ns,
+            distro_def: b.distro_def.clone(),
+            formats: b.formats.clone(),
+            tags: b.tags.clone(),
+            user: b.user.clone(),
+            preserve_user: b.preserve_user,
+            builders: b
+                .builders
+                .iter()
+                .filter(|u| u.candies.iter().any(|c| c == key))
+                .map(|u| (u.builder.clone(), u.image.clone()))
+                .collect(),
+        }
+    }
+
+    /// The primary format.
+    fn pkg(&self) -> Option<&str> {
+        self.formats.first().map(String::as_str)
+    }
+
+    /// The cascade's tag chain (as [`ResolvedBox::tag_chain`]).
+    fn tag_chain(&self) -> Vec<String> {
+        cascade::tag_chain(&self.tags, self.pkg())
+    }
+}
+
 /// Compiles one candy of a box for a target.
 pub fn build_deploy_plan(
     p: &Project,
@@ -207,6 +261,31 @@ pub fn build_deploy_plan(
     key: &str,
     ctx: &HostContext,
 ) -> Result<InstallPlan, PlanError> {
+    let steps = compile_candy_steps(p, &CompileContext::of(b, key), key, ctx)?;
+    let h = deploy_plan_header(b, key, ctx);
+    Ok(InstallPlan {
+        deploy_id: h.deploy_id,
+        box_name: h.box_name.to_string(),
+        version: h.version.to_string(),
+        distro: h.distro.map(str::to_string),
+        candy: h.candy.map(str::to_string),
+        steps,
+        candies_included: h.candies_included,
+        add_candies: h.add_candies,
+        builder_image: h.builder_image.map(str::to_string),
+        meta: h.meta,
+    })
+}
+
+/// The steps of one candy compiled in a context, for a target: the
+/// [`InstallPlan::steps`] of [`build_deploy_plan`] for every box whose
+/// [`CompileContext`] for the candy is `cx`.
+pub fn compile_candy_steps(
+    p: &Project,
+    b: &CompileContext,
+    key: &str,
+    ctx: &HostContext,
+) -> Result<Vec<InstallStep>, PlanError> {
     let c = p.candies.get(key).ok_or_else(|| PlanError {
         candy: key.into(),
         message: "unknown candy".into(),
@@ -235,23 +314,62 @@ pub fn build_deploy_plan(
         }
         cx.steps.push(s);
     }
+    Ok(cx.steps)
+}
+
+/// A per-candy plan with its steps borrowed: it serializes exactly as the
+/// [`InstallPlan`] [`build_deploy_plan`] gives for the same box, candy and
+/// steps (same fields, names and encodings), so a key over it is the key
+/// over that plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeployPlanRef<'a> {
+    /// See [`InstallPlan::deploy_id`].
+    pub deploy_id: String,
+    /// See [`InstallPlan::box_name`].
+    #[serde(rename = "box")]
+    pub box_name: &'a str,
+    /// See [`InstallPlan::version`].
+    pub version: &'a str,
+    /// See [`InstallPlan::distro`].
+    pub distro: Option<&'a str>,
+    /// See [`InstallPlan::candy`].
+    pub candy: Option<&'a str>,
+    /// See [`InstallPlan::steps`].
+    pub steps: &'a [InstallStep],
+    /// See [`InstallPlan::candies_included`].
+    pub candies_included: Vec<String>,
+    /// See [`InstallPlan::add_candies`].
+    pub add_candies: Vec<String>,
+    /// See [`InstallPlan::builder_image`].
+    pub builder_image: Option<&'a str>,
+    /// See [`InstallPlan::meta`].
+    pub meta: BTreeMap<String, String>,
+}
+
+/// The box's part of candy `key`'s plan (everything but the steps, which
+/// are empty here): [`build_deploy_plan`] without compiling.
+pub fn deploy_plan_header<'a>(
+    b: &'a ResolvedBox,
+    key: &'a str,
+    ctx: &'a HostContext,
+) -> DeployPlanRef<'a> {
     let candies = vec![key.to_string()];
-    Ok(InstallPlan {
+    DeployPlanRef {
         deploy_id: deploy_id(&b.name, &candies, &[]),
-        box_name: b.name.clone(),
-        version: b.version.clone(),
-        distro: ctx.distro.clone().or_else(|| b.distro_def.clone()),
-        candy: Some(key.to_string()),
-        steps: cx.steps,
+        box_name: &b.name,
+        version: &b.version,
+        distro: ctx.distro.as_deref().or(b.distro_def.as_deref()),
+        candy: Some(key),
+        steps: &[],
         candies_included: candies,
         add_candies: Vec::new(),
-        builder_image: ctx.builder_image.clone(),
+        builder_image: ctx.builder_image.as_deref(),
         meta: meta(b, ctx),
-    })
+    }
 }
 
 struct Cx<'a> {
-    b: &'a ResolvedBox,
+    b: &'a CompileContext,
     c: &'a CandyEntry,
     vocab: &'a Vocab,
     ctx: &'a HostContext,
@@ -605,18 +723,15 @@ impl Cx<'_> {
 
     fn builders(&mut self) {
         let key = self.key().to_string();
-        for u in &self.b.builders {
-            if !u.candies.contains(&key) {
-                continue;
-            }
-            let Some(def) = self.vocab.builder.get(&u.builder) else {
+        for (builder, image) in &self.b.builders {
+            let Some(def) = self.vocab.builder.get(builder) else {
                 continue;
             };
             let manifest = def.detect_file.iter().find(|f| self.c.has_file(f)).cloned();
             let aur = cascade::aur(self.def());
             let data = BuilderStep {
-                builder: u.builder.clone(),
-                image: self.ctx.builder_image.clone().or_else(|| u.image.clone()),
+                builder: builder.clone(),
+                image: self.ctx.builder_image.clone().or_else(|| image.clone()),
                 manifest: manifest.clone(),
                 source: crate::naming::candy_key_dir(self.c),
                 path: def
@@ -634,7 +749,7 @@ impl Cx<'_> {
                     .iter()
                     .map(|a| (a.src.clone(), a.dst.clone()))
                     .collect(),
-                packages: if u.builder == "aur" {
+                packages: if builder == "aur" {
                     aur.packages
                 } else {
                     Vec::new()
