@@ -652,7 +652,7 @@ fn materialize_record(
     }
     crate::generate::write(root, &d).map_err(|e| ExecError::Io(e.to_string()))?;
     froot
-        .write_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
+        .write_derived_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
         .map_err(io(marker.display()))?;
     Ok((dir, lock))
 }

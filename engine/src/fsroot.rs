@@ -497,6 +497,20 @@ impl Root {
         owner: Option<(u32, u32)>,
         parents: bool,
     ) -> io::Result<()> {
+        self.write_atomic_synced(rel, bytes, mode, owner, parents, true)
+    }
+
+    /// [`Root::write_atomic`], syncing the file before the rename when
+    /// `sync` (see [`Root::write_derived_if_changed`] for when not).
+    fn write_atomic_synced(
+        &self,
+        rel: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+        parents: bool,
+        sync: bool,
+    ) -> io::Result<()> {
         let (dir, name) = self.parent_and_name(rel, parents)?;
         let ctx = |e: io::Error| err(e.kind(), format!("{}: {e}", self.describe(rel)));
         let (file, tmp) = create_locked_temp(&dir).map_err(ctx)?;
@@ -507,7 +521,9 @@ impl Root {
             if let Some((u, g)) = owner {
                 std::os::unix::fs::fchown(&file, Some(u), Some(g))?;
             }
-            file.sync_all()?;
+            if sync {
+                file.sync_all()?;
+            }
             rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_os_str()).map_err(from_rustix)
         })();
         if res.is_err() {
@@ -521,6 +537,22 @@ impl Root {
     /// `bytes`, so mtimes stay put for tools that watch them. Returns
     /// whether it wrote.
     pub fn write_if_changed(&self, rel: &Path, bytes: &[u8]) -> io::Result<bool> {
+        self.write_if_changed_synced(rel, bytes, true)
+    }
+
+    /// [`Root::write_if_changed`] for a derived file that the next run
+    /// checks against the store before trusting it (a build directory:
+    /// every file is verified by content against the box's record, and
+    /// the journal and the stat cache trust nothing whose size or
+    /// timestamps moved): it is not synced before the rename. A crash may
+    /// then lose it or leave it empty, which the next run sees and writes
+    /// again; what it spares is a disk flush per written file on every
+    /// edit (the store's blobs and records stay durable).
+    pub fn write_derived_if_changed(&self, rel: &Path, bytes: &[u8]) -> io::Result<bool> {
+        self.write_if_changed_synced(rel, bytes, false)
+    }
+
+    fn write_if_changed_synced(&self, rel: &Path, bytes: &[u8], sync: bool) -> io::Result<bool> {
         let (dir, name) = self.parent_and_name(rel, true)?;
         if let Ok(fd) = rustix::fs::openat(
             &dir,
@@ -540,7 +572,7 @@ impl Root {
         }
         // Context files are bind-mounted into RUNs that may run as the box
         // user: they must be readable by everyone.
-        self.write_atomic(rel, bytes, 0o644, None, true)?;
+        self.write_atomic_synced(rel, bytes, 0o644, None, true, sync)?;
         Ok(true)
     }
 

@@ -84,7 +84,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     let mut written = Vec::new();
     let cf_rel = dir_rel.join("Containerfile");
     let cf = out.join(&cf_rel);
-    root.write_if_changed(&cf_rel, d.containerfile.as_bytes())
+    root.write_derived_if_changed(&cf_rel, d.containerfile.as_bytes())
         .map_err(io(&cf))?;
     written.push(cf);
     let mut keep: BTreeSet<PathBuf> = BTreeSet::new();
@@ -94,11 +94,11 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
         let path = out.join(rel);
         match staged {
             Staged::Bytes(b) => root
-                .write_if_changed(Path::new(rel), b)
+                .write_derived_if_changed(Path::new(rel), b)
                 .map_err(io(&path))?,
             Staged::CopyOf(src) => {
                 let bytes = std::fs::read(src).map_err(io(src))?;
-                root.write_if_changed(Path::new(rel), &bytes)
+                root.write_derived_if_changed(Path::new(rel), &bytes)
                     .map_err(io(&path))?
             }
         };
@@ -168,7 +168,7 @@ fn copy_tree(root: &crate::fsroot::Root, src: &Path, dest: &Path) -> std::io::Re
             root.create_dir_all(&target)?;
         } else if e.file_type().is_file() {
             let bytes = std::fs::read(e.path())?;
-            root.write_if_changed(&target, &bytes)?;
+            root.write_derived_if_changed(&target, &bytes)?;
         }
     }
     Ok(())
