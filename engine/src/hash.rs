@@ -23,7 +23,9 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::Read;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -73,6 +75,21 @@ struct Entry {
     digest: String,
 }
 
+/// An [`Entry`] borrowed from the map, for saving (the same encoding).
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    path: &'a Path,
+    stat: Stat,
+    digest: &'a str,
+}
+
+/// [`CacheFile`] borrowing its entries (the same encoding).
+#[derive(Serialize)]
+struct CacheFileRef<'a> {
+    pruned_len: u64,
+    entries: Vec<EntryRef<'a>>,
+}
+
 /// The cache file: its entries, and how many were left after the last
 /// prune (entries of deleted files are dropped when the cache has grown to
 /// twice that, not on every save: a save after an edit should not stat
@@ -86,9 +103,23 @@ struct CacheFile {
 /// A cache this small is never pruned on save (only by [`FileHasher::prune`]).
 const PRUNE_FLOOR: u64 = 4096;
 
+/// The cache's map: a path's bytes (hashed in one go: `Path`'s own `Hash`
+/// goes component by component, which was most of the cost of loading the
+/// cache) → its stat and digest. Byte equality is at least as strict as
+/// `Path`'s, so a path spelled differently only misses (and re-hashes).
+type Map = HashMap<Vec<u8>, (Stat, String)>;
+
+fn key_of(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
+fn path_of(key: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(key))
+}
+
 /// Hashes files, remembering digests by stat.
 pub struct FileHasher {
-    map: Mutex<HashMap<PathBuf, (Stat, String)>>,
+    map: Mutex<Map>,
     file: Option<PathBuf>,
     dirty: std::sync::atomic::AtomicBool,
     hashed: std::sync::atomic::AtomicU64,
@@ -121,15 +152,16 @@ impl FileHasher {
     /// A hasher whose cache lives in `file` (loaded now, saved by [`FileHasher::save`]).
     pub fn with_cache_file(file: PathBuf) -> Self {
         let _t = crate::timings::phase("stat cache: load");
-        let mut map = HashMap::new();
+        let mut map = Map::new();
         let mut pruned_len = 0;
         // A file in an older format is not read: the cache starts empty.
         if let Ok(bytes) = std::fs::read(&file)
             && let Ok(f) = postcard::from_bytes::<CacheFile>(&bytes)
         {
             pruned_len = f.pruned_len;
+            map.reserve(f.entries.len());
             for e in f.entries {
-                map.insert(e.path, (e.stat, e.digest));
+                map.insert(e.path.into_os_string().into_vec(), (e.stat, e.digest));
             }
         }
         FileHasher {
@@ -151,7 +183,7 @@ impl FileHasher {
         let meta = std::fs::metadata(path)?;
         let stat = Stat::of(&meta);
         if let Ok(m) = self.map.lock()
-            && let Some((s, d)) = m.get(path)
+            && let Some((s, d)) = m.get(key_of(path))
             && *s == stat
         {
             return Ok(d.clone());
@@ -163,9 +195,9 @@ impl FileHasher {
             // A racy stat is not remembered: the file is hashed again next
             // time (an old entry for it must not survive either).
             let changed = if stat.is_racy(now, self.racy_ns) {
-                m.remove(path).is_some()
+                m.remove(key_of(path)).is_some()
             } else {
-                m.insert(path.to_path_buf(), (stat, digest.clone()));
+                m.insert(key_of(path).to_vec(), (stat, digest.clone()));
                 true
             };
             if changed {
@@ -180,9 +212,9 @@ impl FileHasher {
     pub fn prune(&self) -> std::io::Result<usize> {
         let removed = match self.map.lock() {
             Ok(mut m) => {
-                let gone: Vec<PathBuf> = m
+                let gone: Vec<Vec<u8>> = m
                     .par_iter()
-                    .filter(|(p, _)| !p.exists())
+                    .filter(|(p, _)| !path_of(p).exists())
                     .map(|(p, _)| p.clone())
                     .collect();
                 for p in &gone {
@@ -209,36 +241,35 @@ impl FileHasher {
         }
         let _t = crate::timings::phase("stat cache: save");
         let pruned_len = self.pruned_len.load(std::sync::atomic::Ordering::Relaxed);
-        let (prune, entries): (bool, Vec<Entry>) = match self.map.lock() {
+        let bytes = match self.map.lock() {
             Ok(m) => {
                 // Entries of deleted files are dropped (a stat each, in
                 // parallel) once the cache has doubled since the last time.
                 let prune = m.len() as u64 > 2 * pruned_len.max(PRUNE_FLOOR);
-                let entries = m
+                let entries: Vec<EntryRef> = m
                     .par_iter()
-                    .filter(|(p, _)| !prune || p.exists())
-                    .map(|(p, (s, d))| Entry {
-                        path: p.clone(),
+                    .filter(|(p, _)| !prune || path_of(p).exists())
+                    .map(|(p, (s, d))| EntryRef {
+                        path: path_of(p),
                         stat: *s,
-                        digest: d.clone(),
+                        digest: d,
                     })
                     .collect();
-                (prune, entries)
+                let pruned_len = if prune {
+                    entries.len() as u64
+                } else {
+                    pruned_len
+                };
+                self.pruned_len
+                    .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
+                postcard::to_stdvec(&CacheFileRef {
+                    pruned_len,
+                    entries,
+                })
+                .map_err(std::io::Error::other)?
             }
             Err(_) => return Ok(()),
         };
-        let pruned_len = if prune {
-            entries.len() as u64
-        } else {
-            pruned_len
-        };
-        self.pruned_len
-            .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
-        let file_data = CacheFile {
-            pruned_len,
-            entries,
-        };
-        let bytes = postcard::to_stdvec(&file_data).map_err(std::io::Error::other)?;
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)?;
         }
