@@ -29,6 +29,14 @@ impl Env {
         ))
     }
 
+    /// The boxes' Containerfiles hold exactly `left` and `right`.
+    fn has_containerfiles(&self, left: &[u8], right: &[u8]) {
+        for (b, want) in [("left", left), ("right", right)] {
+            let got = std::fs::read(self.containerfile(b)).expect("Containerfile");
+            assert_eq!(got, want, "{b}");
+        }
+    }
+
     fn containerfile(&self, b: &str) -> PathBuf {
         self.project.join(".build").join(b).join("Containerfile")
     }
@@ -109,14 +117,7 @@ fn a_corrupt_output_blob_is_rebuilt_in_the_same_run() {
     // the bad blob is a miss, its node runs again, every box is written.
     std::fs::remove_dir_all(env.project.join(".build")).expect("rm .build");
     let out = env.ok(&GENERATE);
-    assert_eq!(
-        std::fs::read(env.containerfile("left")).expect("left"),
-        left
-    );
-    assert_eq!(
-        std::fs::read(env.containerfile("right")).expect("right"),
-        right
-    );
+    env.has_containerfiles(&left, &right);
     let found = notes(&out);
     assert_eq!(found.len(), 1, "one note, got:\n{}", stderr(&out));
     assert!(found[0].contains("failed verification"), "{found:?}");
@@ -168,14 +169,7 @@ fn empty_blobs_and_build_files_a_power_loss_left_are_rebuilt() {
     }
     assert!(emptied > 4, "blobs and build files were written: {emptied}");
     let out = env.ok(&GENERATE);
-    assert_eq!(
-        std::fs::read(env.containerfile("left")).expect("left"),
-        left
-    );
-    assert_eq!(
-        std::fs::read(env.containerfile("right")).expect("right"),
-        right
-    );
+    env.has_containerfiles(&left, &right);
     assert!(!notes(&out).is_empty(), "{}", stderr(&out));
     // Every build file is whole again, and so is the store.
     for e in files(env.project.join(".build")) {
@@ -216,14 +210,7 @@ fn a_corrupt_fragment_blob_read_by_a_later_node_is_rebuilt() {
         "--summary-json",
         s1.to_str().expect("utf-8"),
     ]);
-    assert_eq!(
-        std::fs::read(env.containerfile("left")).expect("left"),
-        left
-    );
-    assert_eq!(
-        std::fs::read(env.containerfile("right")).expect("right"),
-        right
-    );
+    env.has_containerfiles(&left, &right);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&s1).expect("summary")).expect("json");
     assert_eq!(state(&summary, "containerfile:left"), "ran");
