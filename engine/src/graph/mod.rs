@@ -537,13 +537,12 @@ impl<'a> Builder<'a> {
         }
         let mut plans = Vec::with_capacity(b.candies.len());
         for k in &b.candies {
-            let cx = CompileContext::of(b, k);
-            let steps = match self.compiled.get(&(k.clone(), cx)) {
+            let at = (k.clone(), CompileContext::of(b, k));
+            let steps = match self.compiled.get(&at) {
                 Some(s) => s.clone(),
                 None => {
-                    let cx = CompileContext::of(b, k);
-                    let s = compile_oci_steps(self.p, &cx, k)?;
-                    self.compiled.insert((k.clone(), cx), s.clone());
+                    let s = compile_oci_steps(self.p, &at.1, k)?;
+                    self.compiled.insert(at, s.clone());
                     s
                 }
             };
