@@ -535,20 +535,13 @@ impl CacheSlot {
 /// `sharing=locked` becomes `shared`; cache `id=charly-…` gains `-sN` for
 /// slot N > 0.
 fn slot_text(text: &str, n: usize) -> String {
-    let text = text.replace("sharing=locked", "sharing=shared");
-    if n == 0 {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len() + 64);
-    let mut rest = text.as_str();
-    while let Some(i) = rest.find("--mount=type=cache,") {
-        let (head, mount) = rest.split_at(i);
-        out.push_str(head);
-        let end = mount
-            .find(|c: char| c.is_whitespace())
-            .unwrap_or(mount.len());
-        let (spec, tail) = mount.split_at(end);
-        let mut parts: Vec<String> = spec
+    let mut text = text.to_string();
+    charly_rules::emit::cache_lock::map_cache_mounts(&mut text, |flag| {
+        let flag = charly_rules::emit::cache_lock::unlocked(flag);
+        if n == 0 {
+            return flag;
+        }
+        let mut parts: Vec<String> = flag
             .split(',')
             .map(|p| match p.strip_prefix("id=") {
                 Some(id) => format!("id={id}-s{n}"),
@@ -566,11 +559,9 @@ fn slot_text(text: &str, n: usize) -> String {
                 parts.push(format!("id={dst}-s{n}"));
             }
         }
-        out.push_str(&parts.join(","));
-        rest = tail;
-    }
-    out.push_str(rest);
-    out
+        parts.join(",")
+    });
+    text
 }
 
 /// Reads a command's output to its end, sending each line that is not
@@ -1153,6 +1144,23 @@ mod tests {
             "only mount options change: {t}"
         );
         assert!(t.contains("\\\n    --mount"), "continuations kept: {t}");
+    }
+
+    #[test]
+    fn a_scripts_own_text_is_never_rewritten() {
+        let text = "FROM x\n# --mount=type=cache,id=c,sharing=locked\nRUN --mount=type=cache,id=a,dst=/a,sharing=locked echo 'sharing=locked --mount=type=cache,id=y,dst=/y' > /f\n";
+        for n in [0, 2] {
+            let t = slot_text(text, n);
+            assert!(
+                t.contains("echo 'sharing=locked --mount=type=cache,id=y,dst=/y' > /f"),
+                "{t}"
+            );
+            assert!(
+                t.contains("# --mount=type=cache,id=c,sharing=locked\n"),
+                "{t}"
+            );
+            assert!(t.contains("dst=/a,sharing=shared echo"), "{t}");
+        }
     }
 
     #[test]

@@ -33,7 +33,8 @@ fn is_locked(token: &str) -> bool {
     token.split(',').any(|o| o == "sharing=locked")
 }
 
-fn unlocked(token: &str) -> String {
+/// A cache-mount flag with `sharing=locked` made `sharing=shared`.
+pub fn unlocked(token: &str) -> String {
     token
         .split(',')
         .map(|o| {
@@ -76,12 +77,9 @@ fn cache_flags(text: &str, at: usize) -> Vec<(usize, usize)> {
     }
 }
 
-/// Rewrites `text` so that no RUN holds more than one locked cache mount,
-/// and that one is its last cache mount (see the module docs).
-pub fn one_lock_per_run(text: &mut String) {
-    if !text.contains("sharing=locked") {
-        return;
-    }
+/// The offsets of the `RUN` words of `text`'s RUN instructions (not in
+/// comments, here-documents or continuation lines).
+fn run_offsets(text: &str) -> Vec<usize> {
     let mut runs = Vec::new();
     let mut continued = false;
     let mut heredoc: Option<String> = None;
@@ -106,8 +104,35 @@ pub fn one_lock_per_run(text: &mut String) {
         heredoc = heredoc_end(t);
         continued = l.trim_end().ends_with('\\');
     }
+    runs
+}
+
+/// Replaces every cache-mount flag of every RUN instruction of `text` (a
+/// whole `--mount=type=cache,…` token) by what `f` makes of it; a RUN's
+/// script, comments and here-documents are left alone.
+pub fn map_cache_mounts(text: &mut String, mut f: impl FnMut(&str) -> String) {
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
-    for at in runs {
+    for at in run_offsets(text) {
+        for (s, e) in cache_flags(text, at) {
+            let new = f(&text[s..e]);
+            if text[s..e] != new {
+                edits.push((s, e, new));
+            }
+        }
+    }
+    for (s, e, new) in edits.into_iter().rev() {
+        text.replace_range(s..e, &new);
+    }
+}
+
+/// Rewrites `text` so that no RUN holds more than one locked cache mount,
+/// and that one is its last cache mount (see the module docs).
+pub fn one_lock_per_run(text: &mut String) {
+    if !text.contains("sharing=locked") {
+        return;
+    }
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    for at in run_offsets(text) {
         let flags = cache_flags(text, at);
         let Some(chosen) = flags.iter().rposition(|&(s, e)| is_locked(&text[s..e])) else {
             continue;

@@ -1,6 +1,6 @@
 //! Text emitters: the OCI target (Containerfile), quadlet and kustomize.
 
-mod cache_lock;
+pub mod cache_lock;
 pub mod containerfile;
 
 /// The emitter's revision. Fragment and build-directory keys are computed
