@@ -70,24 +70,23 @@ pub fn plan(
     let shared_ok = memo.is_some_and(|m| m.dir_unchanged(&out_root.join(naming::LAYERS_DIR)));
     // Checking a build directory stats each of its files (3,000 `statx` at
     // 1,000 candies × 100 boxes): the boxes are checked in parallel.
-    let context: Vec<Vec<std::path::PathBuf>> = if shared_ok {
-        names.iter().map(|n| context_dirs(n)).collect()
-    } else {
-        vec![Vec::new(); names.len()]
-    };
-    let unchanged: Vec<bool> = names
-        .par_iter()
-        .zip(&c.digests)
-        .zip(&context)
-        .map(|((name, digest), dirs)| {
-            shared_ok
-                && memo.is_some_and(|m| {
+    let unchanged: Vec<bool> = match memo.filter(|_| shared_ok) {
+        None => vec![false; names.len()],
+        Some(m) => {
+            let context: Vec<Vec<std::path::PathBuf>> =
+                names.iter().map(|n| context_dirs(n)).collect();
+            names
+                .par_iter()
+                .zip(&c.digests)
+                .zip(&context)
+                .map(|((name, digest), dirs)| {
                     m.box_unchanged(name, digest.as_ref())
                         && m.dir_unchanged(&out_root.join(naming::build_dir(name)))
                         && dirs.iter().all(|d| m.dir_unchanged(d))
                 })
-        })
-        .collect();
+                .collect()
+        }
+    };
     for (name, carried) in names.iter().zip(unchanged) {
         if carried {
             c.carried.push(name.clone());

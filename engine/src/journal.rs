@@ -738,7 +738,6 @@ pub struct Recorder {
     racy_after: i64,
 }
 
-/// Whether a fingerprint is too recent to trust.
 /// How many of the most recently changed inputs [`Journal::check`] stats
 /// before all of them.
 const RECENT_FIRST: usize = 8;
@@ -756,6 +755,7 @@ fn recently_changed(inputs: &[(String, Fp)], n: usize) -> Vec<&(String, Fp)> {
     all
 }
 
+/// Whether a fingerprint is too recent to trust.
 fn is_racy(fp: &Fp, racy_after: i64) -> bool {
     fp.0 != 0 && fp.changed_ns() > racy_after
 }

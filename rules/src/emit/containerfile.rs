@@ -345,8 +345,7 @@ pub fn render_candy_fragment(
     opts: &EmitOptions,
 ) -> Result<Fragment, EmitError> {
     let mut e = emitter(p, b, opts);
-    let key = key.to_string();
-    e.candy_section(&key, steps, is_last)?;
+    e.candy_section(key, steps, is_last)?;
     super::cache_lock::one_lock_per_run(&mut e.out);
     let files = e
         .files
@@ -357,7 +356,7 @@ pub fn render_candy_fragment(
         })
         .collect();
     Ok(Fragment {
-        candy: key,
+        candy: key.to_string(),
         text: e.out,
         files,
     })
