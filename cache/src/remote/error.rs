@@ -110,17 +110,16 @@ pub(crate) fn classify(e: &OciDistributionError) -> RemoteError {
                 Kind::Other
             }
         }
-        OciDistributionError::ServerError { code, .. } => match code {
-            404 => Kind::NotFound,
-            401 | 403 => Kind::Auth,
-            429 | 502..=504 => Kind::Unavailable,
-            _ => Kind::Other,
-        },
+        OciDistributionError::ServerError { code, .. } => status_kind(*code),
         OciDistributionError::UnauthorizedError { .. }
         | OciDistributionError::AuthenticationFailure(_) => Kind::Auth,
         OciDistributionError::DigestError(DigestError::VerificationError { .. }) => Kind::Corrupt,
         OciDistributionError::RequestError(r) => {
-            if r.is_connect() || r.is_timeout() || r.is_request() || r.is_body() {
+            // Some calls of the client turn an error status into a request
+            // error (`error_for_status`): the status decides.
+            if let Some(status) = r.status() {
+                status_kind(status.as_u16())
+            } else if r.is_connect() || r.is_timeout() || r.is_request() || r.is_body() {
                 Kind::Unavailable
             } else {
                 Kind::Other
@@ -130,6 +129,37 @@ pub(crate) fn classify(e: &OciDistributionError) -> RemoteError {
         _ => Kind::Other,
     };
     RemoteError::new(kind, error_chain(e))
+}
+
+/// Whether the registry answered that this request failed for now, so the
+/// same request may succeed if sent again: a server error without an OCI
+/// error body (500, 502–504) or a rate limit.
+pub(crate) fn is_transient(e: &OciDistributionError) -> bool {
+    match e {
+        OciDistributionError::ServerError { code, .. } => transient_status(*code),
+        OciDistributionError::RequestError(r) => {
+            r.status().is_some_and(|s| transient_status(s.as_u16()))
+        }
+        OciDistributionError::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| e.code == OciErrorCode::Toomanyrequests),
+        _ => false,
+    }
+}
+
+fn transient_status(code: u16) -> bool {
+    matches!(code, 429 | 500 | 502..=504)
+}
+
+/// What an HTTP error status says about the request.
+fn status_kind(code: u16) -> Kind {
+    match code {
+        404 => Kind::NotFound,
+        401 | 403 => Kind::Auth,
+        429 | 502..=504 => Kind::Unavailable,
+        _ => Kind::Other,
+    }
 }
 
 /// Classifies an I/O error from a blob stream: a failed digest check inside

@@ -8,6 +8,7 @@
 //! cross the boundary as streams, a chunk at a time, so no blob is ever held
 //! in memory whole.
 
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,7 +20,16 @@ use oci_client::{Client, Reference};
 use tokio::runtime::Runtime;
 
 use super::config::{RemoteAuth, Target};
-use super::error::{Kind, RemoteError, classify};
+use super::error::{Kind, RemoteError, classify, is_transient};
+
+/// How many times a request that may be repeated is sent when the registry
+/// answers that it failed for now (HTTP 500, 502–504, 429).
+const ATTEMPTS: u32 = 3;
+
+/// The pause before attempt `n + 1`: 100 ms, then 400 ms.
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(100 * 4u64.pow(n - 1))
+}
 
 /// Media type of the manifests charly writes and reads.
 pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -96,13 +106,36 @@ impl Registry {
         self.tagged("latest")
     }
 
+    /// Runs a request that may be repeated without changing what the registry
+    /// holds (a lookup, or an upload of content named by its digest), again
+    /// after a pause while the registry answers with a transient failure.
+    /// Registries under concurrent load (Docker Distribution among them)
+    /// answer an occasional 500 to a request that succeeds a moment later;
+    /// that must not cost a cache hit or fail a push.
+    fn idempotent<T, F, Fut>(&self, mut request: F) -> Result<T, OciDistributionError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, OciDistributionError>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match self.rt.block_on(request()) {
+                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                    std::thread::sleep(backoff(attempt));
+                    attempt += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
     /// The manifest tagged `tag` and its digest; `None` if there is none.
     pub(crate) fn get_manifest(&self, tag: &str) -> Result<Option<(Bytes, String)>, RemoteError> {
         let r = self.tagged(tag);
-        match self.rt.block_on(
+        match self.idempotent(|| {
             self.client
-                .pull_manifest_raw(&r, &self.auth, &[OCI_MANIFEST]),
-        ) {
+                .pull_manifest_raw(&r, &self.auth, &[OCI_MANIFEST])
+        }) {
             Ok(found) => Ok(Some(found)),
             Err(e) => match classify(&e) {
                 err if err.kind == Kind::NotFound => Ok(None),
@@ -114,10 +147,7 @@ impl Registry {
     /// Whether a manifest is tagged `tag` (HEAD).
     pub(crate) fn has_manifest(&self, tag: &str) -> Result<bool, RemoteError> {
         let r = self.tagged(tag);
-        match self
-            .rt
-            .block_on(self.client.fetch_manifest_digest(&r, &self.auth))
-        {
+        match self.idempotent(|| self.client.fetch_manifest_digest(&r, &self.auth)) {
             Ok(_) => Ok(true),
             Err(e) => match classify(&e) {
                 err if err.kind == Kind::NotFound => Ok(false),
@@ -134,16 +164,18 @@ impl Registry {
         let content_type = OCI_MANIFEST
             .parse()
             .map_err(|e| RemoteError::other(format!("header value {OCI_MANIFEST:?}: {e}")))?;
-        self.rt
-            .block_on(self.client.push_manifest_raw(&r, body, content_type))
-            .map(|_| ())
-            .map_err(|e| classify(&e).context(format!("uploading manifest {tag}")))
+        self.idempotent(|| {
+            self.client
+                .push_manifest_raw(&r, body.clone(), Clone::clone(&content_type))
+        })
+        .map(|_| ())
+        .map_err(|e| classify(&e).context(format!("uploading manifest {tag}")))
     }
 
     /// Whether the repository has the blob `digest` (`sha256:…`).
     pub(crate) fn has_blob(&self, digest: &str) -> Result<bool, RemoteError> {
         let r = self.repo();
-        match self.rt.block_on(self.client.blob_exists(&r, digest)) {
+        match self.idempotent(|| self.client.blob_exists(&r, digest)) {
             Ok(found) => Ok(found),
             Err(e) => match classify(&e) {
                 err if err.kind == Kind::NotFound => Ok(false),
@@ -161,11 +193,12 @@ impl Registry {
         let r = self.repo();
         let data: Bytes = data.into();
         let size = data.len() as u64;
-        let body = futures_util::stream::iter([Ok(data)]);
-        self.rt
-            .block_on(self.client.push_blob_stream(&r, body, digest, Some(size)))
-            .map(|_| ())
-            .map_err(|e| classify(&e).context(format!("uploading blob {digest}")))
+        self.idempotent(|| {
+            let body = futures_util::stream::iter([Ok(data.clone())]);
+            self.client.push_blob_stream(&r, body, digest, Some(size))
+        })
+        .map(|_| ())
+        .map_err(|e| classify(&e).context(format!("uploading blob {digest}")))
     }
 
     /// Uploads a blob whose body `produce` writes, chunk by chunk, into the
@@ -216,8 +249,7 @@ impl Registry {
     /// turns a mismatch into an error of the stream.
     pub(crate) fn pull_blob(&self, digest: &str) -> Result<BlobStream, RemoteError> {
         let r = self.repo();
-        self.rt
-            .block_on(self.client.pull_blob_stream(&r, digest))
+        self.idempotent(|| self.client.pull_blob_stream(&r, digest))
             .map(|s| s.stream)
             .map_err(|e| classify(&e).context(format!("fetching blob {digest}")))
     }
@@ -230,12 +262,10 @@ impl Registry {
         let mut all: Vec<String> = Vec::new();
         loop {
             let last = all.last().cloned();
-            let page = match self.rt.block_on(self.client.list_tags(
-                &r,
-                &self.auth,
-                Some(PAGE),
-                last.as_deref(),
-            )) {
+            let page = match self.idempotent(|| {
+                self.client
+                    .list_tags(&r, &self.auth, Some(PAGE), last.as_deref())
+            }) {
                 Ok(p) => p.tags,
                 Err(e) => match classify(&e) {
                     err if err.kind == Kind::NotFound => Vec::new(),
@@ -259,5 +289,82 @@ impl Registry {
     /// reading (a lookup of a tag that never exists).
     pub(crate) fn ping(&self) -> Result<(), RemoteError> {
         self.get_manifest("charly-ping").map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A registry stand-in that answers each blob request with the next status
+    /// of `script` (the last one repeating) and counts them.
+    fn scripted(script: &'static [&'static str]) -> (Registry, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut r = BufReader::new(s.try_clone().expect("clone"));
+                let mut request = String::new();
+                let _ = r.read_line(&mut request);
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                // The client's own discovery of the registry's auth (GET
+                // /v2/) is answered plainly; blob requests follow the script.
+                let status = if request.contains("/blobs/") {
+                    let n = count.fetch_add(1, Ordering::SeqCst);
+                    script[n.min(script.len() - 1)]
+                } else {
+                    "200 OK"
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+        let target = Target {
+            registry: format!("127.0.0.1:{port}"),
+            repository: "charly/retry".into(),
+            plain_http: true,
+        };
+        let reg = Registry::new(target, &RemoteAuth::Anonymous).expect("client");
+        (reg, seen)
+    }
+
+    const DIGEST: &str = "sha256:d45809248362ea418dff5d4bdae950a4394bf2415a40757907fb0197b75cd0df";
+
+    #[test]
+    fn a_transient_server_error_is_retried() {
+        let (reg, seen) = scripted(&["500 Internal Server Error", "200 OK"]);
+        assert!(reg.has_blob(DIGEST).expect("answered on the second try"));
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_lasting_server_error_is_reported_after_a_bounded_number_of_tries() {
+        let (reg, seen) = scripted(&["503 Service Unavailable"]);
+        let err = reg.has_blob(DIGEST).expect_err("never answered");
+        assert_eq!(err.kind, Kind::Unavailable, "{err}");
+        assert_eq!(seen.load(Ordering::SeqCst), ATTEMPTS as usize);
+    }
+
+    #[test]
+    fn a_definite_answer_is_not_retried() {
+        let (reg, seen) = scripted(&["404 Not Found", "200 OK"]);
+        assert!(!reg.has_blob(DIGEST).expect("a plain miss"));
+        let (reg2, seen2) = scripted(&["400 Bad Request", "200 OK"]);
+        assert!(reg2.has_blob(DIGEST).is_err());
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        assert_eq!(seen2.load(Ordering::SeqCst), 1);
     }
 }
