@@ -120,6 +120,14 @@ impl OutputEntry {
             && d.as_ref()
                 .is_none_or(|d| digest_of(path).as_ref() == Some(d))
     }
+
+    /// The entry, without its content digest when the output last changed
+    /// before `cutoff` (a change after it would change the fingerprint).
+    fn settled(&self, cutoff: i64) -> OutputEntry {
+        let OutputEntry(p, fp, d) = self;
+        let d = d.as_ref().filter(|_| fp.changed_ns() >= cutoff);
+        OutputEntry(p.clone(), *fp, d.cloned())
+    }
 }
 
 /// What the last run of a command still tells a full run when the journal
@@ -673,7 +681,11 @@ impl Journal {
                     && kept.contains(root)
                     && let Some(es) = memo.entries_of(root)
                 {
-                    return Some(es.cloned().collect());
+                    // Checked this run, by content where the last run could
+                    // not trust the stat: one old enough now is trusted by
+                    // stat from here on (as a replay does), or every later
+                    // run of an edit loop would read it again.
+                    return Some(es.map(|o| o.settled(recorded_ns - self.racy_ns)).collect());
                 }
                 let mut outs = Vec::new();
                 for e in walkdir::WalkDir::new(root)
@@ -1428,5 +1440,50 @@ mod tests {
                 .iter()
                 .all(|o| o.2.is_none())
         );
+    }
+
+    #[test]
+    fn a_kept_output_dir_verified_by_content_is_trusted_by_stat_once_old() {
+        let f = Fix::new();
+        let mut j = Journal::new(&f.store, "generate");
+        j.racy_ns = 0;
+        let scope = Scope::project(&f.proj, &[], &f.store);
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        // The outputs were "just written": recorded with their digests.
+        j.racy_ns = i64::MAX / 2;
+        assert!(
+            j.record(rec, std::slice::from_ref(&f.out), &[], outcome())
+                .expect("record")
+        );
+        let with_digest = |j: &Journal| {
+            j.read()
+                .expect("entry")
+                .outputs
+                .iter()
+                .filter(|o| o.2.is_some())
+                .count()
+        };
+        assert!(with_digest(&j) > 0);
+        // An edit loop: every run misses and keeps the build directory.
+        let kept = [normalize(&f.out)];
+        let edit_and_keep = |j: &Journal, text: &str| {
+            std::fs::write(f.proj.join("candy/a/charly.yml"), text).expect("edit");
+            let memo = j.check_or_memo().unwrap_err().1.expect("memo");
+            assert!(memo.dir_unchanged(&f.out));
+            let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+            j.record_reusing(rec, &kept, &[], outcome(), Some((&memo, &kept[..])))
+                .expect("record");
+        };
+        // Still inside the window: the digests stay.
+        edit_and_keep(&j, "candy: b\n");
+        assert!(with_digest(&j) > 0);
+        // Old enough: kept entries lose them, so the next runs only stat.
+        j.racy_ns = 0;
+        edit_and_keep(&j, "candy: c\n");
+        assert_eq!(with_digest(&j), 0);
+        // And a change is still seen.
+        std::fs::write(f.out.join("Containerfile"), "FROM y\n").expect("edit output");
+        let memo = j.check_or_memo().unwrap_err().1.expect("memo");
+        assert!(!memo.dir_unchanged(&f.out));
     }
 }
