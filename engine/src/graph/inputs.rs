@@ -18,11 +18,13 @@ use charly_rules::resolve::{BaseRef, ResolvedBox, User, effective_distro};
 use petgraph::stable_graph::NodeIndex;
 
 impl Builder<'_> {
-    /// Non-dependency inputs of a node.
+    /// Non-dependency inputs of a node; `steps_json`, for a fragment, is
+    /// its steps' canonical JSON when the caller has it.
     pub(super) fn inputs_of(
         &self,
         i: NodeIndex,
         hasher: &FileHasher,
+        steps_json: Option<&str>,
     ) -> Result<KeyInputs, GraphError> {
         let n = &self.graph.g[i];
         let mut k = KeyInputs::new(n.kind);
@@ -33,7 +35,7 @@ impl Builder<'_> {
                 candy,
                 index,
                 steps,
-            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps)?,
+            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps, steps_json)?,
             Work::Containerfile { box_name, prebuilt } => {
                 self.containerfile_inputs(&mut k, box_name, *prebuilt)?
             }
@@ -73,16 +75,21 @@ impl Builder<'_> {
         candy: &str,
         index: usize,
         steps: &[InstallStep],
+        steps_json: Option<&str>,
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
         // The plan as `build_deploy_plan` gives it for this box: the
         // shared steps under this box's header.
         let host = HostContext::default();
-        let plan = charly_rules::plan::DeployPlanRef {
-            steps,
-            ..deploy_plan_header(b, candy, &host)
+        let header = deploy_plan_header(b, candy, &host);
+        let plan = match steps_json {
+            Some(json) => plan_json(&header, json)?,
+            None => canonical(
+                "the candy's plan",
+                &charly_rules::plan::DeployPlanRef { steps, ..header },
+            )?,
         };
-        k.text("plan", &canonical("the candy's plan", &plan)?);
+        k.text("plan", &plan);
         k.value("emitter", charly_rules::emit::REVISION.to_string());
         plugin_values(k, steps, &self.opts.plugins);
         user_values(k, &b.user);
@@ -409,15 +416,60 @@ fn vocab_texts(
     Ok(())
 }
 
-/// Canonical JSON (struct fields in declaration order, maps sorted) of a
-/// key input; `what` names it if it cannot be encoded (never hashed as "").
-pub fn canonical<T: serde::Serialize>(what: &str, v: &T) -> Result<String, GraphError> {
+/// Canonical JSON of a key input: compact, every object's members (struct
+/// fields and map entries alike) sorted by name, as `serde_json` writes a
+/// `Value` (its map is ordered). `what` names the input if it cannot be
+/// encoded (never hashed as "").
+pub fn canonical<T: serde::Serialize + ?Sized>(what: &str, v: &T) -> Result<String, GraphError> {
     serde_json::to_value(v)
         .and_then(|v| serde_json::to_string(&v))
         .map_err(|e| GraphError::Canonical {
             what: what.to_string(),
             message: e.to_string(),
         })
+}
+
+/// Where shared steps are: fragments whose steps are at the same place
+/// share them (while the graph holds them no other steps can be there).
+pub(super) fn steps_addr(steps: &[InstallStep]) -> (usize, usize) {
+    (steps.as_ptr() as usize, steps.len())
+}
+
+/// The canonical JSON of a candy's plan, `header` with the steps whose
+/// canonical JSON is `steps_json` in it: byte for byte [`canonical`] of the
+/// whole plan. The header's members are written in canonical (sorted) order
+/// as `serde_json` writes an object, the steps spliced in where they go, so
+/// boxes that share a candy's steps serialize them once.
+fn plan_json(
+    header: &charly_rules::plan::DeployPlanRef<'_>,
+    steps_json: &str,
+) -> Result<String, GraphError> {
+    let fail = |e: serde_json::Error| GraphError::Canonical {
+        what: "the candy's plan".to_string(),
+        message: e.to_string(),
+    };
+    let serde_json::Value::Object(members) = serde_json::to_value(header).map_err(fail)? else {
+        return Err(GraphError::Canonical {
+            what: "the candy's plan".to_string(),
+            message: "not a JSON object".to_string(),
+        });
+    };
+    let mut out = String::with_capacity(steps_json.len() + 512);
+    out.push('{');
+    for (i, (name, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(name).map_err(fail)?);
+        out.push(':');
+        if name == "steps" {
+            out.push_str(steps_json);
+        } else {
+            out.push_str(&serde_json::to_string(value).map_err(fail)?);
+        }
+    }
+    out.push('}');
+    Ok(out)
 }
 
 /// Key inputs of a source node.

@@ -20,7 +20,7 @@ use charly_rules::plan::{CompileContext, HostContext, InstallStep, Target, compi
 use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox, User};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use rayon::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// What the graph is built for.
@@ -895,10 +895,61 @@ impl<'a> Builder<'a> {
             .copied()
             .filter(|i| self.graph.g[*i].kind != NodeKind::Source)
             .collect();
-        let own: Vec<Result<KeyInputs, GraphError>> = others
+        // Fragments that share their steps (boxes that compile a candy
+        // alike) are keyed together: the steps' canonical JSON is made once
+        // per group, and only while the group is keyed.
+        let mut groups: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        let mut single = Vec::new();
+        for (at, i) in others.iter().enumerate() {
+            match &self.graph.g[*i].work {
+                Work::Fragment { steps, .. } => groups
+                    .entry(inputs::steps_addr(steps))
+                    .or_default()
+                    .push(at),
+                _ => single.push(at),
+            }
+        }
+        let groups: Vec<Vec<usize>> = groups.into_values().collect();
+        let grouped: Vec<Vec<(usize, Result<KeyInputs, GraphError>)>> = groups
             .par_iter()
-            .map(|i| self.inputs_of(*i, hasher))
+            .map(|group| {
+                let json = match &self.graph.g[others[group[0]]].work {
+                    Work::Fragment { steps, .. } => {
+                        inputs::canonical("the candy's plan", &steps[..])
+                    }
+                    _ => Ok(String::new()),
+                };
+                group
+                    .iter()
+                    .map(|at| {
+                        let inputs = match &json {
+                            Ok(json) => self.inputs_of(others[*at], hasher, Some(json)),
+                            // The same error for each fragment of the group.
+                            Err(GraphError::Canonical { what, message }) => {
+                                Err(GraphError::Canonical {
+                                    what: what.clone(),
+                                    message: message.clone(),
+                                })
+                            }
+                            Err(e) => Err(GraphError::Canonical {
+                                what: "the candy's plan".into(),
+                                message: e.to_string(),
+                            }),
+                        };
+                        (*at, inputs)
+                    })
+                    .collect()
+            })
             .collect();
+        let singles: Vec<(usize, Result<KeyInputs, GraphError>)> = single
+            .par_iter()
+            .map(|at| (*at, self.inputs_of(others[*at], hasher, None)))
+            .collect();
+        // Every position once: back in order.
+        let mut own: Vec<(usize, Result<KeyInputs, GraphError>)> =
+            grouped.into_iter().flatten().chain(singles).collect();
+        own.sort_unstable_by_key(|(at, _)| *at);
+        let own = own.into_iter().map(|(_, inputs)| inputs);
         for (i, inputs) in others.into_iter().zip(own) {
             let mut inputs = inputs?;
             // The one own input that is another node's key: a builder
