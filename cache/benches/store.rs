@@ -166,6 +166,14 @@ fn records(c: &mut Criterion) {
             black_box(store.get_record(&key(i)).expect("get").expect("hit"))
         })
     });
+    // What a scheduler asks of every cached node: the record is there and
+    // its blobs are present (no decode of the blobs).
+    g.bench_function("has_record_hit", |b| {
+        b.iter(|| {
+            i = (i + 7919) % n;
+            assert!(black_box(store.has_record(&key(i)).expect("has")))
+        })
+    });
     g.bench_function("get_record_miss", |b| {
         b.iter(|| black_box(store.get_record(&key(n + 1)).expect("get")))
     });

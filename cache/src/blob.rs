@@ -216,7 +216,13 @@ impl Store {
 
     /// Whether the blob's file is present (without verifying it).
     pub fn has_blob(&self, d: &BlobDigest) -> bool {
-        self.blob_path(d).exists()
+        let Some(fd) = &self.blobs_fd else {
+            return self.blob_path(d).exists();
+        };
+        // `ab/abcd…`: the layout of `blob_path`.
+        let hex = d.to_hex();
+        let rel = format!("{}/{hex}", &hex[..2]);
+        rustix::fs::statat(fd, rel.as_str(), rustix::fs::AtFlags::empty()).is_ok()
     }
 
     /// The blob's content, verified. `Ok(None)` if absent, or if it failed

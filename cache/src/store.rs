@@ -122,6 +122,9 @@ impl Touches {
 pub struct Store {
     pub(crate) root: PathBuf,
     pub(crate) blobs_dir: PathBuf,
+    /// `blobs_dir`, open (`O_PATH`): a blob is looked up relative to it,
+    /// two path components instead of the store's whole path.
+    pub(crate) blobs_fd: Option<rustix::fd::OwnedFd>,
     pub(crate) tmp_dir: PathBuf,
     pub(crate) quarantine_dir: PathBuf,
     pub(crate) locks_dir: PathBuf,
@@ -351,9 +354,16 @@ impl Store {
         // removed by the next opener; a live session is never touched.
         // Best effort: a failure here only leaves them for the next run.
         let _ = crate::lock::stale_session_entries(&tmp_dir, &session, true);
+        let blobs_fd = rustix::fs::open(
+            &blobs_dir,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok();
         Ok(Store {
             root,
             blobs_dir,
+            blobs_fd,
             tmp_dir,
             quarantine_dir,
             locks_dir,
