@@ -117,7 +117,7 @@ pub use digest::{BlobDigest, NodeKey};
 pub use epoch::read_epoch;
 pub use error::CacheError;
 pub use gc::{GcReport, PENDING_GRACE_SECS};
-pub use lock::KeyLock;
+pub use lock::{KeyLock, Scratch};
 pub use record::{Output, Record};
 pub use remote::{
     ImageUpload, PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats,

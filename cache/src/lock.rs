@@ -289,9 +289,91 @@ pub(crate) fn stale_session_entries(
     Ok(stale)
 }
 
+/// A private scratch directory outside any store, for a process's
+/// short-lived files that must live at a path of its choosing (e.g. an
+/// image layout whose path podman turns into a name): `<root>/<id>/`, with
+/// the session lock beside it. Dropping it removes both. What a killed
+/// process leaves there is removed by the next [`Scratch::open`] on the
+/// same root; a live process's directory is never touched.
+///
+/// `root` is made when missing; in a directory other users can write to
+/// (the system temp directory), it must then be a real directory (not a
+/// symlink) that this user owns and only it can write to, or opening fails.
+#[derive(Debug)]
+pub struct Scratch {
+    session: Session,
+}
+
+impl Scratch {
+    /// Opens a fresh scratch directory under `root`, sweeping dead ones.
+    pub fn open(root: &Path) -> Result<Scratch, CacheError> {
+        match fs::create_dir(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).at("creating scratch root", root),
+        }
+        let meta = fs::symlink_metadata(root).at("inspecting", root)?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            let own = meta.file_type().is_dir()
+                && meta.uid() == rustix::process::geteuid().as_raw()
+                && meta.mode() & 0o022 == 0;
+            if !own {
+                return Err(io::Error::other(
+                    "not a directory of this user's that only it can write to",
+                ))
+                .at("using scratch root", root);
+            }
+        }
+        let session = Session::create(root)?;
+        // Best effort, as for a store's temp directory.
+        let _ = stale_session_entries(root, &session, true);
+        Ok(Scratch { session })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        self.session.dir()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_directory_is_removed_when_dropped_and_swept_when_abandoned() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("scratch");
+        let a = Scratch::open(&root).expect("open");
+        let a_dir = a.dir().to_path_buf();
+        fs::write(a_dir.join("x"), b"x").expect("write");
+        // A second process's scratch leaves the live one alone.
+        let b = Scratch::open(&root).expect("open again");
+        assert!(a_dir.join("x").exists());
+        drop(b);
+        // What a killed process leaves (its lock unheld): swept by the next.
+        let dead = root.join("deadbeefdeadbeef");
+        fs::create_dir(&dead).expect("mkdir");
+        fs::write(dead.join("layout"), b"half").expect("write");
+        fs::write(root.join("deadbeefdeadbeef.lock"), b"").expect("lock");
+        let c = Scratch::open(&root).expect("open");
+        assert!(!dead.exists(), "a dead process's scratch was left");
+        assert!(a_dir.join("x").exists(), "a live one was swept");
+        drop(a);
+        drop(c);
+        let left: Vec<_> = fs::read_dir(&root).expect("list").flatten().collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A root others can write to, or a symlink, is refused.
+        let open = tmp.path().join("open");
+        fs::create_dir(&open).expect("mkdir");
+        let everyone: fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o777);
+        fs::set_permissions(&open, everyone).expect("chmod");
+        assert!(Scratch::open(&open).is_err());
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&root, &link).expect("symlink");
+        assert!(Scratch::open(&link).is_err());
+    }
 
     #[test]
     fn live_sessions_are_not_stale_and_dead_ones_are() {

@@ -407,3 +407,93 @@ fn a_sigkilled_process_leaves_nothing_that_fails_verify() {
     // And the next build works.
     env.ok(&["box", "build", "--all", "--runner", "fake", "-q"]);
 }
+
+/// An image layout written for `podman load` when the store's path is not a
+/// valid image name (as here: the sandbox's temp directory starts with a
+/// dot) lives in a scratch directory of this user's under the system temp
+/// directory. What a killed process left there is removed by the next one
+/// that loads an image; a finished process leaves nothing.
+#[test]
+fn image_layouts_a_killed_process_left_in_the_temp_directory_are_removed() {
+    let env = Sandbox::new(
+        assert_cmd::cargo::cargo_bin("charly"),
+        &charly_testutil::example(),
+    );
+    // A temp directory whose path is a valid image name, private to this test.
+    let tmpdir = PathBuf::from(format!("/tmp/charly-test-layouts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmpdir);
+    std::fs::create_dir(&tmpdir).expect("temp dir");
+    let uid = std::fs::metadata(&tmpdir)
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .expect("uid");
+    let root = tmpdir.join(format!("charly-scratch-{uid}"));
+    let build = |delay_ms: &str| {
+        let mut c = env.command(&[
+            "box",
+            "build",
+            "--all",
+            "--runner",
+            "fake",
+            "-q",
+            "-j",
+            "1",
+            "--no-journal",
+        ]);
+        c.env("TMPDIR", &tmpdir)
+            .env("CHARLY_FAKE_DELAY_MS", delay_ms);
+        c
+    };
+    // Every runner call is slow: killed while a layout waits to be loaded.
+    let mut child = build("1500")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let layout = loop {
+        let found = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .flat_map(|session| {
+                std::fs::read_dir(session.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("load-"))
+            });
+        if let Some(p) = found {
+            break p;
+        }
+        if Instant::now() > deadline || child.try_wait().expect("poll").is_some() {
+            let _ = child.kill();
+            let _ = std::fs::remove_dir_all(&tmpdir);
+            panic!("no image layout ever appeared under {}", root.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    assert!(
+        layout.exists(),
+        "the killed process's layout is gone already"
+    );
+    // The next build finishes the work, loading images: the dead process's
+    // scratch directory goes, and its own goes when it is done.
+    let out = build("0").output().expect("rerun");
+    let left: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&tmpdir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(left.is_empty(), "left in the temp directory: {left:?}");
+}

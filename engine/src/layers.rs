@@ -221,21 +221,29 @@ fn load_assembled(
     standins: bool,
 ) -> Result<String, ExecError> {
     // podman names an image loaded from a layout after the layout's path,
-    // which must therefore be a valid image name: a lowercase, per-process
-    // directory under the first place whose path is one (the store's
-    // scratch directory, which the next process sweeps should this one be
-    // killed, unless the store's path is not a valid name).
-    let base = [
-        ctx.store.scratch_dir().to_path_buf(),
-        std::env::temp_dir(),
-        std::path::PathBuf::from("/var/tmp"),
-        std::path::PathBuf::from("/tmp"),
-    ]
-    .into_iter()
-    .find(|d| std::fs::create_dir_all(d).is_ok() && name_safe(d))
-    .ok_or_else(|| {
-        ExecError::Io("no directory with a lowercase path to load images from".into())
-    })?;
+    // which must therefore be a valid image name: a per-call directory in
+    // the store's scratch directory when its path is one, else in a scratch
+    // directory of this user's under the first temp directory whose path
+    // is. Either way the next charly removes what a killed one left.
+    let store_scratch = ctx.store.scratch_dir().to_path_buf();
+    let mut scratch = None;
+    let base = if name_safe(&store_scratch) {
+        store_scratch
+    } else {
+        let uid = rustix::process::geteuid().as_raw();
+        let found = [
+            std::env::temp_dir(),
+            std::path::PathBuf::from("/var/tmp"),
+            std::path::PathBuf::from("/tmp"),
+        ]
+        .into_iter()
+        .filter(|d| name_safe(d))
+        .find_map(|d| charly_cache::Scratch::open(&d.join(format!("charly-scratch-{uid}"))).ok())
+        .ok_or_else(|| {
+            ExecError::Io("no directory with a lowercase path to load images from".into())
+        })?;
+        scratch.insert(found).dir().to_path_buf()
+    };
     let dir = base.join(format!(
         "load-{}-{}",
         &image.digest().as_str()[7..19],
@@ -247,6 +255,7 @@ fn load_assembled(
         Ok(ctx.runner(node)?.load_layout(&dir, "charly", tags)?)
     })();
     let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     res
 }
 
