@@ -233,10 +233,32 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let t0 = Instant::now();
     let order = graph.topo().unwrap_or_default();
     let mut reports: BTreeMap<NodeIndex, NodeReport> = BTreeMap::new();
+    // A node whose record is in the store is cached whenever its turn
+    // comes (its key names everything it depends on). The lookups run in
+    // parallel up front (see below for why).
+    let in_store = |pool: Option<&rayon::ThreadPool>| -> Vec<bool> {
+        use rayon::prelude::*;
+        let look = || -> Vec<(usize, bool)> {
+            order
+                .par_iter()
+                .map(|i| (i.index(), exec::is_cached(ctx, &graph.g[*i])))
+                .collect()
+        };
+        let found = match pool {
+            Some(pool) => pool.install(look),
+            None => look(),
+        };
+        let mut cached = vec![false; order.iter().map(|i| i.index() + 1).max().unwrap_or(0)];
+        for (i, hit) in found {
+            cached[i] = hit;
+        }
+        cached
+    };
     if dry_run {
+        let in_store = in_store(None);
         for i in &order {
             let n = &graph.g[*i];
-            let cached = deps_cached(graph, *i, &reports) && exec::is_cached(ctx, n);
+            let cached = deps_cached(graph, *i, &reports) && in_store[i.index()];
             let r = NodeReport {
                 id: n.id.clone(),
                 kind: n.kind,
@@ -304,28 +326,12 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
         .filter(|(_, d)| **d == 0)
         .map(|(i, _)| (graph.g[*i].id.clone(), *i))
         .collect();
-    // A node whose record is in the store is cached whenever its turn
-    // comes (its key names everything it depends on). The lookups run in
-    // parallel up front, and such a node is reported the moment it is
-    // ready, on this thread: at tens of thousands of cached nodes the round
-    // trip through a worker (a task, a channel, two thread wake-ups) cost
-    // more than the lookup. A lookup that fails or misses leaves the node
-    // to a worker, which looks again and reports what it finds.
-    let cached: Vec<bool> = {
-        use rayon::prelude::*;
-        let bound = order.iter().map(|i| i.index() + 1).max().unwrap_or(0);
-        let mut cached = vec![false; bound];
-        let found: Vec<(usize, bool)> = pool.install(|| {
-            order
-                .par_iter()
-                .map(|i| (i.index(), exec::is_cached(ctx, &graph.g[*i])))
-                .collect()
-        });
-        for (i, hit) in found {
-            cached[i] = hit;
-        }
-        cached
-    };
+    // A node found in the store is reported the moment it is ready, on
+    // this thread: at tens of thousands of cached nodes the round trip
+    // through a worker (a task, a channel, two thread wake-ups) cost more
+    // than the lookup. A lookup that fails or misses leaves the node to a
+    // worker, which looks again and reports what it finds.
+    let cached = in_store(Some(&pool));
     let (tx, rx) = mpsc::channel::<(NodeIndex, NodeReport)>();
     let mut running = 0usize;
     let mut failed = false;
