@@ -628,11 +628,15 @@ impl Checker {
             }
         }
         for (what, v, rule) in [
-            ("user", &t.user, token as fn(&str) -> Result<(), Why>),
-            ("mode", &t.mode, token),
-            ("to", &t.to, path),
-            ("target", &t.target, path),
-            ("extract", &t.extract, token),
+            (
+                "user",
+                t.user.as_ref(),
+                token as fn(&str) -> Result<(), Why>,
+            ),
+            ("mode", t.mode.as_ref(), token),
+            ("to", t.to.as_deref(), path),
+            ("target", t.target.as_deref(), path),
+            ("extract", t.extract.as_deref(), token),
         ] {
             if let Some(v) = v {
                 self.spanned(v, what, rule);

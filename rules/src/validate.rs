@@ -231,7 +231,7 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, out: &mut Vec<Diagnosti
         _ => Vec::new(),
     }
     .into_iter()
-    .chain(t.to.iter())
+    .chain(t.to.as_deref())
     .collect();
     for pf in &path_fields {
         if let Some(m) = crate::plan::compile::climbing_path(&pf.value) {
@@ -252,7 +252,7 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, out: &mut Vec<Diagnosti
     if matches!(verb, "download" | "copy") {
         non_shell.push(value);
     }
-    non_shell.extend(t.target.iter());
+    non_shell.extend(t.target.as_deref());
     for f in non_shell {
         for var in vars_in(&f.value) {
             if !AUTO_VARS.contains(&var.as_str()) && c.def.var.get(&var).is_none() {

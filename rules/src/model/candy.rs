@@ -17,7 +17,7 @@ pub struct Candy {
     /// Declared name (the directory name is authoritative).
     pub name: Option<Spanned<String>>,
     /// Free text.
-    pub description: Option<Yaml>,
+    pub description: Option<Box<Yaml>>,
     /// Dependencies, installed earlier.
     pub require: Vec<Spanned<String>>,
     /// Composition: candies expanded in place of this one.
@@ -49,64 +49,64 @@ pub struct Candy {
     /// Build and deploy checks.
     pub eval: Option<Yaml>,
     /// Kept, not interpreted by the build engine.
-    pub env_accept: Option<Yaml>,
+    pub env_accept: Option<Box<Yaml>>,
     /// Kept.
-    pub env_require: Option<Yaml>,
+    pub env_require: Option<Box<Yaml>>,
     /// Kept.
-    pub env_provide: Option<Yaml>,
+    pub env_provide: Option<Box<Yaml>>,
     /// Kept.
-    pub secret: Option<Yaml>,
+    pub secret: Option<Box<Yaml>>,
     /// Kept.
-    pub secret_accept: Option<Yaml>,
+    pub secret_accept: Option<Box<Yaml>>,
     /// Kept.
-    pub secret_require: Option<Yaml>,
+    pub secret_require: Option<Box<Yaml>>,
     /// Kept.
-    pub mcp_provide: Option<Yaml>,
+    pub mcp_provide: Option<Box<Yaml>>,
     /// Kept.
-    pub mcp_accept: Option<Yaml>,
+    pub mcp_accept: Option<Box<Yaml>>,
     /// Kept.
-    pub mcp_require: Option<Yaml>,
+    pub mcp_require: Option<Box<Yaml>>,
     /// Kept.
-    pub route: Option<Yaml>,
+    pub route: Option<Box<Yaml>>,
     /// Kept.
-    pub alias: Option<Yaml>,
+    pub alias: Option<Box<Yaml>>,
     /// Kept.
-    pub security: Option<Yaml>,
+    pub security: Option<Box<Yaml>>,
     /// Kept.
-    pub libvirt: Option<Yaml>,
+    pub libvirt: Option<Box<Yaml>>,
     /// Android packages; kept.
-    pub apk: Option<Yaml>,
+    pub apk: Option<Box<Yaml>>,
     /// Data staged into volumes.
-    pub data: Option<Yaml>,
+    pub data: Option<Box<Yaml>>,
     /// Kept.
-    pub artifact: Option<Yaml>,
+    pub artifact: Option<Box<Yaml>>,
     /// Kept.
-    pub port_relay: Option<Yaml>,
+    pub port_relay: Option<Box<Yaml>>,
     /// Lifecycle hooks; kept.
-    pub hook: Option<Yaml>,
+    pub hook: Option<Box<Yaml>>,
     /// Kept.
-    pub capability: Option<Yaml>,
+    pub capability: Option<Box<Yaml>>,
     /// Kept.
-    pub status: Option<Yaml>,
+    pub status: Option<Box<Yaml>>,
     /// Kept.
-    pub info: Option<Yaml>,
+    pub info: Option<Box<Yaml>>,
     /// Kept.
-    pub skill: Option<Yaml>,
+    pub skill: Option<Box<Yaml>>,
     /// Container engine the candy needs (`docker`, `podman`); kept
     /// (2026.174).
-    pub engine: Option<Yaml>,
+    pub engine: Option<Box<Yaml>>,
     /// Plugin declaration (`providers`, `source`); kept, charly runs no
     /// plugins (2026.174).
-    pub plugin: Option<Yaml>,
+    pub plugin: Option<Box<Yaml>>,
     /// Plugin candies baked into composing images; kept, not built
     /// (2026.174).
-    pub bake_plugin: Option<Yaml>,
+    pub bake_plugin: Option<Box<Yaml>>,
     /// External builder word (`builder:<word>`); kept, not built (2026.174).
-    pub external_builder: Option<Yaml>,
+    pub external_builder: Option<Box<Yaml>>,
     /// Capabilities required of the image; kept (2026.174).
-    pub requires_capability: Option<Yaml>,
+    pub requires_capability: Option<Box<Yaml>>,
     /// Paths copied out of other images; kept (2026.174).
-    pub extract: Option<Yaml>,
+    pub extract: Option<Box<Yaml>>,
     /// `agent-run:` / `agent-check:` steps of the node form, as written;
     /// kept, never run (charly has no agent runner). Only the node-form
     /// reader fills it.
@@ -186,37 +186,37 @@ pub struct Task {
     /// Directory to create.
     pub mkdir: Option<Spanned<String>>,
     /// Candy-relative file to copy.
-    pub copy: Option<Spanned<String>>,
+    pub copy: Option<Box<Spanned<String>>>,
     /// Destination to write `content` to.
     pub write: Option<Spanned<String>>,
     /// Symlink path (points at `target`).
-    pub link: Option<Spanned<String>>,
+    pub link: Option<Box<Spanned<String>>>,
     /// URL to download.
-    pub download: Option<Spanned<String>>,
+    pub download: Option<Box<Spanned<String>>>,
     /// File to set capabilities on.
-    pub setcap: Option<Spanned<String>>,
+    pub setcap: Option<Box<Spanned<String>>>,
     /// Builder trigger (`all`).
-    pub build: Option<Spanned<String>>,
+    pub build: Option<Box<Spanned<String>>>,
     /// Who runs it.
     pub user: Option<Spanned<String>>,
     /// File mode like `0755`.
     pub mode: Option<Spanned<String>>,
     /// Destination for copy/download.
-    pub to: Option<Spanned<String>>,
+    pub to: Option<Box<Spanned<String>>>,
     /// Link target.
-    pub target: Option<Spanned<String>>,
+    pub target: Option<Box<Spanned<String>>>,
     /// Content for write.
     pub content: Option<Spanned<String>>,
     /// Archive kind for download (`tar.gz`, `zip`, `sh`, `none`, …).
-    pub extract: Option<Spanned<String>>,
+    pub extract: Option<Box<Spanned<String>>>,
     /// Members to extract.
     pub include: Vec<String>,
     /// `--strip-components`.
-    pub strip_components: Option<Spanned<u32>>,
+    pub strip_components: Option<Box<Spanned<u32>>>,
     /// Task environment.
     pub env: OrderedMap<Spanned<String>>,
     /// Capabilities for setcap (none = remove).
-    pub caps: Option<Spanned<String>>,
+    pub caps: Option<Box<Spanned<String>>>,
     /// Cache directories mounted for cmd/download.
     pub cache: OneOrMany<Spanned<String>>,
     /// Paths a download leaves behind (for reversal).
@@ -225,10 +225,10 @@ pub struct Task {
     pub comment: Option<String>,
     /// A plugin capability serving the task (`plugin: <word>`: a `step:`
     /// or `verb:` word a plugin candy declares); see [`crate::plugin`].
-    pub plugin: Option<Spanned<String>>,
+    pub plugin: Option<Box<Spanned<String>>>,
     /// What the plugin gets as its input (`plugin_input:`, any YAML,
     /// carried to it as JSON).
-    pub plugin_input: Option<Yaml>,
+    pub plugin_input: Option<Box<Yaml>>,
     /// When a plugin task acts (`context: [build, deploy]`, the node
     /// form's run-step field): `build` emits into the image, `deploy`
     /// executes on a deploy target. Empty: both.
@@ -244,18 +244,18 @@ impl Task {
     /// The verbs this task sets, with their values.
     pub fn verbs(&self) -> Vec<(&'static str, &Spanned<String>)> {
         let all = [
-            ("cmd", &self.cmd),
-            ("mkdir", &self.mkdir),
-            ("copy", &self.copy),
-            ("write", &self.write),
-            ("link", &self.link),
-            ("download", &self.download),
-            ("setcap", &self.setcap),
-            ("build", &self.build),
-            ("plugin", &self.plugin),
+            ("cmd", self.cmd.as_ref()),
+            ("mkdir", self.mkdir.as_ref()),
+            ("copy", self.copy.as_deref()),
+            ("write", self.write.as_ref()),
+            ("link", self.link.as_deref()),
+            ("download", self.download.as_deref()),
+            ("setcap", self.setcap.as_deref()),
+            ("build", self.build.as_deref()),
+            ("plugin", self.plugin.as_deref()),
         ];
         all.into_iter()
-            .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+            .filter_map(|(n, v)| v.map(|v| (n, v)))
             .collect()
     }
 }

@@ -551,7 +551,8 @@ impl Cx<'_> {
             };
             // Target paths never climb: `..` is refused before any walker
             // or host sees the plan (rooted or not, local or SSH).
-            let mut paths: Vec<&crate::yaml::Spanned<String>> = t.to.iter().collect();
+            let mut paths: Vec<&crate::yaml::Spanned<String>> =
+                t.to.as_deref().into_iter().collect();
             if matches!(verb, "mkdir" | "write" | "link" | "setcap") {
                 paths.push(value);
             }
