@@ -37,7 +37,7 @@ pub struct Candy {
     /// Services (packaged units or exec entries).
     pub service: Vec<Service>,
     /// Shell snippets.
-    pub shell: Option<Shell>,
+    pub shell: Option<Box<Shell>>,
     /// Local packages: format → source directory.
     pub localpkg: Option<Spanned<LocalPkgMap>>,
     /// Ask for a reboot after deploying.
