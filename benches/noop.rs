@@ -350,7 +350,7 @@ fn key_benches(c: &mut Criterion) {
     g.bench_function("encode", |b| {
         b.iter(|| {
             for n in graph.g.node_weights() {
-                black_box(n.inputs.key());
+                black_box(n.inputs().key());
             }
         });
     });

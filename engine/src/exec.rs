@@ -184,7 +184,7 @@ fn execute_as(
         } else {
             "charly".to_string()
         },
-        key_inputs: serde_json::to_value(&n.inputs).unwrap_or_default(),
+        key_inputs: n.inputs_json(),
         created_unix: now_unix(),
         meta: outputs.meta,
     };
@@ -202,7 +202,7 @@ fn source_record(n: &Node) -> Record {
         outputs: BTreeMap::new(),
         duration_ms: 0,
         producer: "charly".into(),
-        key_inputs: serde_json::to_value(&n.inputs).unwrap_or_default(),
+        key_inputs: n.inputs_json(),
         created_unix: now_unix(),
         meta: serde_json::Value::Null,
     }

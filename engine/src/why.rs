@@ -42,7 +42,7 @@ pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
         return Since::NeverBuilt;
     };
     let changes = match recorded_inputs(&last) {
-        Some(old) => diff(&old, &n.inputs),
+        Some(old) => diff(&old, &n.inputs()),
         None => vec![Change::OlderSchema],
     };
     // Dependencies named by role become the node they are now.
@@ -119,6 +119,6 @@ fn source_changes(store: &Store, graph: &Graph, c: &Change) -> Option<Vec<Change
         return None;
     }
     let rec = store.get_record(&old.parse().ok()?).ok()??;
-    let changes = diff(&recorded_inputs(&rec)?, &dep.inputs);
+    let changes = diff(&recorded_inputs(&rec)?, &dep.inputs());
     (!changes.is_empty()).then_some(changes)
 }

@@ -158,7 +158,7 @@ fn a_builder_stage_names_its_builder_image_by_key() {
                 .index(&charly_engine::id::NodeId::image(image_box))
                 .expect("the builder image is in the graph");
             assert_eq!(
-                n.inputs.builder_image.as_deref(),
+                n.inputs().builder_image.as_deref(),
                 Some(g.g[img].key.to_hex().as_str()),
                 "{}",
                 n.id

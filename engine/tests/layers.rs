@@ -430,9 +430,9 @@ fn a_layer_that_does_not_render_fails_when_it_runs_not_when_keyed() {
         .expect("the graph builds");
     let n = g.node("layer:hello/hello-deb").expect("layer");
     assert!(
-        n.inputs.values.contains_key("render-error"),
+        n.inputs().values.contains_key("render-error"),
         "{:?}",
-        n.inputs
+        n.inputs()
     );
     let s = engine.run(&g, &root, 2, false, &Quiet);
     let failed = s.get("layer:hello/hello-deb").expect("reported");

@@ -171,12 +171,38 @@ pub struct Node {
     pub id: String,
     /// Kind.
     pub kind: NodeKind,
-    /// Key inputs (filled when the graph is finished).
-    pub inputs: KeyInputs,
+    /// Key inputs (filled when the graph is finished), kept as their JSON
+    /// text: they are read only for records and explanations, and the
+    /// maps of short strings took twice the memory at 10,000 candies
+    /// ([`Node::inputs`] reads them back).
+    inputs: Box<str>,
     /// The key.
     pub key: NodeKey,
     /// What running it means.
     pub work: Work,
+}
+
+impl Node {
+    /// The node's key inputs (a node's kind alone before its key is
+    /// computed).
+    pub fn inputs(&self) -> KeyInputs {
+        // The text is this type's own serialization: it reads back.
+        serde_json::from_str(&self.inputs).unwrap_or_else(|_| KeyInputs::new(self.kind))
+    }
+
+    /// The key inputs as the JSON value records carry (what
+    /// `serde_json::to_value` of [`Node::inputs`] gives).
+    pub fn inputs_json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.inputs)
+            .unwrap_or_else(|_| serde_json::to_value(KeyInputs::new(self.kind)).unwrap_or_default())
+    }
+}
+
+/// Key inputs as [`Node`] keeps them: their JSON text.
+fn inputs_text(inputs: &KeyInputs) -> Box<str> {
+    serde_json::to_string(inputs)
+        .unwrap_or_default()
+        .into_boxed_str()
 }
 
 /// Errors building a graph.
@@ -408,7 +434,7 @@ fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
         nid,
         id: id.clone(),
         kind,
-        inputs: KeyInputs::new(kind),
+        inputs: Box::from(""),
         key: NodeKey::from_bytes([0; 32]),
         work,
     });
@@ -879,12 +905,13 @@ impl<'a> Builder<'a> {
             .par_iter()
             .map(|(i, id)| (*i, inputs::source_inputs(p, id, hasher)))
             .collect();
+        let mut keyed = Vec::with_capacity(computed.len());
         for (i, inputs) in computed {
             let inputs = inputs?;
-            let n = &mut self.graph.g[i];
-            n.key = inputs.key();
-            n.inputs = inputs;
+            self.graph.g[i].key = inputs.key();
+            keyed.push((i, inputs));
         }
+        self.keep_inputs(keyed);
         drop(_t);
         let _t = crate::timings::phase("graph: other keys");
         // A node's own inputs do not depend on other keys (but for a
@@ -950,6 +977,7 @@ impl<'a> Builder<'a> {
             grouped.into_iter().flatten().chain(singles).collect();
         own.sort_unstable_by_key(|(at, _)| *at);
         let own = own.into_iter().map(|(_, inputs)| inputs);
+        let mut keyed = Vec::with_capacity(others.len());
         for (i, inputs) in others.into_iter().zip(own) {
             let mut inputs = inputs?;
             // The one own input that is another node's key: a builder
@@ -973,11 +1001,22 @@ impl<'a> Builder<'a> {
                     inputs.dep(dn.id.clone(), &dn.key);
                 }
             }
-            let n = &mut self.graph.g[i];
-            n.key = inputs.key();
-            n.inputs = inputs;
+            self.graph.g[i].key = inputs.key();
+            keyed.push((i, inputs));
         }
+        self.keep_inputs(keyed);
         Ok(())
+    }
+
+    /// Gives each node its key inputs, as text (made in parallel).
+    fn keep_inputs(&mut self, keyed: Vec<(NodeIndex, KeyInputs)>) {
+        let texts: Vec<(NodeIndex, Box<str>)> = keyed
+            .into_par_iter()
+            .map(|(i, inputs)| (i, inputs_text(&inputs)))
+            .collect();
+        for (i, text) in texts {
+            self.graph.g[i].inputs = text;
+        }
     }
 }
 
