@@ -121,12 +121,12 @@ impl OutputEntry {
                 .is_none_or(|d| digest_of(path).as_ref() == Some(d))
     }
 
-    /// The entry, without its content digest when the output last changed
-    /// before `cutoff` (a change after it would change the fingerprint).
-    fn settled(&self, cutoff: i64) -> OutputEntry {
-        let OutputEntry(p, fp, d) = self;
-        let d = d.as_ref().filter(|_| fp.changed_ns() >= cutoff);
-        OutputEntry(p.clone(), *fp, d.cloned())
+    /// Drops the content digest when the output last changed before
+    /// `cutoff` (a change after it would change the fingerprint, so the
+    /// stat alone is trusted from then on); whether it dropped one.
+    fn settle(&mut self, cutoff: i64) -> bool {
+        let OutputEntry(_, fp, d) = self;
+        fp.changed_ns() < cutoff && d.take().is_some()
     }
 }
 
@@ -485,15 +485,11 @@ impl Journal {
         // Outputs verified by content that are now old enough to trust by
         // stat: drop their digests so later replays only stat.
         let cutoff = now_ns() - self.racy_ns;
-        if e.outputs
-            .iter()
-            .any(|OutputEntry(_, fp, d)| d.is_some() && fp.changed_ns() < cutoff)
-        {
-            for OutputEntry(_, fp, d) in &mut e.outputs {
-                if fp.changed_ns() < cutoff {
-                    *d = None;
-                }
-            }
+        let settled = e
+            .outputs
+            .iter_mut()
+            .fold(false, |any, o| o.settle(cutoff) | any);
+        if settled {
             let _ = self.write(&e);
         }
         Ok(e.outcome)
@@ -685,7 +681,15 @@ impl Journal {
                     // not trust the stat: one old enough now is trusted by
                     // stat from here on (as a replay does), or every later
                     // run of an edit loop would read it again.
-                    return Some(es.map(|o| o.settled(recorded_ns - self.racy_ns)).collect());
+                    let cutoff = recorded_ns - self.racy_ns;
+                    return Some(
+                        es.map(|o| {
+                            let mut o = o.clone();
+                            o.settle(cutoff);
+                            o
+                        })
+                        .collect(),
+                    );
                 }
                 let mut outs = Vec::new();
                 for e in walkdir::WalkDir::new(root)
