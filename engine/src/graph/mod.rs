@@ -925,27 +925,25 @@ impl<'a> Builder<'a> {
         // Fragments that share their steps (boxes that compile a candy
         // alike) are keyed together: the steps' canonical JSON is made once
         // per group, and only while the group is keyed.
-        let mut groups: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        /// Shared steps and the positions of the fragments keyed with them.
+        type Group<'s> = (&'s [InstallStep], Vec<usize>);
+        let mut groups: HashMap<(usize, usize), Group> = HashMap::new();
         let mut single = Vec::new();
         for (at, i) in others.iter().enumerate() {
             match &self.graph.g[*i].work {
                 Work::Fragment { steps, .. } => groups
                     .entry(inputs::steps_addr(steps))
-                    .or_default()
+                    .or_insert_with(|| (&steps[..], Vec::new()))
+                    .1
                     .push(at),
                 _ => single.push(at),
             }
         }
-        let groups: Vec<Vec<usize>> = groups.into_values().collect();
+        let groups: Vec<Group> = groups.into_values().collect();
         let grouped: Vec<Vec<(usize, Result<KeyInputs, GraphError>)>> = groups
             .par_iter()
-            .map(|group| {
-                let json = match &self.graph.g[others[group[0]]].work {
-                    Work::Fragment { steps, .. } => {
-                        inputs::canonical("the candy's plan", &steps[..])
-                    }
-                    _ => Ok(String::new()),
-                };
+            .map(|(steps, group)| {
+                let json = inputs::canonical("the candy's plan", *steps);
                 group
                     .iter()
                     .map(|at| {
