@@ -22,7 +22,7 @@ use crate::diag::{Diagnostic, Diagnostics, nearest_n};
 use crate::load::{BoxEntry, CandyEntry, ImportBinding, NsId, Project};
 use crate::model::{Builder, Vocab};
 use crate::source::Span;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 /// What a box is built on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -238,7 +238,7 @@ struct Resolver<'p> {
     /// Candy key → errors that make it unusable (unknown refs, cycles).
     candy_errors: BTreeMap<String, Vec<Diagnostic>>,
     /// Candy key → its position in the global order (set by `order`).
-    order_pos: std::collections::HashMap<String, usize>,
+    order_pos: HashMap<String, usize>,
 }
 
 impl<'p> Resolver<'p> {
@@ -599,79 +599,97 @@ impl<'p> Resolver<'p> {
     }
 
     /// The global order over every box's install set.
+    ///
+    /// Candies are numbered in name order (comparing numbers compares
+    /// names) and the graph is kept as adjacency lists of numbers: at
+    /// 10,000 candies, string-keyed maps and sets were half of `resolve`.
     fn order(&mut self, partial: &BTreeMap<String, Result<Partial, Vec<Diagnostic>>>) {
         let p = self.p;
-        let mut used: BTreeSet<String> = BTreeSet::new();
-        let mut popularity: BTreeMap<String, usize> = BTreeMap::new();
+        // How many boxes use each candy (install or provided, once per box).
+        let mut count: HashMap<&str, usize> = HashMap::new();
         for part in partial.values().flatten() {
-            let all: BTreeSet<&String> = part.install.iter().chain(part.provided.iter()).collect();
-            for k in all {
-                used.insert(k.clone());
-                *popularity.entry(k.clone()).or_default() += 1;
+            let provided_only = part.provided.iter().filter(|k| !part.install.contains(*k));
+            for k in part.install.iter().chain(provided_only) {
+                *count.entry(k.as_str()).or_default() += 1;
             }
         }
-        let content = |k: &str| -> bool {
-            let c = &p.candies[k];
-            let has_builder = !self.triggered_by_files(c).is_empty();
-            c.def.candy.is_empty() || c.def.has_content(has_builder)
+        let mut used: Vec<&str> = count.keys().copied().collect();
+        used.sort_unstable();
+        let n = used.len();
+        let idx: HashMap<&str, usize> = used.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let at = |reference: &str| {
+            p.candy_key(reference)
+                .ok()
+                .and_then(|k| idx.get(k.as_str()).copied())
         };
+        let popularity: Vec<usize> = used.iter().map(|k| count[k]).collect();
+        let content: Vec<bool> = used
+            .iter()
+            .map(|k| {
+                p.candies.get(*k).is_some_and(|c| {
+                    let has_builder = !self.triggered_by_files(c).is_empty();
+                    c.def.candy.is_empty() || c.def.has_content(has_builder)
+                })
+            })
+            .collect();
         // Edges: dep → dependant.
-        let mut succ: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let add = |succ: &mut BTreeMap<String, BTreeSet<String>>, a: &str, b: &str| {
-            succ.entry(a.to_string()).or_default().insert(b.to_string());
-        };
-        for k in &used {
-            let c = &p.candies[k];
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, k) in used.iter().enumerate() {
+            let Some(c) = p.candies.get(*k) else { continue };
             for r in &c.def.require {
-                if let Ok(rk) = p.candy_key(&r.value)
-                    && used.contains(&rk)
-                    && content(&rk)
+                if let Some(j) = at(&r.value)
+                    && content[j]
                 {
-                    add(&mut succ, &rk, k);
+                    adj[j].push(i);
                 }
             }
-            for r in &c.def.candy {
-                if let Ok(rk) = p.candy_key(&r.value)
-                    && used.contains(&rk)
-                    && content(k)
-                {
-                    add(&mut succ, &rk, k);
+            if content[i] {
+                for r in &c.def.candy {
+                    if let Some(j) = at(&r.value) {
+                        adj[j].push(i);
+                    }
                 }
             }
         }
-        // Adjacency edges from authored lists, in box name order.
-        let mut lists: Vec<(String, Vec<String>)> = Vec::new();
+        for outs in &mut adj {
+            outs.sort_unstable();
+            outs.dedup();
+        }
+        // Adjacency edges from authored lists: the boxes' in name order,
+        // then the candies' that list parts, in name order.
+        let mut lists: Vec<(String, Vec<usize>)> = Vec::new();
         for (name, part) in partial {
             if let Ok(part) = part {
-                lists.push((name.clone(), part.authored.clone()));
-            }
-        }
-        for (key, c) in &p.candies {
-            if used.contains(key) && content(key) && !c.def.candy.is_empty() {
-                let parts: Vec<String> = c
-                    .def
-                    .candy
+                let list = part
+                    .authored
                     .iter()
-                    .filter_map(|r| p.candy_key(&r.value).ok())
+                    .filter_map(|k| idx.get(k.as_str()).copied())
                     .collect();
-                lists.push((format!("candy {key}"), parts));
+                lists.push((name.clone(), list));
             }
         }
-        let mut first_said: BTreeMap<(String, String), String> = BTreeMap::new();
-        let mut reach = Reach::new(&used, &succ);
-        for (who, list) in &lists {
-            let list: Vec<&String> = list.iter().filter(|k| used.contains(*k)).collect();
+        for (i, k) in used.iter().enumerate() {
+            if let Some(c) = p.candies.get(*k)
+                && content[i]
+                && !c.def.candy.is_empty()
+            {
+                let list = c.def.candy.iter().filter_map(|r| at(&r.value)).collect();
+                lists.push((format!("candy {k}"), list));
+            }
+        }
+        // Which list first put each added pair in order.
+        let mut first_said: HashMap<(usize, usize), usize> = HashMap::new();
+        let mut reach = Reach::new(adj);
+        for (li, (who, list)) in lists.iter().enumerate() {
             for w in list.windows(2) {
                 let (a, b) = (w[0], w[1]);
-                if a == b {
-                    continue;
-                }
-                if reach.reaches(a, b) {
+                if a == b || reach.reaches(a, b) {
                     continue;
                 }
                 if reach.reaches(b, a) {
-                    if let Some(other) = first_said.get(&(b.clone(), a.clone())) {
+                    if let Some(&other) = first_said.get(&(b, a)) {
                         let span = self.box_span(who);
+                        let (other, a, b) = (&lists[other].0, used[a], used[b]);
                         self.res.diags.push(Diagnostic::warning(
                             span,
                             format!("{who} lists `{a}` before `{b}`, but {other} lists them the other way; the earlier order is kept"),
@@ -679,38 +697,31 @@ impl<'p> Resolver<'p> {
                     }
                     continue;
                 }
-                add(&mut succ, a, b);
                 reach.add(a, b);
-                first_said.insert((a.clone(), b.clone()), who.clone());
+                first_said.insert((a, b), li);
             }
         }
         // Kahn with (popularity desc, name asc).
-        let mut indeg: BTreeMap<&String, usize> = used.iter().map(|k| (k, 0)).collect();
-        for outs in succ.values() {
-            for b in outs {
-                if let Some(d) = indeg.get_mut(b) {
-                    *d += 1;
-                }
+        let adj = reach.adj;
+        let mut indeg = vec![0usize; n];
+        for outs in &adj {
+            for &b in outs {
+                indeg[b] += 1;
             }
         }
-        let mut heap: BinaryHeap<(usize, std::cmp::Reverse<String>)> = indeg
-            .iter()
-            .filter(|(_, d)| **d == 0)
-            .map(|(k, _)| (popularity[*k], std::cmp::Reverse((*k).clone())))
+        let mut heap: BinaryHeap<(usize, std::cmp::Reverse<usize>)> = (0..n)
+            .filter(|&i| indeg[i] == 0)
+            .map(|i| (popularity[i], std::cmp::Reverse(i)))
             .collect();
-        let mut order = Vec::new();
+        let mut order = Vec::with_capacity(n);
         while let Some((_, std::cmp::Reverse(k))) = heap.pop() {
-            if let Some(outs) = succ.get(&k) {
-                for b in outs {
-                    if let Some(d) = indeg.get_mut(b) {
-                        *d -= 1;
-                        if *d == 0 {
-                            heap.push((popularity[b], std::cmp::Reverse(b.clone())));
-                        }
-                    }
+            for &b in &adj[k] {
+                indeg[b] -= 1;
+                if indeg[b] == 0 {
+                    heap.push((popularity[b], std::cmp::Reverse(b)));
                 }
             }
-            order.push(k);
+            order.push(used[k].to_string());
         }
         self.order_pos = order
             .iter()
@@ -718,7 +729,11 @@ impl<'p> Resolver<'p> {
             .map(|(i, k)| (k.clone(), i))
             .collect();
         self.res.global_order = order;
-        self.res.popularity = popularity;
+        self.res.popularity = used
+            .iter()
+            .zip(popularity)
+            .map(|(k, n)| (k.to_string(), n))
+            .collect();
     }
 
     fn box_span(&self, who: &str) -> Option<Span> {
@@ -1185,8 +1200,8 @@ fn unknown_candy(p: &Project, span: Span, key: &str, what: &str) -> Diagnostic {
 /// never leaves the part of the order between the two. Without it, queries
 /// walked everything reachable and resolution grew quadratically (0.56 s of
 /// 10,000 candies in 1,000 boxes).
-struct Reach<'u> {
-    idx: std::collections::HashMap<&'u str, usize>,
+struct Reach {
+    /// Each node's successors.
     adj: Vec<Vec<usize>>,
     radj: Vec<Vec<usize>>,
     seen: Vec<u32>,
@@ -1197,29 +1212,19 @@ struct Reach<'u> {
     ord: Option<Vec<usize>>,
 }
 
-impl<'u> Reach<'u> {
-    fn new(used: &'u BTreeSet<String>, succ: &BTreeMap<String, BTreeSet<String>>) -> Self {
-        let idx: std::collections::HashMap<&'u str, usize> = used
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), i))
-            .collect();
-        let n = idx.len();
-        let mut adj = vec![Vec::new(); n];
+impl Reach {
+    /// Over nodes `0..adj.len()` with the edges `adj` (each list without
+    /// repeats).
+    fn new(adj: Vec<Vec<usize>>) -> Self {
+        let n = adj.len();
         let mut radj = vec![Vec::new(); n];
-        for (a, outs) in succ {
-            if let Some(&ia) = idx.get(a.as_str()) {
-                for b in outs {
-                    if let Some(&ib) = idx.get(b.as_str()) {
-                        adj[ia].push(ib);
-                        radj[ib].push(ia);
-                    }
-                }
+        for (a, outs) in adj.iter().enumerate() {
+            for &b in outs {
+                radj[b].push(a);
             }
         }
         let ord = topo_positions(&adj);
         Reach {
-            idx,
             adj,
             radj,
             seen: vec![0; n],
@@ -1238,11 +1243,8 @@ impl<'u> Reach<'u> {
         self.generation
     }
 
-    /// Adds the edge `a → b` (both must be nodes; others are ignored).
-    fn add(&mut self, a: &str, b: &str) {
-        let (Some(&ia), Some(&ib)) = (self.idx.get(a), self.idx.get(b)) else {
-            return;
-        };
+    /// Adds the edge `ia → ib`.
+    fn add(&mut self, ia: usize, ib: usize) {
         if self.adj[ia].contains(&ib) {
             return;
         }
@@ -1278,13 +1280,10 @@ impl<'u> Reach<'u> {
     }
 
     /// Whether `to` is reachable from `from` (a node reaches itself).
-    fn reaches(&mut self, from: &str, to: &str) -> bool {
-        if from == to {
+    fn reaches(&mut self, f: usize, t: usize) -> bool {
+        if f == t {
             return true;
         }
-        let (Some(&f), Some(&t)) = (self.idx.get(from), self.idx.get(to)) else {
-            return false;
-        };
         // Taken out for the search, put back after.
         let ord = self.ord.take();
         let found = match &ord {
@@ -1405,26 +1404,25 @@ mod reach_tests {
 
     #[test]
     fn reach_follows_initial_and_added_edges_and_survives_cycles() {
-        let used: BTreeSet<String> = ["a", "b", "c", "d", "x"].map(String::from).into();
-        let mut succ: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        succ.entry("a".into()).or_default().insert("b".into());
-        succ.entry("b".into()).or_default().insert("c".into());
+        let (a, b, c, d, x) = (0, 1, 2, 3, 4);
+        let mut adj = vec![Vec::new(); 5];
+        adj[a].push(b);
+        adj[b].push(c);
         // A cycle among c and d must not loop forever.
-        succ.entry("c".into()).or_default().insert("d".into());
-        succ.entry("d".into()).or_default().insert("c".into());
-        let mut r = Reach::new(&used, &succ);
-        assert!(r.reaches("a", "d"));
-        assert!(r.reaches("a", "a"));
-        assert!(!r.reaches("d", "a"));
-        assert!(!r.reaches("a", "x"));
-        assert!(!r.reaches("a", "not-a-node"));
-        r.add("d", "x");
-        assert!(r.reaches("a", "x"), "an added edge is followed");
-        assert!(!r.reaches("x", "a"));
+        adj[c].push(d);
+        adj[d].push(c);
+        let mut r = Reach::new(adj);
+        assert!(r.reaches(a, d));
+        assert!(r.reaches(a, a));
+        assert!(!r.reaches(d, a));
+        assert!(!r.reaches(a, x));
+        r.add(d, x);
+        assert!(r.reaches(a, x), "an added edge is followed");
+        assert!(!r.reaches(x, a));
         // Many queries (generation stamps) keep answering the same.
         for _ in 0..1000 {
-            assert!(r.reaches("b", "x"));
-            assert!(!r.reaches("x", "b"));
+            assert!(r.reaches(b, x));
+            assert!(!r.reaches(x, b));
         }
     }
 
@@ -1456,24 +1454,21 @@ mod reach_tests {
             initial in proptest::collection::vec((0usize..12, 0usize..12), 0..20),
             pairs in proptest::collection::vec((0usize..12, 0usize..12), 0..60),
         ) {
-            let name = |i: usize| format!("n{i:02}");
-            let used: BTreeSet<String> = (0..12).map(name).collect();
-            let mut succ: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let mut adj = vec![Vec::new(); 12];
             let mut edges = BTreeSet::new();
             for (a, b) in initial {
-                if a != b {
-                    succ.entry(name(a)).or_default().insert(name(b));
-                    edges.insert((a, b));
+                if a != b && edges.insert((a, b)) {
+                    adj[a].push(b);
                 }
             }
-            let mut r = Reach::new(&used, &succ);
+            let mut r = Reach::new(adj);
             for (a, b) in pairs {
-                let ab = r.reaches(&name(a), &name(b));
+                let ab = r.reaches(a, b);
                 proptest::prop_assert_eq!(ab, a == b || naive(&edges, a, b), "{} -> {}", a, b);
-                let ba = r.reaches(&name(b), &name(a));
+                let ba = r.reaches(b, a);
                 proptest::prop_assert_eq!(ba, a == b || naive(&edges, b, a), "{} -> {}", b, a);
                 if !ab && !ba {
-                    r.add(&name(a), &name(b));
+                    r.add(a, b);
                     edges.insert((a, b));
                 }
             }

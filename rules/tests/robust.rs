@@ -261,3 +261,43 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn boxes_listing_candies_in_opposite_orders_keep_the_first_and_warn_at_the_second() {
+    let boxed = |name: &str, candies: &str| {
+        format!(
+            "box:\n  name: {name}\n  version: 1.0.0\n  base: quay.io/fedora/fedora:43\n  distro: [fedora]\n  candy: [{candies}]\n"
+        )
+    };
+    let (b1, b2, b3) = (
+        boxed("b1", "x, y"),
+        boxed("b2", "y, x"),
+        boxed("b3", "z, y"),
+    );
+    let candy = b"candy:\n  version: 1.0.0\n  package: [p]\n".as_slice();
+    let t = project(&[
+        ("box/b1/charly.yml", b1.as_bytes()),
+        ("box/b2/charly.yml", b2.as_bytes()),
+        ("box/b3/charly.yml", b3.as_bytes()),
+        ("candy/x/charly.yml", candy),
+        ("candy/y/charly.yml", candy),
+        ("candy/z/charly.yml", candy),
+    ]);
+    let (p, d) = all_diags(t.path());
+    let (w, line) = find(&p, &d, "lists them the other way");
+    assert!(!w.is_error());
+    assert!(line.starts_with("box/b2/charly.yml:"), "{line}");
+    assert!(
+        line.contains("b2 lists `y` before `x`, but b1 lists them the other way"),
+        "{line}"
+    );
+    let r = resolve::resolve(&p);
+    let order = |b: &str| r.get(b).expect("resolves").candies.clone();
+    // b1's order wins for both; z (one box) goes after y (three) only
+    // where b3 does not say otherwise.
+    assert_eq!(order("b1"), ["x", "y"]);
+    assert_eq!(order("b2"), ["x", "y"]);
+    assert_eq!(order("b3"), ["z", "y"]);
+    assert_eq!(r.popularity.get("y"), Some(&3));
+    assert_eq!(r.popularity.get("z"), Some(&1));
+}
