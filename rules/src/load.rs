@@ -598,9 +598,11 @@ impl Loader<'_> {
             }
         }
         let has_name = |v: &Node| v.get("name").is_some();
+        // The entries that define an entity (by position: the one kept is
+        // moved out of the document, not copied).
         let mut kind_form = Vec::new();
         let mut root_form = false;
-        for (k, v) in entries {
+        for (at, (k, v)) in entries.iter().enumerate() {
             let key = k.as_str().unwrap_or("");
             let is_kind = KIND_KEYS.contains(&key);
             let is_root = ROOT_KEYS.contains(&key);
@@ -608,7 +610,7 @@ impl Loader<'_> {
                 && (has_name(v)
                     || (discovered && entries.len() == 1 && matches!(key, "candy" | "box")))
             {
-                kind_form.push((k.clone(), v.clone()));
+                kind_form.push(at);
             } else if is_kind || is_root {
                 root_form = true;
             }
@@ -620,21 +622,26 @@ impl Loader<'_> {
             );
             return None;
         }
-        if kind_form.len() > 1 {
+        if let [_, second, ..] = kind_form[..] {
             self.diag(Diagnostic::error(
-                kind_form[1].0.span,
+                entries[second].0.span,
                 "a document defines one entity; split this into separate documents (`---`)",
             ));
             return None;
         }
-        if let Some((key, value)) = kind_form.pop() {
+        if let Some(at) = kind_form.pop() {
+            let kind = entries[at].0.as_str().unwrap_or("").to_string();
             for (k, _) in entries {
                 let name = k.as_str().unwrap_or("");
-                if name != key.as_str().unwrap_or("") {
+                if name != kind {
                     self.unknown_top_key(k, name);
                 }
             }
-            let kind = key.as_str().unwrap_or("").to_string();
+            // A mapping (`as_map` gave its entries above).
+            let yaml::node::Value::Map(mut entries) = doc.value else {
+                return None;
+            };
+            let (key, value) = entries.swap_remove(at);
             return Some(Doc::Kind { kind, key, value });
         }
         for (k, _) in entries {
