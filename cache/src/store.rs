@@ -493,6 +493,34 @@ impl Store {
         Ok(self.hit(key, &rec.outputs, last_access)?.then_some(rec))
     }
 
+    /// The record for `key` as a reader of its outputs needs it, without
+    /// the two costs of [`Store::get_record`] such a reader does not need:
+    /// its key inputs are not read (`key_inputs` is null), and its output
+    /// blobs are not looked up first — the reader gets each one it uses
+    /// with [`Store::get_blob`], and one that is gone is its miss. An
+    /// access for GC, as a hit is. A record that does not decode is
+    /// dropped, as `get_record` drops it.
+    pub fn read_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
+        let hex = key.to_hex();
+        let row = self.record_row(
+            "SELECT node_id, kind, outputs, duration_ms, producer, 'null',
+                    created_unix, meta, last_access
+             FROM records WHERE key = ?1",
+            &hex,
+            RecordRow::read,
+        )?;
+        let Some(row) = row else { return Ok(None) };
+        let decoded = row.ok().and_then(|row| {
+            let last_access = row.last_access;
+            row.decode(&hex).ok().map(|rec| (rec, last_access))
+        });
+        let Some((rec, last_access)) = decoded else {
+            return self.get_record(key);
+        };
+        self.touch_record(key, last_access)?;
+        Ok(Some(rec))
+    }
+
     /// Whether a usable record for `key` is present: what [`Store::get_record`]
     /// answers with `Some`, without decoding the record's inputs and
     /// metadata (the cache-hit check of every node of every run). A record
@@ -545,13 +573,20 @@ impl Store {
         if !outputs.values().all(|o| self.has_blob(&o.digest)) {
             return Ok(false);
         }
+        self.touch_record(key, last_access)?;
+        Ok(true)
+    }
+
+    /// Counts an access to the record `key` for GC, unless it was counted
+    /// at `last_access` recently enough.
+    fn touch_record(&self, key: &NodeKey, last_access: u64) -> Result<(), CacheError> {
         let now = self.now();
         if now >= last_access.saturating_add(ACCESS_RESOLUTION_SECS) {
             self.queue_touch(|t| {
                 t.records.insert(*key, now);
             })?;
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Deletes the record `hex` if it still does not decode (re-read under

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use charly_cache::{BlobDigest, CacheError, NodeKey, Output, Store};
+use charly_cache::{BlobDigest, CacheError, NodeKey, Output, Record, Store};
 use common::{content, key, output, record, text};
 use proptest::prelude::*;
 
@@ -312,6 +312,30 @@ fn records_first_writer_wins_and_need_their_blobs() {
     );
     assert!(store.put_record(&k, &again).expect("replace broken"));
     assert_eq!(store.get_record(&k).expect("get"), Some(again));
+}
+
+#[test]
+fn read_record_leaves_out_the_key_inputs_and_the_blob_lookups() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(tmp.path()).expect("open");
+    let k = key("containerfile:fedora");
+    let mut rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
+    rec.key_inputs = serde_json::json!({ "values": { "tags": "fedora" } });
+    rec.meta = serde_json::json!({ "dir": ".build/fedora" });
+    assert_eq!(store.read_record(&k).expect("read"), None);
+    assert!(store.put_record(&k, &rec).expect("put"));
+    let light = Record {
+        key_inputs: serde_json::Value::Null,
+        ..rec.clone()
+    };
+    assert_eq!(store.read_record(&k).expect("read"), Some(light.clone()));
+    // A blob gone: a miss for get_record, the reader's business here (its
+    // get_blob answers None).
+    let gone = rec.outputs["out1"].digest;
+    fs::remove_file(blob_file(&store, &gone)).expect("rm");
+    assert_eq!(store.get_record(&k).expect("get"), None);
+    assert_eq!(store.read_record(&k).expect("read"), Some(light));
+    assert_eq!(store.get_blob(&gone).expect("get blob"), None);
 }
 
 #[test]

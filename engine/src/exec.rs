@@ -24,7 +24,7 @@ use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ContainerfileMeta};
 use crate::runners::{LocalPkgRequest, LogSink, RootfsRequest, StageRequest};
-use charly_cache::{Output, Record};
+use charly_cache::{NodeKey, Output, Record, Store};
 use charly_rules::emit::containerfile::{
     Fragment, assemble, fragment_is_last, render_candy_fragment,
 };
@@ -228,6 +228,19 @@ pub fn read_node<T>(
     i: NodeIndex,
     read: impl Fn(&Record) -> Result<T, ExecError>,
 ) -> Result<T, ExecError> {
+    read_node_by(ctx, graph, i, Store::get_record, read)
+}
+
+/// [`read_node`] with the record fetched by `fetch`: [`Store::read_record`]
+/// for a reader that gets every blob it uses itself (and reports a missing
+/// one as [`ExecError::MissingOutput`]) and needs no key inputs.
+fn read_node_by<T>(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    fetch: impl Fn(&Store, &NodeKey) -> Result<Option<Record>, charly_cache::CacheError>,
+    read: impl Fn(&Record) -> Result<T, ExecError>,
+) -> Result<T, ExecError> {
     let n = &graph.g[i];
     // Each failed read quarantines the blob it failed on, and a rerun only
     // restores blobs that are absent, so several damaged outputs take one
@@ -235,7 +248,7 @@ pub fn read_node<T>(
     let mut reruns = 0usize;
     loop {
         let t = crate::timings::phase("read: record");
-        let rec = ctx.store.get_record(&n.key)?;
+        let rec = fetch(ctx.store, &n.key)?;
         drop(t);
         let (err, outputs) = match rec {
             Some(rec) => match read(&rec) {
@@ -585,7 +598,11 @@ pub fn materialize_locked(
     root: &Path,
 ) -> Result<(String, std::fs::File), ExecError> {
     let cf = &graph.g[i];
-    read_node(ctx, graph, i, |rec| materialize_record(ctx, cf, rec, root))
+    // A build directory that is as the record says needs none of its
+    // blobs; one that is not gets each from the store.
+    read_node_by(ctx, graph, i, Store::read_record, |rec| {
+        materialize_record(ctx, cf, rec, root)
+    })
 }
 
 fn materialize_record(
