@@ -17,6 +17,7 @@
 //! Afterwards GC also removes temp files of dead processes and unused key
 //! lock files.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 
@@ -66,17 +67,34 @@ impl Store {
             report.bytes_before = total;
             let mut doomed: Vec<BlobDigest> = Vec::new();
 
+            // How many records reference each blob, counted once (the
+            // index holds no digest → records lookup: every new record
+            // would pay a random page write per output for it).
+            let mut refs: HashMap<String, u64> = HashMap::new();
+            if total > max_bytes {
+                let mut st =
+                    tx.prepare("SELECT digest, COUNT(*) FROM record_blobs GROUP BY digest")?;
+                let rows =
+                    st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                for row in rows {
+                    let (hex, n) = row?;
+                    refs.insert(hex, from_sql_int(n));
+                }
+            }
+
             if total > max_bytes {
                 let unreferenced: Vec<(String, i64)> = {
                     let mut st = tx.prepare(
-                        "SELECT digest, csize FROM blobs b
-                         WHERE NOT EXISTS (SELECT 1 FROM record_blobs r WHERE r.digest = b.digest)
-                           AND last_access < ?1
+                        "SELECT digest, csize FROM blobs
+                         WHERE last_access < ?1
                          ORDER BY last_access, digest",
                     )?;
                     let rows =
                         st.query_map([to_sql_int(grace_cutoff)], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                    rows.collect::<Result<_, _>>()?
+                    let rows: Vec<(String, i64)> = rows.collect::<Result<_, _>>()?;
+                    rows.into_iter()
+                        .filter(|(hex, _)| !refs.contains_key(hex))
+                        .collect()
                 };
                 for (hex, csize) in unreferenced {
                     if total <= max_bytes {
@@ -111,11 +129,12 @@ impl Store {
                     delete_record(&tx, &key)?;
                     report.records_removed += 1;
                     for hex in digests {
-                        let still_used: Option<i64> = tx
-                            .prepare_cached("SELECT 1 FROM record_blobs WHERE digest = ?1 LIMIT 1")?
-                            .query_row([&hex], |r| r.get(0))
-                            .optional()?;
-                        if still_used.is_some() {
+                        // The last reference gone (a record names a blob once).
+                        let left = refs.get_mut(&hex).map(|n| {
+                            *n = n.saturating_sub(1);
+                            *n
+                        });
+                        if left.is_some_and(|n| n > 0) {
                             continue;
                         }
                         let csize: Option<i64> = tx

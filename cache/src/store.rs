@@ -70,7 +70,6 @@ CREATE TABLE IF NOT EXISTS record_blobs (
     digest TEXT NOT NULL,
     PRIMARY KEY (key, digest)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS record_blobs_digest ON record_blobs (digest);
 CREATE TABLE IF NOT EXISTS roots (
     name TEXT PRIMARY KEY,
     key  TEXT NOT NULL
@@ -232,6 +231,7 @@ fn init_index(db_path: &Path) -> Result<(Connection, bool), CacheError> {
             "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))?;
     }
+    drop_digest_index(&conn)?;
     // Damage anywhere in the file (not only in the header the statements
     // above read) is found now rather than halfway through a build.
     if unchanged {
@@ -247,6 +247,26 @@ fn init_index(db_path: &Path) -> Result<(Connection, bool), CacheError> {
     // Best effort: without the stamp the next open checks again.
     let _ = fs::write(&stamp, index_fingerprint(db_path));
     Ok((conn, true))
+}
+
+/// Drops the index of `record_blobs` by digest that the first stores had.
+/// It served only GC, which now counts references itself, and it cost
+/// every new record a write to a random page per output: most of the WAL
+/// an edit run writes, and of the checkpoint that copies it back. No
+/// schema version change: a charly that still creates the index opens the
+/// store as it is and works (its GC slower).
+fn drop_digest_index(conn: &Connection) -> Result<(), CacheError> {
+    let present: Option<i64> = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'record_blobs_digest'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if present.is_some() {
+        conn.execute_batch("DROP INDEX IF EXISTS record_blobs_digest")?;
+    }
+    Ok(())
 }
 
 /// SQLite's `quick_check`: the problems it reports (empty when fine).

@@ -339,6 +339,40 @@ fn read_record_leaves_out_the_key_inputs_and_the_blob_lookups() {
 }
 
 #[test]
+fn opening_drops_the_digest_index_of_older_stores() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let k = key("containerfile:fedora");
+    let rec = {
+        let store = Store::open(tmp.path()).expect("open");
+        let rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
+        assert!(store.put_record(&k, &rec).expect("put"));
+        rec
+    };
+    let db = tmp.path().join("index.db");
+    let indexes = || -> Vec<String> {
+        let c = rusqlite::Connection::open(&db).expect("sqlite");
+        let mut st = c
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'record_blobs'",
+            )
+            .expect("prepare");
+        st.query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    };
+    // What a store made by an earlier charly has.
+    rusqlite::Connection::open(&db)
+        .expect("sqlite")
+        .execute_batch("CREATE INDEX record_blobs_digest ON record_blobs (digest)")
+        .expect("create index");
+    assert!(indexes().contains(&"record_blobs_digest".to_string()));
+    let store = Store::open(tmp.path()).expect("reopen");
+    assert!(!indexes().contains(&"record_blobs_digest".to_string()));
+    assert_eq!(store.get_record(&k).expect("get"), Some(rec));
+}
+
+#[test]
 fn last_record_for_returns_the_newest_build_of_a_node() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let store = Store::open(tmp.path()).expect("open");
