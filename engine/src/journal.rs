@@ -581,41 +581,16 @@ impl Journal {
             e.file_type().is_dir()
                 && (e.file_name() == ".git" || skip.iter().any(|s| s == e.path()))
         };
+        // One thread walks: callers run this beside the full run, whose
+        // loader and keys need the rayon pool (a parallel walk queued the
+        // loader's parse jobs behind its own and left a core idle).
         for root in roots {
-            // The root and its entries, then each top-level directory's
-            // tree on its own, in parallel.
-            let mut subtrees = Vec::new();
-            let top = walkdir::WalkDir::new(root)
+            for e in walkdir::WalkDir::new(root)
                 .follow_links(true)
-                .max_depth(1)
                 .into_iter()
-                .filter_entry(|e| !skipped(e));
-            for e in top {
-                match e {
-                    Ok(e) if e.depth() == 1 && e.file_type().is_dir() => {
-                        subtrees.push(e.into_path());
-                    }
-                    e => ok &= fingerprint(e, &mut inputs),
-                }
-            }
-            let walked: Vec<(Vec<(String, Fp)>, bool)> = subtrees
-                .par_iter()
-                .map(|dir| {
-                    let mut found = Vec::new();
-                    let mut ok = true;
-                    for e in walkdir::WalkDir::new(dir)
-                        .follow_links(true)
-                        .into_iter()
-                        .filter_entry(|e| !skipped(e))
-                    {
-                        ok &= fingerprint(e, &mut found);
-                    }
-                    (found, ok)
-                })
-                .collect();
-            for (found, sub_ok) in walked {
-                inputs.extend(found);
-                ok &= sub_ok;
+                .filter_entry(|e| !skipped(e))
+            {
+                ok &= fingerprint(e, &mut inputs);
             }
         }
         for f in files {
