@@ -426,14 +426,27 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         output::note(&summary_line("generate", &summary));
     }
     report_remote_unless_quiet(&summary, a.run.quiet);
-    if let (Some((j, _)), Some(rec)) = (journal, recorder) {
+    // The candy directories a self-contained context carries (outputs).
+    let context = match (&journal, &a.out) {
+        (Some(_), Some(_)) => {
+            let all: Vec<&str> = names.iter().map(String::as_str).collect();
+            engine.box_context_candy_dirs(&all, &out_root)
+        }
+        _ => Vec::new(),
+    };
+    drop(progress);
+    drop(engine);
+    drop(_notes);
+    // The store closes (access times written, its WAL checkpointed: a few
+    // ms of I/O) while the journal is written.
+    std::thread::scope(|s| {
+        s.spawn(move || drop(store));
+        let (Some((j, _)), Some(rec)) = (journal, recorder) else {
+            return;
+        };
         let _t = charly_engine::timings::phase("journal: record");
         let (mut outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
-        if a.out.is_some() {
-            // The candy directories a self-contained context carries.
-            let all: Vec<&str> = names.iter().map(String::as_str).collect();
-            outputs.extend(engine.box_context_candy_dirs(&all, &out_root));
-        }
+        outputs.extend(context);
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;
         outcome.boxes = boxes;
@@ -445,13 +458,11 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         if let Err(e) = j.record_reusing(rec, &outputs, &skip, outcome, reuse) {
             output::note(&format!("could not write the no-op journal: {e}"));
         }
-    }
+    });
     // The graph, the project, the summary, the last run's memo and the
     // stat cache are trees of many small allocations that only the
     // process's exit needs to free (0.3 s at 10,000 candies): left to it.
     // Nothing in them holds a file or a lock (the stat cache was saved).
-    drop(progress);
-    drop(engine);
     std::mem::forget(graph);
     std::mem::forget(o);
     std::mem::forget(summary);
