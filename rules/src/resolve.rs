@@ -22,6 +22,7 @@ use crate::diag::{Diagnostic, Diagnostics, nearest_n};
 use crate::load::{BoxEntry, CandyEntry, ImportBinding, NsId, Project};
 use crate::model::{Builder, Vocab};
 use crate::source::Span;
+use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 /// What a box is built on.
@@ -165,11 +166,16 @@ pub fn resolve(p: &Project) -> Resolution {
         partial.insert(name.clone(), res);
     }
     r.order(&partial);
-    for (name, ns, short) in &names {
-        let out = match &partial[name] {
+    // Each box is finished on its own (in parallel: at 1,000 boxes a
+    // quarter of `resolve`), then inserted in order.
+    let finished: Vec<Result<ResolvedBox, Vec<Diagnostic>>> = names
+        .par_iter()
+        .map(|(name, ns, short)| match &partial[name] {
             Ok(part) => r.finish(*ns, short, part, &partial),
             Err(e) => Err(e.clone()),
-        };
+        })
+        .collect();
+    for ((name, ..), out) in names.iter().zip(finished) {
         r.res.boxes.insert(name.clone(), out);
     }
     r.res
@@ -748,7 +754,7 @@ impl<'p> Resolver<'p> {
     }
 
     fn finish(
-        &mut self,
+        &self,
         ns: NsId,
         short: &str,
         part: &Partial,
