@@ -237,9 +237,9 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let root = project::root(cli)?;
     let journal = generate_journal(cli, a, &root);
     let t = charly_engine::timings::phase("journal: check");
-    let mut memo = None;
+    let mut seed = None;
     match &journal {
-        Some((j, _)) => match j.check_or_memo() {
+        Some((j, _)) => match j.check_or_seed() {
             Ok(outcome) => {
                 drop(t);
                 return replay_generate(a, &outcome, started);
@@ -253,7 +253,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
                     };
                     output::note(&format!("journal: not replayed: {miss}{memo_note}"));
                 }
-                memo = m;
+                seed = m;
             }
         },
         None if a.explain => output::note(&format!(
@@ -264,10 +264,11 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     drop(t);
     // The project loads on this thread while others fingerprint the inputs
-    // (from a start taken before anything is read) and open the store: none
-    // of the three needs another's result.
+    // (from a start taken before anything is read), open the store and
+    // index the last run's memo: none needs another's result.
     let started = journal.as_ref().map(|(j, _)| j.start());
-    let (mut recorder, o, opened) = std::thread::scope(|s| {
+    let (mut recorder, o, opened, memo) = std::thread::scope(|s| {
+        let memo = s.spawn(|| seed.map(|s| Box::new(s.build())));
         let walk = s.spawn(|| {
             let _t = charly_engine::timings::phase("journal: begin");
             journal.as_ref().zip(started).map(|((j, scope), st)| {
@@ -282,7 +283,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
             anyhow::Ok((store, hasher))
         });
         let o = project::open_at(cli, root);
-        (join(walk), o, join(store))
+        (join(walk), o, join(store), join(memo))
     });
     let mut o = o?;
     let t = charly_engine::timings::phase("select");

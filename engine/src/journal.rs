@@ -148,6 +148,16 @@ pub struct Memo {
     boxes: std::collections::HashMap<String, BoxEntry>,
 }
 
+/// The last run's journal entry, from which its [`Memo`] is built.
+pub struct MemoSeed(Box<Entry>);
+
+impl MemoSeed {
+    /// The memo: the last run's keys, outputs and boxes, indexed.
+    pub fn build(self) -> Memo {
+        Memo::of(*self.0)
+    }
+}
+
 impl Memo {
     fn of(e: Entry) -> Memo {
         let mut present = std::collections::HashSet::new();
@@ -465,13 +475,20 @@ impl Journal {
 
     /// The recorded outcome, when nothing it depends on changed.
     pub fn check(&self) -> Result<Outcome, Miss> {
-        self.check_or_memo().map_err(|(m, _)| m)
+        self.check_or_seed().map_err(|(m, _)| m)
     }
 
     /// [`Journal::check`]; on a miss, what the last run still tells the
     /// full run ([`Memo`]), when the binary and the store's epoch are the
     /// same.
     pub fn check_or_memo(&self) -> Result<Outcome, (Miss, Option<Box<Memo>>)> {
+        self.check_or_seed()
+            .map_err(|(m, seed)| (m, seed.map(|s| Box::new(s.build()))))
+    }
+
+    /// [`Journal::check_or_memo`] with the memo still to build (a caller
+    /// builds it on another thread while the project loads).
+    pub fn check_or_seed(&self) -> Result<Outcome, (Miss, Option<MemoSeed>)> {
         let mut e = self.read().ok_or((Miss::NoEntry, None))?;
         if e.exe != exe_fp() {
             return Err((Miss::Binary, None));
@@ -480,7 +497,7 @@ impl Journal {
             return Err((Miss::StoreEpoch, None));
         }
         if let Some(m) = self.changed(&e) {
-            return Err((m, Some(Box::new(Memo::of(e)))));
+            return Err((m, Some(MemoSeed(Box::new(e)))));
         }
         // Outputs verified by content that are now old enough to trust by
         // stat: drop their digests so later replays only stat.
