@@ -494,18 +494,9 @@ impl Store {
     /// node is rebuilt and recorded afresh. A hit counts as an access for GC.
     pub fn get_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
         let hex = key.to_hex();
-        let row = self.record_row(
-            "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
-                    created_unix, meta, last_access
-             FROM records WHERE key = ?1",
-            &hex,
-            RecordRow::read,
-        )?;
-        let Some(row) = row else { return Ok(None) };
-        let decoded = row.ok().and_then(|row| {
-            let last_access = row.last_access;
-            row.decode(&hex).ok().map(|rec| (rec, last_access))
-        });
+        let Some(decoded) = self.decoded_record(&hex, true)? else {
+            return Ok(None);
+        };
         let Some((rec, last_access)) = decoded else {
             self.drop_undecodable_record(&hex)?;
             return Ok(None);
@@ -521,24 +512,41 @@ impl Store {
     /// access for GC, as a hit is. A record that does not decode is
     /// dropped, as `get_record` drops it.
     pub fn read_record(&self, key: &NodeKey) -> Result<Option<Record>, CacheError> {
-        let hex = key.to_hex();
-        let row = self.record_row(
-            "SELECT node_id, kind, outputs, duration_ms, producer, 'null',
-                    created_unix, meta, last_access
-             FROM records WHERE key = ?1",
-            &hex,
-            RecordRow::read,
-        )?;
-        let Some(row) = row else { return Ok(None) };
-        let decoded = row.ok().and_then(|row| {
-            let last_access = row.last_access;
-            row.decode(&hex).ok().map(|rec| (rec, last_access))
-        });
+        let Some(decoded) = self.decoded_record(&key.to_hex(), false)? else {
+            return Ok(None);
+        };
         let Some((rec, last_access)) = decoded else {
             return self.get_record(key);
         };
         self.touch_record(key, last_access)?;
         Ok(Some(rec))
+    }
+
+    /// The record `hex` decoded, with its last access: `None` when there
+    /// is none, `Some(None)` when it does not decode. Without
+    /// `with_inputs`, its key inputs are not read (null).
+    #[allow(clippy::type_complexity)]
+    fn decoded_record(
+        &self,
+        hex: &str,
+        with_inputs: bool,
+    ) -> Result<Option<Option<(Record, u64)>>, CacheError> {
+        let sql = if with_inputs {
+            "SELECT node_id, kind, outputs, duration_ms, producer, key_inputs,
+                    created_unix, meta, last_access
+             FROM records WHERE key = ?1"
+        } else {
+            "SELECT node_id, kind, outputs, duration_ms, producer, 'null',
+                    created_unix, meta, last_access
+             FROM records WHERE key = ?1"
+        };
+        let row = self.record_row(sql, hex, RecordRow::read)?;
+        Ok(row.map(|row| {
+            row.ok().and_then(|row| {
+                let last_access = row.last_access;
+                row.decode(hex).ok().map(|rec| (rec, last_access))
+            })
+        }))
     }
 
     /// Whether a usable record for `key` is present: what [`Store::get_record`]
