@@ -80,9 +80,6 @@ impl Store {
                     let (hex, n) = row?;
                     refs.insert(hex, from_sql_int(n));
                 }
-            }
-
-            if total > max_bytes {
                 let unreferenced: Vec<(String, i64)> = {
                     let mut st = tx.prepare(
                         "SELECT digest, csize FROM blobs

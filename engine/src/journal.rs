@@ -479,15 +479,9 @@ impl Journal {
     }
 
     /// [`Journal::check`]; on a miss, what the last run still tells the
-    /// full run ([`Memo`]), when the binary and the store's epoch are the
-    /// same.
-    pub fn check_or_memo(&self) -> Result<Outcome, (Miss, Option<Box<Memo>>)> {
-        self.check_or_seed()
-            .map_err(|(m, seed)| (m, seed.map(|s| Box::new(s.build()))))
-    }
-
-    /// [`Journal::check_or_memo`] with the memo still to build (a caller
-    /// builds it on another thread while the project loads).
+    /// full run, when the binary and the store's epoch are the same: the
+    /// entry its [`Memo`] is built from ([`MemoSeed::build`], which a
+    /// caller runs on another thread while the project loads).
     pub fn check_or_seed(&self) -> Result<Outcome, (Miss, Option<MemoSeed>)> {
         let mut e = self.read().ok_or((Miss::NoEntry, None))?;
         if e.exe != exe_fp() {
@@ -1085,6 +1079,14 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Journal {
+        /// [`Journal::check_or_seed`] with the memo built.
+        fn check_or_memo(&self) -> Result<Outcome, (Miss, Option<Box<Memo>>)> {
+            self.check_or_seed()
+                .map_err(|(m, seed)| (m, seed.map(|s| Box::new(s.build()))))
+        }
+    }
 
     #[test]
     fn normal_paths_are_taken_as_they_are_and_others_normalized() {
