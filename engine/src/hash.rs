@@ -20,6 +20,7 @@
 //! [`RACY_NS`] of the moment it was hashed: such a file is
 //! hashed again next time, until its timestamps are old enough.
 
+use charly_cache::BlobDigest;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -39,8 +40,11 @@ pub const RACY_NS: i64 = 2_000_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Stat {
     size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
+    // i64 (until 2262): postcard writes i64 and i128 alike (zigzag
+    // varints), so the cache file reads the same either way, and an entry
+    // takes 32 bytes instead of 48.
+    mtime_ns: i64,
+    ctime_ns: i64,
     ino: u64,
 }
 
@@ -48,23 +52,30 @@ impl Stat {
     fn of(meta: &std::fs::Metadata) -> Stat {
         Stat {
             size: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
             ino: meta.ino(),
         }
     }
 
     /// Whether the file changed within `racy_ns` before `now_ns`: too recent
     /// for its timestamps to tell a later same-tick change apart.
-    fn is_racy(&self, now_ns: i128, racy_ns: i64) -> bool {
-        self.mtime_ns.max(self.ctime_ns) > now_ns - i128::from(racy_ns)
+    fn is_racy(&self, now_ns: i64, racy_ns: i64) -> bool {
+        self.mtime_ns.max(self.ctime_ns) > now_ns.saturating_sub(racy_ns)
     }
 }
 
-fn now_ns() -> i128 {
+/// A timestamp in nanoseconds (saturating: a time set beyond what an i64
+/// holds only loses precision; the ctime, which nobody can set, still
+/// tells changes apart).
+fn ns(secs: i64, nsecs: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsecs)
+}
+
+fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX))
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 
@@ -80,7 +91,7 @@ struct Entry {
 struct EntryRef<'a> {
     path: &'a Path,
     stat: Stat,
-    digest: &'a str,
+    digest: String,
 }
 
 /// [`CacheFile`] borrowing its entries (the same encoding).
@@ -107,7 +118,10 @@ const PRUNE_FLOOR: u64 = 4096;
 /// goes component by component, which was most of the cost of loading the
 /// cache) → its stat and digest. Byte equality is at least as strict as
 /// `Path`'s, so a path spelled differently only misses (and re-hashes).
-type Map = HashMap<Vec<u8>, (Stat, String)>;
+///
+/// Kept compact (the digest as its 32 bytes, not hex): at 10,000 candies
+/// the cache holds ~100,000 entries for the whole run.
+type Map = HashMap<Box<[u8]>, (Stat, BlobDigest)>;
 
 fn key_of(path: &Path) -> &[u8] {
     path.as_os_str().as_bytes()
@@ -161,7 +175,11 @@ impl FileHasher {
             pruned_len = f.pruned_len;
             map.reserve(f.entries.len());
             for e in f.entries {
-                map.insert(e.path.into_os_string().into_vec(), (e.stat, e.digest));
+                // An entry whose digest does not parse is left out (its file
+                // is hashed again).
+                if let Ok(d) = e.digest.parse::<BlobDigest>() {
+                    map.insert(e.path.into_os_string().into_vec().into(), (e.stat, d));
+                }
             }
         }
         FileHasher {
@@ -186,7 +204,7 @@ impl FileHasher {
             && let Some((s, d)) = m.get(key_of(path))
             && *s == stat
         {
-            return Ok(d.clone());
+            return Ok(d.to_hex());
         }
         let digest = hash_file(path, meta.len())?;
         self.hashed
@@ -197,7 +215,10 @@ impl FileHasher {
             let changed = if stat.is_racy(now, self.racy_ns) {
                 m.remove(key_of(path)).is_some()
             } else {
-                m.insert(key_of(path).to_vec(), (stat, digest.clone()));
+                match digest.parse::<BlobDigest>() {
+                    Ok(d) => m.insert(key_of(path).into(), (stat, d)),
+                    Err(_) => m.remove(key_of(path)),
+                };
                 true
             };
             if changed {
@@ -212,7 +233,7 @@ impl FileHasher {
     pub fn prune(&self) -> std::io::Result<usize> {
         let removed = match self.map.lock() {
             Ok(mut m) => {
-                let gone: Vec<Vec<u8>> = m
+                let gone: Vec<Box<[u8]>> = m
                     .par_iter()
                     .filter(|(p, _)| !path_of(p).exists())
                     .map(|(p, _)| p.clone())
@@ -252,7 +273,7 @@ impl FileHasher {
                     .map(|(p, (s, d))| EntryRef {
                         path: path_of(p),
                         stat: *s,
-                        digest: d,
+                        digest: d.to_hex(),
                     })
                     .collect();
                 let pruned_len = if prune {
@@ -300,6 +321,64 @@ pub fn hash_file(path: &Path, size: u64) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache written when stats were kept as i128 (the encoding is the
+    /// same) still serves its digests; a bad digest only drops its entry.
+    #[test]
+    fn a_cache_file_of_the_earlier_layout_still_serves() {
+        #[derive(Serialize)]
+        struct OldStat {
+            size: u64,
+            mtime_ns: i128,
+            ctime_ns: i128,
+            ino: u64,
+        }
+        #[derive(Serialize)]
+        struct OldEntry {
+            path: PathBuf,
+            stat: OldStat,
+            digest: String,
+        }
+        #[derive(Serialize)]
+        struct OldFile {
+            pruned_len: u64,
+            entries: Vec<OldEntry>,
+        }
+        let t = tempfile::tempdir().expect("tmp");
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        std::fs::write(&a, b"one").expect("write");
+        std::fs::write(&b, b"two").expect("write");
+        let old = |p: &Path, digest: String| {
+            let m = std::fs::metadata(p).expect("stat");
+            OldEntry {
+                path: p.to_path_buf(),
+                stat: OldStat {
+                    size: m.len(),
+                    mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+                    ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+                    ino: m.ino(),
+                },
+                digest,
+            }
+        };
+        // A made-up digest for `a`: served only if the entry was read.
+        let planted = "ab".repeat(32);
+        let file = OldFile {
+            pruned_len: 0,
+            entries: vec![old(&a, planted.clone()), old(&b, "not hex".into())],
+        };
+        let cache = t.path().join("stat.bin");
+        std::fs::write(&cache, postcard::to_stdvec(&file).expect("encode")).expect("write");
+        let mut h = FileHasher::with_cache_file(cache);
+        h.racy_ns = 0;
+        assert_eq!(h.digest(&a).expect("a"), planted);
+        assert_eq!(h.hashed_count(), 0);
+        assert_eq!(
+            h.digest(&b).expect("b"),
+            blake3::hash(b"two").to_hex().to_string()
+        );
+        assert_eq!(h.hashed_count(), 1);
+    }
 
     #[test]
     fn unchanged_stat_is_trusted_and_changes_rehash() {
