@@ -87,6 +87,27 @@ impl Fp {
         )
     }
 
+    /// The fingerprint of a `statx` result: the same fields as
+    /// [`Fp::of_meta`] (the standard library fills its metadata from
+    /// `statx` too).
+    #[cfg(target_os = "linux")]
+    fn of_statx(x: &rustix::fs::Statx) -> Fp {
+        let kind = match rustix::fs::FileType::from_raw_mode(x.stx_mode.into()) {
+            rustix::fs::FileType::RegularFile => 1,
+            rustix::fs::FileType::Directory => 2,
+            _ => 3,
+        };
+        let ns = |t: &rustix::fs::StatxTimestamp| t.tv_sec * 1_000_000_000 + i64::from(t.tv_nsec);
+        Fp(
+            kind,
+            if kind == 1 { x.stx_size } else { 0 },
+            ns(&x.stx_mtime),
+            ns(&x.stx_ctime),
+            x.stx_ino,
+            x.stx_mode.into(),
+        )
+    }
+
     /// Fingerprints a path (following symlinks, as the loader does).
     pub fn of(path: &Path) -> Fp {
         match std::fs::metadata(path) {
@@ -119,6 +140,24 @@ impl OutputEntry {
         Fp::of(path) == *fp
             && d.as_ref()
                 .is_none_or(|d| digest_of(path).as_ref() == Some(d))
+    }
+
+    /// [`OutputEntry::unchanged`] of the entry at `rel` below the open
+    /// directory `dir` (`""`: the directory itself), which is where the
+    /// entry's path leads.
+    #[cfg(target_os = "linux")]
+    fn unchanged_at(&self, dir: &rustix::fd::OwnedFd, rel: &str) -> bool {
+        let OutputEntry(p, fp, d) = self;
+        let flags = if rel.is_empty() {
+            rustix::fs::AtFlags::EMPTY_PATH
+        } else {
+            rustix::fs::AtFlags::empty()
+        };
+        let now = rustix::fs::statx(dir, rel, flags, rustix::fs::StatxFlags::BASIC_STATS)
+            .map_or(Fp::ABSENT, |x| Fp::of_statx(&x));
+        now == *fp
+            && d.as_ref()
+                .is_none_or(|d| digest_of(Path::new(p)).as_ref() == Some(d))
     }
 
     /// Drops the content digest when the output last changed before
@@ -237,8 +276,30 @@ impl Memo {
     /// added or removed entry changes the directory's own fingerprint; an
     /// output the last run recorded as absent must still be absent).
     pub fn dir_unchanged(&self, dir: &Path) -> bool {
-        self.entries_of(dir)
-            .is_some_and(|mut es| es.all(OutputEntry::unchanged))
+        let Some(mut es) = self.entries_of(dir) else {
+            return false;
+        };
+        // Below the directory, each entry is looked up from a handle on it
+        // instead of by its whole path again: a build directory holds
+        // thousands of files, each eight or more components deep.
+        #[cfg(target_os = "linux")]
+        if let Some(top) = es.next()
+            && let Ok(fd) = rustix::fs::open(
+                top.0.as_str(),
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+        {
+            let prefix = top.0.len() + 1;
+            return top.unchanged_at(&fd, "")
+                && es.all(|e| match e.0.get(prefix..) {
+                    Some(rel) => e.unchanged_at(&fd, rel),
+                    None => e.unchanged(),
+                });
+        }
+        es.all(OutputEntry::unchanged)
     }
 
     /// The recorded entries of output `dir`: the directory itself, then
@@ -1373,6 +1434,82 @@ mod tests {
         // After a deletion from the store nothing is trusted.
         store.gc(u64::MAX).expect("gc");
         assert!(j.check_or_memo().unwrap_err().1.is_none());
+    }
+
+    /// A stat relative to an open directory fingerprints an entry as a
+    /// stat of its whole path does: files, directories, links followed,
+    /// dangling links and missing entries.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn relative_stats_fingerprint_as_whole_paths_do() {
+        let t = tempfile::tempdir().expect("tmp");
+        let d = t.path();
+        std::fs::create_dir_all(d.join("sub/deeper")).expect("mkdir");
+        std::fs::write(d.join("sub/deeper/f"), "content").expect("write");
+        std::os::unix::fs::symlink("sub/deeper/f", d.join("link")).expect("link");
+        std::os::unix::fs::symlink("nowhere", d.join("dangling")).expect("link");
+        let fd = rustix::fs::open(
+            d,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("open");
+        for rel in [
+            "",
+            "sub",
+            "sub/deeper",
+            "sub/deeper/f",
+            "link",
+            "dangling",
+            "absent",
+        ] {
+            let whole = Fp::of(&d.join(rel));
+            let entry = OutputEntry(path_str(&d.join(rel)).expect("utf-8"), whole, None);
+            assert!(entry.unchanged_at(&fd, rel), "{rel}: {whole:?}");
+        }
+        // And a different entry's fingerprint is not taken for it.
+        let other = OutputEntry(String::new(), Fp::of(&d.join("sub")), None);
+        assert!(!other.unchanged_at(&fd, "sub/deeper/f"));
+    }
+
+    /// Changes deep below a kept output directory are seen, through a
+    /// symlinked directory too: a rewrite, a removal, a file that became a
+    /// directory.
+    #[test]
+    fn changes_deep_below_an_output_dir_are_seen() {
+        let f = Fix::new();
+        let real = f.t.path().join("elsewhere");
+        std::fs::create_dir_all(real.join("a/b")).expect("mkdir");
+        std::fs::write(real.join("a/b/f"), "one").expect("write");
+        std::fs::write(real.join("a/g"), "two").expect("write");
+        let linked = f.proj.join(".build/linked");
+        std::os::unix::fs::symlink(&real, &linked).expect("link");
+        std::fs::write(f.out.join("nested"), "x").expect("write");
+        let mut j = Journal::new(&f.store, "generate");
+        j.racy_ns = 0;
+        let scope = Scope::project(&f.proj, &[], &f.store);
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        let outs = [f.out.clone(), linked.clone()];
+        assert!(j.record(rec, &outs, &[], outcome()).expect("record"));
+        // An input edit each time (a longer file): the memo, not a replay.
+        let candy = f.proj.join("candy/a/charly.yml");
+        let memo = || {
+            let text = std::fs::read_to_string(&candy).expect("read");
+            std::fs::write(&candy, format!("#\n{text}")).expect("edit");
+            j.check_or_memo().unwrap_err().1.expect("memo")
+        };
+        assert!(memo().dir_unchanged(&linked));
+        std::fs::write(real.join("a/b/f"), "three").expect("rewrite");
+        assert!(!memo().dir_unchanged(&linked));
+        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
+        assert!(j.record(rec, &outs, &[], outcome()).expect("record"));
+        assert!(memo().dir_unchanged(&linked));
+        std::fs::remove_file(real.join("a/g")).expect("remove");
+        std::fs::create_dir(real.join("a/g")).expect("mkdir");
+        assert!(!memo().dir_unchanged(&linked));
+        assert!(memo().dir_unchanged(&f.out));
+        std::fs::remove_file(f.out.join("nested")).expect("remove");
+        assert!(!memo().dir_unchanged(&f.out));
     }
 
     #[test]
