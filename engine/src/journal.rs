@@ -1251,15 +1251,17 @@ mod tests {
         /// A journal trusting any timestamp (the racy window is tested
         /// separately), recorded over the fixture.
         fn recorded(&self) -> Journal {
+            self.recorded_with(std::slice::from_ref(&self.out))
+        }
+
+        /// A journal whose entry records the fixture's inputs and `outs`.
+        fn recorded_with(&self, outs: &[PathBuf]) -> Journal {
             let mut j = Journal::new(&self.store, "generate");
             j.racy_ns = 0;
             let scope = Scope::project(&self.proj, &[], &self.store);
             let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
             assert!(rec.usable());
-            assert!(
-                j.record(rec, std::slice::from_ref(&self.out), &[], outcome())
-                    .expect("record")
-            );
+            assert!(j.record(rec, outs, &[], outcome()).expect("record"));
             j
         }
     }
@@ -1402,12 +1404,7 @@ mod tests {
         let sibling = f.proj.join(".build/x-y");
         std::fs::create_dir_all(&sibling).expect("mkdir");
         std::fs::write(sibling.join("Containerfile"), "FROM c\n").expect("write");
-        let mut j = Journal::new(&f.store, "generate");
-        j.racy_ns = 0;
-        let scope = Scope::project(&f.proj, &[], &f.store);
-        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
-        let outs = [f.out.clone(), sibling.clone()];
-        assert!(j.record(rec, &outs, &[], outcome()).expect("record"));
+        let j = f.recorded_with(&[f.out.clone(), sibling.clone()]);
         std::fs::write(
             f.proj.join("candy/a/charly.yml"),
             "candy: {name: a, env: {X: 1}}\n",
@@ -1485,12 +1482,9 @@ mod tests {
         let linked = f.proj.join(".build/linked");
         std::os::unix::fs::symlink(&real, &linked).expect("link");
         std::fs::write(f.out.join("nested"), "x").expect("write");
-        let mut j = Journal::new(&f.store, "generate");
-        j.racy_ns = 0;
-        let scope = Scope::project(&f.proj, &[], &f.store);
-        let rec = j.begin(&scope.roots, &scope.files, &scope.skip);
         let outs = [f.out.clone(), linked.clone()];
-        assert!(j.record(rec, &outs, &[], outcome()).expect("record"));
+        let j = f.recorded_with(&outs);
+        let scope = Scope::project(&f.proj, &[], &f.store);
         // An input edit each time (a longer file): the memo, not a replay.
         let candy = f.proj.join("candy/a/charly.yml");
         let memo = || {
