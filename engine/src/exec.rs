@@ -387,7 +387,10 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     continue;
                 };
                 let fnode = &graph.g[fi];
-                let (text, files) = read_node(ctx, graph, fi, |rec| {
+                // Every output of the fragment is read here, each blob
+                // fetched (and a missing one a miss): no key inputs, no
+                // blob lookups up front.
+                let (text, files) = read_node_by(ctx, graph, fi, Store::read_record, |rec| {
                     let text =
                         String::from_utf8_lossy(&record_output(ctx, fnode, rec, outputs::TEXT)?)
                             .into_owned();
