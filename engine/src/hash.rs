@@ -215,17 +215,14 @@ impl FileHasher {
             let changed = if stat.is_racy(now, self.racy_ns) {
                 m.remove(key_of(path)).is_some()
             } else {
-                match digest.parse::<BlobDigest>() {
-                    Ok(d) => m.insert(key_of(path).into(), (stat, d)),
-                    Err(_) => m.remove(key_of(path)),
-                };
+                m.insert(key_of(path).into(), (stat, digest));
                 true
             };
             if changed {
                 self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        Ok(digest)
+        Ok(digest.to_hex())
     }
 
     /// Drops the entries of files that no longer exist (a stat each) and
@@ -305,7 +302,7 @@ impl FileHasher {
 }
 
 /// blake3 of a file: memory-mapped and multi-threaded for large files.
-pub fn hash_file(path: &Path, size: u64) -> std::io::Result<String> {
+pub fn hash_file(path: &Path, size: u64) -> std::io::Result<BlobDigest> {
     let mut h = blake3::Hasher::new();
     if size >= 1 << 20 {
         h.update_mmap_rayon(path)?;
@@ -315,7 +312,7 @@ pub fn hash_file(path: &Path, size: u64) -> std::io::Result<String> {
         f.read_to_end(&mut buf)?;
         h.update(&buf);
     }
-    Ok(h.finalize().to_hex().to_string())
+    Ok(BlobDigest::from_bytes(*h.finalize().as_bytes()))
 }
 
 #[cfg(test)]
@@ -493,7 +490,7 @@ mod tests {
         let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 251) as u8).collect();
         std::fs::write(&f, &data).expect("write");
         assert_eq!(
-            hash_file(&f, data.len() as u64).expect("hash"),
+            hash_file(&f, data.len() as u64).expect("hash").to_hex(),
             blake3::hash(&data).to_hex().to_string()
         );
     }

@@ -67,6 +67,20 @@ pub struct Fp(u8, u64, i64, i64, u64, u32);
 impl Fp {
     const ABSENT: Fp = Fp(0, 0, 0, 0, 0, 0);
 
+    /// A fingerprint from its fields, kind first (1 = file, 2 = directory,
+    /// 3 = other). Only a file keeps its size: directory sizes are
+    /// file-system bookkeeping, not content.
+    fn new(kind: u8, size: u64, mtime_ns: i64, ctime_ns: i64, ino: u64, mode: u32) -> Fp {
+        Fp(
+            kind,
+            if kind == 1 { size } else { 0 },
+            mtime_ns,
+            ctime_ns,
+            ino,
+            mode,
+        )
+    }
+
     fn of_meta(m: &std::fs::Metadata) -> Fp {
         let kind = if m.is_file() {
             1
@@ -75,11 +89,9 @@ impl Fp {
         } else {
             3
         };
-        // Directory sizes are file-system bookkeeping, not content.
-        let size = if kind == 1 { m.len() } else { 0 };
-        Fp(
+        Fp::new(
             kind,
-            size,
+            m.len(),
             m.mtime() * 1_000_000_000 + m.mtime_nsec(),
             m.ctime() * 1_000_000_000 + m.ctime_nsec(),
             m.ino(),
@@ -98,9 +110,9 @@ impl Fp {
             _ => 3,
         };
         let ns = |t: &rustix::fs::StatxTimestamp| t.tv_sec * 1_000_000_000 + i64::from(t.tv_nsec);
-        Fp(
+        Fp::new(
             kind,
-            if kind == 1 { x.stx_size } else { 0 },
+            x.stx_size,
             ns(&x.stx_mtime),
             ns(&x.stx_ctime),
             x.stx_ino,
@@ -135,11 +147,7 @@ impl OutputEntry {
     /// Whether the output is as recorded (by stat; by content while its
     /// fingerprint was too recent to trust).
     fn unchanged(&self) -> bool {
-        let OutputEntry(p, fp, d) = self;
-        let path = Path::new(p);
-        Fp::of(path) == *fp
-            && d.as_ref()
-                .is_none_or(|d| digest_of(path).as_ref() == Some(d))
+        self.matches(Fp::of(Path::new(&self.0)))
     }
 
     /// [`OutputEntry::unchanged`] of the entry at `rel` below the open
@@ -147,7 +155,6 @@ impl OutputEntry {
     /// entry's path leads.
     #[cfg(target_os = "linux")]
     fn unchanged_at(&self, dir: &rustix::fd::OwnedFd, rel: &str) -> bool {
-        let OutputEntry(p, fp, d) = self;
         let flags = if rel.is_empty() {
             rustix::fs::AtFlags::EMPTY_PATH
         } else {
@@ -155,6 +162,14 @@ impl OutputEntry {
         };
         let now = rustix::fs::statx(dir, rel, flags, rustix::fs::StatxFlags::BASIC_STATS)
             .map_or(Fp::ABSENT, |x| Fp::of_statx(&x));
+        self.matches(now)
+    }
+
+    /// Whether `now`, the output's fingerprint as it is, shows it as
+    /// recorded (its content hashed while the recorded fingerprint was
+    /// too recent to trust).
+    fn matches(&self, now: Fp) -> bool {
+        let OutputEntry(p, fp, d) = self;
         now == *fp
             && d.as_ref()
                 .is_none_or(|d| digest_of(Path::new(p)).as_ref() == Some(d))
@@ -293,10 +308,12 @@ impl Memo {
             )
         {
             let prefix = top.0.len() + 1;
+            // Every entry after the first starts with the directory's path
+            // and a `/` (`entries_of`).
             return top.unchanged_at(&fd, "")
-                && es.all(|e| match e.0.get(prefix..) {
-                    Some(rel) => e.unchanged_at(&fd, rel),
-                    None => e.unchanged(),
+                && es.all(|e| {
+                    e.0.get(prefix..)
+                        .is_some_and(|rel| e.unchanged_at(&fd, rel))
                 });
         }
         es.all(OutputEntry::unchanged)
@@ -482,7 +499,9 @@ fn path_str(p: &Path) -> Option<String> {
 
 fn digest_of(path: &Path) -> Option<String> {
     let m = std::fs::metadata(path).ok()?;
-    crate::hash::hash_file(path, m.len()).ok()
+    crate::hash::hash_file(path, m.len())
+        .ok()
+        .map(|d| d.to_hex())
 }
 
 impl Journal {

@@ -921,10 +921,11 @@ impl<'a> Builder<'a> {
         // A node's own inputs do not depend on other keys (but for a
         // builder stage's image, set below): computed in parallel, then
         // chained to their dependencies' keys in order.
-        let others: Vec<NodeIndex> = order
+        // Each node, with where its steps are when it is a fragment.
+        let others: Vec<(NodeIndex, Option<(usize, usize)>)> = order
             .iter()
-            .copied()
-            .filter(|i| self.graph.g[*i].kind != NodeKind::Source)
+            .filter(|i| self.graph.g[**i].kind != NodeKind::Source)
+            .map(|&i| (i, self.fragment_steps(i).map(inputs::steps_addr)))
             .collect();
         // Keyed in batches, in order: each node's own inputs in parallel,
         // then chained to its dependencies' keys and turned into text. Only
@@ -935,49 +936,45 @@ impl<'a> Builder<'a> {
         // alike) share the steps' canonical JSON: made when the first of
         // them is keyed, dropped after the last.
         let mut remaining: HashMap<(usize, usize), usize> = HashMap::new();
-        for i in &others {
-            if let Work::Fragment { steps, .. } = &self.graph.g[*i].work {
-                *remaining.entry(inputs::steps_addr(steps)).or_default() += 1;
-            }
+        for at in others.iter().filter_map(|(_, at)| *at) {
+            *remaining.entry(at).or_default() += 1;
         }
         let mut shared: HashMap<(usize, usize), Result<String, GraphError>> = HashMap::new();
         for batch in others.chunks(KEY_BATCH) {
-            let mut needed: HashMap<(usize, usize), &[InstallStep]> = HashMap::new();
-            for i in batch {
-                if let Work::Fragment { steps, .. } = &self.graph.g[*i].work {
-                    let at = inputs::steps_addr(steps);
-                    if !shared.contains_key(&at) {
-                        needed.insert(at, &steps[..]);
-                    }
+            let mut needed: HashMap<(usize, usize), NodeIndex> = HashMap::new();
+            for (i, at) in batch {
+                if let Some(at) = at
+                    && !shared.contains_key(at)
+                {
+                    needed.insert(*at, *i);
                 }
             }
             let made: Vec<_> = needed
                 .into_par_iter()
+                .filter_map(|(at, i)| Some((at, self.fragment_steps(i)?)))
                 .map(|(at, steps)| (at, inputs::canonical("the candy's plan", steps)))
                 .collect();
             shared.extend(made);
             let own: Vec<Result<KeyInputs, GraphError>> = batch
                 .par_iter()
-                .map(|i| match &self.graph.g[*i].work {
-                    Work::Fragment { steps, .. } => match &shared[&inputs::steps_addr(steps)] {
-                        Ok(json) => self.inputs_of(*i, hasher, Some(json)),
-                        // The same error for each fragment sharing the steps.
-                        Err(GraphError::Canonical { what, message }) => {
-                            Err(GraphError::Canonical {
-                                what: what.clone(),
-                                message: message.clone(),
-                            })
-                        }
-                        Err(e) => Err(GraphError::Canonical {
-                            what: "the candy's plan".into(),
-                            message: e.to_string(),
-                        }),
-                    },
-                    _ => self.inputs_of(*i, hasher, None),
+                .map(|(i, at)| match at.map(|at| &shared[&at]) {
+                    None => self.inputs_of(*i, hasher, None),
+                    Some(Ok(json)) => self.inputs_of(*i, hasher, Some(json)),
+                    // The same error for each fragment sharing the steps.
+                    Some(Err(GraphError::Canonical { what, message })) => {
+                        Err(GraphError::Canonical {
+                            what: what.clone(),
+                            message: message.clone(),
+                        })
+                    }
+                    Some(Err(e)) => Err(GraphError::Canonical {
+                        what: "the candy's plan".into(),
+                        message: e.to_string(),
+                    }),
                 })
                 .collect();
             let mut keyed = Vec::with_capacity(batch.len());
-            for (&i, inputs) in batch.iter().zip(own) {
+            for (&(i, _), inputs) in batch.iter().zip(own) {
                 let mut inputs = inputs?;
                 // The one own input that is another node's key: a builder
                 // stage's image (a dependency, so keyed by now).
@@ -1004,19 +1001,24 @@ impl<'a> Builder<'a> {
                 keyed.push((i, inputs));
             }
             self.keep_inputs(keyed);
-            for i in batch {
-                if let Work::Fragment { steps, .. } = &self.graph.g[*i].work {
-                    let at = inputs::steps_addr(steps);
-                    if let Some(n) = remaining.get_mut(&at) {
-                        *n -= 1;
-                        if *n == 0 {
-                            shared.remove(&at);
-                        }
+            for at in batch.iter().filter_map(|(_, at)| *at) {
+                if let Some(n) = remaining.get_mut(&at) {
+                    *n -= 1;
+                    if *n == 0 {
+                        shared.remove(&at);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// The steps of node `i` when it is a fragment.
+    fn fragment_steps(&self, i: NodeIndex) -> Option<&[InstallStep]> {
+        match &self.graph.g[i].work {
+            Work::Fragment { steps, .. } => Some(steps),
+            _ => None,
+        }
     }
 
     /// Gives each node its key inputs, as text (made in parallel).
