@@ -1048,6 +1048,9 @@ fn compile_oci_steps(p: &Project, cx: &CompileContext, key: &str) -> Result<OciS
     for s in &mut steps {
         s.resolve_home(&cx.user.home);
     }
+    // Kept for the whole run, one per candy and context: without the
+    // growth's spare room (InstallStep is ~400 bytes).
+    steps.shrink_to_fit();
     Ok(Arc::new(steps))
 }
 
