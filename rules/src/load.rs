@@ -168,8 +168,9 @@ pub struct CandyEntry {
     pub file: FileId,
     /// Span of the `candy:` key.
     pub span: Span,
-    /// The definition.
-    pub def: Candy,
+    /// The definition (boxed: the candy map's nodes hold eleven entries
+    /// each, most of them half full).
+    pub def: Box<Candy>,
     /// Every file under the directory (candy-relative, sorted), nested
     /// candies excluded.
     pub files: BTreeSet<String>,
@@ -1054,7 +1055,7 @@ impl Loader<'_> {
                 ns,
                 file,
                 span,
-                def,
+                def: Box::new(def),
                 files,
                 small_files,
                 localpkg_sources,

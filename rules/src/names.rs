@@ -630,10 +630,10 @@ impl Checker {
         for (what, v, rule) in [
             (
                 "user",
-                t.user.as_ref(),
+                t.user.as_deref(),
                 token as fn(&str) -> Result<(), Why>,
             ),
-            ("mode", t.mode.as_ref(), token),
+            ("mode", t.mode.as_deref(), token),
             ("to", t.to.as_deref(), path),
             ("target", t.target.as_deref(), path),
             ("extract", t.extract.as_deref(), token),

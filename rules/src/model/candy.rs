@@ -184,11 +184,11 @@ pub struct Task {
     /// Shell body.
     pub cmd: Option<Spanned<String>>,
     /// Directory to create.
-    pub mkdir: Option<Spanned<String>>,
+    pub mkdir: Option<Box<Spanned<String>>>,
     /// Candy-relative file to copy.
     pub copy: Option<Box<Spanned<String>>>,
     /// Destination to write `content` to.
-    pub write: Option<Spanned<String>>,
+    pub write: Option<Box<Spanned<String>>>,
     /// Symlink path (points at `target`).
     pub link: Option<Box<Spanned<String>>>,
     /// URL to download.
@@ -198,15 +198,15 @@ pub struct Task {
     /// Builder trigger (`all`).
     pub build: Option<Box<Spanned<String>>>,
     /// Who runs it.
-    pub user: Option<Spanned<String>>,
+    pub user: Option<Box<Spanned<String>>>,
     /// File mode like `0755`.
-    pub mode: Option<Spanned<String>>,
+    pub mode: Option<Box<Spanned<String>>>,
     /// Destination for copy/download.
     pub to: Option<Box<Spanned<String>>>,
     /// Link target.
     pub target: Option<Box<Spanned<String>>>,
     /// Content for write.
-    pub content: Option<Spanned<String>>,
+    pub content: Option<Box<Spanned<String>>>,
     /// Archive kind for download (`tar.gz`, `zip`, `sh`, `none`, …).
     pub extract: Option<Box<Spanned<String>>>,
     /// Members to extract.
@@ -245,9 +245,9 @@ impl Task {
     pub fn verbs(&self) -> Vec<(&'static str, &Spanned<String>)> {
         let all = [
             ("cmd", self.cmd.as_ref()),
-            ("mkdir", self.mkdir.as_ref()),
+            ("mkdir", self.mkdir.as_deref()),
             ("copy", self.copy.as_deref()),
-            ("write", self.write.as_ref()),
+            ("write", self.write.as_deref()),
             ("link", self.link.as_deref()),
             ("download", self.download.as_deref()),
             ("setcap", self.setcap.as_deref()),
