@@ -232,7 +232,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let obs: &dyn Observer = ctx.obs.unwrap_or(&Quiet);
     let t0 = Instant::now();
     let order = graph.topo().unwrap_or_default();
-    let mut reports: BTreeMap<NodeIndex, NodeReport> = BTreeMap::new();
+    let mut reports = Reports::new(&order);
     // A node whose record is in the store is cached whenever its turn
     // comes (its key names everything it depends on). The lookups run in
     // parallel up front (see below for why).
@@ -280,14 +280,14 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
             obs.finished(&r);
             reports.insert(*i, r);
         }
-        return summarize(&order, reports, t0.elapsed());
+        return summarize(reports, t0.elapsed());
     }
 
     let jobs = jobs.max(1);
     let pool = match rayon::ThreadPoolBuilder::new().num_threads(jobs).build() {
         Ok(p) => p,
         Err(e) => {
-            let mut reports = BTreeMap::new();
+            let mut reports = Reports::new(&order);
             for i in &order {
                 let n = &graph.g[*i];
                 reports.insert(
@@ -308,7 +308,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                     },
                 );
             }
-            return summarize(&order, reports, t0.elapsed());
+            return summarize(reports, t0.elapsed());
         }
     };
     let mut waiting: BTreeMap<NodeIndex, usize> = order
@@ -405,8 +405,12 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
         }
     });
     for i in &order {
-        reports.entry(*i).or_insert_with(|| {
-            let n = &graph.g[*i];
+        if reports.get(*i).is_some() {
+            continue;
+        }
+        let n = &graph.g[*i];
+        reports.insert(
+            *i,
             NodeReport {
                 id: n.id.clone(),
                 kind: n.kind,
@@ -420,10 +424,47 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                 duration_us: 0,
                 candy: None,
                 boxes: Vec::new(),
-            }
-        });
+            },
+        );
     }
-    summarize(&order, reports, t0.elapsed())
+    summarize(reports, t0.elapsed())
+}
+
+/// The reports of a run, each in its node's place in the run's order, so
+/// that the summary's list is this one's storage (at 38,000 nodes a map of
+/// reports beside the list it became was the run's memory peak).
+struct Reports {
+    /// A node's place in the order, by node index.
+    place: Vec<u32>,
+    /// The reports, in order.
+    at: Vec<Option<NodeReport>>,
+}
+
+impl Reports {
+    fn new(order: &[NodeIndex]) -> Reports {
+        let mut place = vec![u32::MAX; order.iter().map(|i| i.index() + 1).max().unwrap_or(0)];
+        for (k, i) in order.iter().enumerate() {
+            place[i.index()] = k as u32;
+        }
+        Reports {
+            place,
+            at: std::iter::repeat_with(|| None).take(order.len()).collect(),
+        }
+    }
+
+    /// Records node `i`'s report (a node outside the order has none).
+    fn insert(&mut self, i: NodeIndex, r: NodeReport) {
+        if let Some(&k) = self.place.get(i.index())
+            && let Some(slot) = self.at.get_mut(k as usize)
+        {
+            *slot = Some(r);
+        }
+    }
+
+    fn get(&self, i: NodeIndex) -> Option<&NodeReport> {
+        let k = *self.place.get(i.index())?;
+        self.at.get(k as usize)?.as_ref()
+    }
 }
 
 /// Node `i` is done: its dependents that wait for nothing else are ready.
@@ -443,38 +484,76 @@ fn release(
     }
 }
 
-fn deps_cached(graph: &Graph, i: NodeIndex, reports: &BTreeMap<NodeIndex, NodeReport>) -> bool {
+fn deps_cached(graph: &Graph, i: NodeIndex, reports: &Reports) -> bool {
     graph
         .g
         .neighbors_directed(i, Direction::Incoming)
-        .all(|d| reports.get(&d).is_some_and(|r| r.state == State::Cached))
+        .all(|d| reports.get(d).is_some_and(|r| r.state == State::Cached))
 }
 
-fn summarize(
-    order: &[NodeIndex],
-    mut reports: BTreeMap<NodeIndex, NodeReport>,
-    wall: Duration,
-) -> Summary {
-    let mut nodes = Vec::with_capacity(order.len());
+fn summarize(reports: Reports, wall: Duration) -> Summary {
     let mut t = Totals::default();
-    for i in order {
-        if let Some(r) = reports.remove(i) {
-            match r.state {
-                State::Ran => t.ran += 1,
-                State::Cached => t.cached += 1,
-                State::Pulled => t.pulled += 1,
-                State::Failed => t.failed += 1,
-                State::NotAttempted => t.not_attempted += 1,
-                State::WouldRun => t.would_run += 1,
-            }
-            nodes.push(r);
+    for r in reports.at.iter().flatten() {
+        match r.state {
+            State::Ran => t.ran += 1,
+            State::Cached => t.cached += 1,
+            State::Pulled => t.pulled += 1,
+            State::Failed => t.failed += 1,
+            State::NotAttempted => t.not_attempted += 1,
+            State::WouldRun => t.would_run += 1,
         }
     }
+    // Collected in place: the list reuses the reports' storage (`flatten`
+    // does not collect in place; `filter_map` does).
+    #[allow(clippy::filter_map_identity)]
+    let nodes: Vec<NodeReport> = reports.at.into_iter().filter_map(|r| r).collect();
     t.nodes = nodes.len();
     t.wall_ms = wall.as_millis() as u64;
     Summary {
         nodes,
         totals: t,
         remote: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(id: &str, state: State) -> NodeReport {
+        NodeReport {
+            state,
+            ..NodeReport::cached(id.into(), NodeKind::Source, String::new())
+        }
+    }
+
+    /// Reports come out in the run's order whatever order they came in;
+    /// a node outside the order is not reported; the summary's list is
+    /// the reports' own storage.
+    #[test]
+    fn reports_are_summarized_in_order_in_place() {
+        let order: Vec<NodeIndex> = [3, 0, 2].into_iter().map(NodeIndex::new).collect();
+        let mut r = Reports::new(&order);
+        r.insert(NodeIndex::new(2), report("c", State::Ran));
+        r.insert(NodeIndex::new(1), report("outside", State::Ran));
+        r.insert(NodeIndex::new(7), report("beyond", State::Ran));
+        r.insert(NodeIndex::new(3), report("a", State::Cached));
+        assert!(r.get(NodeIndex::new(0)).is_none());
+        assert_eq!(r.get(NodeIndex::new(3)).map(|r| r.id.as_str()), Some("a"));
+        r.insert(NodeIndex::new(0), report("b", State::Failed));
+        let storage = r.at.as_ptr() as usize;
+        let s = summarize(r, Duration::ZERO);
+        let ids: Vec<&str> = s.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(
+            (
+                s.totals.nodes,
+                s.totals.cached,
+                s.totals.failed,
+                s.totals.ran
+            ),
+            (3, 1, 1, 1)
+        );
+        assert_eq!(s.nodes.as_ptr() as usize, storage);
     }
 }
