@@ -674,7 +674,7 @@ fn build_full(
             let line = format!(
                 "{state:<10} {:<14} {}  {}",
                 n.kind.as_str(),
-                &n.key[..12],
+                n.key.short(12),
                 n.id
             );
             writeln!(out, "{line}")?;
@@ -771,7 +771,7 @@ fn build_full(
         .nodes
         .iter()
         .filter(|n| n.state != State::Cached && a.dry_run)
-        .map(|n| (n.id.clone(), n.key.clone()))
+        .map(|n| (n.id.clone(), n.key.to_hex()))
         .collect();
     Ok((ExitCode::SUCCESS, Some((outcome, covered))))
 }

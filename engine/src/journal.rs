@@ -197,7 +197,7 @@ pub struct Memo {
     /// Output entries sorted by path (a directory's entries follow it).
     outputs: Vec<OutputEntry>,
     /// The last run's nodes, in its order.
-    nodes: Vec<(String, crate::key::NodeKind, String)>,
+    nodes: Vec<(String, crate::key::NodeKind, charly_cache::NodeKey)>,
     /// The last run's boxes by name.
     boxes: std::collections::HashMap<String, BoxEntry>,
 }
@@ -216,11 +216,9 @@ impl Memo {
     fn of(e: Entry) -> Memo {
         let mut present = std::collections::HashSet::new();
         let mut keys = std::collections::HashMap::new();
-        for (id, _, hex) in &e.outcome.nodes {
-            if let Ok(k) = hex.parse::<charly_cache::NodeKey>() {
-                present.insert(k);
-                keys.insert(id.clone(), k);
-            }
+        for (id, _, k) in &e.outcome.nodes {
+            present.insert(*k);
+            keys.insert(id.clone(), *k);
         }
         let mut outputs = e.outputs;
         outputs.sort_by(|a, b| a.0.cmp(&b.0));
@@ -250,7 +248,7 @@ impl Memo {
         &self,
         names: &[&str],
         except: &std::collections::HashSet<&str>,
-    ) -> Vec<(String, crate::key::NodeKind, String)> {
+    ) -> Vec<(String, crate::key::NodeKind, charly_cache::NodeKey)> {
         let mut at: Vec<u32> = names
             .iter()
             .filter_map(|n| self.boxes.get(*n))
@@ -344,8 +342,8 @@ impl Memo {
 /// What a successful run did, replayed by a matching later run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Outcome {
-    /// Every node: id, kind, key hex.
-    pub nodes: Vec<(String, crate::key::NodeKind, String)>,
+    /// Every node: id, kind, key (hex in the file).
+    pub nodes: Vec<(String, crate::key::NodeKind, charly_cache::NodeKey)>,
     /// The lines the run printed on stdout.
     pub stdout: Vec<String>,
     /// Warnings the run printed on stderr that a replay must repeat (boxes
@@ -1233,7 +1231,7 @@ mod tests {
             nodes: vec![(
                 "source:a".into(),
                 crate::key::NodeKind::Source,
-                "ab".repeat(32),
+                charly_cache::NodeKey::from_bytes([0xab; 32]),
             )],
             stdout: vec!["out/x".into()],
             warnings: vec!["warning: box `b` does not resolve".into()],
@@ -1397,7 +1395,7 @@ mod tests {
         assert_eq!(j.check().unwrap_err(), Miss::Unreplayable);
         let (_, memo) = j.check_or_memo().unwrap_err();
         let memo = memo.expect("a memo of the unreplayable run");
-        let key: charly_cache::NodeKey = outcome().nodes[0].2.parse().expect("key");
+        let key = outcome().nodes[0].2;
         assert!(memo.present_keys().contains(&key));
         assert!(memo.key_was(&outcome().nodes[0].0, &key));
         assert!(!memo.key_was("fragment:other", &key));

@@ -44,8 +44,8 @@ pub struct NodeReport {
     pub id: String,
     /// Kind.
     pub kind: NodeKind,
-    /// Key hex.
-    pub key: String,
+    /// Key (hex in JSON).
+    pub key: charly_cache::NodeKey,
     /// What happened.
     pub state: State,
     /// Wall time spent on it.
@@ -77,7 +77,7 @@ pub struct NodeReport {
 impl NodeReport {
     /// A node cached under a key an earlier run recorded (the journal's
     /// replay, a box carried over).
-    pub fn cached(id: String, kind: NodeKind, key: String) -> NodeReport {
+    pub fn cached(id: String, kind: NodeKind, key: charly_cache::NodeKey) -> NodeReport {
         NodeReport {
             id,
             kind,
@@ -146,7 +146,7 @@ impl Summary {
         let nodes: Vec<NodeReport> = o
             .nodes
             .iter()
-            .map(|(id, kind, key)| NodeReport::cached(id.clone(), *kind, key.clone()))
+            .map(|(id, kind, key)| NodeReport::cached(id.clone(), *kind, *key))
             .collect();
         Summary {
             totals: Totals {
@@ -166,7 +166,7 @@ impl Summary {
             nodes: self
                 .nodes
                 .iter()
-                .map(|n| (n.id.clone(), n.kind, n.key.clone()))
+                .map(|n| (n.id.clone(), n.kind, n.key))
                 .collect(),
             stdout,
             ..crate::journal::Outcome::default()
@@ -262,7 +262,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
             let r = NodeReport {
                 id: n.id.clone(),
                 kind: n.kind,
-                key: n.key.to_hex(),
+                key: n.key,
                 state: if cached {
                     State::Cached
                 } else {
@@ -295,7 +295,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                     NodeReport {
                         id: n.id.clone(),
                         kind: n.kind,
-                        key: n.key.to_hex(),
+                        key: n.key,
                         state: State::Failed,
                         duration_ms: 0,
                         error: Some(format!("cannot start worker threads: {e}")),
@@ -343,7 +343,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                 };
                 if cached[i.index()] {
                     let n = &graph.g[i];
-                    let mut r = NodeReport::cached(n.id.clone(), n.kind, n.key.to_hex());
+                    let mut r = NodeReport::cached(n.id.clone(), n.kind, n.key);
                     r.start_us = t0.elapsed().as_micros() as u64;
                     obs.finished(&r);
                     release(graph, i, &mut waiting, &mut ready);
@@ -376,7 +376,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                     let r = NodeReport {
                         id: n.id.clone(),
                         kind: n.kind,
-                        key: n.key.to_hex(),
+                        key: n.key,
                         state,
                         duration_ms: t.elapsed().as_millis() as u64,
                         duration_us: t.elapsed().as_micros() as u64,
@@ -414,7 +414,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
             NodeReport {
                 id: n.id.clone(),
                 kind: n.kind,
-                key: n.key.to_hex(),
+                key: n.key,
                 state: State::NotAttempted,
                 duration_ms: 0,
                 error: None,
@@ -523,7 +523,11 @@ mod tests {
     fn report(id: &str, state: State) -> NodeReport {
         NodeReport {
             state,
-            ..NodeReport::cached(id.into(), NodeKind::Source, String::new())
+            ..NodeReport::cached(
+                id.into(),
+                NodeKind::Source,
+                charly_cache::NodeKey::from_bytes([0; 32]),
+            )
         }
     }
 
