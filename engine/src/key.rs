@@ -208,6 +208,133 @@ impl KeyInputs {
     }
 }
 
+/// Key inputs packed for keeping in memory ([`KeyInputs::pack`]): the
+/// same fields, with every value that is 64 lowercase hex digits (the
+/// digests of files and texts, the keys of dependencies) as its 32 bytes.
+/// Written from borrowed fields ([`PackedRef`]), read back owned: postcard
+/// encodes both alike.
+#[derive(Deserialize)]
+struct Packed {
+    schema: u32,
+    kind: Option<NodeKind>,
+    files: Vec<(String, Val)>,
+    texts: Vec<(String, Val)>,
+    values: Vec<(String, String)>,
+    deps: Vec<(String, Val)>,
+    base: Option<String>,
+    builder_image: Option<Val>,
+    contents: Vec<(String, String)>,
+}
+
+#[derive(Serialize)]
+struct PackedRef<'a> {
+    schema: u32,
+    kind: Option<NodeKind>,
+    files: Vec<(&'a str, ValRef<'a>)>,
+    texts: Vec<(&'a str, ValRef<'a>)>,
+    values: Vec<(&'a str, &'a str)>,
+    deps: Vec<(&'a str, ValRef<'a>)>,
+    base: Option<&'a str>,
+    builder_image: Option<ValRef<'a>>,
+    contents: Vec<(&'a str, &'a str)>,
+}
+
+/// A packed value: a digest's bytes, or any other text as it is.
+#[derive(Deserialize)]
+enum Val {
+    Digest([u8; 32]),
+    Text(String),
+}
+
+#[derive(Serialize)]
+enum ValRef<'a> {
+    Digest([u8; 32]),
+    Text(&'a str),
+}
+
+impl<'a> ValRef<'a> {
+    /// Packs 64 lowercase hex digits as bytes (only those come back exactly
+    /// as they were, from `to_hex`); anything else stays text.
+    fn of(s: &'a str) -> ValRef<'a> {
+        fn nibble(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        let raw = s.as_bytes();
+        if raw.len() != 64 {
+            return ValRef::Text(s);
+        }
+        let mut out = [0u8; 32];
+        for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
+            match (nibble(pair[0]), nibble(pair[1])) {
+                (Some(hi), Some(lo)) => *o = (hi << 4) | lo,
+                _ => return ValRef::Text(s),
+            }
+        }
+        ValRef::Digest(out)
+    }
+}
+
+impl Val {
+    fn text(self) -> String {
+        match self {
+            Val::Digest(b) => NodeKey::from_bytes(b).to_hex(),
+            Val::Text(s) => s,
+        }
+    }
+}
+
+impl KeyInputs {
+    /// A compact encoding for keeping key inputs in memory (a graph keeps
+    /// every node's: as JSON text they were ~25 MB at 10,000 candies, most
+    /// of it hex); [`KeyInputs::unpack`] gives them back exactly.
+    pub fn pack(&self) -> Box<[u8]> {
+        fn vals(m: &BTreeMap<String, String>) -> Vec<(&str, ValRef<'_>)> {
+            m.iter().map(|(k, v)| (k.as_str(), ValRef::of(v))).collect()
+        }
+        fn strs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+            m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+        }
+        let packed = PackedRef {
+            schema: self.schema,
+            kind: self.kind,
+            files: vals(&self.files),
+            texts: vals(&self.texts),
+            values: strs(&self.values),
+            deps: vals(&self.deps),
+            base: self.base.as_deref(),
+            builder_image: self.builder_image.as_deref().map(ValRef::of),
+            contents: strs(&self.contents),
+        };
+        postcard::to_allocvec(&packed)
+            .unwrap_or_default()
+            .into_boxed_slice()
+    }
+
+    /// Key inputs [`KeyInputs::pack`] packed (`None` for bytes it did not
+    /// write).
+    pub fn unpack(bytes: &[u8]) -> Option<KeyInputs> {
+        let p: Packed = postcard::from_bytes(bytes).ok()?;
+        let texts = |v: Vec<(String, Val)>| -> BTreeMap<String, String> {
+            v.into_iter().map(|(k, v)| (k, v.text())).collect()
+        };
+        Some(KeyInputs {
+            schema: p.schema,
+            kind: p.kind,
+            files: texts(p.files),
+            texts: texts(p.texts),
+            values: p.values.into_iter().collect(),
+            deps: texts(p.deps),
+            base: p.base,
+            builder_image: p.builder_image.map(Val::text),
+            contents: p.contents.into_iter().collect(),
+        })
+    }
+}
+
 /// Where an encoding goes: a buffer or straight into a hash.
 trait Sink {
     fn put(&mut self, bytes: &[u8]);
@@ -493,6 +620,34 @@ mod tests {
         k.deps.insert("source:candy/a".into(), "cd".repeat(32));
         k.base = Some("quay.io/fedora/fedora:43".into());
         k
+    }
+
+    /// Packed key inputs read back exactly: digests (packed as bytes),
+    /// uppercase hex and other 64-character values (kept as text), empty
+    /// and optional fields.
+    #[test]
+    fn packed_inputs_read_back_exactly() {
+        let mut k = sample();
+        k.texts.insert("upper".into(), "AB".repeat(32));
+        k.texts.insert("not-hex".into(), "xy".repeat(32));
+        k.texts.insert("short".into(), "abc".into());
+        k.deps.insert("dep:empty".into(), String::new());
+        k.value("hexish", "ef".repeat(32));
+        k.builder_image = Some("01".repeat(32));
+        k.contents.insert("template".into(), "RUN true\n".into());
+        let packed = k.pack();
+        assert_eq!(KeyInputs::unpack(&packed).as_ref(), Some(&k));
+        // Smaller than the JSON it replaces.
+        let json = serde_json::to_string(&k).expect("json");
+        assert!(
+            packed.len() < json.len(),
+            "{} >= {}",
+            packed.len(),
+            json.len()
+        );
+        let bare = KeyInputs::new(NodeKind::Image);
+        assert_eq!(KeyInputs::unpack(&bare.pack()), Some(bare));
+        assert_eq!(KeyInputs::unpack(b""), None);
     }
 
     #[test]

@@ -171,11 +171,11 @@ pub struct Node {
     pub id: String,
     /// Kind.
     pub kind: NodeKind,
-    /// Key inputs (filled when the graph is finished), kept as their JSON
-    /// text: they are read only for records and explanations, and the
-    /// maps of short strings took twice the memory at 10,000 candies
-    /// ([`Node::inputs`] reads them back).
-    inputs: Box<str>,
+    /// Key inputs (filled when the graph is finished), kept packed
+    /// ([`KeyInputs::pack`]): they are read only for records and
+    /// explanations, and the maps of short strings took four times the
+    /// memory at 10,000 candies ([`Node::inputs`] reads them back).
+    inputs: Box<[u8]>,
     /// The key.
     pub key: NodeKey,
     /// What running it means.
@@ -186,23 +186,13 @@ impl Node {
     /// The node's key inputs (a node's kind alone before its key is
     /// computed).
     pub fn inputs(&self) -> KeyInputs {
-        // The text is this type's own serialization: it reads back.
-        serde_json::from_str(&self.inputs).unwrap_or_else(|_| KeyInputs::new(self.kind))
+        KeyInputs::unpack(&self.inputs).unwrap_or_else(|| KeyInputs::new(self.kind))
     }
 
-    /// The key inputs as the JSON value records carry (what
-    /// `serde_json::to_value` of [`Node::inputs`] gives).
+    /// The key inputs as the JSON value records carry.
     pub fn inputs_json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.inputs)
-            .unwrap_or_else(|_| serde_json::to_value(KeyInputs::new(self.kind)).unwrap_or_default())
+        serde_json::to_value(self.inputs()).unwrap_or_default()
     }
-}
-
-/// Key inputs as [`Node`] keeps them: their JSON text.
-fn inputs_text(inputs: &KeyInputs) -> Box<str> {
-    serde_json::to_string(inputs)
-        .unwrap_or_default()
-        .into_boxed_str()
 }
 
 /// Errors building a graph.
@@ -434,7 +424,7 @@ fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
         nid,
         id: id.clone(),
         kind,
-        inputs: Box::from(""),
+        inputs: Box::default(),
         key: NodeKey::from_bytes([0; 32]),
         work,
     });
@@ -1021,14 +1011,14 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Gives each node its key inputs, as text (made in parallel).
+    /// Gives each node its key inputs, packed (in parallel).
     fn keep_inputs(&mut self, keyed: Vec<(NodeIndex, KeyInputs)>) {
-        let texts: Vec<(NodeIndex, Box<str>)> = keyed
+        let packed: Vec<(NodeIndex, Box<[u8]>)> = keyed
             .into_par_iter()
-            .map(|(i, inputs)| (i, inputs_text(&inputs)))
+            .map(|(i, inputs)| (i, inputs.pack()))
             .collect();
-        for (i, text) in texts {
-            self.graph.g[i].inputs = text;
+        for (i, p) in packed {
+            self.graph.g[i].inputs = p;
         }
     }
 }
