@@ -24,14 +24,23 @@ pub(crate) fn encode_hex(bytes: &[u8; 32]) -> String {
     s
 }
 
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
+/// Each byte's value as a hex digit (either case), `0xff` for the others:
+/// a journal or stat cache read parses thousands of digests.
+const UNHEX: [u8; 256] = {
+    let mut t = [0xff; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
-}
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 fn decode_hex(s: &str) -> Result<[u8; 32], CacheError> {
     let invalid = |reason: &'static str| CacheError::InvalidDigest {
@@ -43,10 +52,12 @@ fn decode_hex(s: &str) -> Result<[u8; 32], CacheError> {
         return Err(invalid("expected 64 hex digits"));
     }
     let mut out = [0u8; 32];
-    for (i, pair) in raw.chunks_exact(2).enumerate() {
-        let hi = hex_val(pair[0]).ok_or_else(|| invalid("not a hex digit"))?;
-        let lo = hex_val(pair[1]).ok_or_else(|| invalid("not a hex digit"))?;
-        out[i] = (hi << 4) | lo;
+    for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
+        let (hi, lo) = (UNHEX[usize::from(pair[0])], UNHEX[usize::from(pair[1])]);
+        if (hi | lo) > 0x0f {
+            return Err(invalid("not a hex digit"));
+        }
+        *o = (hi << 4) | lo;
     }
     Ok(out)
 }
@@ -186,6 +197,11 @@ mod tests {
         // Multi-byte UTF-8 of the right byte length must not panic.
         let unicode = "é".repeat(32);
         assert!(unicode.parse::<BlobDigest>().is_err());
+        // The characters either side of each hex range.
+        for c in ['/', ':', '@', 'G', '`', 'g', '\0'] {
+            let one_bad = format!("{}{c}", "a".repeat(63));
+            assert!(one_bad.parse::<BlobDigest>().is_err(), "{c:?}");
+        }
     }
 
     #[test]
