@@ -42,24 +42,31 @@ const UNHEX: [u8; 256] = {
     t
 };
 
-fn decode_hex(s: &str) -> Result<[u8; 32], CacheError> {
-    let invalid = |reason: &'static str| CacheError::InvalidDigest {
-        input: s.chars().take(80).collect(),
-        reason,
-    };
-    let raw = s.as_bytes();
-    if raw.len() != 64 {
-        return Err(invalid("expected 64 hex digits"));
+/// The 32 bytes of 64 hex digits (lowercase only with `lower_only`).
+fn decode(raw: &[u8], lower_only: bool) -> Option<[u8; 32]> {
+    if raw.len() != 64 || (lower_only && raw.iter().any(u8::is_ascii_uppercase)) {
+        return None;
     }
     let mut out = [0u8; 32];
     for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
         let (hi, lo) = (UNHEX[usize::from(pair[0])], UNHEX[usize::from(pair[1])]);
         if (hi | lo) > 0x0f {
-            return Err(invalid("not a hex digit"));
+            return None;
         }
         *o = (hi << 4) | lo;
     }
-    Ok(out)
+    Some(out)
+}
+
+fn decode_hex(s: &str) -> Result<[u8; 32], CacheError> {
+    decode(s.as_bytes(), false).ok_or_else(|| CacheError::InvalidDigest {
+        input: s.chars().take(80).collect(),
+        reason: if s.len() == 64 {
+            "not a hex digit"
+        } else {
+            "expected 64 hex digits"
+        },
+    })
 }
 
 macro_rules! digest_type {
@@ -82,6 +89,13 @@ macro_rules! digest_type {
             /// The full digest as 64 lowercase hex digits.
             pub fn to_hex(&self) -> String {
                 encode_hex(&self.0)
+            }
+
+            /// Exactly what [`Self::to_hex`] writes, parsed back: 64
+            /// lowercase hex digits, else `None` (no error is built, for
+            /// callers that try every value they see).
+            pub fn from_exact_hex(s: &str) -> Option<Self> {
+                decode(s.as_bytes(), true).map(Self)
             }
 
             /// The first `n` hex digits (at most 64), for display.
@@ -182,6 +196,9 @@ mod tests {
         assert_eq!(key.to_string(), hex);
         assert_eq!(hex.parse::<NodeKey>().expect("parses"), key);
         assert_eq!(hex.to_uppercase().parse::<NodeKey>().expect("parses"), key);
+        assert_eq!(NodeKey::from_exact_hex(&hex), Some(key));
+        assert_eq!(NodeKey::from_exact_hex(&hex.to_uppercase()), None);
+        assert_eq!(NodeKey::from_exact_hex(&hex[1..]), None);
         assert_eq!(key.short(8), "00070e15");
         assert_eq!(key.short(100).len(), 64);
         assert_eq!(format!("{key:?}"), "NodeKey(00070e151c232a31)");

@@ -253,28 +253,13 @@ enum ValRef<'a> {
 }
 
 impl<'a> ValRef<'a> {
-    /// Packs 64 lowercase hex digits as bytes (only those come back exactly
-    /// as they were, from `to_hex`); anything else stays text.
+    /// Packs a digest as its bytes: only lowercase hex comes back exactly as
+    /// it was (from `to_hex`); anything else stays text.
     fn of(s: &'a str) -> ValRef<'a> {
-        fn nibble(c: u8) -> Option<u8> {
-            match c {
-                b'0'..=b'9' => Some(c - b'0'),
-                b'a'..=b'f' => Some(c - b'a' + 10),
-                _ => None,
-            }
+        match NodeKey::from_exact_hex(s) {
+            Some(d) => ValRef::Digest(*d.as_bytes()),
+            None => ValRef::Text(s),
         }
-        let raw = s.as_bytes();
-        if raw.len() != 64 {
-            return ValRef::Text(s);
-        }
-        let mut out = [0u8; 32];
-        for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
-            match (nibble(pair[0]), nibble(pair[1])) {
-                (Some(hi), Some(lo)) => *o = (hi << 4) | lo,
-                _ => return ValRef::Text(s),
-            }
-        }
-        ValRef::Digest(out)
     }
 }
 
