@@ -173,8 +173,9 @@ pub struct Node {
     pub kind: NodeKind,
     /// Key inputs (filled when the graph is finished), kept packed
     /// ([`KeyInputs::pack`]): they are read only for records and
-    /// explanations, and the maps of short strings took four times the
-    /// memory at 10,000 candies ([`Node::inputs`] reads them back).
+    /// explanations, and the maps of short strings (or their JSON text)
+    /// were the largest part of a large graph's memory ([`Node::inputs`]
+    /// reads them back).
     inputs: Box<[u8]>,
     /// The key.
     pub key: NodeKey,
@@ -918,7 +919,7 @@ impl<'a> Builder<'a> {
             .map(|&i| (i, self.fragment_steps(i).map(inputs::steps_addr)))
             .collect();
         // Keyed in batches, in order: each node's own inputs in parallel,
-        // then chained to its dependencies' keys and turned into text. Only
+        // then chained to its dependencies' keys and packed. Only
         // one batch's inputs are alive at a time (all of them at once were
         // the run's memory peak: ~80 MB at 10,000 candies × 1,000 boxes).
         //
