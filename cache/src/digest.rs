@@ -15,7 +15,8 @@ use crate::CacheError;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-pub(crate) fn encode_hex(bytes: &[u8; 32]) -> String {
+/// 32 bytes as 64 lowercase hex digits (what both digests print).
+pub fn encode_hex(bytes: &[u8; 32]) -> String {
     let mut s = String::with_capacity(64);
     for b in bytes {
         s.push(char::from(HEX[usize::from(b >> 4)]));
@@ -58,6 +59,13 @@ fn decode(raw: &[u8], lower_only: bool) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// Exactly what [`encode_hex`] writes, parsed back: 64 lowercase hex digits,
+/// else `None` (no error is built, for callers that try every value they
+/// see).
+pub fn decode_exact_hex(s: &str) -> Option<[u8; 32]> {
+    decode(s.as_bytes(), true)
+}
+
 fn decode_hex(s: &str) -> Result<[u8; 32], CacheError> {
     decode(s.as_bytes(), false).ok_or_else(|| CacheError::InvalidDigest {
         input: s.chars().take(80).collect(),
@@ -89,13 +97,6 @@ macro_rules! digest_type {
             /// The full digest as 64 lowercase hex digits.
             pub fn to_hex(&self) -> String {
                 encode_hex(&self.0)
-            }
-
-            /// Exactly what [`Self::to_hex`] writes, parsed back: 64
-            /// lowercase hex digits, else `None` (no error is built, for
-            /// callers that try every value they see).
-            pub fn from_exact_hex(s: &str) -> Option<Self> {
-                decode(s.as_bytes(), true).map(Self)
             }
 
             /// The first `n` hex digits (at most 64), for display.
@@ -196,9 +197,9 @@ mod tests {
         assert_eq!(key.to_string(), hex);
         assert_eq!(hex.parse::<NodeKey>().expect("parses"), key);
         assert_eq!(hex.to_uppercase().parse::<NodeKey>().expect("parses"), key);
-        assert_eq!(NodeKey::from_exact_hex(&hex), Some(key));
-        assert_eq!(NodeKey::from_exact_hex(&hex.to_uppercase()), None);
-        assert_eq!(NodeKey::from_exact_hex(&hex[1..]), None);
+        assert_eq!(decode_exact_hex(&hex), Some(bytes));
+        assert_eq!(decode_exact_hex(&hex.to_uppercase()), None);
+        assert_eq!(decode_exact_hex(&hex[1..]), None);
         assert_eq!(key.short(8), "00070e15");
         assert_eq!(key.short(100).len(), 64);
         assert_eq!(format!("{key:?}"), "NodeKey(00070e151c232a31)");

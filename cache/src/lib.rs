@@ -113,7 +113,7 @@ mod store;
 mod verify;
 
 pub use blob::BlobBuf;
-pub use digest::{BlobDigest, NodeKey};
+pub use digest::{BlobDigest, NodeKey, decode_exact_hex, encode_hex};
 pub use epoch::read_epoch;
 pub use error::CacheError;
 pub use gc::{GcReport, PENDING_GRACE_SECS};

@@ -256,8 +256,8 @@ impl<'a> ValRef<'a> {
     /// Packs a digest as its bytes: only lowercase hex comes back exactly as
     /// it was (from `to_hex`); anything else stays text.
     fn of(s: &'a str) -> ValRef<'a> {
-        match NodeKey::from_exact_hex(s) {
-            Some(d) => ValRef::Digest(*d.as_bytes()),
+        match charly_cache::decode_exact_hex(s) {
+            Some(d) => ValRef::Digest(d),
             None => ValRef::Text(s),
         }
     }
@@ -266,7 +266,7 @@ impl<'a> ValRef<'a> {
 impl Val {
     fn text(self) -> String {
         match self {
-            Val::Digest(b) => NodeKey::from_bytes(b).to_hex(),
+            Val::Digest(b) => charly_cache::encode_hex(&b),
             Val::Text(s) => s,
         }
     }
