@@ -79,6 +79,17 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
+mod table;
+use table::{Row, Table};
+
+/// The cache file as earlier versions wrote it (postcard, digests as hex):
+/// read once, when no file of the current layout is there.
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    pruned_len: u64,
+    entries: Vec<Entry>,
+}
+
 #[derive(Serialize, Deserialize)]
 struct Entry {
     path: PathBuf,
@@ -86,42 +97,18 @@ struct Entry {
     digest: String,
 }
 
-/// An [`Entry`] borrowed from the map, for saving (the same encoding).
-#[derive(Serialize)]
-struct EntryRef<'a> {
-    path: &'a Path,
-    stat: Stat,
-    digest: String,
-}
-
-/// [`CacheFile`] borrowing its entries (the same encoding).
-#[derive(Serialize)]
-struct CacheFileRef<'a> {
-    pruned_len: u64,
-    entries: Vec<EntryRef<'a>>,
-}
-
-/// The cache file: its entries, and how many were left after the last
-/// prune (entries of deleted files are dropped when the cache has grown to
-/// twice that, not on every save: a save after an edit should not stat
-/// every file ever hashed).
-#[derive(Serialize, Deserialize)]
-struct CacheFile {
-    pruned_len: u64,
-    entries: Vec<Entry>,
-}
-
 /// A cache this small is never pruned on save (only by [`FileHasher::prune`]).
 const PRUNE_FLOOR: u64 = 4096;
 
-/// The cache's map: a path's bytes (hashed in one go: `Path`'s own `Hash`
-/// goes component by component, which was most of the cost of loading the
-/// cache) → its stat and digest. Byte equality is at least as strict as
-/// `Path`'s, so a path spelled differently only misses (and re-hashes).
-///
-/// Kept compact (the digest as its 32 bytes, not hex): at 10,000 candies
-/// the cache holds ~100,000 entries for the whole run.
-type Map = HashMap<Box<[u8]>, (Stat, BlobDigest)>;
+/// What this run learnt on top of the file: a path's bytes → its stat and
+/// digest, or `None` for an entry of the file that no longer holds.
+/// Byte equality is at least as strict as `Path`'s, so a path spelled
+/// differently only misses (and re-hashes).
+type Overlay = HashMap<Box<[u8]>, Learnt>;
+
+/// A file's stat and digest as this run found them, or `None`: the
+/// file's entry no longer holds.
+type Learnt = Option<(Stat, BlobDigest)>;
 
 fn key_of(path: &Path) -> &[u8] {
     path.as_os_str().as_bytes()
@@ -131,9 +118,33 @@ fn path_of(key: &[u8]) -> &Path {
     Path::new(OsStr::from_bytes(key))
 }
 
+/// The table of an earlier version's file, converted.
+fn convert(bytes: &[u8]) -> Option<Table> {
+    let f = postcard::from_bytes::<CacheFile>(bytes).ok()?;
+    // An entry whose digest does not parse is left out (its file is hashed
+    // again).
+    let mut rows: Vec<(Vec<u8>, Stat, BlobDigest)> = f
+        .entries
+        .into_iter()
+        .filter_map(|e| {
+            let d = e.digest.parse::<BlobDigest>().ok()?;
+            Some((e.path.into_os_string().into_vec(), e.stat, d))
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows.dedup_by(|a, b| a.0 == b.0);
+    let rows: Vec<Row> = rows
+        .iter()
+        .map(|(p, s, d)| (p.as_slice(), *s, *d))
+        .collect();
+    Table::parse(Table::encode(&rows, f.pruned_len))
+}
+
 /// Hashes files, remembering digests by stat.
 pub struct FileHasher {
-    map: Mutex<Map>,
+    /// The cache file as loaded (never changed during a run).
+    table: Table,
+    overlay: Mutex<Overlay>,
     file: Option<PathBuf>,
     dirty: std::sync::atomic::AtomicBool,
     hashed: std::sync::atomic::AtomicU64,
@@ -147,7 +158,8 @@ pub struct FileHasher {
 impl Default for FileHasher {
     fn default() -> Self {
         FileHasher {
-            map: Mutex::default(),
+            table: Table::default(),
+            overlay: Mutex::default(),
             file: None,
             dirty: std::sync::atomic::AtomicBool::default(),
             hashed: std::sync::atomic::AtomicU64::default(),
@@ -166,26 +178,25 @@ impl FileHasher {
     /// A hasher whose cache lives in `file` (loaded now, saved by [`FileHasher::save`]).
     pub fn with_cache_file(file: PathBuf) -> Self {
         let _t = crate::timings::phase("stat cache: load");
-        let mut map = Map::new();
-        let mut pruned_len = 0;
-        // A file in an older format is not read: the cache starts empty.
-        if let Ok(bytes) = std::fs::read(&file)
-            && let Ok(f) = postcard::from_bytes::<CacheFile>(&bytes)
-        {
-            pruned_len = f.pruned_len;
-            map.reserve(f.entries.len());
-            for e in f.entries {
-                // An entry whose digest does not parse is left out (its file
-                // is hashed again).
-                if let Ok(d) = e.digest.parse::<BlobDigest>() {
-                    map.insert(e.path.into_os_string().into_vec().into(), (e.stat, d));
+        // A damaged file, or one in a format this version does not know,
+        // is not used: the cache starts empty. One of the earlier layout is
+        // converted, and saved in the current one.
+        let mut converted = false;
+        let table = std::fs::read(&file)
+            .ok()
+            .and_then(|bytes| match Table::parse(bytes) {
+                Some(t) => Some(t),
+                None => {
+                    converted = true;
+                    std::fs::read(&file).ok().and_then(|b| convert(&b))
                 }
-            }
-        }
+            })
+            .unwrap_or_default();
         FileHasher {
-            map: Mutex::new(map),
+            pruned_len: table.pruned_len().into(),
+            dirty: (converted && table.len() > 0).into(),
+            table,
             file: Some(file),
-            pruned_len: pruned_len.into(),
             ..Self::default()
         }
     }
@@ -200,22 +211,32 @@ impl FileHasher {
         let now = now_ns();
         let meta = std::fs::metadata(path)?;
         let stat = Stat::of(&meta);
-        if let Ok(m) = self.map.lock()
-            && let Some((s, d)) = m.get(key_of(path))
-            && *s == stat
+        let key = key_of(path);
+        let known = match self.overlay.lock() {
+            Ok(m) => match m.get(key) {
+                Some(learnt) => *learnt,
+                None => self.table.get(key),
+            },
+            Err(_) => None,
+        };
+        if let Some((s, d)) = known
+            && s == stat
         {
             return Ok(d.to_hex());
         }
         let digest = hash_file(path, meta.len())?;
         self.hashed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut m) = self.map.lock() {
+        if let Ok(mut m) = self.overlay.lock() {
             // A racy stat is not remembered: the file is hashed again next
             // time (an old entry for it must not survive either).
             let changed = if stat.is_racy(now, self.racy_ns) {
-                m.remove(key_of(path)).is_some()
+                known.is_some() && {
+                    m.insert(key.into(), None);
+                    true
+                }
             } else {
-                m.insert(key_of(path).into(), (stat, digest));
+                m.insert(key.into(), Some((stat, digest)));
                 true
             };
             if changed {
@@ -228,76 +249,72 @@ impl FileHasher {
     /// Drops the entries of files that no longer exist (a stat each) and
     /// saves the cache (`charly cache gc`).
     pub fn prune(&self) -> std::io::Result<usize> {
-        let removed = match self.map.lock() {
-            Ok(mut m) => {
-                let gone: Vec<Box<[u8]>> = m
-                    .par_iter()
-                    .filter(|(p, _)| !path_of(p).exists())
-                    .map(|(p, _)| p.clone())
-                    .collect();
-                for p in &gone {
-                    m.remove(p);
-                }
-                self.pruned_len
-                    .store(m.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                gone.len()
-            }
-            Err(_) => 0,
-        };
         self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.save()?;
-        Ok(removed)
+        self.write(true)
     }
 
     /// Writes the cache back when anything changed (atomically).
     pub fn save(&self) -> std::io::Result<()> {
-        let Some(file) = &self.file else {
-            return Ok(());
-        };
         if !self.dirty.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let _t = crate::timings::phase("stat cache: save");
-        let pruned_len = self.pruned_len.load(std::sync::atomic::Ordering::Relaxed);
-        let bytes = match self.map.lock() {
-            Ok(m) => {
-                // Entries of deleted files are dropped (a stat each, in
-                // parallel) once the cache has doubled since the last time.
-                let prune = m.len() as u64 > 2 * pruned_len.max(PRUNE_FLOOR);
-                let entries: Vec<EntryRef> = m
-                    .par_iter()
-                    .filter(|(p, _)| !prune || path_of(p).exists())
-                    .map(|(p, (s, d))| EntryRef {
-                        path: path_of(p),
-                        stat: *s,
-                        digest: d.to_hex(),
-                    })
-                    .collect();
-                let pruned_len = if prune {
-                    entries.len() as u64
-                } else {
-                    pruned_len
-                };
-                self.pruned_len
-                    .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
-                postcard::to_stdvec(&CacheFileRef {
-                    pruned_len,
-                    entries,
-                })
-                .map_err(std::io::Error::other)?
-            }
-            Err(_) => return Ok(()),
+        self.write(false).map(drop)
+    }
+
+    /// Writes the file's entries with what this run learnt over them,
+    /// dropping those of deleted files (a stat each, in parallel) when
+    /// `prune` says so or the cache has doubled since the last prune.
+    /// Returns how many were dropped.
+    fn write(&self, prune: bool) -> std::io::Result<usize> {
+        let Some(file) = &self.file else {
+            return Ok(0);
         };
+        let _t = crate::timings::phase("stat cache: save");
+        let Ok(overlay) = self.overlay.lock() else {
+            return Ok(0);
+        };
+        let mut learnt: Vec<(&[u8], &Learnt)> = overlay.iter().map(|(k, v)| (&**k, v)).collect();
+        learnt.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Both lists are in path order: merged, what was learnt wins.
+        let mut rows: Vec<Row> = Vec::with_capacity(self.table.len() + learnt.len());
+        let mut old = self.table.rows().peekable();
+        for (path, v) in learnt {
+            while let Some(r) = old.next_if(|r| r.0 < path) {
+                rows.push(r);
+            }
+            old.next_if(|r| r.0 == path);
+            if let Some((s, d)) = v {
+                rows.push((path, *s, *d));
+            }
+        }
+        rows.extend(old);
+        let pruned_len = self.pruned_len.load(std::sync::atomic::Ordering::Relaxed);
+        let mut removed = 0;
+        let pruned_len = if prune || rows.len() as u64 > 2 * pruned_len.max(PRUNE_FLOOR) {
+            let exists: Vec<bool> = rows.par_iter().map(|r| path_of(r.0).exists()).collect();
+            let mut keep = exists.into_iter();
+            let before = rows.len();
+            rows.retain(|_| keep.next().unwrap_or(false));
+            removed = before - rows.len();
+            rows.len() as u64
+        } else {
+            pruned_len
+        };
+        let bytes = Table::encode(&rows, pruned_len);
+        drop(rows);
+        drop(overlay);
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)?;
         }
         let tmp = file.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(tmp, file)?;
+        self.pruned_len
+            .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
         // Saved: a later save in the same run writes only what changed since.
         self.dirty
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        Ok(removed)
     }
 }
 
@@ -366,14 +383,68 @@ mod tests {
         };
         let cache = t.path().join("stat.bin");
         std::fs::write(&cache, postcard::to_stdvec(&file).expect("encode")).expect("write");
-        let mut h = FileHasher::with_cache_file(cache);
+        let mut h = FileHasher::with_cache_file(cache.clone());
         h.racy_ns = 0;
         assert_eq!(h.digest(&a).expect("a"), planted);
         assert_eq!(h.hashed_count(), 0);
+        // Saved in the current layout even when nothing was hashed.
+        h.save().expect("save");
+        let table = Table::parse(std::fs::read(&cache).expect("read")).expect("current layout");
+        assert_eq!(table.len(), 1, "the entry with a bad digest was left out");
         assert_eq!(
             h.digest(&b).expect("b"),
             blake3::hash(b"two").to_hex().to_string()
         );
+        assert_eq!(h.hashed_count(), 1);
+    }
+
+    /// What a run learns is merged over the file in path order; an entry
+    /// that no longer holds (a racy rewrite) leaves the file; a damaged
+    /// file is not used.
+    #[test]
+    fn saves_merge_over_the_file_and_damage_starts_empty() {
+        let t = tempfile::tempdir().expect("tmp");
+        let cache = t.path().join("stat.bin");
+        let names = ["c", "a", "b", "d"];
+        for n in names {
+            std::fs::write(t.path().join(n), n).expect("write");
+        }
+        let mut h = FileHasher::with_cache_file(cache.clone());
+        h.racy_ns = 0;
+        for n in ["c", "a"] {
+            h.digest(&t.path().join(n)).expect("digest");
+        }
+        h.save().expect("save");
+        let mut h = FileHasher::with_cache_file(cache.clone());
+        h.racy_ns = 0;
+        for n in ["d", "b", "a"] {
+            h.digest(&t.path().join(n)).expect("digest");
+        }
+        assert_eq!(h.hashed_count(), 2, "a came from the file");
+        // `c` rewritten just now: with the default window its stat is racy,
+        // so its entry must go.
+        std::fs::write(t.path().join("c"), "c2").expect("rewrite");
+        h.racy_ns = RACY_NS;
+        h.digest(&t.path().join("c")).expect("digest");
+        h.save().expect("save");
+        let rows: Vec<String> = Table::parse(std::fs::read(&cache).expect("read"))
+            .expect("parses")
+            .rows()
+            .map(|(p, _, d)| {
+                let name = path_of(p).file_name().expect("name").to_string_lossy();
+                assert_eq!(d.to_hex(), blake3::hash(name.as_bytes()).to_hex().as_str());
+                name.into_owned()
+            })
+            .collect();
+        assert_eq!(rows, ["a", "b", "d"]);
+        // One flipped byte: nothing is served from the file.
+        let mut bytes = std::fs::read(&cache).expect("read");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&cache, bytes).expect("write");
+        let mut h = FileHasher::with_cache_file(cache);
+        h.racy_ns = 0;
+        h.digest(&t.path().join("a")).expect("digest");
         assert_eq!(h.hashed_count(), 1);
     }
 
@@ -426,19 +497,13 @@ mod tests {
         std::fs::write(&a, b"a2").expect("edit");
         h.digest(&a).expect("a again");
         h.save().expect("save");
-        let len = |c: &Path| {
-            postcard::from_bytes::<CacheFile>(&std::fs::read(c).expect("read"))
-                .expect("decode")
-                .entries
-                .len()
-        };
+        let table = |c: &Path| Table::parse(std::fs::read(c).expect("read")).expect("parses");
+        let len = |c: &Path| table(c).len();
         assert_eq!(len(&cache), 2, "the save kept b's entry");
         let h = FileHasher::with_cache_file(cache.clone());
         assert_eq!(h.prune().expect("prune"), 1);
         assert_eq!(len(&cache), 1);
-        let f: CacheFile =
-            postcard::from_bytes(&std::fs::read(&cache).expect("read")).expect("decode");
-        assert_eq!(f.pruned_len, 1);
+        assert_eq!(table(&cache).pruned_len(), 1);
     }
 
     /// Finding 10 of issue 18: a same-size, same-inode edit with the old
