@@ -57,6 +57,10 @@ impl FileId {
     }
 }
 
+/// Blob files up to this size (compressed) are read without the index:
+/// [`Store::get_blob`].
+const SMALL_BLOB_FILE: u64 = 64 * 1024;
+
 impl Store {
     /// Path of a blob's file (which may or may not exist).
     pub(crate) fn blob_path(&self, d: &BlobDigest) -> PathBuf {
@@ -228,9 +232,15 @@ impl Store {
     /// The blob's content, verified. `Ok(None)` if absent, or if it failed
     /// verification (it is then quarantined).
     pub fn get_blob(&self, d: &BlobDigest) -> Result<Option<BlobBuf>, CacheError> {
-        let Some((file, id)) = self.open_blob(d)? else {
+        let Some((file, id, len)) = self.open_blob(d)? else {
             return Ok(None);
         };
+        // A small file is read in one pass: its frame says the size, and
+        // asking the index for it cost more than the read (a build
+        // directory reads hundreds of small blobs).
+        if len <= SMALL_BLOB_FILE {
+            return self.get_blob_streaming(d, file, id);
+        }
         // With the size known, decode straight into the result (frames in
         // parallel, no copy); otherwise, or if the index was wrong about the
         // size, take the streaming path before calling the blob corrupt.
@@ -240,7 +250,7 @@ impl Store {
                 self.touch_blob(d)?;
                 return Ok(Some(out));
             }
-            let Some((file, id)) = self.open_blob(d)? else {
+            let Some((file, id, _)) = self.open_blob(d)? else {
                 return Ok(None);
             };
             return self.get_blob_streaming(d, file, id);
@@ -288,7 +298,7 @@ impl Store {
     }
 
     fn copy_to(&self, d: &BlobDigest, dest: &Path, mode: u32) -> Result<bool, CacheError> {
-        let Some((file, id)) = self.open_blob(d)? else {
+        let Some((file, id, _)) = self.open_blob(d)? else {
             return Ok(false);
         };
         let parent = match dest.parent() {
@@ -320,12 +330,13 @@ impl Store {
     }
 
     /// Opens a blob file; `None` if it does not exist.
-    fn open_blob(&self, d: &BlobDigest) -> Result<Option<(File, FileId)>, CacheError> {
+    /// The blob's file, its identity and its (compressed) length.
+    fn open_blob(&self, d: &BlobDigest) -> Result<Option<(File, FileId, u64)>, CacheError> {
         let path = self.blob_path(d);
         match File::open(&path) {
             Ok(f) => {
-                let id = FileId::of(&f.metadata().at("inspecting blob", &path)?);
-                Ok(Some((f, id)))
+                let meta = f.metadata().at("inspecting blob", &path)?;
+                Ok(Some((f, FileId::of(&meta), meta.len())))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).at("opening blob", path),
