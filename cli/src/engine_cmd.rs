@@ -267,13 +267,32 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     // (from a start taken before anything is read), open the store and
     // index the last run's memo: none needs another's result.
     let started = journal.as_ref().map(|(j, _)| j.start());
-    let (mut recorder, o, opened, memo) = std::thread::scope(|s| {
-        let memo = s.spawn(|| seed.map(|s| Box::new(s.build())));
-        let walk = s.spawn(|| {
-            let _t = charly_engine::timings::phase("journal: begin");
-            journal.as_ref().zip(started).map(|((j, scope), st)| {
+    // The build directories the carry-over asks about are checked once the
+    // inputs are walked: the rest of the load and the resolution leave a
+    // core idle (checked from the start, they slowed the load down as much
+    // as they saved). The project root is where the outputs go without
+    // --out: a guess that misses only costs the check later.
+    let out_guess = a.out.clone().unwrap_or_else(|| root.clone());
+    let (walked, on_walked) = std::sync::mpsc::channel::<()>();
+    let (mut recorder, o, opened, mut memo) = std::thread::scope(|s| {
+        let memo = s.spawn(move || {
+            let mut m = seed.map(|s| Box::new(s.build()));
+            if let Some(m) = m.as_deref_mut()
+                && on_walked.recv().is_ok()
+            {
+                charly_engine::carry::check_ahead(m, &out_guess);
+            }
+            m
+        });
+        let journal = &journal;
+        let walk = s.spawn(move || {
+            let t = charly_engine::timings::phase("journal: begin");
+            let rec = journal.as_ref().zip(started).map(|((j, scope), st)| {
                 j.fingerprint_inputs(st, &scope.roots, &scope.files, &scope.skip)
-            })
+            });
+            drop(t);
+            let _ = walked.send(());
+            rec
         });
         let store = s.spawn(|| {
             let t = charly_engine::timings::phase("store: open");
@@ -332,6 +351,11 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         &out_root,
         &context_dirs,
     );
+    // From here on this run writes build directories: answers taken
+    // ahead would be stale.
+    if let Some(m) = memo.as_deref_mut() {
+        m.forget_ahead();
+    }
     if a.explain && !carry.carried.is_empty() {
         output::note(&format!(
             "explain: {} of {} boxes unchanged since the last run (inputs, resolution and build \

@@ -97,6 +97,18 @@ pub fn plan(
     c
 }
 
+/// Checks the output directories [`plan`] will ask about (the shared
+/// staging directory and each of the last run's boxes' build directories
+/// under `out_root`) ahead, beside other work ([`Memo::check_ahead`]).
+pub fn check_ahead(memo: &mut Memo, out_root: &Path) {
+    let mut dirs = vec![out_root.join(naming::LAYERS_DIR)];
+    dirs.extend(
+        memo.box_names()
+            .map(|n| out_root.join(naming::build_dir(n))),
+    );
+    memo.check_ahead(dirs);
+}
+
 impl Carry {
     /// Adds the carried boxes' nodes to `summary` (cached under their
     /// recorded keys) and returns every selected box's journal entry: its

@@ -200,6 +200,9 @@ pub struct Memo {
     nodes: Vec<(String, crate::key::NodeKind, charly_cache::NodeKey)>,
     /// The last run's boxes by name.
     boxes: std::collections::HashMap<String, BoxEntry>,
+    /// [`Memo::dir_unchanged`]'s answers taken ahead, by normalized path
+    /// ([`Memo::check_ahead`]).
+    ahead: std::collections::HashMap<PathBuf, bool>,
 }
 
 /// The last run's journal entry, from which its [`Memo`] is built.
@@ -233,7 +236,32 @@ impl Memo {
                 .into_iter()
                 .map(|b| (b.name.clone(), b))
                 .collect(),
+            ahead: std::collections::HashMap::new(),
         }
+    }
+
+    /// The names of the last run's boxes.
+    pub fn box_names(&self) -> impl Iterator<Item = &str> {
+        self.boxes.keys().map(String::as_str)
+    }
+
+    /// Checks the output directories `dirs` now ([`Memo::dir_unchanged`]),
+    /// so that the questions about them are answered at once until
+    /// [`Memo::forget_ahead`]: a command does this on a core its project's
+    /// resolution leaves idle. The answers are as of now: the caller
+    /// forgets them before it writes in any of the directories.
+    pub fn check_ahead(&mut self, dirs: impl IntoIterator<Item = PathBuf>) {
+        for d in dirs {
+            let d = normalize(&d);
+            let unchanged = self.check_dir(&d);
+            self.ahead.insert(d, unchanged);
+        }
+    }
+
+    /// Drops the answers [`Memo::check_ahead`] took: later questions are
+    /// checked when asked.
+    pub fn forget_ahead(&mut self) {
+        self.ahead = std::collections::HashMap::new();
     }
 
     /// Whether box `name` had `digest` in the last run (an untrusted
@@ -289,6 +317,16 @@ impl Memo {
     /// added or removed entry changes the directory's own fingerprint; an
     /// output the last run recorded as absent must still be absent).
     pub fn dir_unchanged(&self, dir: &Path) -> bool {
+        if !self.ahead.is_empty()
+            && let Some(unchanged) = self.ahead.get(&normalize(dir))
+        {
+            return *unchanged;
+        }
+        self.check_dir(dir)
+    }
+
+    /// [`Memo::dir_unchanged`], checked now.
+    fn check_dir(&self, dir: &Path) -> bool {
         let Some(mut es) = self.entries_of(dir) else {
             return false;
         };
@@ -1448,6 +1486,35 @@ mod tests {
         // After a deletion from the store nothing is trusted.
         store.gc(u64::MAX).expect("gc");
         assert!(j.check_or_memo().unwrap_err().1.is_none());
+    }
+
+    /// Directories checked ahead are answered as they were then (spelled
+    /// any way that normalizes the same) until the answers are forgotten;
+    /// the others are checked when asked.
+    #[test]
+    fn directories_checked_ahead_answer_as_they_were() {
+        let f = Fix::new();
+        let other = f.proj.join(".build/y");
+        std::fs::create_dir_all(&other).expect("mkdir");
+        std::fs::write(other.join("Containerfile"), "FROM c\n").expect("write");
+        let j = f.recorded_with(&[f.out.clone(), other.clone()]);
+        std::fs::write(f.proj.join("candy/a/charly.yml"), "candy: b\n").expect("edit");
+        let mut memo = j.check_or_memo().unwrap_err().1.expect("memo");
+        memo.check_ahead([f.out.clone(), f.proj.join("never-written")]);
+        // Changed after the check: the answer is the one taken then.
+        std::fs::write(f.out.join("Containerfile"), "FROM b\n").expect("edit output");
+        assert!(memo.dir_unchanged(&f.out));
+        let spelled = f.proj.join(".build/./y/../x");
+        assert_eq!(normalize(&spelled), normalize(&f.out));
+        assert!(memo.dir_unchanged(&spelled));
+        assert!(!memo.dir_unchanged(&f.proj.join("never-written")));
+        // Not checked ahead: checked now, and again when asked again.
+        assert!(memo.dir_unchanged(&other));
+        std::fs::write(other.join("new"), "x").expect("add");
+        assert!(!memo.dir_unchanged(&other));
+        // Forgotten: the change is seen.
+        memo.forget_ahead();
+        assert!(!memo.dir_unchanged(&f.out));
     }
 
     /// A stat relative to an open directory fingerprints an entry as a
