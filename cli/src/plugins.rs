@@ -31,6 +31,13 @@ fn with_bases<'a>(
 /// The plugin words the candies of `boxes` (and of the boxes they are
 /// built on) use, plus those of `extra` candies.
 pub fn words_used(o: &Opened, boxes: &[String], extra: &[String]) -> BTreeSet<String> {
+    // Most projects use no plugin at all: one pass over the candies says
+    // so, without gathering every box's candies first.
+    let uses_plugin =
+        |c: &charly_rules::load::CandyEntry| c.def.task.iter().any(|t| t.plugin.is_some());
+    if !o.project.candies.values().any(uses_plugin) {
+        return BTreeSet::new();
+    }
     let mut candies: BTreeSet<&str> = extra.iter().map(String::as_str).collect();
     for b in with_bases(o, boxes) {
         candies.extend(b.candies.iter().map(String::as_str));
