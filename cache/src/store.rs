@@ -555,11 +555,53 @@ impl Store {
     /// whose outputs do not decode is read (and dropped) as `get_record`
     /// does.
     pub fn has_record(&self, key: &NodeKey) -> Result<bool, CacheError> {
-        let row = self.record_row(
-            "SELECT outputs, last_access FROM records WHERE key = ?1",
-            &key.to_hex(),
-            |r| Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?))),
-        )?;
+        let row = self.record_row(HAS_RECORD_SQL, &key.to_hex(), read_has_row)?;
+        self.row_is_hit(key, row)
+    }
+
+    /// [`Store::has_record`] for many keys: one connection and one read
+    /// transaction for all of them. Each lookup on its own took the
+    /// index's shared lock again, a third of its time: a run at 10,000
+    /// candies looks up 38,000 keys. A key whose lookup fails is a miss
+    /// (its node runs and reports what went wrong, as it would anyway).
+    pub fn has_records(&self, keys: &[NodeKey]) -> Vec<bool> {
+        let rows = self.with_conn(|c| {
+            let tx = c.transaction()?;
+            let mut rows = Vec::with_capacity(keys.len());
+            {
+                let mut st = tx.prepare_cached(HAS_RECORD_SQL)?;
+                for k in keys {
+                    rows.push(match st.query_row([k.to_hex()], read_has_row).optional() {
+                        Ok(row) => row.map(Ok),
+                        Err(e) if is_bad_value(&e) => Some(Err(())),
+                        Err(e) => return Err(e.into()),
+                    });
+                }
+            }
+            tx.finish()?;
+            Ok(rows)
+        });
+        match rows {
+            Ok(rows) => keys
+                .iter()
+                .zip(rows)
+                .map(|(k, row)| self.row_is_hit(k, row).unwrap_or(false))
+                .collect(),
+            // One at a time, as without the batch.
+            Err(_) => keys
+                .iter()
+                .map(|k| self.has_record(k).unwrap_or(false))
+                .collect(),
+        }
+    }
+
+    /// Whether a record's row read by [`HAS_RECORD_SQL`] is a hit. One whose
+    /// outputs do not decode is read (and dropped) as `get_record` does.
+    fn row_is_hit(
+        &self,
+        key: &NodeKey,
+        row: Option<Result<(String, u64), ()>>,
+    ) -> Result<bool, CacheError> {
         let Some(row) = row else { return Ok(false) };
         let outputs = row.ok().and_then(|(outputs, last_access)| {
             serde_json::from_str::<BTreeMap<String, crate::record::Output>>(&outputs)
@@ -947,6 +989,13 @@ pub(crate) fn delete_record(c: &Connection, key_hex: &str) -> Result<(), CacheEr
 
 /// Whether a row failed to read because a column holds a value of the
 /// wrong type (a damaged row, not a failing index).
+/// What [`Store::has_record`] reads of a record.
+const HAS_RECORD_SQL: &str = "SELECT outputs, last_access FROM records WHERE key = ?1";
+
+fn read_has_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, u64)> {
+    Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?)))
+}
+
 fn is_bad_value(e: &rusqlite::Error) -> bool {
     matches!(
         e,

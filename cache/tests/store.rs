@@ -314,6 +314,45 @@ fn records_first_writer_wins_and_need_their_blobs() {
     assert_eq!(store.get_record(&k).expect("get"), Some(again));
 }
 
+/// The batch lookup answers as a lookup of each key does: present, never
+/// stored, a blob gone, and a record whose outputs do not decode (dropped).
+#[test]
+fn has_records_answers_as_has_record_does() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(tmp.path()).expect("open");
+    let names = ["a", "b", "gone", "never", "damaged"];
+    for n in ["a", "b", "gone", "damaged"] {
+        let rec = record(&store, n, &[n.as_bytes(), b"shared"]);
+        assert!(store.put_record(&key(n), &rec).expect("put"));
+    }
+    let gone = record(&store, "gone", &[b"gone", b"shared"]);
+    fs::remove_file(blob_file(&store, &gone.outputs["out0"].digest)).expect("rm");
+    let db = rusqlite::Connection::open(tmp.path().join("index.db")).expect("db");
+    db.execute(
+        "UPDATE records SET outputs = 'not json' WHERE key = ?1",
+        [key("damaged").to_hex()],
+    )
+    .expect("damage");
+    let keys: Vec<NodeKey> = names.iter().map(|n| key(n)).collect();
+    assert_eq!(store.has_records(&keys), [true, true, false, false, false]);
+    assert_eq!(
+        store.stats().expect("stats").records,
+        3,
+        "the damaged one dropped"
+    );
+    let one_by_one: Vec<bool> = keys
+        .iter()
+        .map(|k| store.has_record(k).expect("has"))
+        .collect();
+    assert_eq!(store.has_records(&keys), one_by_one);
+    // Repeated and empty batches.
+    assert_eq!(
+        store.has_records(&[keys[0], keys[3], keys[0]]),
+        [true, false, true]
+    );
+    assert!(store.has_records(&[]).is_empty());
+}
+
 #[test]
 fn read_record_leaves_out_the_key_inputs_and_the_blob_lookups() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -70,9 +70,21 @@ pub fn fragment(
     )?)
 }
 
-/// Whether a node's result is in the store (dry runs).
-pub fn is_cached(ctx: &Ctx<'_>, n: &Node) -> bool {
-    ctx.present.is_some_and(|p| p.contains(&n.key)) || ctx.store.has_record(&n.key).unwrap_or(false)
+/// Whether each of `nodes` has its result in the store: known present
+/// from the last run, or found there (the store asked about all of them
+/// at once: [`Store::has_records`]).
+pub fn are_cached(ctx: &Ctx<'_>, nodes: &[&Node]) -> Vec<bool> {
+    let present = |n: &Node| ctx.present.is_some_and(|p| p.contains(&n.key));
+    let ask: Vec<charly_cache::NodeKey> = nodes
+        .iter()
+        .filter(|n| !present(n))
+        .map(|n| n.key)
+        .collect();
+    let mut found = ctx.store.has_records(&ask).into_iter();
+    nodes
+        .iter()
+        .map(|n| present(n) || found.next().unwrap_or(false))
+        .collect()
 }
 
 /// Runs a node if needed, and says whether it ran or where its result came

@@ -227,6 +227,9 @@ pub trait Observer: Sync {
 pub struct Quiet;
 impl Observer for Quiet {}
 
+/// Nodes whose records the store is asked about together.
+const LOOKUP_CHUNK: usize = 256;
+
 /// Runs the graph, telling `ctx.obs` (if any) what happens.
 pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary {
     let obs: &dyn Observer = ctx.obs.unwrap_or(&Quiet);
@@ -238,10 +241,16 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     // parallel up front (see below for why).
     let in_store = |pool: Option<&rayon::ThreadPool>| -> Vec<bool> {
         use rayon::prelude::*;
+        // In chunks: the store answers a chunk in one read transaction.
         let look = || -> Vec<(usize, bool)> {
             order
-                .par_iter()
-                .map(|i| (i.index(), exec::is_cached(ctx, &graph.g[*i])))
+                .par_chunks(LOOKUP_CHUNK)
+                .flat_map_iter(|chunk| {
+                    let nodes: Vec<&crate::graph::Node> =
+                        chunk.iter().map(|i| &graph.g[*i]).collect();
+                    let hits = exec::are_cached(ctx, &nodes);
+                    chunk.iter().map(|i| i.index()).zip(hits)
+                })
                 .collect()
         };
         let found = match pool {
