@@ -181,17 +181,12 @@ impl FileHasher {
         // A damaged file, or one in a format this version does not know,
         // is not used: the cache starts empty. One of the earlier layout is
         // converted, and saved in the current one.
-        let mut converted = false;
-        let table = std::fs::read(&file)
-            .ok()
-            .and_then(|bytes| match Table::parse(bytes) {
-                Some(t) => Some(t),
-                None => {
-                    converted = true;
-                    std::fs::read(&file).ok().and_then(|b| convert(&b))
-                }
-            })
-            .unwrap_or_default();
+        let (table, converted) = match std::fs::read(&file) {
+            Ok(bytes) if Table::is_current(&bytes) => (Table::parse(bytes), false),
+            Ok(bytes) => (convert(&bytes), true),
+            Err(_) => (None, false),
+        };
+        let table = table.unwrap_or_default();
         FileHasher {
             pruned_len: table.pruned_len().into(),
             dirty: (converted && table.len() > 0).into(),

@@ -1,7 +1,7 @@
 //! The stat cache's file, used where it lies: a table sorted by path that a
 //! lookup binary-searches, so loading it is one read and one check, not a
-//! map built entry by entry (at 1,000 candies that build was 7–20 ms of a
-//! core while the project loads; at 10,000 it was a ~10 MB hash table).
+//! map built entry by entry (at 10,000 candies, 100,000 entries, that build
+//! took 55 ms of a core while the project loads, and ~14 MB).
 //!
 //! Layout, little-endian:
 //!
@@ -48,6 +48,12 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Table {
+    /// Whether `bytes` start as a file of this layout does (whole and
+    /// well-formed or not).
+    pub(super) fn is_current(bytes: &[u8]) -> bool {
+        bytes.starts_with(MAGIC)
+    }
+
     /// The table in `bytes`, or `None` when they are not a whole,
     /// well-formed cache file.
     pub(super) fn parse(bytes: Vec<u8>) -> Option<Table> {
@@ -224,5 +230,6 @@ mod tests {
         let twice = Table::encode(&[rows[0], rows[0]], 0);
         assert!(Table::parse(twice).is_none());
         assert!(Table::parse(b"not a cache".to_vec()).is_none());
+        assert!(Table::is_current(&good) && !Table::is_current(b"not a cache"));
     }
 }
