@@ -571,11 +571,7 @@ impl Store {
             {
                 let mut st = tx.prepare_cached(HAS_RECORD_SQL)?;
                 for k in keys {
-                    rows.push(match st.query_row([k.to_hex()], read_has_row).optional() {
-                        Ok(row) => row.map(Ok),
-                        Err(e) if is_bad_value(&e) => Some(Err(())),
-                        Err(e) => return Err(e.into()),
-                    });
+                    rows.push(row_or_damage(st.query_row([k.to_hex()], read_has_row))?);
                 }
             }
             tx.finish()?;
@@ -623,13 +619,7 @@ impl Store {
         hex: &str,
         read: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
     ) -> Result<Option<Result<T, ()>>, CacheError> {
-        self.with_conn(
-            |c| match c.prepare_cached(sql)?.query_row([hex], read).optional() {
-                Ok(row) => Ok(row.map(Ok)),
-                Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
-                Err(e) => Err(e.into()),
-            },
-        )
+        self.with_conn(|c| row_or_damage(c.prepare_cached(sql)?.query_row([hex], read)))
     }
 
     /// Whether a found record is a hit (every output blob present); a hit
@@ -987,8 +977,6 @@ pub(crate) fn delete_record(c: &Connection, key_hex: &str) -> Result<(), CacheEr
     Ok(())
 }
 
-/// Whether a row failed to read because a column holds a value of the
-/// wrong type (a damaged row, not a failing index).
 /// What [`Store::has_record`] reads of a record.
 const HAS_RECORD_SQL: &str = "SELECT outputs, last_access FROM records WHERE key = ?1";
 
@@ -996,6 +984,18 @@ fn read_has_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, u64)> {
     Ok((r.get::<_, String>(0)?, from_sql_int(r.get(1)?)))
 }
 
+/// A lookup of one row as [`Store::record_row`] gives it: `None` when there
+/// is none, `Some(Err(()))` when a column does not hold the type it should.
+fn row_or_damage<T>(found: rusqlite::Result<T>) -> Result<Option<Result<T, ()>>, CacheError> {
+    match found.optional() {
+        Ok(row) => Ok(row.map(Ok)),
+        Err(e) if is_bad_value(&e) => Ok(Some(Err(()))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a row failed to read because a column holds a value of the
+/// wrong type (a damaged row, not a failing index).
 fn is_bad_value(e: &rusqlite::Error) -> bool {
     matches!(
         e,

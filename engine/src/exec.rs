@@ -74,16 +74,20 @@ pub fn fragment(
 /// from the last run, or found there (the store asked about all of them
 /// at once: [`Store::has_records`]).
 pub fn are_cached(ctx: &Ctx<'_>, nodes: &[&Node]) -> Vec<bool> {
-    let present = |n: &Node| ctx.present.is_some_and(|p| p.contains(&n.key));
+    let present: Vec<bool> = nodes
+        .iter()
+        .map(|n| ctx.present.is_some_and(|p| p.contains(&n.key)))
+        .collect();
     let ask: Vec<charly_cache::NodeKey> = nodes
         .iter()
-        .filter(|n| !present(n))
-        .map(|n| n.key)
+        .zip(&present)
+        .filter(|(_, known)| !**known)
+        .map(|(n, _)| n.key)
         .collect();
     let mut found = ctx.store.has_records(&ask).into_iter();
-    nodes
-        .iter()
-        .map(|n| present(n) || found.next().unwrap_or(false))
+    present
+        .into_iter()
+        .map(|known| known || found.next().unwrap_or(false))
         .collect()
 }
 

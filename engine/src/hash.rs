@@ -244,7 +244,6 @@ impl FileHasher {
     /// Drops the entries of files that no longer exist (a stat each) and
     /// saves the cache (`charly cache gc`).
     pub fn prune(&self) -> std::io::Result<usize> {
-        self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
         self.write(true)
     }
 
@@ -306,7 +305,8 @@ impl FileHasher {
         std::fs::rename(tmp, file)?;
         self.pruned_len
             .store(pruned_len, std::sync::atomic::Ordering::Relaxed);
-        // Saved: a later save in the same run writes only what changed since.
+        // Saved: a later save in the same run writes only if something
+        // changed since.
         self.dirty
             .store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(removed)

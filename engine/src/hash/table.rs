@@ -57,7 +57,7 @@ impl Table {
     /// The table in `bytes`, or `None` when they are not a whole,
     /// well-formed cache file.
     pub(super) fn parse(bytes: Vec<u8>) -> Option<Table> {
-        if bytes.get(..16)? != MAGIC || bytes.len() < HEAD {
+        if !Self::is_current(&bytes) || bytes.len() < HEAD {
             return None;
         }
         if blake3::hash(&bytes[48..]).as_bytes() != &bytes[16..48] {
