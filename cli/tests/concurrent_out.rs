@@ -90,7 +90,12 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
     let reference = tree(&out);
     // What a SIGKILLed writer leaves: its temp file beside the target
     // (today's locked `.charly-tmp-<pid>-<n>`, and the `.tmpXXXXXX` of
-    // earlier versions), in a box's directory and in the output root.
+    // earlier versions), in a box's directory and in the output root. A
+    // box's directory is rewritten with its key marker removed first (the
+    // marker is the last file renamed in), so a kill leaves it without one.
+    for b in ["hello", "base"] {
+        std::fs::remove_file(out.join(".build").join(b).join(".charly-key")).expect("marker");
+    }
     let dead = [
         out.join(".build/hello/.tmpAb12Cd"),
         out.join(".build/hello/.charly-tmp-999999-1"),
@@ -124,6 +129,49 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
         reference,
         tree(&out),
         "the rerun leaves what the first run left"
+    );
+}
+
+/// A rewrite that fails partway leaves its directory without a key marker,
+/// so the next run does not trust what is there: it rewrites it whole.
+#[test]
+fn a_failed_rewrite_leaves_no_marker_and_the_next_run_repairs_it() {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    ok(
+        &charly(&project, &cache, &GEN).output().expect("run"),
+        "first",
+    );
+    let reference = tree(&project.join(".build"));
+    let dir = project.join(".build/hello");
+    let marker = dir.join(".charly-key");
+    assert!(marker.is_file(), "a written directory has its marker");
+    // A hand edit makes the directory fail verification; a non-empty
+    // directory where the Containerfile goes makes its rewrite fail.
+    let staged = walkdir::WalkDir::new(&dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .find(|e| e.file_type().is_file() && e.path().parent() != Some(dir.as_path()))
+        .expect("a staged file below the box directory");
+    std::fs::write(staged.path(), "edited by hand").expect("edit");
+    std::fs::remove_file(dir.join("Containerfile")).expect("rm");
+    std::fs::create_dir_all(dir.join("Containerfile/blocker")).expect("block");
+    let failed = charly(&project, &cache, &GEN).output().expect("rerun");
+    assert!(!failed.status.success(), "the rewrite must fail");
+    assert!(
+        !marker.exists(),
+        "a failed rewrite left a marker: the next run would trust a half-written directory"
+    );
+    std::fs::remove_dir_all(dir.join("Containerfile")).expect("unblock");
+    ok(
+        &charly(&project, &cache, &GEN).output().expect("run"),
+        "repair",
+    );
+    assert_eq!(
+        reference,
+        tree(&project.join(".build")),
+        "the repair restores it"
     );
 }
 

@@ -642,16 +642,18 @@ fn materialize_record(
             );
         })
         .map_err(io(lock_rel.display()))?;
-    // Temp files of killed writers in the box's directory (the shared
-    // ones: [`sweep_shared`]). Live writers keep theirs.
-    let t = crate::timings::phase("write: sweep");
-    let _ = froot.sweep_temps(Path::new(&dir), true);
-    drop(t);
     let t = crate::timings::phase("write: verify");
-    let marker = root.join(&dir).join(KEY_MARKER);
+    let marker_rel = Path::new(&dir).join(KEY_MARKER);
+    let marker = root.join(&marker_rel);
     let key = cf.key.to_hex();
     // The marker alone is not trusted: every file must still hold what the
     // record says (a hand edit of a generated file is undone).
+    //
+    // A directory that verifies is not searched for temp files: the marker
+    // goes before a rewrite starts and comes back as its last rename, so a
+    // writer killed in between leaves no marker, and its directory is swept
+    // below on the next run. (The walk cost ~half of writing 1,000 build
+    // directories that were all in place.)
     if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
         && root.join(&dir).join("Containerfile").is_file()
         && rec.outputs.iter().all(|(name, o)| {
@@ -665,6 +667,12 @@ fn materialize_record(
     {
         return Ok((dir, lock));
     }
+    drop(t);
+    froot.remove(&marker_rel).map_err(io(marker.display()))?;
+    // Temp files of killed writers in the box's directory (the shared
+    // ones: [`sweep_shared`]). Live writers keep theirs.
+    let t = crate::timings::phase("write: sweep");
+    let _ = froot.sweep_temps(Path::new(&dir), true);
     drop(t);
     let mut d = charly_rules::emit::BuildDir {
         dir: dir.clone(),

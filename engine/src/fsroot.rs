@@ -683,7 +683,9 @@ impl Root {
     /// Makes the directory `rel` hold only what `keep` accepts: every
     /// other file or symlink below it is removed, then every directory
     /// left empty. `keep` sees paths relative to the root; a directory it
-    /// keeps is not entered. Symlinks are never followed.
+    /// keeps is not entered. Symlinks are never followed. Temp files are
+    /// left to [`Root::sweep_temps`], which knows a live writer's from a
+    /// dead one's.
     pub fn prune(&self, rel: &Path, keep: &dyn Fn(&Path, bool) -> bool) -> io::Result<()> {
         let r = self.resolve(rel, false, false)?;
         let fd = self.open_dir_of(&r, rel)?;
@@ -848,7 +850,7 @@ fn prune_dir(fd: &OwnedFd, rel: &Path, keep: &dyn Fn(&Path, bool) -> bool) -> io
             prune_dir(&sub, &p, keep)?;
             // Only succeeds when empty.
             let _ = rustix::fs::unlinkat(fd, name.as_os_str(), AtFlags::REMOVEDIR);
-        } else if !keep(&p, false) {
+        } else if !keep(&p, false) && !is_temp_name(&name) {
             match rustix::fs::unlinkat(fd, name.as_os_str(), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(from_rustix(e)),
@@ -1059,6 +1061,28 @@ mod tests {
             ]
         );
         assert_eq!(names(".build/b"), [".charly-tmp-x-1", "keep.txt"]);
+    }
+
+    #[test]
+    fn prune_leaves_temp_files_to_the_sweep() {
+        let (_t, root, _outside) = setup();
+        let r = Root::open(&root).expect("open");
+        std::fs::create_dir_all(root.join("box/sub")).expect("mkdir");
+        for f in [
+            "box/.charly-tmp-7-1",
+            "box/sub/.charly-tmp-7-2",
+            "box/stale",
+        ] {
+            std::fs::write(root.join(f), "x").expect("write");
+        }
+        r.prune(Path::new("box"), &|_, _| false).expect("prune");
+        assert!(!root.join("box/stale").exists(), "a stale file is pruned");
+        assert!(root.join("box/.charly-tmp-7-1").exists());
+        assert!(root.join("box/sub/.charly-tmp-7-2").exists());
+        // Their writer is dead (no lock held): the sweep takes them.
+        r.sweep_temps(Path::new("box"), true).expect("sweep");
+        assert!(!root.join("box/.charly-tmp-7-1").exists());
+        assert!(!root.join("box/sub/.charly-tmp-7-2").exists());
     }
 
     #[test]

@@ -108,8 +108,8 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     for (rel, src) in &d.layers {
         copy_tree(&root, src, Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
-    // Remove files an earlier run staged that this one does not use (and
-    // temp files a killed writer left).
+    // Remove files an earlier run staged that this one does not use (temp
+    // files a killed writer left are the sweep's: `Root::sweep_temps`).
     root.prune(dir_rel, &|p, is_dir| {
         keep.contains(p) || (is_dir && is_build_output(dir_rel, p))
     })
