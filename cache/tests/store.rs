@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use charly_cache::{BlobDigest, CacheError, NodeKey, Output, Record, Store};
+use charly_cache::{BlobDigest, CacheError, NodeKey, Output, Record, SeenBlobs, Store};
 use common::{content, key, output, record, text};
 use proptest::prelude::*;
 
@@ -334,7 +334,10 @@ fn has_records_answers_as_has_record_does() {
     )
     .expect("damage");
     let keys: Vec<NodeKey> = names.iter().map(|n| key(n)).collect();
-    assert_eq!(store.has_records(&keys), [true, true, false, false, false]);
+    assert_eq!(
+        store.has_records(&keys, &SeenBlobs::default()),
+        [true, true, false, false, false]
+    );
     assert_eq!(
         store.stats().expect("stats").records,
         3,
@@ -344,13 +347,25 @@ fn has_records_answers_as_has_record_does() {
         .iter()
         .map(|k| store.has_record(k).expect("has"))
         .collect();
-    assert_eq!(store.has_records(&keys), one_by_one);
+    assert_eq!(store.has_records(&keys, &SeenBlobs::default()), one_by_one);
     // Repeated and empty batches.
     assert_eq!(
-        store.has_records(&[keys[0], keys[3], keys[0]]),
+        store.has_records(&[keys[0], keys[3], keys[0]], &SeenBlobs::default()),
         [true, false, true]
     );
-    assert!(store.has_records(&[]).is_empty());
+    assert!(store.has_records(&[], &SeenBlobs::default()).is_empty());
+    // Lookups sharing `seen` look for each blob once: one removed after it
+    // was seen still counts there (its reader meets the removal and runs
+    // the node again); lookups that did not see it miss.
+    let seen = SeenBlobs::default();
+    assert_eq!(store.has_records(&keys[..1], &seen), [true]);
+    let a = record(&store, "a", &[b"a", b"shared"]);
+    fs::remove_file(blob_file(&store, &a.outputs["out0"].digest)).expect("rm");
+    assert_eq!(store.has_records(&keys[..1], &seen), [true]);
+    assert_eq!(
+        store.has_records(&keys[..1], &SeenBlobs::default()),
+        [false]
+    );
 }
 
 #[test]

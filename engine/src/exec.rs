@@ -73,7 +73,9 @@ pub fn fragment(
 /// Whether each of `nodes` has its result in the store: known present
 /// from the last run, or found there (the store asked about all of them
 /// at once: [`Store::has_records`]).
-pub fn are_cached(ctx: &Ctx<'_>, nodes: &[&Node]) -> Vec<bool> {
+///
+/// `seen` is shared by the lookups that run together ([`charly_cache::SeenBlobs`]).
+pub fn are_cached(ctx: &Ctx<'_>, nodes: &[&Node], seen: &charly_cache::SeenBlobs) -> Vec<bool> {
     let present: Vec<bool> = nodes
         .iter()
         .map(|n| ctx.present.is_some_and(|p| p.contains(&n.key)))
@@ -84,7 +86,7 @@ pub fn are_cached(ctx: &Ctx<'_>, nodes: &[&Node]) -> Vec<bool> {
         .filter(|(_, known)| !**known)
         .map(|(n, _)| n.key)
         .collect();
-    let mut found = ctx.store.has_records(&ask).into_iter();
+    let mut found = ctx.store.has_records(&ask, seen).into_iter();
     present
         .into_iter()
         .map(|known| known || found.next().unwrap_or(false))

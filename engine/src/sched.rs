@@ -242,13 +242,14 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let in_store = |pool: Option<&rayon::ThreadPool>| -> Vec<bool> {
         use rayon::prelude::*;
         // In chunks: the store answers a chunk in one read transaction.
+        let seen = charly_cache::SeenBlobs::default();
         let look = || -> Vec<(usize, bool)> {
             order
                 .par_chunks(LOOKUP_CHUNK)
                 .flat_map_iter(|chunk| {
                     let nodes: Vec<&crate::graph::Node> =
                         chunk.iter().map(|i| &graph.g[*i]).collect();
-                    let hits = exec::are_cached(ctx, &nodes);
+                    let hits = exec::are_cached(ctx, &nodes, &seen);
                     chunk.iter().map(|i| i.index()).zip(hits)
                 })
                 .collect()
