@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tempfile::NamedTempFile;
 
 use crate::error::IoContext;
@@ -174,7 +174,7 @@ impl Store {
         }
         let now = self.now();
         let renamed = self.with_conn(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = self.begin_write(c)?;
             let mut renamed = false;
             let csize = match fs::metadata(&path) {
                 Ok(m) => m.len(),
@@ -377,7 +377,7 @@ impl Store {
         // Under the index write lock, like every install of a blob file, so
         // the check and the rename see the same file.
         let moved = self.with_conn(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = self.begin_write(c)?;
             let same = match fs::metadata(&path) {
                 Ok(m) => FileId::of(&m) == id,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => false,

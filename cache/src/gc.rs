@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 
-use rusqlite::{OptionalExtension, TransactionBehavior};
+use rusqlite::OptionalExtension;
 
 use crate::error::IoContext;
 use crate::lock::{remove_file_if_exists, remove_if_unheld, stale_session_entries};
@@ -57,7 +57,7 @@ impl Store {
         self.bump_epoch()?;
         let grace_cutoff = self.now().saturating_sub(PENDING_GRACE_SECS);
         let mut report = self.with_conn(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = self.begin_write(c)?;
             let mut report = GcReport::default();
             let before: i64 =
                 tx.query_row("SELECT COALESCE(SUM(csize), 0) FROM blobs", [], |r| {

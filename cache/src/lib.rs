@@ -123,5 +123,5 @@ pub use remote::{
     ImageUpload, PullOutcome, PushReport, Remote, RemoteAuth, RemoteConfig, RemoteStats,
 };
 pub use remote_cache::{RemoteCache, RemoteReport, human_bytes};
-pub use store::{SeenBlobs, Stats, Store, StoreHandles};
+pub use store::{SeenBlobs, Stats, Store, StoreHandles, busy_waits};
 pub use verify::VerifyReport;

@@ -26,7 +26,7 @@ use std::fs;
 use std::io;
 use std::path::PathBuf;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 
 use crate::blob::FileId;
 use crate::error::IoContext;
@@ -238,7 +238,7 @@ impl Store {
             let now = to_sql_int(self.now());
             let missing = &report.missing_blobs;
             self.with_conn(|c| {
-                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let tx = self.begin_write(c)?;
                 for (d, (csize, lsize)) in &unindexed {
                     tx.execute(
                         "INSERT INTO blobs (digest, csize, lsize, last_access)
