@@ -175,6 +175,50 @@ fn a_failed_rewrite_leaves_no_marker_and_the_next_run_repairs_it() {
     );
 }
 
+/// A rewrite leaves the files that still hold what the record says, and
+/// restores the rest. A file is in place only as a regular file under real
+/// directories: a subdirectory replaced by a symlink to an identical copy
+/// is a directory again after the run (the prune unlinks the link, so the
+/// files behind it must be written anew).
+#[test]
+fn a_rewrite_restores_edits_and_replaces_a_symlinked_subdirectory() {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    ok(
+        &charly(&project, &cache, &GEN).output().expect("run"),
+        "first",
+    );
+    let reference = tree(&project.join(".build"));
+    let sub = project.join(".build/hello/_inline/hello-tools");
+    assert!(sub.is_dir(), "the example stages files below _inline");
+    let copy = project.join("stash");
+    std::fs::create_dir_all(&copy).expect("copy dir");
+    for e in std::fs::read_dir(&sub).expect("list") {
+        let e = e.expect("entry");
+        std::fs::copy(e.path(), copy.join(e.file_name())).expect("copy");
+    }
+    std::fs::remove_dir_all(&sub).expect("rm");
+    std::os::unix::fs::symlink(&copy, &sub).expect("ln");
+    let cf = project.join(".build/hello/Containerfile");
+    let mut text = std::fs::read_to_string(&cf).expect("read");
+    text.push_str("# edited by hand\n");
+    std::fs::write(&cf, text).expect("edit");
+    ok(
+        &charly(&project, &cache, &GEN).output().expect("run"),
+        "rerun",
+    );
+    assert!(
+        std::fs::symlink_metadata(&sub).expect("stat").is_dir(),
+        "the symlink was not replaced by a directory"
+    );
+    assert_eq!(
+        reference,
+        tree(&project.join(".build")),
+        "the rerun restores it"
+    );
+}
+
 /// The output root's own checks: a box directory that is a symlink out of
 /// the project is refused, nothing outside changes.
 #[test]

@@ -81,6 +81,26 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
         crate::fsroot::check_rel(Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
     root.create_dir_all(dir_rel).map_err(io(&dir))?;
+    // A build directory is made of real directories: a symlink met where
+    // one of them goes (below the box's directory) is removed, not followed, or the files written
+    // through it would vanish with it when the directory is pruned.
+    // Parents sort before their children, so a removed link is not
+    // looked through.
+    let subdirs: BTreeSet<&Path> = d
+        .files
+        .keys()
+        .flat_map(|rel| {
+            Path::new(rel)
+                .ancestors()
+                .skip(1)
+                .take_while(|a| *a != dir_rel && a.starts_with(dir_rel))
+        })
+        .collect();
+    for sub in subdirs {
+        if std::fs::symlink_metadata(out.join(sub)).is_ok_and(|m| m.file_type().is_symlink()) {
+            root.remove(sub).map_err(io(&out.join(sub)))?;
+        }
+    }
     let mut written = Vec::new();
     let cf_rel = dir_rel.join("Containerfile");
     let cf = out.join(&cf_rel);
