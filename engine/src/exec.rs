@@ -32,7 +32,7 @@ use charly_rules::emit::{EmitOptions, Staged};
 use charly_rules::naming;
 use charly_rules::resolve::ResolvedBox;
 use petgraph::stable_graph::NodeIndex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -649,24 +649,48 @@ fn materialize_record(
     let marker = root.join(&marker_rel);
     let key = cf.key.to_hex();
     // The marker alone is not trusted: every file must still hold what the
-    // record says (a hand edit of a generated file is undone).
+    // record says (a hand edit of a generated file is undone). A file
+    // that does is not fetched from the store nor written again: an edit
+    // to one candy changes a file or two of each box it is in.
     //
     // A directory that verifies is not searched for temp files: the marker
     // goes before a rewrite starts and comes back as its last rename, so a
     // writer killed in between leaves no marker, and its directory is swept
     // below on the next run. (The walk cost ~half of writing 1,000 build
     // directories that were all in place.)
-    if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
-        && root.join(&dir).join("Containerfile").is_file()
-        && rec.outputs.iter().all(|(name, o)| {
-            outputs::file_path(name).is_none_or(|path| {
-                let p = root.join(path);
-                std::fs::metadata(&p).is_ok_and(|m| {
-                    m.len() == o.size && ctx.hasher.digest(&p).is_ok_and(|d| d == o.digest.to_hex())
-                })
-            })
+    let containerfile = format!("{dir}/Containerfile");
+    let mut in_place = BTreeSet::new();
+    let mut all_in_place = std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key);
+    // Below the box's directory, a file is in place only as a regular
+    // file under real directories: one reached through a symlink would be
+    // pruned away with the link.
+    let mut real_dirs: HashMap<PathBuf, bool> = HashMap::new();
+    let mut no_links = |p: &Path| {
+        let base = root.join(&dir);
+        p.ancestors().skip(1).take_while(|a| *a != base).all(|a| {
+            *real_dirs
+                .entry(a.to_path_buf())
+                .or_insert_with(|| std::fs::symlink_metadata(a).is_ok_and(|m| m.is_dir()))
         })
-    {
+    };
+    for (name, o) in &rec.outputs {
+        let Some(path) = outputs::file_path(name) else {
+            continue;
+        };
+        let p = root.join(path);
+        let holds = std::fs::symlink_metadata(&p).is_ok_and(|m| {
+            m.is_file()
+                && m.len() == o.size
+                && no_links(&p)
+                && ctx.hasher.digest(&p).is_ok_and(|d| d == o.digest.to_hex())
+        });
+        if !holds {
+            all_in_place = false;
+        } else if path != containerfile {
+            in_place.insert(path.to_string());
+        }
+    }
+    if all_in_place && root.join(&containerfile).is_file() {
         return Ok((dir, lock));
     }
     drop(t);
@@ -684,6 +708,9 @@ fn materialize_record(
         let Some(path) = outputs::file_path(name) else {
             continue;
         };
+        if in_place.contains(path) {
+            continue;
+        }
         let bytes = ctx
             .store
             .get_blob(&o.digest)?
@@ -691,7 +718,7 @@ fn materialize_record(
                 node: cf.id.clone(),
                 output: name.clone(),
             })?;
-        if path == format!("{dir}/Containerfile") {
+        if path == containerfile {
             d.containerfile = String::from_utf8_lossy(&bytes).into_owned();
         } else {
             d.files
@@ -712,7 +739,8 @@ fn materialize_record(
             }
         }
     }
-    crate::generate::write(root, &d).map_err(|e| ExecError::Io(e.to_string()))?;
+    crate::generate::write_keeping(root, &d, &in_place)
+        .map_err(|e| ExecError::Io(e.to_string()))?;
     froot
         .write_output_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
         .map_err(io(marker.display()))?;

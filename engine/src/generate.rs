@@ -69,6 +69,17 @@ pub const KEY_MARKER: &str = ".charly-key";
 /// may lead out of `out`, and stale files are removed without following
 /// symlinks. A hostile `BuildDir` gets an error and changes nothing outside.
 pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
+    write_keeping(out, d, &BTreeSet::new())
+}
+
+/// [`write`], leaving the files `in_place` (paths relative to `out`, as
+/// `d.files` names them) untouched and not pruned: the caller found them
+/// holding what `d` would write there, and left them out of `d.files`.
+pub fn write_keeping(
+    out: &Path,
+    d: &BuildDir,
+    in_place: &BTreeSet<String>,
+) -> Result<Vec<PathBuf>, GenerateError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| GenerateError::Io { path, source }
@@ -77,7 +88,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     let dir_rel = Path::new(&d.dir);
     let dir = out.join(dir_rel);
     crate::fsroot::check_rel(dir_rel).map_err(io(&dir))?;
-    for rel in d.files.keys().chain(d.layers.keys()) {
+    for rel in d.files.keys().chain(d.layers.keys()).chain(in_place) {
         crate::fsroot::check_rel(Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
     root.create_dir_all(dir_rel).map_err(io(&dir))?;
@@ -110,6 +121,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     let mut keep: BTreeSet<PathBuf> = BTreeSet::new();
     keep.insert(cf_rel);
     keep.insert(dir_rel.join(KEY_MARKER));
+    keep.extend(in_place.iter().map(PathBuf::from));
     for (rel, staged) in &d.files {
         let path = out.join(rel);
         match staged {
