@@ -26,7 +26,7 @@ use tempfile::NamedTempFile;
 
 use crate::error::IoContext;
 use crate::frames::{BATCH, Dest, FrameWriter, ReadOutcome, read_blob, read_full};
-use crate::store::{from_sql_int, to_sql_int};
+use crate::store::{ACCESS_RESOLUTION_SECS, from_sql_int, to_sql_int};
 use crate::{BlobDigest, CacheError, Output, Store};
 
 fn fsync_dir(dir: &Path) -> Result<(), CacheError> {
@@ -88,8 +88,13 @@ impl Store {
     fn put_bytes(&self, bytes: &[u8], sync: bool) -> Result<BlobDigest, CacheError> {
         let d = BlobDigest::of(bytes);
         let len = bytes.len() as u64;
-        // Common case: already stored, so nothing to compress.
-        if self.has_blob(&d) && self.commit_blob(&d, len, None, sync)? {
+        // Common case: already stored, so nothing to compress; and when its
+        // index row is right and was accessed moments ago, nothing to write
+        // either (a rewritten build directory stores again the dozens of
+        // files it shares with the last run: each was a write transaction).
+        if self.has_blob(&d)
+            && (self.indexed_recently(&d, len)? || self.commit_blob(&d, len, None, sync)?)
+        {
             return Ok(d);
         }
         let mut tmp = self.new_temp()?;
@@ -353,6 +358,24 @@ impl Store {
         })
     }
 
+    /// Whether the blob's index row says `lsize` and an access within
+    /// [`ACCESS_RESOLUTION_SECS`]: storing it again would change nothing
+    /// (the access time is kept to that resolution, and GC spares even an
+    /// unreferenced blob for far longer after it).
+    fn indexed_recently(&self, d: &BlobDigest, lsize: u64) -> Result<bool, CacheError> {
+        let now = self.now();
+        self.with_conn(|c| {
+            let row: Option<(i64, i64)> = c
+                .prepare_cached("SELECT lsize, last_access FROM blobs WHERE digest = ?1")?
+                .query_row([d.to_hex()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            Ok(row.is_some_and(|(l, at)| {
+                from_sql_int(l) == lsize
+                    && now < from_sql_int(at).saturating_add(ACCESS_RESOLUTION_SECS)
+            }))
+        })
+    }
+
     fn touch_blob(&self, d: &BlobDigest) -> Result<(), CacheError> {
         let now = self.now();
         self.queue_touch(|t| {
@@ -543,5 +566,57 @@ mod tests {
         store.quarantine(&d, current).expect("quarantine");
         assert!(!store.has_blob(&d));
         assert_eq!(store.stats().expect("stats").quarantined, 1);
+    }
+
+    /// Storing a blob again writes its index row only when that row is
+    /// wrong or its access time is older than the resolution.
+    #[test]
+    fn storing_a_blob_again_writes_only_what_would_change() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut store = Store::open(tmp.path()).expect("open");
+        store.clock = crate::store::Clock::Manual(std::sync::atomic::AtomicU64::new(1_000_000));
+        let at = |store: &Store, d: &BlobDigest| -> (i64, i64) {
+            store
+                .with_conn(|c| {
+                    Ok(c.query_row(
+                        "SELECT lsize, last_access FROM blobs WHERE digest = ?1",
+                        [d.to_hex()],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?)
+                })
+                .expect("row")
+        };
+        let advance = |store: &Store, secs: u64| match &store.clock {
+            crate::store::Clock::Manual(t) => {
+                t.fetch_add(secs, Ordering::SeqCst);
+            }
+            crate::store::Clock::System => unreachable!(),
+        };
+        let d = store.put_derived_blob(b"shared file").expect("put");
+        assert_eq!(at(&store, &d), (11, 1_000_000));
+        advance(&store, ACCESS_RESOLUTION_SECS - 1);
+        store.put_derived_blob(b"shared file").expect("again");
+        assert_eq!(
+            at(&store, &d),
+            (11, 1_000_000),
+            "a recent access is not rewritten"
+        );
+        advance(&store, 1);
+        store.put_derived_blob(b"shared file").expect("later");
+        let later = 1_000_000 + i64::try_from(ACCESS_RESOLUTION_SECS).expect("small");
+        assert_eq!(
+            at(&store, &d),
+            (11, later),
+            "an old access is brought up to date"
+        );
+        // A wrong row is corrected, however recent.
+        store
+            .with_conn(|c| {
+                c.execute("UPDATE blobs SET lsize = 3 WHERE digest = ?1", [d.to_hex()])?;
+                Ok(())
+            })
+            .expect("damage");
+        store.put_derived_blob(b"shared file").expect("repair");
+        assert_eq!(at(&store, &d).0, 11);
     }
 }

@@ -42,7 +42,7 @@ pub(crate) const TOUCH_BATCH: usize = 1024;
 
 /// A record read again within this many seconds of its recorded last access
 /// is not touched again: LRU at minute resolution is plenty for GC.
-const ACCESS_RESOLUTION_SECS: u64 = 60;
+pub(crate) const ACCESS_RESOLUTION_SECS: u64 = 60;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS blobs (
