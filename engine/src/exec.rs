@@ -674,40 +674,44 @@ fn materialize_record(
     // below on the next run. (The walk cost ~half of writing 1,000 build
     // directories that were all in place.)
     let containerfile = format!("{dir}/Containerfile");
-    let mut in_place = BTreeSet::new();
-    let mut all_in_place = std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key);
-    // Below the box's directory, a file is in place only as a regular
-    // file under real directories: one reached through a symlink would be
-    // pruned away with the link.
+    let files: Vec<(&str, &Output)> = rec
+        .outputs
+        .iter()
+        .filter_map(|(name, o)| outputs::file_path(name).map(|path| (path, o)))
+        .collect();
+    let holds = |p: &Path, o: &Output| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| {
+            m.is_file()
+                && m.len() == o.size
+                && ctx.hasher.digest(p).is_ok_and(|d| d == o.digest.to_hex())
+        })
+    };
+    if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
+        && root.join(&containerfile).is_file()
+        && files.iter().all(|(path, o)| holds(&root.join(path), o))
+    {
+        return Ok((dir, lock));
+    }
+    // Kept through the rewrite: files in place as regular files under real
+    // directories (one reached through a symlink would be pruned away with
+    // the link).
+    let base = root.join(&dir);
     let mut real_dirs: HashMap<PathBuf, bool> = HashMap::new();
     let mut no_links = |p: &Path| {
-        let base = root.join(&dir);
         p.ancestors().skip(1).take_while(|a| *a != base).all(|a| {
             *real_dirs
                 .entry(a.to_path_buf())
                 .or_insert_with(|| std::fs::symlink_metadata(a).is_ok_and(|m| m.is_dir()))
         })
     };
-    for (name, o) in &rec.outputs {
-        let Some(path) = outputs::file_path(name) else {
-            continue;
-        };
-        let p = root.join(path);
-        let holds = std::fs::symlink_metadata(&p).is_ok_and(|m| {
-            m.is_file()
-                && m.len() == o.size
-                && no_links(&p)
-                && ctx.hasher.digest(&p).is_ok_and(|d| d == o.digest.to_hex())
-        });
-        if !holds {
-            all_in_place = false;
-        } else if path != containerfile {
-            in_place.insert(path.to_string());
-        }
-    }
-    if all_in_place && root.join(&containerfile).is_file() {
-        return Ok((dir, lock));
-    }
+    let in_place: BTreeSet<String> = files
+        .iter()
+        .filter(|(path, o)| {
+            let p = root.join(path);
+            *path != containerfile && holds(&p, o) && no_links(&p)
+        })
+        .map(|(path, _)| path.to_string())
+        .collect();
     drop(t);
     froot.remove(&marker_rel).map_err(io(marker.display()))?;
     // Temp files of killed writers in the box's directory (the shared
