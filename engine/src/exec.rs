@@ -626,7 +626,7 @@ fn box_lock_rel(dir: &str) -> Result<PathBuf, ExecError> {
 /// charly processes (and boxes) writing or building the same directory wait
 /// for each other instead of failing, and podman reads a directory nobody
 /// is rewriting while the lock is held. Temp files a killed writer left in
-/// the output root are removed here.
+/// the box's directory are removed when it is rewritten.
 pub fn materialize_locked(
     ctx: &Ctx<'_>,
     graph: &Graph,
@@ -670,9 +670,9 @@ fn materialize_record(
     //
     // A directory that verifies is not searched for temp files: the marker
     // goes before a rewrite starts and comes back as its last rename, so a
-    // writer killed in between leaves no marker, and its directory is swept
-    // below on the next run. (The walk cost ~half of writing 1,000 build
-    // directories that were all in place.)
+    // writer killed in between leaves no marker, and its directory is
+    // rewritten (its temp files pruned) on the next run. (Searching cost
+    // ~half of writing 1,000 build directories that were all in place.)
     let containerfile = format!("{dir}/Containerfile");
     let files: Vec<(&str, &Output)> = rec
         .outputs
@@ -713,12 +713,10 @@ fn materialize_record(
         .map(|(path, _)| path.to_string())
         .collect();
     drop(t);
+    // Temp files of killed writers in the box's directory go with the
+    // rewrite's prune (the shared ones: [`sweep_shared`]); live writers
+    // keep theirs.
     froot.remove(&marker_rel).map_err(io(marker.display()))?;
-    // Temp files of killed writers in the box's directory (the shared
-    // ones: [`sweep_shared`]). Live writers keep theirs.
-    let t = crate::timings::phase("write: sweep");
-    let _ = froot.sweep_temps(Path::new(&dir), true);
-    drop(t);
     let mut d = charly_rules::emit::BuildDir {
         dir: dir.clone(),
         ..Default::default()

@@ -683,9 +683,8 @@ impl Root {
     /// Makes the directory `rel` hold only what `keep` accepts: every
     /// other file or symlink below it is removed, then every directory
     /// left empty. `keep` sees paths relative to the root; a directory it
-    /// keeps is not entered. Symlinks are never followed. Temp files are
-    /// left to [`Root::sweep_temps`], which knows a live writer's from a
-    /// dead one's.
+    /// keeps is not entered. Symlinks are never followed. A temp file is
+    /// removed only when its writer is dead, as [`Root::sweep_temps`] does.
     pub fn prune(&self, rel: &Path, keep: &dyn Fn(&Path, bool) -> bool) -> io::Result<()> {
         let r = self.resolve(rel, false, false)?;
         let fd = self.open_dir_of(&r, rel)?;
@@ -850,7 +849,9 @@ fn prune_dir(fd: &OwnedFd, rel: &Path, keep: &dyn Fn(&Path, bool) -> bool) -> io
             prune_dir(&sub, &p, keep)?;
             // Only succeeds when empty.
             let _ = rustix::fs::unlinkat(fd, name.as_os_str(), AtFlags::REMOVEDIR);
-        } else if !keep(&p, false) && !is_temp_name(&name) {
+        } else if is_temp_name(&name) {
+            remove_if_dead(fd, &name)?;
+        } else if !keep(&p, false) {
             match rustix::fs::unlinkat(fd, name.as_os_str(), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(from_rustix(e)),
@@ -879,31 +880,36 @@ fn sweep_dir(
         {
             continue;
         }
-        let f = match rustix::fs::openat(
-            fd,
-            name.as_os_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(f) => File::from(f),
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => {
-                left.push((shown.join(&name), e.to_string()));
-                continue;
-            }
-        };
-        match f.try_lock() {
-            // Its writer is gone: nobody will rename it any more.
-            Ok(()) => match rustix::fs::unlinkat(fd, name.as_os_str(), AtFlags::empty()) {
-                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-                Err(e) => left.push((shown.join(&name), e.to_string())),
-            },
-            // A live writer holds it.
-            Err(std::fs::TryLockError::WouldBlock) => {}
-            Err(std::fs::TryLockError::Error(e)) => left.push((shown.join(&name), e.to_string())),
+        if let Err(e) = remove_if_dead(fd, &name) {
+            left.push((shown.join(&name), e.to_string()));
         }
     }
     Ok(())
+}
+
+/// Removes the temp file `name` in `fd` if its writer is dead (its lock
+/// can be taken); a live writer's is left alone. Absent is fine.
+fn remove_if_dead(fd: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let f = match rustix::fs::openat(
+        fd,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(f) => File::from(f),
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(from_rustix(e)),
+    };
+    match f.try_lock() {
+        // Its writer is gone: nobody will rename it any more.
+        Ok(()) => match rustix::fs::unlinkat(fd, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(from_rustix(e)),
+        },
+        // A live writer holds it.
+        Err(std::fs::TryLockError::WouldBlock) => Ok(()),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
 }
 
 /// Writes `bytes` to `path` unless it already holds them, atomically (a
@@ -1064,7 +1070,7 @@ mod tests {
     }
 
     #[test]
-    fn prune_leaves_temp_files_to_the_sweep() {
+    fn prune_removes_dead_writers_temp_files_and_keeps_live_ones() {
         let (_t, root, _outside) = setup();
         let r = Root::open(&root).expect("open");
         std::fs::create_dir_all(root.join("box/sub")).expect("mkdir");
@@ -1075,14 +1081,19 @@ mod tests {
         ] {
             std::fs::write(root.join(f), "x").expect("write");
         }
+        // A live writer holds the lock of its temp file.
+        let live = root.join("box/.charly-tmp-8-1");
+        std::fs::write(&live, "being written").expect("live");
+        let held = File::open(&live).expect("open live");
+        held.lock().expect("lock");
         r.prune(Path::new("box"), &|_, _| false).expect("prune");
         assert!(!root.join("box/stale").exists(), "a stale file is pruned");
-        assert!(root.join("box/.charly-tmp-7-1").exists());
-        assert!(root.join("box/sub/.charly-tmp-7-2").exists());
-        // Their writer is dead (no lock held): the sweep takes them.
-        r.sweep_temps(Path::new("box"), true).expect("sweep");
         assert!(!root.join("box/.charly-tmp-7-1").exists());
-        assert!(!root.join("box/sub/.charly-tmp-7-2").exists());
+        assert!(
+            !root.join("box/sub").exists(),
+            "emptied of a dead temp file"
+        );
+        assert!(live.exists(), "a live writer's temp file was removed");
     }
 
     #[test]
