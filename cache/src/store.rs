@@ -383,17 +383,11 @@ pub struct SeenBlobs(Mutex<std::collections::HashSet<BlobDigest>>);
 
 impl SeenBlobs {
     fn contains(&self, d: &BlobDigest) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(d)
+        lock_ignoring_poison(&self.0).contains(d)
     }
 
     fn insert(&self, d: BlobDigest) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(d);
+        lock_ignoring_poison(&self.0).insert(d);
     }
 }
 

@@ -6,7 +6,8 @@
 
 use charly_testutil as project_copy;
 use project_copy::{example, hold_lock, tree};
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn charly(project: &Path, cache: &Path, args: &[&str]) -> Command {
@@ -36,6 +37,25 @@ const GEN: [&str; 6] = [
     "--no-journal",
     "--dev-local-pkg",
 ];
+
+/// A copy of the example generated once (`GEN`): its temp directory, the
+/// store, the project and the `.build` tree that run left.
+fn generated_example() -> (
+    tempfile::TempDir,
+    PathBuf,
+    PathBuf,
+    BTreeMap<String, String>,
+) {
+    let t = tempfile::tempdir().expect("tmp");
+    let cache = t.path().join("cache");
+    let project = project_copy::copy_project(&example(), &t.path().join("project"));
+    ok(
+        &charly(&project, &cache, &GEN).output().expect("run"),
+        "first",
+    );
+    let reference = tree(&project.join(".build"));
+    (t, cache, project, reference)
+}
 
 #[test]
 fn two_concurrent_generates_both_succeed_and_agree_with_one_run() {
@@ -136,14 +156,7 @@ fn temp_files_of_killed_writers_are_removed_live_ones_kept() {
 /// so the next run does not trust what is there: it rewrites it whole.
 #[test]
 fn a_failed_rewrite_leaves_no_marker_and_the_next_run_repairs_it() {
-    let t = tempfile::tempdir().expect("tmp");
-    let cache = t.path().join("cache");
-    let project = project_copy::copy_project(&example(), &t.path().join("project"));
-    ok(
-        &charly(&project, &cache, &GEN).output().expect("run"),
-        "first",
-    );
-    let reference = tree(&project.join(".build"));
+    let (_t, cache, project, reference) = generated_example();
     let dir = project.join(".build/hello");
     let marker = dir.join(".charly-key");
     assert!(marker.is_file(), "a written directory has its marker");
@@ -182,14 +195,7 @@ fn a_failed_rewrite_leaves_no_marker_and_the_next_run_repairs_it() {
 /// files behind it must be written anew).
 #[test]
 fn a_rewrite_restores_edits_and_replaces_a_symlinked_subdirectory() {
-    let t = tempfile::tempdir().expect("tmp");
-    let cache = t.path().join("cache");
-    let project = project_copy::copy_project(&example(), &t.path().join("project"));
-    ok(
-        &charly(&project, &cache, &GEN).output().expect("run"),
-        "first",
-    );
-    let reference = tree(&project.join(".build"));
+    let (_t, cache, project, reference) = generated_example();
     let sub = project.join(".build/hello/_inline/hello-tools");
     assert!(sub.is_dir(), "the example stages files below _inline");
     let copy = project.join("stash");

@@ -759,7 +759,7 @@ fn materialize_record(
     crate::generate::write_keeping(root, &d, &in_place)
         .map_err(|e| ExecError::Io(e.to_string()))?;
     froot
-        .write_output_if_changed(&Path::new(&dir).join(KEY_MARKER), key.as_bytes())
+        .write_output_if_changed(&marker_rel, key.as_bytes())
         .map_err(io(marker.display()))?;
     Ok((dir, lock))
 }
