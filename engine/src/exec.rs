@@ -400,42 +400,30 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
             let b = rbox(ctx, box_name)?;
             let opts = emit_options(ctx, b, *prebuilt);
             let mut fragments = Vec::new();
-            // The fragments' staged files, by path. The emitter places them
-            // as they are, after everything else it stages (a later
-            // fragment's file wins a path): they become this node's outputs
-            // by digest, never read (most are the same in the last run).
-            let mut staged: BTreeMap<String, Output> = BTreeMap::new();
             for k in &b.candies {
                 let Some(fi) = graph.index(&NodeId::fragment(box_name, k)) else {
                     continue;
                 };
                 let fnode = &graph.g[fi];
-                // The text is read; each file's blob is only looked for (a
-                // missing one a miss, as a failed read is): no key inputs,
-                // no blob lookups up front.
+                // Every output of the fragment is read here, each blob
+                // fetched (and a missing one a miss): no key inputs, no
+                // blob lookups up front.
                 let (text, files) = read_node_by(ctx, graph, fi, Store::read_record, |rec| {
                     let text =
                         String::from_utf8_lossy(&record_output(ctx, fnode, rec, outputs::TEXT)?)
                             .into_owned();
-                    let mut files = Vec::new();
-                    for (name, o) in &rec.outputs {
+                    let mut files = BTreeMap::new();
+                    for name in rec.outputs.keys() {
                         if let Some(path) = outputs::file_path(name) {
-                            if !ctx.store.has_blob(&o.digest) {
-                                return Err(ExecError::MissingOutput {
-                                    node: fnode.id.clone(),
-                                    output: name.clone(),
-                                });
-                            }
-                            files.push((path.to_string(), o.clone()));
+                            files.insert(path.to_string(), record_output(ctx, fnode, rec, name)?);
                         }
                     }
                     Ok((text, files))
                 })?;
-                staged.extend(files);
                 fragments.push(Fragment {
                     candy: k.clone(),
                     text,
-                    files: BTreeMap::new(),
+                    files,
                 });
             }
             let d = assemble(ctx.project, b, &fragments, &opts)?;
@@ -449,9 +437,6 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError
                     Staged::CopyOf(src) => std::fs::read(&src).map_err(io(src.display()))?,
                 };
                 out.files.insert(outputs::file(&path), Out::Bytes(bytes));
-            }
-            for (path, o) in staged {
-                out.files.insert(outputs::file(&path), Out::Stored(o));
             }
             out.meta = outputs::write_meta(&ContainerfileMeta {
                 dir: d.dir.clone(),
