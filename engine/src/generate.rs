@@ -93,10 +93,10 @@ pub fn write_keeping(
     }
     root.create_dir_all(dir_rel).map_err(io(&dir))?;
     // A build directory is made of real directories: a symlink met where
-    // one of them goes (below the box's directory) is removed, not followed, or the files written
-    // through it would vanish with it when the directory is pruned.
-    // Parents sort before their children, so a removed link is not
-    // looked through.
+    // one of them goes (below the box's directory) is removed, not
+    // followed, or the files written through it would vanish with it when
+    // the directory is pruned. Parents sort before their children, so a
+    // removed link is not looked through.
     let subdirs: BTreeSet<&Path> = d
         .files
         .keys()
@@ -140,8 +140,8 @@ pub fn write_keeping(
     for (rel, src) in &d.layers {
         copy_tree(&root, src, Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
-    // Remove files an earlier run staged that this one does not use (temp
-    // files a killed writer left are the sweep's: `Root::sweep_temps`).
+    // Remove files an earlier run staged that this one does not use, and
+    // the temp files of killed writers (a live writer's is kept).
     root.prune(dir_rel, &|p, is_dir| {
         keep.contains(p) || (is_dir && is_build_output(dir_rel, p))
     })
