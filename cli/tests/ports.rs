@@ -139,3 +139,29 @@ fn an_unknown_protocol_is_a_located_warning_and_a_bad_port_an_error() {
         );
     }
 }
+
+/// A port the emitters cannot read is refused at load by every command, not
+/// only by `validate`: before, `box generate` dropped its `EXPOSE` without a
+/// word (found by the injection property test with `port: "a"`).
+#[test]
+fn generate_refuses_a_bad_port_at_its_location() {
+    let t = project(r#"["http"]"#);
+    let store = tempfile::tempdir().expect("store");
+    let out = charly(
+        t.path(),
+        store.path(),
+        &["box", "generate", "b", "--stdout", "--no-journal"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        err.contains("port `http` must be a number 1-65535")
+            && err.contains("candy/a/charly.yml:4"),
+        "{err}"
+    );
+}

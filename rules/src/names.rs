@@ -29,6 +29,7 @@
 //! | [`token`] | no whitespace, no `\`, no control character, no Unicode line break | paths, URLs, package names, modes, caps: a single Containerfile/shell token |
 //! | [`package`] | `[A-Za-z0-9@_][A-Za-z0-9@_+.:=<>*~/-]*` | packages, copr projects, modules, excludes, keys |
 //! | [`path`] | a token without quotes, backticks or `$(` | task paths, `path_append:`, volume paths, home |
+//! | [`port`] | `N` or `proto:N`, N 1-65535, proto `[a-z+-]+` (`#Port`) | a candy's `port:` (becomes `EXPOSE N`) |
 //! | [`single_line`] | no control character (tab allowed), no Unicode line break, no trailing `\` | free text written on one line (comments, repo fields, service fields) |
 //!
 //! Free text that is meant to span lines (`cmd:`, `content:`, shell `init:`)
@@ -233,6 +234,18 @@ pub fn token(s: &str) -> Result<(), Why> {
         Err("must be one word: no spaces, backslashes, line breaks or control characters")
     } else {
         Ok(())
+    }
+}
+
+/// A candy port: `N` or `proto:N` ([`crate::validate::parse_port`]). Checked
+/// at load, not only by `validate`: a port the emitters cannot read would
+/// otherwise drop its `EXPOSE` without a word.
+pub fn port(s: &str) -> Result<(), Why> {
+    match crate::validate::parse_port(s) {
+        Some(_) => Ok(()),
+        None => Err(
+            "must be a number 1-65535, optionally with a protocol (`tcp:2222`, `udp:53`, `https+insecure:3000`)",
+        ),
     }
 }
 
@@ -587,7 +600,7 @@ impl Checker {
             }
         }
         for p in &d.port {
-            self.spanned(p, "port", token);
+            self.spanned(p, "port", port);
         }
         for v in &d.volume {
             self.spanned(&v.name, "volume name", entity);

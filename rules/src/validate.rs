@@ -106,11 +106,8 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
         }
     }
     for p in &def.port {
+        // A port that does not parse is refused at load (`crate::names::port`).
         match parse_port(&p.value) {
-            None => out.push(Diagnostic::error(
-                p.span,
-                format!("port `{}` must be a number 1-65535, optionally with a protocol (`tcp:2222`, `udp:53`, `https+insecure:3000`)", p.value),
-            )),
             Some((proto, _)) if !PORT_PROTOCOLS.contains(&proto.as_str()) => {
                 let mut d = Diagnostic::warning(
                     p.span,
@@ -124,7 +121,7 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
                 }
                 out.push(d);
             }
-            Some(_) => {}
+            _ => {}
         }
     }
     // Volume names, env and var keys are checked at load (`crate::names`).
