@@ -665,11 +665,9 @@ fn materialize_record(
         .filter_map(|(name, o)| outputs::file_path(name).map(|path| (path, o)))
         .collect();
     let holds = |p: &Path, o: &Output| {
-        std::fs::symlink_metadata(p).is_ok_and(|m| {
-            m.is_file()
-                && m.len() == o.size
-                && ctx.hasher.digest(p).is_ok_and(|d| d == o.digest.to_hex())
-        })
+        ctx.hasher
+            .regular_file(p)
+            .is_ok_and(|f| f.is_some_and(|(size, d)| size == o.size && d == o.digest))
     };
     if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
         && root.join(&containerfile).is_file()

@@ -205,7 +205,30 @@ impl FileHasher {
     pub fn digest(&self, path: &Path) -> std::io::Result<String> {
         let now = now_ns();
         let meta = std::fs::metadata(path)?;
-        let stat = Stat::of(&meta);
+        self.digest_of(path, &meta, now).map(|d| d.to_hex())
+    }
+
+    /// The size and digest of `path` when it is a regular file itself (not
+    /// a symlink to one); `None` for anything else. One stat: verifying a
+    /// build directory asks this of every file in it.
+    pub fn regular_file(&self, path: &Path) -> std::io::Result<Option<(u64, BlobDigest)>> {
+        let now = now_ns();
+        let meta = std::fs::symlink_metadata(path)?;
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        Ok(Some((meta.len(), self.digest_of(path, &meta, now)?)))
+    }
+
+    /// [`FileHasher::digest`] given the file's metadata, read at or after
+    /// `now`.
+    fn digest_of(
+        &self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        now: i64,
+    ) -> std::io::Result<BlobDigest> {
+        let stat = Stat::of(meta);
         let key = key_of(path);
         let known = match self.overlay.lock() {
             Ok(m) => match m.get(key) {
@@ -217,7 +240,7 @@ impl FileHasher {
         if let Some((s, d)) = known
             && s == stat
         {
-            return Ok(d.to_hex());
+            return Ok(d);
         }
         let digest = hash_file(path, meta.len())?;
         self.hashed
@@ -238,7 +261,7 @@ impl FileHasher {
                 self.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        Ok(digest.to_hex())
+        Ok(digest)
     }
 
     /// Drops the entries of files that no longer exist (a stat each) and
@@ -330,6 +353,27 @@ pub fn hash_file(path: &Path, size: u64) -> std::io::Result<BlobDigest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `regular_file` answers for regular files only, with the digest
+    /// `digest` gives, and from the stat cache the second time.
+    #[test]
+    fn regular_file_is_size_and_digest_of_regular_files_only() {
+        let t = tempfile::tempdir().expect("tmp");
+        let f = t.path().join("f");
+        std::fs::write(&f, b"bytes").expect("write");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&f, &link).expect("symlink");
+        let mut h = FileHasher::in_memory();
+        h.racy_ns = 0;
+        let want = BlobDigest::from_bytes(*blake3::hash(b"bytes").as_bytes());
+        assert_eq!(h.regular_file(&f).expect("f"), Some((5, want)));
+        assert_eq!(h.regular_file(&f).expect("f"), Some((5, want)));
+        assert_eq!(h.hashed_count(), 1, "the second answer came from the cache");
+        assert_eq!(h.digest(&f).expect("f"), want.to_hex());
+        assert_eq!(h.regular_file(&link).expect("link"), None);
+        assert_eq!(h.regular_file(t.path()).expect("dir"), None);
+        assert!(h.regular_file(&t.path().join("missing")).is_err());
+    }
 
     /// A cache written when stats were kept as i128 (the encoding is the
     /// same) still serves its digests; a bad digest only drops its entry.
