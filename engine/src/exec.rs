@@ -57,14 +57,15 @@ pub fn fragment(
     box_name: &str,
     candy: &str,
     index: usize,
-    steps: &[charly_rules::plan::InstallStep],
+    steps: &crate::graph::FragmentSteps,
 ) -> Result<Fragment, ExecError> {
     let b = rbox(ctx, box_name)?;
+    let steps = steps.get(ctx.project, b, candy)?;
     Ok(render_candy_fragment(
         ctx.project,
         b,
         candy,
-        steps,
+        &steps,
         fragment_is_last(ctx.project, b, index),
         &ctx.emit,
     )?)

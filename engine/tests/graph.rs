@@ -682,6 +682,67 @@ fn generated() -> (World, Store) {
     (w, store)
 }
 
+/// A keyed graph holds no fragment's steps (at 10,000 candies they were
+/// the largest thing a run kept), and a fragment that runs then compiles
+/// its candy again: what it stores is what the held steps render.
+#[test]
+fn a_keyed_graph_releases_fragment_steps_and_runs_render_them_again() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (g, s) = run(
+        &w,
+        &store,
+        &Goal::Generate,
+        &["left"],
+        &FakeRunner::new(),
+        2,
+    );
+    assert!(s.ok(), "{s:#?}");
+    let (p, r) = w.open();
+    let mut fragments = 0;
+    for i in g.g.node_indices() {
+        let n = &g.g[i];
+        let charly_engine::graph::Work::Fragment {
+            box_name,
+            candy,
+            index,
+            steps,
+        } = &n.work
+        else {
+            continue;
+        };
+        let b = r.get(box_name).expect("resolves");
+        assert!(!steps.is_held(), "{} still holds its steps", n.id);
+        // Rendered from a fresh compile of the candy, as the graph's
+        // builder compiles it.
+        let cx = charly_rules::plan::CompileContext::of(b, candy);
+        let mut steps =
+            charly_rules::plan::compile_candy_steps(&p, &cx, candy, &Default::default())
+                .expect("compiles");
+        for s in &mut steps {
+            s.resolve_home(&cx.user.home);
+        }
+        fragments += usize::from(!steps.is_empty());
+        let want = charly_rules::emit::containerfile::render_candy_fragment(
+            &p,
+            b,
+            candy,
+            &steps,
+            charly_rules::emit::containerfile::fragment_is_last(&p, b, *index),
+            &charly_engine::layers::base_emit_options(&r, &Default::default()),
+        )
+        .expect("renders")
+        .text;
+        let rec = store.get_record(&n.key).expect("store").expect("record");
+        let got = store
+            .get_blob(&rec.outputs[charly_engine::outputs::TEXT].digest)
+            .expect("store")
+            .expect("blob");
+        assert_eq!(String::from_utf8_lossy(&got), want, "{}", n.id);
+    }
+    assert!(fragments > 1, "fragments with steps: {fragments}");
+}
+
 /// Generates box `left`, then bumps its version (a box fact).
 fn generated_then_version_bumped() -> (World, Store) {
     let (w, store) = generated();

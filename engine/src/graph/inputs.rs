@@ -35,7 +35,10 @@ impl Builder<'_> {
                 candy,
                 index,
                 steps,
-            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps, steps_json)?,
+            } => {
+                let steps = steps.get(self.p, self.rbox(box_name)?, candy)?;
+                self.fragment_inputs(&mut k, box_name, candy, *index, &steps, steps_json)?
+            }
             Work::Containerfile { box_name, prebuilt } => {
                 self.containerfile_inputs(&mut k, box_name, *prebuilt)?
             }

@@ -75,8 +75,9 @@ pub enum Work {
         /// Position in the box.
         index: usize,
         /// The candy's plan's steps (target oci, home resolved), shared
-        /// with every box that compiles the candy alike.
-        steps: OciSteps,
+        /// with every box that compiles the candy alike; released once the
+        /// graph is keyed.
+        steps: FragmentSteps,
     },
     /// Assemble a box's build directory.
     Containerfile {
@@ -494,6 +495,19 @@ impl<'a> Builder<'a> {
         self.graph.g.shrink_to_fit();
         self.compute_keys(hasher)?;
         self.merge_layers();
+        // Keyed: the fragments' steps go (see [`FragmentSteps`]), freed on
+        // a pool thread with the memos that shared them.
+        let mut released: Vec<OciSteps> = Vec::new();
+        for n in self.graph.g.node_weights_mut() {
+            if let Work::Fragment { steps, .. } = &mut n.work {
+                released.extend(steps.0.take());
+            }
+        }
+        let memos = (
+            std::mem::take(&mut self.compiled),
+            std::mem::take(&mut self.plans),
+        );
+        rayon::spawn(move || drop((released, memos)));
         Ok(self.graph)
     }
 
@@ -654,7 +668,7 @@ impl<'a> Builder<'a> {
                     box_name: name.into(),
                     candy: k.clone(),
                     index: i,
-                    steps: plans[i].clone(),
+                    steps: FragmentSteps(Some(plans[i].clone())),
                 },
             );
             self.edge(sc, f);
@@ -1007,7 +1021,7 @@ impl<'a> Builder<'a> {
     /// The steps of node `i` when it is a fragment.
     fn fragment_steps(&self, i: NodeIndex) -> Option<&[InstallStep]> {
         match &self.graph.g[i].work {
-            Work::Fragment { steps, .. } => Some(steps),
+            Work::Fragment { steps, .. } => steps.held(),
             _ => None,
         }
     }
@@ -1030,11 +1044,48 @@ impl<'a> Builder<'a> {
 /// every box whose [`CompileContext`] for the candy is the same.
 pub type OciSteps = Arc<Vec<InstallStep>>;
 
+/// A fragment's compiled steps. Keys read them while the graph is built;
+/// [`Builder::finish`] then releases them: held through the run, they were
+/// ~40 MB at 10,000 candies × 1,000 boxes, for the few fragments that run.
+/// A fragment that runs compiles its candy again ([`FragmentSteps::get`]):
+/// compiling is pure, so it gets the steps its key was computed from.
+#[derive(Clone, Debug)]
+pub struct FragmentSteps(Option<OciSteps>);
+
+impl FragmentSteps {
+    /// The steps of candy `candy` in box `b`: held, or compiled again.
+    pub fn get(
+        &self,
+        p: &Project,
+        b: &ResolvedBox,
+        candy: &str,
+    ) -> Result<OciSteps, charly_rules::plan::PlanError> {
+        match &self.0 {
+            Some(s) => Ok(s.clone()),
+            None => compile_oci_steps(p, &CompileContext::of(b, candy), candy),
+        }
+    }
+
+    /// Whether the graph still holds the steps (until it is keyed).
+    pub fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The steps while the graph holds them (until it is keyed).
+    fn held(&self) -> Option<&[InstallStep]> {
+        self.0.as_deref().map(Vec::as_slice)
+    }
+}
+
 /// Compiled candies by (candy key, context).
 type OciMemo = std::collections::HashMap<(String, CompileContext), OciSteps>;
 
 /// Candy `key` compiled in context `cx` for the oci target, home resolved.
-fn compile_oci_steps(p: &Project, cx: &CompileContext, key: &str) -> Result<OciSteps, GraphError> {
+fn compile_oci_steps(
+    p: &Project,
+    cx: &CompileContext,
+    key: &str,
+) -> Result<OciSteps, charly_rules::plan::PlanError> {
     let mut steps = compile_candy_steps(p, cx, key, &HostContext::default())?;
     for s in &mut steps {
         s.resolve_home(&cx.user.home);
