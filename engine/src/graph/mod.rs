@@ -357,41 +357,40 @@ impl Graph {
 
     /// Nodes in a deterministic topological order, or the whole cycle.
     pub fn topo(&self) -> Result<Vec<NodeIndex>, GraphError> {
-        let sccs = petgraph::algo::tarjan_scc(&self.g);
-        if let Some(c) = sccs.iter().find(|c| c.len() > 1) {
-            let mut ids: Vec<&str> = c.iter().map(|i| self.g[*i].id.as_str()).collect();
-            ids.sort_unstable();
-            return Err(GraphError::Cycle(ids.join(" → ")));
+        // Kahn with an id-ordered ready set: the same graph, the same
+        // order. In-degrees by index and ids borrowed: the graph is keyed
+        // and scheduled by this order, 38,000 nodes at 10,000 candies.
+        let mut indeg = vec![0usize; petgraph::visit::NodeIndexable::node_bound(&self.g)];
+        for i in self.g.node_indices() {
+            indeg[i.index()] = self
+                .g
+                .neighbors_directed(i, petgraph::Direction::Incoming)
+                .count();
         }
-        // Kahn with an id-ordered ready set: the same graph, the same order.
-        let mut indeg: BTreeMap<NodeIndex, usize> = self
+        let mut ready: std::collections::BTreeSet<(&str, NodeIndex)> = self
             .g
             .node_indices()
-            .map(|i| {
-                (
-                    i,
-                    self.g
-                        .neighbors_directed(i, petgraph::Direction::Incoming)
-                        .count(),
-                )
-            })
+            .filter(|i| indeg[i.index()] == 0)
+            .map(|i| (self.g[i].id.as_str(), i))
             .collect();
-        let mut ready: std::collections::BTreeSet<(String, NodeIndex)> = indeg
-            .iter()
-            .filter(|(_, d)| **d == 0)
-            .map(|(i, _)| (self.g[*i].id.clone(), *i))
-            .collect();
-        let mut out = Vec::with_capacity(indeg.len());
-        while let Some((id, i)) = ready.pop_first() {
-            let _ = id;
+        let mut out = Vec::with_capacity(self.g.node_count());
+        while let Some((_, i)) = ready.pop_first() {
             out.push(i);
             for n in self.g.neighbors_directed(i, petgraph::Direction::Outgoing) {
-                if let Some(d) = indeg.get_mut(&n) {
-                    *d -= 1;
-                    if *d == 0 {
-                        ready.insert((self.g[n].id.clone(), n));
-                    }
+                let d = &mut indeg[n.index()];
+                *d -= 1;
+                if *d == 0 {
+                    ready.insert((self.g[n].id.as_str(), n));
                 }
+            }
+        }
+        if out.len() < self.g.node_count() {
+            // Some nodes never became ready: name a cycle.
+            let sccs = petgraph::algo::tarjan_scc(&self.g);
+            if let Some(c) = sccs.iter().find(|c| c.len() > 1) {
+                let mut ids: Vec<&str> = c.iter().map(|i| self.g[*i].id.as_str()).collect();
+                ids.sort_unstable();
+                return Err(GraphError::Cycle(ids.join(" → ")));
             }
         }
         Ok(out)
@@ -1133,3 +1132,67 @@ pub const PARENT_DEP: &str = "parent";
 
 /// The image reference of a box (see [`charly_rules::naming::box_image_ref`]).
 pub use charly_rules::naming::box_image_ref as image_ref;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(names: &[&str], edges: &[(usize, usize)]) -> (Graph, Vec<NodeIndex>) {
+        let mut g = Graph {
+            g: StableDiGraph::new(),
+            by_id: BTreeMap::new(),
+            goals: Vec::new(),
+            aliases: BTreeMap::new(),
+        };
+        let ix: Vec<NodeIndex> = names
+            .iter()
+            .map(|n| {
+                add_node(
+                    &mut g,
+                    NodeId::Source(SourceId::Box((*n).into())),
+                    Work::Source,
+                )
+            })
+            .collect();
+        for (a, b) in edges {
+            g.g.add_edge(ix[*a], ix[*b], ());
+        }
+        (g, ix)
+    }
+
+    fn ids(g: &Graph, order: &[NodeIndex]) -> Vec<String> {
+        order.iter().map(|i| g.g[*i].id.clone()).collect()
+    }
+
+    /// Dependencies first; among nodes ready together, id order, whatever
+    /// order they were added in.
+    #[test]
+    fn topo_is_dependencies_first_then_id_order() {
+        let (g, _) = graph(&["d", "b", "c", "a"], &[(0, 3), (2, 1)]);
+        let order = g.topo().expect("no cycle");
+        let (a, b, c, d) = (
+            NodeId::Source(SourceId::Box("a".into())).to_string(),
+            NodeId::Source(SourceId::Box("b".into())).to_string(),
+            NodeId::Source(SourceId::Box("c".into())).to_string(),
+            NodeId::Source(SourceId::Box("d".into())).to_string(),
+        );
+        assert_eq!(ids(&g, &order), [c, b, d, a]);
+    }
+
+    /// A cycle is named by its members, sorted; the nodes outside it do not
+    /// hide it.
+    #[test]
+    fn topo_names_a_cycle() {
+        let (g, _) = graph(&["x", "y", "z", "free"], &[(0, 1), (1, 2), (2, 0)]);
+        match g.topo() {
+            Err(GraphError::Cycle(c)) => {
+                assert_eq!(c.matches(" → ").count(), 2, "{c}");
+                for n in ["x", "y", "z"] {
+                    assert!(c.contains(n), "{c}");
+                }
+                assert!(!c.contains("free"), "{c}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
