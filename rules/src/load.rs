@@ -1845,103 +1845,26 @@ fn read_small_manifests(dir: &Path, files: &BTreeSet<String>) -> BTreeMap<String
         .collect()
 }
 
-/// One entry of [`walk_sorted`]: what [`walkdir::DirEntry`] says of it,
-/// with its depth below the walk's root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Walked {
-    path: PathBuf,
-    depth: usize,
-    /// The entry's own type (links not followed).
-    is_dir: bool,
-    is_file: bool,
-    is_symlink: bool,
-}
-
-impl Walked {
-    fn of(e: &walkdir::DirEntry, depth: usize) -> Walked {
-        Walked {
-            path: e.path().to_path_buf(),
-            depth,
-            is_dir: e.file_type().is_dir(),
-            is_file: e.file_type().is_file(),
-            is_symlink: e.path_is_symlink(),
-        }
-    }
-
-    fn file_name(&self) -> &std::ffi::OsStr {
-        self.path.file_name().unwrap_or_default()
-    }
-}
-
-/// Every entry under `dir` in the order of a sorted depth-first walk
-/// ([`walkdir::WalkDir::sort_by_file_name`], links not followed), without
-/// `.git` and `.build` (the `.build` directories met are returned too).
-/// The subtrees of `dir`'s directories are walked in parallel: reading
-/// 17,000 directories was the longest single-thread stretch of loading
-/// 10,000 candies.
-fn walk_sorted(dir: &Path) -> (Vec<Walked>, Vec<PathBuf>) {
-    use rayon::prelude::*;
-    let kept = |e: &walkdir::DirEntry| e.file_name() != ".git" && e.file_name() != ".build";
-    let is_build = |e: &walkdir::DirEntry| e.file_name() == ".build";
-    let top: Vec<walkdir::DirEntry> = walkdir::WalkDir::new(dir)
-        .max_depth(1)
-        .sort_by_file_name()
-        .into_iter()
-        .flatten()
-        .collect();
-    // A root that is itself left out leaves nothing (as `filter_entry`).
-    if let Some(root) = top.first()
-        && !kept(root)
-    {
-        let builds = is_build(root).then(|| root.path().to_path_buf());
-        return (Vec::new(), builds.into_iter().collect());
-    }
-    let parts: Vec<(Vec<Walked>, Vec<PathBuf>)> = top
-        .par_iter()
-        .map(|e| {
-            if !kept(e) {
-                let builds = is_build(e).then(|| e.path().to_path_buf());
-                return (Vec::new(), builds.into_iter().collect());
-            }
-            // The root, a file, or a link: itself; a directory: its subtree
-            // (a real directory, so its own walk follows no link).
-            if e.depth() == 0 || !e.file_type().is_dir() {
-                return (vec![Walked::of(e, e.depth())], Vec::new());
-            }
-            let mut builds = Vec::new();
-            let entries = walkdir::WalkDir::new(e.path())
-                .sort_by_file_name()
-                .into_iter()
-                .filter_entry(|s| {
-                    if is_build(s) {
-                        builds.push(s.path().to_path_buf());
-                    }
-                    kept(s)
-                })
-                .flatten()
-                .map(|s| Walked::of(&s, s.depth() + 1))
-                .collect();
-            (entries, builds)
-        })
-        .collect();
-    let mut all = Vec::new();
-    let mut builds = Vec::new();
-    for (entries, b) in parts {
-        all.extend(entries);
-        builds.extend(b);
-    }
-    (all, builds)
-}
-
 /// The manifests named `manifest` under `dir` (sorted, skipping `.git` and
 /// `.build`), and the [`list_files`] of their directories taken from the
 /// same walk instead of walking each directory again.
 fn discover_walk(dir: &Path, manifest: &str) -> (Vec<PathBuf>, HashMap<PathBuf, BTreeSet<String>>) {
-    let (all, skipped_build) = walk_sorted(dir);
+    let mut skipped_build = Vec::new();
+    let all: Vec<walkdir::DirEntry> = walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            if e.file_name() == ".build" {
+                skipped_build.push(e.path().to_path_buf());
+            }
+            e.file_name() != ".git" && e.file_name() != ".build"
+        })
+        .flatten()
+        .collect();
     let manifests: Vec<PathBuf> = all
         .iter()
-        .filter(|e| e.is_file && e.file_name() == manifest)
-        .map(|e| e.path.clone())
+        .filter(|e| e.file_type().is_file() && e.file_name() == manifest)
+        .map(|e| e.path().to_path_buf())
         .collect();
     let listings = listings_from_walk(&all, &manifests, &skipped_build);
     (manifests, listings)
@@ -1954,23 +1877,24 @@ fn discover_walk(dir: &Path, manifest: &str) -> (Vec<PathBuf>, HashMap<PathBuf, 
 /// `.build` somewhere below it is not answered (`list_files` does not skip
 /// `.build`): it is listed on its own.
 fn listings_from_walk(
-    all: &[Walked],
+    all: &[walkdir::DirEntry],
     manifests: &[PathBuf],
     skipped_build: &[PathBuf],
 ) -> HashMap<PathBuf, BTreeSet<String>> {
     let at: HashMap<&Path, usize> = all
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.is_dir)
-        .map(|(i, e)| (e.path.as_path(), i))
+        .filter(|(_, e)| e.file_type().is_dir())
+        .map(|(i, e)| (e.path(), i))
         .collect();
     // Directories with their own `charly.yml` (a nested candy: not listed).
     let nested: std::collections::HashSet<&Path> = all
         .iter()
         .filter(|e| {
-            e.file_name() == "charly.yml" && (e.is_file || (e.is_symlink && e.path.is_file()))
+            e.file_name() == "charly.yml"
+                && (e.file_type().is_file() || (e.path_is_symlink() && e.path().is_file()))
         })
-        .filter_map(|e| e.path.parent())
+        .filter_map(|e| e.path().parent())
         .collect();
     let mut out = HashMap::new();
     for m in manifests {
@@ -1979,22 +1903,22 @@ fn listings_from_walk(
         if skipped_build.iter().any(|b| b.starts_with(d)) {
             continue;
         }
-        let depth = all[i].depth;
+        let depth = all[i].depth();
         let mut files = BTreeSet::new();
         let mut j = i + 1;
-        while j < all.len() && all[j].depth > depth {
+        while j < all.len() && all[j].depth() > depth {
             let e = &all[j];
-            if e.is_dir {
-                if nested.contains(e.path.as_path()) {
+            if e.file_type().is_dir() {
+                if nested.contains(e.path()) {
                     // Skip the nested candy's whole tree.
-                    let nd = e.depth;
+                    let nd = e.depth();
                     j += 1;
-                    while j < all.len() && all[j].depth > nd {
+                    while j < all.len() && all[j].depth() > nd {
                         j += 1;
                     }
                     continue;
                 }
-            } else if let Ok(r) = e.path.strip_prefix(d) {
+            } else if let Ok(r) = e.path().strip_prefix(d) {
                 files.insert(unix(r));
             }
             j += 1;
@@ -2064,62 +1988,6 @@ mod tests {
 
     /// The listings the discovery walk gives are what [`list_files`] gives
     /// each directory: nested candies, `.git`, `.build`, symlinks.
-    #[test]
-    /// The parallel walk yields what one sorted `walkdir` walk that leaves
-    /// out `.git` and `.build` yields, in the same order and at the same
-    /// depths, and the same `.build` directories.
-    fn walk_sorted_is_the_sequential_walk() {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let d = tmp.path().join("candy");
-        for f in [
-            "top.yml",
-            "a/charly.yml",
-            "a/files/x.conf",
-            "a/.git/config",
-            "a/b/c/d/e",
-            "b/.build/out",
-            "b/z/.build/deeper/x",
-            "c.d/f",
-            ".git/HEAD",
-            ".build/x",
-            "Z/upper",
-        ] {
-            let p = d.join(f);
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-            std::fs::write(p, "x").expect("write");
-        }
-        std::os::unix::fs::symlink(d.join("a"), d.join("alink")).expect("symlink");
-        std::os::unix::fs::symlink(d.join("a/files"), d.join("c.d/dirlink")).expect("symlink");
-        let sequential = |dir: &Path| {
-            let mut builds = Vec::new();
-            let all: Vec<Walked> = walkdir::WalkDir::new(dir)
-                .sort_by_file_name()
-                .into_iter()
-                .filter_entry(|e| {
-                    if e.file_name() == ".build" {
-                        builds.push(e.path().to_path_buf());
-                    }
-                    e.file_name() != ".git" && e.file_name() != ".build"
-                })
-                .flatten()
-                .map(|e| Walked::of(&e, e.depth()))
-                .collect();
-            (all, builds)
-        };
-        for dir in [
-            d.clone(),
-            d.join("a"),
-            d.join("b/.build"),
-            d.join("top.yml"),
-        ] {
-            let (all, builds) = walk_sorted(&dir);
-            let (want, want_builds) = sequential(&dir);
-            assert_eq!(all, want, "{}", dir.display());
-            assert_eq!(builds, want_builds, "{}", dir.display());
-        }
-        assert!(walk_sorted(&d).0.len() > 15);
-    }
-
     #[test]
     fn listings_from_the_discovery_walk_are_list_files() {
         let tmp = tempfile::tempdir().expect("tmp");
