@@ -234,6 +234,34 @@ impl Store {
         rustix::fs::statat(fd, rel.as_str(), rustix::fs::AtFlags::empty()).is_ok()
     }
 
+    /// The blobs whose files are in the blob directory of first byte
+    /// `first` (`blobs/ab/`), by their names; `None` when it cannot be
+    /// read (ask for each file instead).
+    pub(crate) fn list_blob_dir(&self, first: u8) -> Option<std::collections::HashSet<BlobDigest>> {
+        let dir = self.blobs_dir.join(format!("{first:02x}"));
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Some(std::collections::HashSet::new());
+            }
+            Err(_) => return None,
+        };
+        let mut out = std::collections::HashSet::new();
+        for e in entries {
+            let e = e.ok()?;
+            if let Some(d) = e
+                .file_name()
+                .to_str()
+                .and_then(crate::decode_exact_hex)
+                .map(BlobDigest::from_bytes)
+                && d.as_bytes()[0] == first
+            {
+                out.insert(d);
+            }
+        }
+        Some(out)
+    }
+
     /// The blob's content, verified. `Ok(None)` if absent, or if it failed
     /// verification (it is then quarantined).
     pub fn get_blob(&self, d: &BlobDigest) -> Result<Option<BlobBuf>, CacheError> {
