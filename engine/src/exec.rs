@@ -670,9 +670,15 @@ fn materialize_record(
             .regular_file(p)
             .is_ok_and(|f| f.is_some_and(|(size, d)| size == o.size && d == o.digest))
     };
+    // Each file is checked once: the answers decide whether the directory
+    // is in place, and otherwise which files the rewrite keeps.
+    let held: Vec<bool> = files
+        .iter()
+        .map(|(path, o)| holds(&root.join(path), o))
+        .collect();
     if std::fs::read_to_string(&marker).is_ok_and(|k| k.trim() == key)
         && root.join(&containerfile).is_file()
-        && files.iter().all(|(path, o)| holds(&root.join(path), o))
+        && held.iter().all(|h| *h)
     {
         return Ok((dir, lock));
     }
@@ -690,11 +696,9 @@ fn materialize_record(
     };
     let in_place: BTreeSet<String> = files
         .iter()
-        .filter(|(path, o)| {
-            let p = root.join(path);
-            *path != containerfile && holds(&p, o) && no_links(&p)
-        })
-        .map(|(path, _)| path.to_string())
+        .zip(&held)
+        .filter(|((path, _), held)| **held && *path != containerfile && no_links(&root.join(path)))
+        .map(|((path, _), _)| path.to_string())
         .collect();
     drop(t);
     // Temp files of killed writers in the box's directory go with the

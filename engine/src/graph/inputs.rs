@@ -35,10 +35,7 @@ impl Builder<'_> {
                 candy,
                 index,
                 steps,
-            } => {
-                let steps = steps.get(self.p, self.rbox(box_name)?, candy)?;
-                self.fragment_inputs(&mut k, box_name, candy, *index, &steps, steps_json)?
-            }
+            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps, steps_json)?,
             Work::Containerfile { box_name, prebuilt } => {
                 self.containerfile_inputs(&mut k, box_name, *prebuilt)?
             }
@@ -77,10 +74,12 @@ impl Builder<'_> {
         box_name: &str,
         candy: &str,
         index: usize,
-        steps: &[InstallStep],
+        steps: &super::FragmentSteps,
         steps_json: Option<&str>,
     ) -> Result<(), GraphError> {
         let b = self.rbox(box_name)?;
+        let steps = steps.get(self.p, b, candy)?;
+        let steps = steps.as_slice();
         // The plan as `build_deploy_plan` gives it for this box: the
         // shared steps under this box's header.
         let host = HostContext::default();
