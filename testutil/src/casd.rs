@@ -22,6 +22,18 @@ pub struct Casd {
 
 impl Drop for Casd {
     fn drop(&mut self) {
+        // A test that failed shows how the engine ended: still running, or
+        // exited (a crash, a failed bind), and what it logged.
+        if std::thread::panicking() {
+            let status = match self.child.try_wait() {
+                Ok(Some(s)) => format!("exited with {s}"),
+                Ok(None) => "still running".to_string(),
+                Err(e) => format!("unknown ({e})"),
+            };
+            let log = std::fs::read_to_string(self._tmp.path().join("casd.log"))
+                .unwrap_or_else(|e| format!("(no log: {e})"));
+            eprintln!("buildbox-casd at {}: {status}; its log:\n{log}", self.url);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -119,7 +131,7 @@ fn try_start(jobs: usize, mounts: &[&str]) -> Result<Casd, String> {
         Some(format!("port {port}: exited with {status}: {log}"))
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !crate::listens(port) {
         if let Some(e) = exited(&mut casd) {
             return Err(e);
         }
@@ -133,6 +145,7 @@ fn try_start(jobs: usize, mounts: &[&str]) -> Result<Casd, String> {
     std::thread::sleep(Duration::from_millis(100));
     match exited(&mut casd) {
         Some(e) => Err(e),
+        None if !crate::listens(port) => Err(format!("port {port}: stopped listening")),
         None => Ok(casd),
     }
 }

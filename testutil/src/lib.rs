@@ -54,6 +54,20 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Whether a server listens on 127.0.0.1:`port`. A connect to a port of
+/// the ephemeral range that nobody listens on can succeed by connecting the
+/// socket to itself (Linux picks the same port as its source: a TCP
+/// "simultaneous open"); such a connection is not a server and counts as no.
+pub fn listens(port: u16) -> bool {
+    match std::net::TcpStream::connect(("127.0.0.1", port)) {
+        Ok(s) => match (s.local_addr(), s.peer_addr()) {
+            (Ok(local), Ok(peer)) => local != peer,
+            _ => false,
+        },
+        Err(_) => false,
+    }
+}
+
 /// Writes a file, creating parents.
 pub fn write(root: &Path, rel: &str, body: &str) {
     let p = root.join(rel);
@@ -443,4 +457,16 @@ pub fn debootstrap_bookworm(dir: &Path) -> Option<PathBuf> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(dir.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn listens_is_true_only_while_a_server_listens() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        assert!(super::listens(port));
+        drop(l);
+        assert!(!super::listens(port));
+    }
 }

@@ -132,7 +132,7 @@ pub fn launch(t: &Path, wrap: Option<&str>, port: u16) -> Sshd {
         .expect("sshd (openssh-server, see .ci/install)");
     let d = Sshd(child);
     let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !crate::listens(port) {
         assert!(t0.elapsed() < Duration::from_secs(10), "sshd did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
