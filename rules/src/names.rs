@@ -309,13 +309,22 @@ pub fn single_line(s: &str) -> Result<(), Why> {
 /// the value (or, for fields the schema keeps without a position, at the
 /// nearest enclosing entry).
 pub fn check_project(p: &Project) -> Vec<Diagnostic> {
+    use rayon::prelude::*;
     let mut c = Checker { out: Vec::new() };
     for n in &p.namespaces {
         c.namespace(n);
     }
-    for e in p.candies.values() {
-        c.candy(e);
-    }
+    // Candies side by side (there may be thousands), reported in name order.
+    let per_candy: Vec<Vec<Diagnostic>> = p
+        .candies
+        .par_iter()
+        .map(|(_, e)| {
+            let mut c = Checker { out: Vec::new() };
+            c.candy(e);
+            c.out
+        })
+        .collect();
+    c.out.extend(per_candy.into_iter().flatten());
     c.out
 }
 
