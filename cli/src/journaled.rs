@@ -121,16 +121,24 @@ pub fn print_with(
 
 /// The journal of `key` in the store at `store_dir`.
 pub(crate) fn open_journal(store_dir: &std::path::Path, key: &str) -> Journal {
-    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
     let mut journal = Journal::new(store_dir, key);
-    // Test hook (test builds only): how recent an input may be and still be
-    // trusted by stat (tests shrink it instead of waiting out the clock).
+    if let Some(ns) = racy_ns_for_tests() {
+        journal.racy_ns = ns;
+    }
+    journal
+}
+
+/// Test hook (test builds only, `CHARLY_JOURNAL_RACY_MS`): how recent an
+/// input may be and still be trusted by stat, for the journal and the
+/// loader's directory listings (tests shrink it instead of waiting out the
+/// clock). `None` in a release build.
+pub(crate) fn racy_ns_for_tests() -> Option<i64> {
     #[cfg(feature = "testing")]
     if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
         .ok()
         .and_then(|v| v.parse::<i64>().ok())
     {
-        journal.racy_ns = ms.saturating_mul(1_000_000);
+        return Some(ms.saturating_mul(1_000_000));
     }
-    journal
+    None
 }

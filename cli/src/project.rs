@@ -87,24 +87,47 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         .cache_dir
         .clone()
         .or_else(charly_cache::Store::default_dir);
-    let trees = store_dir.as_ref().map(|s| {
-        let root = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
-        std::sync::Arc::new(charly_engine::trees::TreeFile::open(s, &root))
-    });
+    // And the listings of the directories it walked (charly_engine::dirs):
+    // only directories that changed are read again.
+    let canonical = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+    // Both files are read whole, side by side.
+    let (trees, dirs) = match &store_dir {
+        Some(s) => {
+            let (t, d) = rayon::join(
+                || charly_engine::trees::TreeFile::open(s, &canonical),
+                || {
+                    let racy = crate::journaled::racy_ns_for_tests()
+                        .unwrap_or(charly_engine::hash::RACY_NS);
+                    charly_engine::dirs::DirFile::open(s, &canonical, racy)
+                },
+            );
+            (Some(std::sync::Arc::new(t)), Some(std::sync::Arc::new(d)))
+        }
+        None => (None, None),
+    };
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
         trees: trees
             .clone()
             .map(|t| t as std::sync::Arc<dyn charly_rules::yaml::TreeCache>),
+        dirs: dirs
+            .clone()
+            .map(|d| d as std::sync::Arc<dyn charly_rules::walk::DirCache>),
     };
     let project = {
         let _t = charly_engine::timings::phase("load");
         load::load(&root, &opts)?
     };
     drop(opts);
-    if let (Some(t), Some(s)) = (&trees, &store_dir) {
-        // A cache that cannot be written only costs the next run its parse.
-        let _ = t.save(s);
+    if let Some(s) = &store_dir {
+        // A cache that cannot be written only costs the next run its parse
+        // or its listings.
+        if let Some(t) = &trees {
+            let _ = t.save(s);
+        }
+        if let Some(d) = &dirs {
+            let _ = d.save(s);
+        }
     }
     let resolution = {
         let _t = charly_engine::timings::phase("resolve");

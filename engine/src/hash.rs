@@ -72,7 +72,7 @@ fn ns(secs: i64, nsecs: i64) -> i64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nsecs)
 }
 
-fn now_ns() -> i64 {
+pub(crate) fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))

@@ -12,6 +12,8 @@
 //! * [`generate`] and [`fsroot`] write build directories confined to their
 //!   root; [`journal`] makes an unchanged repeat a no-op; [`check`] runs
 //!   check beds; [`api`] is the entry point the CLI and the deploy crate use.
+//! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
+//!   kept in the store, so a load reads only what changed.
 //! * [`layers`]: a box image is a chain of layer nodes that sibling boxes
 //!   share; [`oci`] assembles images from them and writes OCI layouts.
 
@@ -24,6 +26,7 @@ pub mod artifact;
 pub mod carry;
 pub mod check;
 pub mod ctx;
+pub mod dirs;
 pub mod exec;
 pub mod fsroot;
 pub mod generate;

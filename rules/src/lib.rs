@@ -24,6 +24,7 @@ pub mod source;
 pub mod spec;
 pub mod template;
 pub mod validate;
+pub mod walk;
 pub mod yaml;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};

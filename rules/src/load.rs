@@ -21,6 +21,7 @@ use crate::model::project::{KIND_KEYS, LEGACY_KEYS, ROOT_KEYS};
 use crate::model::{BoxDef, Candy, Defaults, DiscoverItem, ImportItem, RootDoc, Vocab};
 use crate::plugin::{self, PluginDecl, Plugins, ProviderClass};
 use crate::source::{FileId, SourceMap, Span};
+use crate::walk::Kind;
 use crate::yaml::{self, Node, Spanned};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -50,6 +51,10 @@ pub struct LoadOptions {
     /// ([`yaml::cache`]): what the project loads is the same with or
     /// without it.
     pub trees: Option<Arc<dyn yaml::TreeCache>>,
+    /// Directory listings of earlier runs ([`crate::walk::DirCache`]): the
+    /// discovery walk reads only directories that changed; what it finds is
+    /// the same with or without them.
+    pub dirs: Option<Arc<dyn crate::walk::DirCache>>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -57,6 +62,7 @@ impl std::fmt::Debug for LoadOptions {
         f.debug_struct("LoadOptions")
             .field("imports", &self.imports)
             .field("trees", &self.trees.is_some())
+            .field("dirs", &self.dirs.is_some())
             .finish()
     }
 }
@@ -1373,7 +1379,7 @@ impl Loader<'_> {
         let mut manifests = Vec::new();
         let mut listings = HashMap::new();
         if item.recursive {
-            (manifests, listings) = discover_walk(&dir, &item.manifest);
+            (manifests, listings) = discover_walk(&dir, &item.manifest, self.opts.dirs.as_deref());
         } else {
             let mut subdirs: Vec<PathBuf> = std::fs::read_dir(&dir)
                 .into_iter()
@@ -1847,54 +1853,55 @@ fn read_small_manifests(dir: &Path, files: &BTreeSet<String>) -> BTreeMap<String
 
 /// The manifests named `manifest` under `dir` (sorted, skipping `.git` and
 /// `.build`), and the [`list_files`] of their directories taken from the
-/// same walk instead of walking each directory again.
-fn discover_walk(dir: &Path, manifest: &str) -> (Vec<PathBuf>, HashMap<PathBuf, BTreeSet<String>>) {
+/// same walk instead of walking each directory again. `dirs` may answer the
+/// walk's listings ([`crate::walk`]).
+fn discover_walk(
+    dir: &Path,
+    manifest: &str,
+    dirs: Option<&dyn crate::walk::DirCache>,
+) -> (Vec<PathBuf>, HashMap<PathBuf, BTreeSet<String>>) {
     let mut skipped_build = Vec::new();
-    let all: Vec<walkdir::DirEntry> = walkdir::WalkDir::new(dir)
-        .sort_by_file_name()
-        .into_iter()
-        .filter_entry(|e| {
-            if e.file_name() == ".build" {
-                skipped_build.push(e.path().to_path_buf());
-            }
-            e.file_name() != ".git" && e.file_name() != ".build"
-        })
-        .flatten()
-        .collect();
+    let all = crate::walk::walk(dir, dirs, &mut |path, _| match path.file_name() {
+        Some(n) if n == ".build" => {
+            skipped_build.push(path.to_path_buf());
+            false
+        }
+        Some(n) => n != ".git",
+        None => true,
+    });
     let manifests: Vec<PathBuf> = all
         .iter()
-        .filter(|e| e.file_type().is_file() && e.file_name() == manifest)
-        .map(|e| e.path().to_path_buf())
+        .filter(|e| e.kind == Kind::File && e.path.file_name().is_some_and(|n| n == manifest))
+        .map(|e| e.path.clone())
         .collect();
     let listings = listings_from_walk(&all, &manifests, &skipped_build);
     (manifests, listings)
 }
 
 /// [`list_files`] of each manifest's directory, from a walk that already
-/// saw everything under them: `all`, every entry of a sorted walk
-/// ([`walkdir::WalkDir::sort_by_file_name`], not following links) that left
-/// out `.git` and `.build` (those in `skipped_build`). A directory with a
-/// `.build` somewhere below it is not answered (`list_files` does not skip
-/// `.build`): it is listed on its own.
+/// saw everything under them: `all`, every entry of a [`crate::walk::walk`]
+/// that left out `.git` and `.build` (those in `skipped_build`). A directory
+/// with a `.build` somewhere below it is not answered (`list_files` does not
+/// skip `.build`): it is listed on its own.
 fn listings_from_walk(
-    all: &[walkdir::DirEntry],
+    all: &[crate::walk::WalkEntry],
     manifests: &[PathBuf],
     skipped_build: &[PathBuf],
 ) -> HashMap<PathBuf, BTreeSet<String>> {
     let at: HashMap<&Path, usize> = all
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.file_type().is_dir())
-        .map(|(i, e)| (e.path(), i))
+        .filter(|(_, e)| e.kind == Kind::Dir)
+        .map(|(i, e)| (e.path.as_path(), i))
         .collect();
     // Directories with their own `charly.yml` (a nested candy: not listed).
     let nested: std::collections::HashSet<&Path> = all
         .iter()
         .filter(|e| {
-            e.file_name() == "charly.yml"
-                && (e.file_type().is_file() || (e.path_is_symlink() && e.path().is_file()))
+            e.path.file_name().is_some_and(|n| n == "charly.yml")
+                && (e.kind == Kind::File || (e.kind == Kind::Symlink && e.path.is_file()))
         })
-        .filter_map(|e| e.path().parent())
+        .filter_map(|e| e.path.parent())
         .collect();
     let mut out = HashMap::new();
     for m in manifests {
@@ -1903,22 +1910,22 @@ fn listings_from_walk(
         if skipped_build.iter().any(|b| b.starts_with(d)) {
             continue;
         }
-        let depth = all[i].depth();
+        let depth = all[i].depth;
         let mut files = BTreeSet::new();
         let mut j = i + 1;
-        while j < all.len() && all[j].depth() > depth {
+        while j < all.len() && all[j].depth > depth {
             let e = &all[j];
-            if e.file_type().is_dir() {
-                if nested.contains(e.path()) {
+            if e.kind == Kind::Dir {
+                if nested.contains(e.path.as_path()) {
                     // Skip the nested candy's whole tree.
-                    let nd = e.depth();
+                    let nd = e.depth;
                     j += 1;
-                    while j < all.len() && all[j].depth() > nd {
+                    while j < all.len() && all[j].depth > nd {
                         j += 1;
                     }
                     continue;
                 }
-            } else if let Ok(r) = e.path().strip_prefix(d) {
+            } else if let Ok(r) = e.path.strip_prefix(d) {
                 files.insert(unix(r));
             }
             j += 1;
@@ -2024,7 +2031,7 @@ mod tests {
             .expect("symlink");
         std::fs::write(d.join("e/viasym/hidden"), "x").expect("write");
         std::os::unix::fs::symlink(d.join("nowhere"), d.join("e/dangling")).expect("symlink");
-        let (manifests, listings) = discover_walk(&d, "charly.yml");
+        let (manifests, listings) = discover_walk(&d, "charly.yml", None);
         assert!(manifests.len() >= 5, "{manifests:?}");
         let mut answered = 0;
         for m in &manifests {
@@ -2039,7 +2046,7 @@ mod tests {
         assert!(answered >= 4, "{answered}");
         // The root of the walk as a candy directory too.
         w("charly.yml");
-        let (_, listings) = discover_walk(&d, "charly.yml");
+        let (_, listings) = discover_walk(&d, "charly.yml", None);
         assert!(!listings.contains_key(&d), "a .build below the root");
     }
 }
