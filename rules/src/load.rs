@@ -1860,15 +1860,18 @@ fn discover_walk(
     manifest: &str,
     dirs: Option<&dyn crate::walk::DirCache>,
 ) -> (Vec<PathBuf>, HashMap<PathBuf, BTreeSet<String>>) {
-    let mut skipped_build = Vec::new();
-    let all = crate::walk::walk(dir, dirs, &mut |path, _| match path.file_name() {
+    let skipped_build = std::sync::Mutex::new(Vec::new());
+    let all = crate::walk::walk(dir, dirs, &|path, _| match path.file_name() {
         Some(n) if n == ".build" => {
-            skipped_build.push(path.to_path_buf());
+            if let Ok(mut s) = skipped_build.lock() {
+                s.push(path.to_path_buf());
+            }
             false
         }
         Some(n) => n != ".git",
         None => true,
     });
+    let skipped_build = skipped_build.into_inner().unwrap_or_default();
     let manifests: Vec<PathBuf> = all
         .iter()
         .filter(|e| e.kind == Kind::File && e.path.file_name().is_some_and(|n| n == manifest))

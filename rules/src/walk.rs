@@ -88,6 +88,47 @@ pub struct WalkEntry {
     pub kind: Kind,
 }
 
+/// Directories with at least this many entries have their subdirectories
+/// listed side by side (a project's `candy/` holds thousands).
+const SIDE_BY_SIDE: usize = 64;
+
+/// An entry of a directory being walked: its path, its kind, whether it is
+/// kept and, for a kept directory, its own listing (read ahead).
+type Kid = (PathBuf, Kind, bool, Option<std::io::Result<Arc<[Entry]>>>);
+
+/// A directory being walked.
+struct Frame {
+    depth: usize,
+    kids: Vec<Kid>,
+    next: usize,
+}
+
+fn frame(
+    dir: &Path,
+    depth: usize,
+    entries: &[Entry],
+    cache: Option<&dyn DirCache>,
+    keep: &(dyn Fn(&Path, Kind) -> bool + Sync),
+) -> Frame {
+    use rayon::prelude::*;
+    let one = |e: &Entry| {
+        let path = dir.join(&e.name);
+        let kept = keep(&path, e.kind);
+        let listing = (kept && e.kind == Kind::Dir).then(|| list(cache, &path));
+        (path, e.kind, kept, listing)
+    };
+    let kids = if entries.len() >= SIDE_BY_SIDE {
+        entries.par_iter().map(one).collect()
+    } else {
+        entries.iter().map(one).collect()
+    };
+    Frame {
+        depth,
+        kids,
+        next: 0,
+    }
+}
+
 /// Everything under `root`, root first (depth 0), depth first, each
 /// directory's entries in name order, links not followed (a root that is a
 /// link to a directory is walked). An entry `keep` refuses is left out with
@@ -96,7 +137,7 @@ pub struct WalkEntry {
 pub fn walk(
     root: &Path,
     cache: Option<&dyn DirCache>,
-    keep: &mut dyn FnMut(&Path, Kind) -> bool,
+    keep: &(dyn Fn(&Path, Kind) -> bool + Sync),
 ) -> Vec<WalkEntry> {
     let mut out = Vec::new();
     let Ok(meta) = std::fs::metadata(root) else {
@@ -116,28 +157,30 @@ pub fn walk(
     }
     // An explicit stack (not recursion): a hostile project may nest
     // directories deeper than a thread's stack.
-    let mut stack: Vec<(PathBuf, usize, Arc<[Entry]>, usize)> = Vec::new();
+    let mut stack: Vec<Frame> = Vec::new();
     if let Ok(l) = list(cache, root) {
-        stack.push((root.to_path_buf(), 0, l, 0));
+        stack.push(frame(root, 0, &l, cache, keep));
     }
-    while let Some((dir, depth, entries, next)) = stack.last_mut() {
-        let Some(e) = entries.get(*next) else {
+    while let Some(top) = stack.last_mut() {
+        let Some(kid) = top.kids.get_mut(top.next) else {
             stack.pop();
             continue;
         };
-        *next += 1;
-        let (path, depth, kind) = (dir.join(&e.name), *depth + 1, e.kind);
-        if !keep(&path, kind) {
+        top.next += 1;
+        let depth = top.depth + 1;
+        let (kept, listing) = (kid.2, kid.3.take());
+        if !kept {
             continue;
         }
-        let listing = (kind == Kind::Dir).then(|| list(cache, &path));
-        out.push(WalkEntry {
-            path: path.clone(),
-            depth,
-            kind,
-        });
-        if let Some(Ok(l)) = listing {
-            stack.push((path, depth, l, 0));
+        let path = std::mem::take(&mut kid.0);
+        let kind = kid.1;
+        let below = match listing {
+            Some(Ok(l)) => Some(frame(&path, depth, &l, cache, keep)),
+            _ => None,
+        };
+        out.push(WalkEntry { path, depth, kind });
+        if let Some(f) = below {
+            stack.push(f);
         }
     }
     out
@@ -156,6 +199,14 @@ mod tests {
             std::fs::write(p, f).expect("write");
         }
         std::os::unix::fs::symlink("b", d.path().join("l")).expect("link");
+        // Enough entries to be listed side by side, with some below them.
+        for i in 0..SIDE_BY_SIDE + 6 {
+            let p = d.path().join(format!("many/d{i:03}/f"));
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            if i % 3 == 0 {
+                std::fs::write(p, "f").expect("write");
+            }
+        }
         d
     }
 
@@ -171,8 +222,8 @@ mod tests {
     #[test]
     fn a_walk_is_walkdirs_sorted_walk() {
         let d = tree();
-        let mut keep = |p: &Path, _: Kind| p.file_name().is_none_or(|n| n != ".git");
-        let got = walk(d.path(), None, &mut keep);
+        let keep = |p: &Path, _: Kind| p.file_name().is_none_or(|n| n != ".git");
+        let got = walk(d.path(), None, &keep);
         let want: Vec<WalkEntry> = walkdir::WalkDir::new(d.path())
             .sort_by_file_name()
             .into_iter()
@@ -214,7 +265,7 @@ mod tests {
             kind: Kind::Dir,
         }]);
         let cache = Fixed(Mutex::new(Vec::new()), only);
-        let got = walk(d.path(), Some(&cache), &mut |_, _| true);
+        let got = walk(d.path(), Some(&cache), &|_, _| true);
         assert_eq!(
             names(d.path(), &got),
             [":Dir", "  a:Dir"],
@@ -229,13 +280,13 @@ mod tests {
     #[test]
     fn refused_entries_and_unreadable_roots_yield_nothing_under_them() {
         let d = tree();
-        let got = walk(d.path(), None, &mut |p, k| {
+        let got = walk(d.path(), None, &|p, k| {
             !(k == Kind::Dir && p.ends_with("a"))
         });
         assert!(!got.iter().any(|e| e.path.starts_with(d.path().join("a"))));
-        assert!(walk(&d.path().join("missing"), None, &mut |_, _| true).is_empty());
+        assert!(walk(&d.path().join("missing"), None, &|_, _| true).is_empty());
         // A file as root is itself.
-        let f = walk(&d.path().join("c"), None, &mut |_, _| true);
+        let f = walk(&d.path().join("c"), None, &|_, _| true);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].kind, Kind::File);
     }
