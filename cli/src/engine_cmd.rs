@@ -377,7 +377,13 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         memo.as_deref(),
     );
     progress.finish();
-    let boxes = carry.merge(&mut summary, &graph, memo.as_deref());
+    carry.add_carried(&mut summary, memo.as_deref());
+    // The boxes' journal entries, for a run that records one.
+    let boxes = if journal.is_some() && recorder.is_some() {
+        carry.entries(&summary, &graph, memo.as_deref())
+    } else {
+        Vec::new()
+    };
     write_reports(&a.run, &summary)?;
     if a.explain {
         // Sources are hashed, not run: the files that changed in them are
