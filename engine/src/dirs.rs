@@ -231,16 +231,7 @@ impl DirFile {
             body.extend_from_slice(&(listing.len() as u64).to_le_bytes());
             body.extend_from_slice(listing);
         }
-        let mut out = Vec::with_capacity(HEADER + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(blake3::hash(&body).as_bytes());
-        out.extend_from_slice(&body);
-        let dir = self.file.parent().unwrap_or(store_dir);
-        std::fs::create_dir_all(dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-        std::io::Write::write_all(tmp.as_file_mut(), &out)?;
-        tmp.persist(&self.file).map_err(|e| e.error)?;
-        Ok(())
+        crate::trees::write_sealed(&self.file, store_dir, &[MAGIC], &body)
     }
 }
 
@@ -248,10 +239,7 @@ impl DirFile {
 /// (stamp, range of its encoded listing, slot).
 #[allow(clippy::type_complexity)]
 fn parse(data: &[u8]) -> Option<HashMap<PathBuf, (Stamp, usize, usize, usize)>> {
-    if data.len() < HEADER || &data[..8] != MAGIC {
-        return None;
-    }
-    if blake3::hash(&data[HEADER..]).as_bytes() != &data[8..HEADER] {
+    if !crate::trees::is_sealed(data, &[MAGIC]) {
         return None;
     }
     let len_at = |at: usize| -> Option<usize> {

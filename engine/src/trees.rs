@@ -144,17 +144,45 @@ impl TreeFile {
         for (key, bytes) in entries {
             put_entry(&mut body, key, bytes);
         }
-        let mut out = Vec::with_capacity(HEADER + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.context);
-        out.extend_from_slice(blake3::hash(&body).as_bytes());
-        out.extend_from_slice(&body);
-        let dir = self.file.parent().unwrap_or(store_dir);
-        std::fs::create_dir_all(dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-        std::io::Write::write_all(tmp.as_file_mut(), &out)?;
-        tmp.persist(&self.file).map_err(|e| e.error)?;
-        Ok(())
+        write_sealed(&self.file, store_dir, &[MAGIC, &self.context], &body)
+    }
+}
+
+/// Writes `file` whole (under `store_dir` when it names no directory): the
+/// `head` parts (a magic, a context), the digest of `body`, then `body`.
+/// A temp file renamed over it: concurrent runs never see half a file.
+pub(crate) fn write_sealed(
+    file: &Path,
+    store_dir: &Path,
+    head: &[&[u8]],
+    body: &[u8],
+) -> std::io::Result<()> {
+    let head_len: usize = head.iter().map(|h| h.len()).sum();
+    let mut out = Vec::with_capacity(head_len + 32 + body.len());
+    head.iter().for_each(|h| out.extend_from_slice(h));
+    out.extend_from_slice(blake3::hash(body).as_bytes());
+    out.extend_from_slice(body);
+    let dir = file.parent().unwrap_or(store_dir);
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(tmp.as_file_mut(), &out)?;
+    tmp.persist(file).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Whether `data` is a sound [`write_sealed`] file of this `head`: it
+/// starts with `head`, and its body has the digest that follows.
+pub(crate) fn is_sealed(data: &[u8], head: &[&[u8]]) -> bool {
+    let mut at = 0;
+    for h in head {
+        if data.get(at..at + h.len()) != Some(*h) {
+            return false;
+        }
+        at += h.len();
+    }
+    match (data.get(at..at + 32), data.get(at + 32..)) {
+        (Some(digest), Some(body)) => blake3::hash(body).as_bytes() == digest,
+        _ => false,
     }
 }
 
@@ -168,11 +196,7 @@ fn put_entry(body: &mut Vec<u8>, key: &TreeKey, bytes: &[u8]) {
 /// made for `context`.
 #[allow(clippy::type_complexity)]
 fn parse_index(data: &[u8], context: &[u8; 32]) -> Option<HashMap<TreeKey, (usize, usize, usize)>> {
-    if data.len() < HEADER || &data[..8] != MAGIC || &data[8..40] != context {
-        return None;
-    }
-    let body = &data[HEADER..];
-    if blake3::hash(body).as_bytes() != &data[40..HEADER] {
+    if !is_sealed(data, &[MAGIC, context]) {
         return None;
     }
     let mut index = HashMap::new();
