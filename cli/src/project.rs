@@ -88,11 +88,11 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         .clone()
         .or_else(charly_cache::Store::default_dir);
     // And the listings of the directories it walked (charly_engine::dirs):
-    // only directories that changed are read again.
-    let canonical = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
-    // Both files are read whole, side by side.
+    // only directories that changed are read again. Both files are read
+    // whole, side by side.
     let (trees, dirs) = match &store_dir {
         Some(s) => {
+            let canonical = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
             let (t, d) = rayon::join(
                 || charly_engine::trees::TreeFile::open(s, &canonical),
                 || {

@@ -40,7 +40,7 @@ struct Stamp {
 
 impl Stamp {
     fn of(m: &std::fs::Metadata) -> Stamp {
-        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        use crate::hash::ns;
         Stamp {
             dev: m.dev(),
             ino: m.ino(),

@@ -68,7 +68,7 @@ impl Stat {
 /// A timestamp in nanoseconds (saturating: a time set beyond what an i64
 /// holds only loses precision; the ctime, which nobody can set, still
 /// tells changes apart).
-fn ns(secs: i64, nsecs: i64) -> i64 {
+pub(crate) fn ns(secs: i64, nsecs: i64) -> i64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nsecs)
 }
 

@@ -96,11 +96,10 @@ const SIDE_BY_SIDE: usize = 64;
 /// kept and, for a kept directory, its own listing (read ahead).
 type Kid = (PathBuf, Kind, bool, Option<std::io::Result<Arc<[Entry]>>>);
 
-/// A directory being walked.
+/// A directory being walked: its depth, and its entries not yet walked.
 struct Frame {
     depth: usize,
-    kids: Vec<Kid>,
-    next: usize,
+    kids: std::vec::IntoIter<Kid>,
 }
 
 fn frame(
@@ -117,15 +116,14 @@ fn frame(
         let listing = (kept && e.kind == Kind::Dir).then(|| list(cache, &path));
         (path, e.kind, kept, listing)
     };
-    let kids = if entries.len() >= SIDE_BY_SIDE {
+    let kids: Vec<Kid> = if entries.len() >= SIDE_BY_SIDE {
         entries.par_iter().map(one).collect()
     } else {
         entries.iter().map(one).collect()
     };
     Frame {
         depth,
-        kids,
-        next: 0,
+        kids: kids.into_iter(),
     }
 }
 
@@ -162,18 +160,14 @@ pub fn walk(
         stack.push(frame(root, 0, &l, cache, keep));
     }
     while let Some(top) = stack.last_mut() {
-        let Some(kid) = top.kids.get_mut(top.next) else {
+        let Some((path, kind, kept, listing)) = top.kids.next() else {
             stack.pop();
             continue;
         };
-        top.next += 1;
         let depth = top.depth + 1;
-        let (kept, listing) = (kid.2, kid.3.take());
         if !kept {
             continue;
         }
-        let path = std::mem::take(&mut kid.0);
-        let kind = kid.1;
         let below = match listing {
             Some(Ok(l)) => Some(frame(&path, depth, &l, cache, keep)),
             _ => None,
