@@ -103,8 +103,13 @@ fn try_start(jobs: usize, mounts: &[&str]) -> Result<Casd, String> {
     std::fs::create_dir_all(&dir).expect("mkdir");
     let port = crate::free_port();
     let log = std::fs::File::create(tmp.path().join("casd.log")).expect("log");
+    // casd and the runners it spawns keep each action's files in a temp
+    // directory they do not always remove: keep them in the test's own.
+    let scratch = tmp.path().join("tmp");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
     let mut cmd = Command::new(bin.join("buildbox-casd"));
-    cmd.arg(format!("--bind=127.0.0.1:{port}"))
+    cmd.env("TMPDIR", &scratch)
+        .arg(format!("--bind=127.0.0.1:{port}"))
         .arg(format!(
             "--buildbox-run={}",
             bin.join("buildbox-run").display()
