@@ -106,9 +106,10 @@ impl Store {
             if total > max_bytes {
                 let candidates: Vec<String> = {
                     let mut st = tx.prepare(
-                        "SELECT key FROM records
-                         WHERE key NOT IN (SELECT key FROM roots)
-                         ORDER BY last_access, key",
+                        "SELECT r.key FROM records r
+                         LEFT JOIN record_access a ON a.key = r.key
+                         WHERE r.key NOT IN (SELECT key FROM roots)
+                         ORDER BY COALESCE(a.last_access, 0), r.key",
                     )?;
                     let rows = st.query_map([], |r| r.get(0))?;
                     rows.collect::<Result<_, _>>()?
@@ -144,6 +145,14 @@ impl Store {
                     }
                 }
             }
+
+            // Access rows of records that are gone: a lookup's access is
+            // written after the lookup, maybe after another process's GC
+            // removed its record.
+            tx.execute(
+                "DELETE FROM record_access WHERE key NOT IN (SELECT key FROM records)",
+                [],
+            )?;
 
             // Files go while the transaction still holds the write lock, so
             // no put can observe "row present, file gone" in between. If we
@@ -184,6 +193,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use crate::store::ACCESS_RESOLUTION_SECS;
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -408,26 +418,59 @@ mod tests {
         let flushes = s.touch_flushes.load(Ordering::Relaxed) - before;
         let expected = u64::from(n) / crate::store::TOUCH_BATCH as u64;
         assert_eq!(flushes, expected, "one write per batch, not per lookup");
-        // Looked up again right away: already fresh, nothing queued.
         s.flush().expect("flush");
-        let before = s.touch_flushes.load(Ordering::Relaxed);
+        let range = || -> (u64, u64) {
+            s.with_conn(|c| {
+                Ok(c.query_row(
+                    "SELECT MIN(last_access), MAX(last_access) FROM record_access",
+                    [],
+                    |r| Ok((from_sql_int(r.get(0)?), from_sql_int(r.get(1)?))),
+                )?)
+            })
+            .expect("query")
+        };
+        // The batched times did land in the index.
+        let read_at = s.now();
+        assert_eq!(range(), (read_at, read_at));
+        // Looked up again within the resolution: nothing is written.
+        advance(&s, ACCESS_RESOLUTION_SECS - 1);
         for i in 0..n {
             let mut k = [0u8; 32];
             k[..4].copy_from_slice(&i.to_le_bytes());
-            assert!(
-                s.get_record(&NodeKey::from_bytes(k))
-                    .expect("get")
-                    .is_some()
-            );
+            assert!(s.has_record(&NodeKey::from_bytes(k)).expect("has"));
         }
         s.flush().expect("flush");
-        assert_eq!(s.touch_flushes.load(Ordering::Relaxed), before);
-        // And the batched times did land in the index.
-        let t: i64 = s
-            .with_conn(|c| {
-                Ok(c.query_row("SELECT MIN(last_access) FROM records", [], |r| r.get(0))?)
-            })
-            .expect("query");
-        assert_eq!(from_sql_int(t), s.now());
+        assert_eq!(range(), (read_at, read_at));
+        // Once the resolution has passed, the next lookups count.
+        advance(&s, 1);
+        assert!(s.has_record(&NodeKey::from_bytes([0; 32])).expect("has"));
+        s.flush().expect("flush");
+        assert_eq!(range(), (read_at, s.now()));
+    }
+
+    #[test]
+    fn gc_drops_access_rows_whose_record_is_gone() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let s = store_with_clock(tmp.path());
+        let k = NodeKey::from_bytes([7; 32]);
+        assert!(
+            s.put_record(&k, &record_with(&s, "n", &[b"x"]))
+                .expect("put")
+        );
+        // Looked up, then removed by another process before the access
+        // was written.
+        assert!(s.has_record(&k).expect("has"));
+        s.with_conn(|c| crate::store::delete_record(c, &k.to_hex()))
+            .expect("delete");
+        s.flush().expect("flush");
+        let rows = || -> i64 {
+            s.with_conn(
+                |c| Ok(c.query_row("SELECT COUNT(*) FROM record_access", [], |r| r.get(0))?),
+            )
+            .expect("count")
+        };
+        assert_eq!(rows(), 1, "the late access wrote a row");
+        s.gc(u64::MAX).expect("gc");
+        assert_eq!(rows(), 0);
     }
 }

@@ -426,6 +426,89 @@ fn opening_drops_the_digest_index_of_older_stores() {
     assert_eq!(store.get_record(&k).expect("get"), Some(rec));
 }
 
+/// The index of a store made by a charly of schema 1: each record's last
+/// access in its row, indexed.
+fn make_schema_1(db: &Path, last_access: i64) {
+    rusqlite::Connection::open(db)
+        .expect("sqlite")
+        .execute_batch(&format!(
+            "BEGIN;
+             CREATE TABLE records_v1 (
+                 key TEXT PRIMARY KEY, node_id TEXT NOT NULL, kind TEXT NOT NULL,
+                 outputs TEXT NOT NULL, duration_ms INTEGER NOT NULL,
+                 producer TEXT NOT NULL, key_inputs TEXT NOT NULL,
+                 created_unix INTEGER NOT NULL, meta TEXT NOT NULL,
+                 last_access INTEGER NOT NULL);
+             INSERT INTO records_v1 SELECT key, node_id, kind, outputs, duration_ms,
+                 producer, key_inputs, created_unix, meta, {last_access} FROM records;
+             DROP TABLE records;
+             ALTER TABLE records_v1 RENAME TO records;
+             CREATE INDEX records_node_id ON records (node_id, created_unix);
+             CREATE INDEX records_last_access ON records (last_access);
+             DROP TABLE record_access;
+             PRAGMA user_version = 1;
+             COMMIT;"
+        ))
+        .expect("schema 1");
+}
+
+fn access_of(db: &Path, k: &NodeKey) -> Option<i64> {
+    use rusqlite::OptionalExtension;
+    rusqlite::Connection::open(db)
+        .expect("sqlite")
+        .query_row(
+            "SELECT last_access FROM record_access WHERE key = ?1",
+            [k.to_hex()],
+            |r| r.get(0),
+        )
+        .optional()
+        .expect("query")
+}
+
+#[test]
+fn opening_a_schema_1_store_moves_access_times_out_of_the_records() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let db = tmp.path().join("index.db");
+    let k = key("containerfile:fedora");
+    let rec = {
+        let store = Store::open(tmp.path()).expect("open");
+        let rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
+        assert!(store.put_record(&k, &rec).expect("put"));
+        rec
+    };
+    make_schema_1(&db, 1000);
+    let store = Store::open(tmp.path()).expect("reopen");
+    let c = rusqlite::Connection::open(&db).expect("sqlite");
+    let version: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 2);
+    let columns: Vec<String> = c
+        .prepare("SELECT name FROM pragma_table_info('records')")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(!columns.contains(&"last_access".to_string()), "{columns:?}");
+    assert!(columns.contains(&"outputs".to_string()), "{columns:?}");
+    // The access time came along, and the record is whole.
+    assert_eq!(access_of(&db, &k), Some(1000));
+    assert_eq!(store.get_record(&k).expect("get"), Some(rec.clone()));
+    store.flush().expect("flush");
+    assert!(access_of(&db, &k).expect("row") > 1000, "the read counts");
+
+    // A record that lost its access row (edited by hand) is still found,
+    // and the next access gives it one again.
+    c.execute("DELETE FROM record_access", []).expect("delete");
+    drop(store);
+    let store = Store::open(tmp.path()).expect("reopen");
+    assert!(store.has_record(&k).expect("has"));
+    store.flush().expect("flush");
+    assert!(access_of(&db, &k).is_some());
+    assert_eq!(store.get_record(&k).expect("get"), Some(rec));
+}
+
 #[test]
 fn last_record_for_returns_the_newest_build_of_a_node() {
     let tmp = tempfile::tempdir().expect("tempdir");
