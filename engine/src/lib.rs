@@ -23,6 +23,7 @@ pub use charly_rules as rules;
 
 pub mod api;
 pub mod artifact;
+pub mod canon;
 pub mod carry;
 pub mod check;
 pub mod ctx;

@@ -402,8 +402,7 @@ pub fn write_image(
 
 /// JSON with sorted keys, written atomically.
 fn write_canonical<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), OciError> {
-    let value = serde_json::to_value(v).map_err(|e| OciError::Format(e.to_string()))?;
-    let text = serde_json::to_string(&value).map_err(|e| OciError::Format(e.to_string()))?;
+    let text = crate::canon::to_string(v).map_err(|e| OciError::Format(e.to_string()))?;
     crate::generate::write_if_changed(path, text.as_bytes()).map_err(io(path.display()))
 }
 

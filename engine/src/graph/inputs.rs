@@ -423,12 +423,10 @@ fn vocab_texts(
 /// `Value` (its map is ordered). `what` names the input if it cannot be
 /// encoded (never hashed as "").
 pub fn canonical<T: serde::Serialize + ?Sized>(what: &str, v: &T) -> Result<String, GraphError> {
-    serde_json::to_value(v)
-        .and_then(|v| serde_json::to_string(&v))
-        .map_err(|e| GraphError::Canonical {
-            what: what.to_string(),
-            message: e.to_string(),
-        })
+    crate::canon::to_string(v).map_err(|e| GraphError::Canonical {
+        what: what.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// Where shared steps are: fragments whose steps are at the same place
@@ -439,39 +437,16 @@ pub(super) fn steps_addr(steps: &[InstallStep]) -> (usize, usize) {
 
 /// The canonical JSON of a candy's plan, `header` with the steps whose
 /// canonical JSON is `steps_json` in it: byte for byte [`canonical`] of the
-/// whole plan. The header's members are written in canonical (sorted) order
-/// as `serde_json` writes an object, the steps spliced in where they go, so
-/// boxes that share a candy's steps serialize them once.
+/// whole plan, the steps spliced in where they go, so boxes that share a
+/// candy's steps serialize them once.
 fn plan_json(
     header: &charly_rules::plan::DeployPlanRef<'_>,
     steps_json: &str,
 ) -> Result<String, GraphError> {
-    let fail = |e: serde_json::Error| GraphError::Canonical {
+    crate::canon::to_string_with(header, "steps", steps_json).map_err(|e| GraphError::Canonical {
         what: "the candy's plan".to_string(),
         message: e.to_string(),
-    };
-    let serde_json::Value::Object(members) = serde_json::to_value(header).map_err(fail)? else {
-        return Err(GraphError::Canonical {
-            what: "the candy's plan".to_string(),
-            message: "not a JSON object".to_string(),
-        });
-    };
-    let mut out = String::with_capacity(steps_json.len() + 512);
-    out.push('{');
-    for (i, (name, value)) in members.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&serde_json::to_string(name).map_err(fail)?);
-        out.push(':');
-        if name == "steps" {
-            out.push_str(steps_json);
-        } else {
-            out.push_str(&serde_json::to_string(value).map_err(fail)?);
-        }
-    }
-    out.push('}');
-    Ok(out)
+    })
 }
 
 /// Key inputs of a source node.
