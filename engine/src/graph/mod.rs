@@ -355,6 +355,34 @@ impl Graph {
         v
     }
 
+    /// Each node's position among all nodes sorted by id (by index). The
+    /// id index is that order already, when it names every node exactly
+    /// (a graph put together by hand may not have one).
+    fn id_ranks(&self) -> Vec<u32> {
+        let bound = petgraph::visit::NodeIndexable::node_bound(&self.g);
+        let mut rank = vec![u32::MAX; bound];
+        let mut named = 0usize;
+        if self.by_id.len() == self.g.node_count() {
+            for (r, (id, i)) in self.by_id.iter().enumerate() {
+                match self.g.node_weight(*i) {
+                    Some(n) if n.id == *id && rank[i.index()] == u32::MAX => {
+                        rank[i.index()] = r as u32;
+                        named += 1;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if named != self.g.node_count() {
+            let mut all: Vec<NodeIndex> = self.g.node_indices().collect();
+            all.sort_unstable_by(|a, b| self.g[*a].id.cmp(&self.g[*b].id));
+            for (r, i) in all.into_iter().enumerate() {
+                rank[i.index()] = r as u32;
+            }
+        }
+        rank
+    }
+
     /// Nodes in a deterministic topological order, or the whole cycle.
     pub fn topo(&self) -> Result<Vec<NodeIndex>, GraphError> {
         // Kahn with an id-ordered ready set: the same graph, the same
@@ -367,14 +395,16 @@ impl Graph {
                 .neighbors_directed(i, petgraph::Direction::Incoming)
                 .count();
         }
-        // A min-heap (ids are unique: the order is total): fewer string
-        // comparisons than a B-tree set's inserts.
+        // Each node's rank in id order: the ready set compares numbers,
+        // not ids (which share long prefixes).
+        let rank = self.id_ranks();
+        // A min-heap (ids are unique: the order is total).
         use std::cmp::Reverse;
-        let mut ready: std::collections::BinaryHeap<Reverse<(&str, NodeIndex)>> = self
+        let mut ready: std::collections::BinaryHeap<Reverse<(u32, NodeIndex)>> = self
             .g
             .node_indices()
             .filter(|i| indeg[i.index()] == 0)
-            .map(|i| Reverse((self.g[i].id.as_str(), i)))
+            .map(|i| Reverse((rank[i.index()], i)))
             .collect();
         let mut out = Vec::with_capacity(self.g.node_count());
         while let Some(Reverse((_, i))) = ready.pop() {
@@ -383,7 +413,7 @@ impl Graph {
                 let d = &mut indeg[n.index()];
                 *d -= 1;
                 if *d == 0 {
-                    ready.push(Reverse((self.g[n].id.as_str(), n)));
+                    ready.push(Reverse((rank[n.index()], n)));
                 }
             }
         }
@@ -420,19 +450,21 @@ pub struct Builder<'a> {
 
 fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
     let id = nid.to_string();
-    if let Some(i) = graph.by_id.get(&id) {
-        return *i;
-    }
+    // One search of the index, found or not.
+    let slot = match graph.by_id.entry(id) {
+        std::collections::btree_map::Entry::Occupied(e) => return *e.get(),
+        std::collections::btree_map::Entry::Vacant(v) => v,
+    };
     let kind = nid.kind();
     let i = graph.g.add_node(Node {
         nid,
-        id: id.clone(),
+        id: slot.key().clone(),
         kind,
         inputs: Box::default(),
         key: NodeKey::from_bytes([0; 32]),
         work,
     });
-    graph.by_id.insert(id, i);
+    slot.insert(i);
     i
 }
 
@@ -1180,6 +1212,30 @@ mod tests {
             NodeId::Source(SourceId::Box("d".into())).to_string(),
         );
         assert_eq!(ids(&g, &order), [c, b, d, a]);
+    }
+
+    /// The order does not depend on the id index: without one, or with one
+    /// that misnames a node, nodes are ranked by their ids.
+    #[test]
+    fn topo_order_is_the_same_without_the_id_index() {
+        let (mut g, ix) = graph(
+            &["d", "b", "c", "a", "e", "f"],
+            &[(0, 3), (2, 1), (4, 5), (5, 3)],
+        );
+        let want = ids(&g, &g.topo().expect("no cycle"));
+        let full = g.by_id.clone();
+        g.by_id.clear();
+        assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
+        // Two ids swapped: the index names every node, wrongly.
+        g.by_id = full.clone();
+        let (first, second) = (g.g[ix[0]].id.clone(), g.g[ix[1]].id.clone());
+        g.by_id.insert(first, ix[1]);
+        g.by_id.insert(second, ix[0]);
+        assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
+        // One node missing from it.
+        g.by_id = full;
+        g.by_id.remove(&g.g[ix[2]].id.clone());
+        assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
     }
 
     /// A cycle is named by its members, sorted; the nodes outside it do not
