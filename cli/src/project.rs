@@ -90,20 +90,23 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     // And the listings of the directories it walked (charly_engine::dirs):
     // only directories that changed are read again. Both files are read
     // whole, side by side.
-    let (trees, dirs) = match &store_dir {
-        Some(s) => {
-            let canonical = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+    // The store's caches are per project, by its canonical root.
+    let canonical = store_dir
+        .as_ref()
+        .map(|_| std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone()));
+    let (trees, dirs) = match (&store_dir, &canonical) {
+        (Some(s), Some(canonical)) => {
             let (t, d) = rayon::join(
-                || charly_engine::trees::TreeFile::open(s, &canonical),
+                || charly_engine::trees::TreeFile::open(s, canonical),
                 || {
                     let racy = crate::journaled::racy_ns_for_tests()
                         .unwrap_or(charly_engine::hash::RACY_NS);
-                    charly_engine::dirs::DirFile::open(s, &canonical, racy)
+                    charly_engine::dirs::DirFile::open(s, canonical, racy)
                 },
             );
             (Some(std::sync::Arc::new(t)), Some(std::sync::Arc::new(d)))
         }
-        None => (None, None),
+        _ => (None, None),
     };
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
@@ -129,9 +132,16 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
             let _ = d.save(s);
         }
     }
+    // Read back from the store when the project is as the last run
+    // resolved it (charly_engine::resolved).
     let resolution = {
         let _t = charly_engine::timings::phase("resolve");
-        resolve::resolve(&project)
+        match (&store_dir, &canonical) {
+            (Some(s), Some(canonical)) => {
+                charly_engine::resolved::resolve(Some(s), canonical, &project)
+            }
+            _ => resolve::resolve(&project),
+        }
     };
     Ok(Opened {
         project,

@@ -186,11 +186,15 @@ fn runs_at_the_same_time_leave_a_sound_cache() {
     }
     let file = env.cache_file().expect("filled");
     let left = (bytes(&file), inode(&file));
-    // Sound: the next run takes every tree from it and writes nothing.
+    let resolution = file.with_extension("res");
+    let resolved = (bytes(&resolution), inode(&resolution));
+    // Sound: the next run takes every tree from it and writes nothing,
+    // nor resolves again (charly_engine::resolved).
     assert_eq!(said(&env.run(&["validate"])), want);
     assert_eq!((bytes(&file), inode(&file)), left);
-    // No temporary files left behind: the parse cache and the directory
-    // listings (charly_engine::dirs), one file each.
+    assert_eq!((bytes(&resolution), inode(&resolution)), resolved);
+    // No temporary files left behind: the parse cache, the directory
+    // listings (charly_engine::dirs) and the resolution, one file each.
     let mut names: Vec<String> = std::fs::read_dir(env.store.join("trees"))
         .expect("trees")
         .flatten()
@@ -198,5 +202,12 @@ fn runs_at_the_same_time_leave_a_sound_cache() {
         .collect();
     names.sort();
     let stem = file.file_stem().expect("stem").to_string_lossy();
-    assert_eq!(names, [format!("{stem}.bin"), format!("{stem}.dirs")]);
+    assert_eq!(
+        names,
+        [
+            format!("{stem}.bin"),
+            format!("{stem}.dirs"),
+            format!("{stem}.res")
+        ]
+    );
 }

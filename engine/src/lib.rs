@@ -40,6 +40,7 @@ pub mod layers;
 pub mod oci;
 pub mod outputs;
 pub mod pure;
+pub mod resolved;
 pub mod runners;
 pub mod sched;
 pub mod stage;

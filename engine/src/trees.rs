@@ -47,7 +47,7 @@ impl std::fmt::Debug for TreeFile {
 /// What the trees of a cache file are valid for: this tree format and this
 /// charly binary (a rebuilt binary may parse differently without a new
 /// format number).
-fn context() -> [u8; 32] {
+pub(crate) fn context() -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(&TREE_FORMAT.to_le_bytes());
     if let Some(m) = std::env::current_exe()

@@ -226,6 +226,112 @@ pub struct Project {
 }
 
 impl Project {
+    /// A digest of every part of the project [`crate::resolve::resolve`]
+    /// can read: two projects with the same digest resolve alike (under
+    /// the same charly binary). It covers all of the project but the
+    /// candies' definitions and the namespaces' parsed manifests
+    /// themselves, which are covered by the text they were parsed from:
+    /// every source file's path and text; each namespace and each candy
+    /// as it prints (`Debug`) without its definitions — the directory
+    /// listings, small manifests, local package sources and imports found
+    /// on disk are there; the root, repos, plugins and what the load
+    /// refused. Parts are hashed in parallel.
+    pub fn resolution_inputs(&self) -> [u8; 32] {
+        use rayon::prelude::*;
+        let part = |tag: &str, text: &str| -> [u8; 32] {
+            let mut h = blake3::Hasher::new();
+            h.update(tag.as_bytes());
+            h.update(&(text.len() as u64).to_le_bytes());
+            h.update(text.as_bytes());
+            *h.finalize().as_bytes()
+        };
+        let sources: Vec<[u8; 32]> = self
+            .sources
+            .all()
+            .par_iter()
+            .map(|f| {
+                let mut h = blake3::Hasher::new();
+                h.update(f.path.as_os_str().as_encoded_bytes());
+                h.update(&[0]);
+                h.update(f.rel.as_bytes());
+                h.update(&[0]);
+                h.update(&(f.text.len() as u64).to_le_bytes());
+                h.update(f.text.as_bytes());
+                *h.finalize().as_bytes()
+            })
+            .collect();
+        let candies: Vec<[u8; 32]> = self
+            .candies
+            .par_iter()
+            .map(|(key, c)| {
+                let CandyEntry {
+                    key: own_key,
+                    name,
+                    dir,
+                    rel_dir,
+                    ns,
+                    file,
+                    span,
+                    def: _,
+                    files,
+                    small_files,
+                    localpkg_sources,
+                } = c;
+                let text = format!(
+                    "{key:?} {own_key:?} {name:?} {dir:?} {rel_dir:?} {ns:?} {file:?} {span:?} \
+                     {files:?} {small_files:?} {localpkg_sources:?}"
+                );
+                part("candy", &text)
+            })
+            .collect();
+        let namespaces: Vec<[u8; 32]> = self
+            .namespaces
+            .par_iter()
+            .map(|n| {
+                let Namespace {
+                    path,
+                    dir,
+                    identity,
+                    version,
+                    defaults,
+                    imports,
+                    boxes,
+                    vocab,
+                    vocab_origin,
+                    kept: _,
+                    nodeform,
+                } = n;
+                let boxes: Vec<(&String, &str, NsId, FileId, &Span)> = boxes
+                    .iter()
+                    .map(|(k, b)| (k, b.name.as_str(), b.ns, b.file, &b.span))
+                    .collect();
+                let text = format!(
+                    "{path:?} {dir:?} {identity:?} {version:?} {defaults:?} {imports:?} \
+                     {boxes:?} {vocab:?} {vocab_origin:?} {nodeform:?}"
+                );
+                part("namespace", &text)
+            })
+            .collect();
+        let mut h = blake3::Hasher::new();
+        h.update(b"charly resolution inputs 1\0");
+        for d in sources.iter().chain(&candies).chain(&namespaces) {
+            h.update(d);
+        }
+        let rest = format!(
+            "{:?} {:?} {:?} {:?} {:?} {} {} {}",
+            self.root,
+            self.repos,
+            self.plugins,
+            self.root_unusable,
+            self.refused_names,
+            self.sources.len(),
+            self.candies.len(),
+            self.namespaces.len()
+        );
+        h.update(rest.as_bytes());
+        *h.finalize().as_bytes()
+    }
+
     /// The root namespace (always present in a project [`load`] returns,
     /// even when the root file is unusable).
     pub fn root_ns(&self) -> &Namespace {

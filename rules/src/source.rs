@@ -73,6 +73,11 @@ impl SourceMap {
         self.get(id).map(|f| f.path.as_path())
     }
 
+    /// Every registered file, by id.
+    pub fn all(&self) -> &[SourceFile] {
+        &self.files
+    }
+
     /// Number of registered files.
     pub fn len(&self) -> usize {
         self.files.len()
