@@ -529,8 +529,12 @@ impl<'a> Builder<'a> {
         self.graph.g.shrink_to_fit();
         self.compute_keys(hasher)?;
         self.merge_layers();
-        // Keyed: the fragments' steps go (see [`FragmentSteps`]), freed on
-        // a pool thread with the memos that shared them.
+        // Keyed: the fragments' steps go (see [`FragmentSteps`]) with the
+        // memos that shared them, freed on both cores before the run
+        // starts. (Freed in the background, they were still alive when the
+        // run's first allocations came, once `topo` got faster: the peak
+        // RSS at 10,000 candies × 1,000 boxes went from 234–240 to
+        // 237–256 MB.)
         let mut released: Vec<OciSteps> = Vec::new();
         for n in self.graph.g.node_weights_mut() {
             if let Work::Fragment { steps, .. } = &mut n.work {
@@ -541,7 +545,7 @@ impl<'a> Builder<'a> {
             std::mem::take(&mut self.compiled),
             std::mem::take(&mut self.plans),
         );
-        rayon::spawn(move || drop((released, memos)));
+        rayon::join(move || drop(released), move || drop(memos));
         Ok(self.graph)
     }
 
