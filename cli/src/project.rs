@@ -137,9 +137,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     let resolution = {
         let _t = charly_engine::timings::phase("resolve");
         match (&store_dir, &canonical) {
-            (Some(s), Some(canonical)) => {
-                charly_engine::resolved::resolve(Some(s), canonical, &project)
-            }
+            (Some(s), Some(canonical)) => charly_engine::resolved::resolve(s, canonical, &project),
             _ => resolve::resolve(&project),
         }
     };

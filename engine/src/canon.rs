@@ -250,49 +250,28 @@ impl Seq<'_> {
     }
 }
 
-impl ser::SerializeSeq for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
+/// The four array-like serializer traits, all writing elements of a [`Seq`].
+macro_rules! seq_traits {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for Seq<'_> {
+            type Ok = ();
+            type Error = Error;
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
+                self.element(v)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleStruct for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleVariant for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
+seq_traits!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 /// An object being collected: its members' names and values (written),
 /// sorted when it ends (in a `{"variant":…}` when `variant`).
@@ -387,35 +366,27 @@ impl ser::SerializeMap for Object<'_> {
     }
 }
 
-impl ser::SerializeStruct for Object<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        v: &T,
-    ) -> Result<(), Error> {
-        self.member(name.to_string(), v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
+/// The two struct-like serializer traits, both collecting named members.
+macro_rules! struct_traits {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for Object<'_> {
+            type Ok = ();
+            type Error = Error;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                name: &'static str,
+                v: &T,
+            ) -> Result<(), Error> {
+                self.member(name.to_string(), v)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Object<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        v: &T,
-    ) -> Result<(), Error> {
-        self.member(name.to_string(), v)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
+struct_traits!(SerializeStruct, SerializeStructVariant);
 
 #[cfg(test)]
 mod tests {

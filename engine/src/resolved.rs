@@ -26,13 +26,10 @@ pub fn path(store_dir: &Path, root: &Path) -> PathBuf {
     crate::trees::TreeFile::path(store_dir, root).with_extension("res")
 }
 
-/// The resolution of `p`: read from the store's file when it was made for
-/// this project state by this binary, else resolved (and the file written,
-/// into an existing `store_dir` only). Without a store, resolved.
-pub fn resolve(store_dir: Option<&Path>, root: &Path, p: &Project) -> Resolution {
-    let Some(store_dir) = store_dir else {
-        return resolve::resolve(p);
-    };
+/// The resolution of the project `p` at `root`: read from the store's file
+/// when it was made for this project state by this binary, else resolved
+/// (and the file written, into an existing `store_dir` only).
+pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> Resolution {
     let file = path(store_dir, root);
     let inputs = {
         let _t = crate::timings::phase("resolve: inputs");
@@ -425,10 +422,10 @@ mod tests {
             let p = loaded(&root);
             let want = text(&resolve::resolve(&p));
             assert!(from_file(store.path(), &root, &p).is_none());
-            assert_eq!(text(&super::resolve(Some(store.path()), &root, &p)), want);
+            assert_eq!(text(&super::resolve(store.path(), &root, &p)), want);
             let back = from_file(store.path(), &root, &p).expect("written");
             assert_eq!(text(&back), want, "{}", root.display());
-            assert_eq!(text(&super::resolve(Some(store.path()), &root, &p)), want);
+            assert_eq!(text(&super::resolve(store.path(), &root, &p)), want);
             // The same project loaded again has the same inputs.
             assert_eq!(loaded(&root).resolution_inputs(), p.resolution_inputs());
         }
@@ -458,13 +455,13 @@ mod tests {
             &|| std::fs::remove_dir_all(root.join("candy/hello-deb")).expect("rm"),
         ];
         let p = loaded(&root);
-        super::resolve(Some(&store), &root, &p);
+        super::resolve(&store, &root, &p);
         seen.push(fresh(&p));
         for (i, edit) in edits.iter().enumerate() {
             edit();
             let p = loaded(&root);
             assert!(from_file(&store, &root, &p).is_none(), "edit {i}");
-            let got = text(&super::resolve(Some(&store), &root, &p));
+            let got = text(&super::resolve(&store, &root, &p));
             assert_eq!(got, fresh(&p), "edit {i}");
             assert!(!seen.contains(&got), "edit {i} changed the resolution");
             seen.push(got);
@@ -477,7 +474,7 @@ mod tests {
         let store = tempfile::tempdir().expect("tmp");
         let root = charly_testutil::project::example();
         let p = loaded(&root);
-        super::resolve(Some(store.path()), &root, &p);
+        super::resolve(store.path(), &root, &p);
         let file = path(store.path(), &root);
         let good = std::fs::read(&file).expect("written");
         let mut bad = good.clone();
@@ -491,7 +488,7 @@ mod tests {
         assert!(read(&file, &[MAGIC, &[0; 32], &inputs]).is_none());
         // Resolved again, and written again.
         assert_eq!(
-            text(&super::resolve(Some(store.path()), &root, &p)),
+            text(&super::resolve(store.path(), &root, &p)),
             text(&resolve::resolve(&p))
         );
         assert_eq!(std::fs::read(&file).expect("rewritten"), good);

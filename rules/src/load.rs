@@ -228,14 +228,16 @@ pub struct Project {
 impl Project {
     /// A digest of every part of the project [`crate::resolve::resolve`]
     /// can read: two projects with the same digest resolve alike (under
-    /// the same charly binary). It covers all of the project but the
-    /// candies' definitions and the namespaces' parsed manifests
-    /// themselves, which are covered by the text they were parsed from:
-    /// every source file's path and text; each namespace and each candy
-    /// as it prints (`Debug`) without its definitions — the directory
-    /// listings, small manifests, local package sources and imports found
-    /// on disk are there; the root, repos, plugins and what the load
-    /// refused. Parts are hashed in parallel.
+    /// the same charly binary). It covers all of the project but what was
+    /// parsed from source files (boxes' and candies' definitions, kept
+    /// sections), which the files' text covers, and the load's own
+    /// diagnostics, which resolving does not read: every source file's
+    /// path and text; each namespace and each candy as it prints (`Debug`)
+    /// without its definitions — the directory listings, small manifests,
+    /// local package sources and imports found on disk are there; the
+    /// root, repos, plugins and the names the load refused. A field added
+    /// to a candy or a namespace does not compile here until it is placed.
+    /// Parts are hashed in parallel.
     pub fn resolution_inputs(&self) -> [u8; 32] {
         use rayon::prelude::*;
         let part = |tag: &str, text: &str| -> [u8; 32] {
