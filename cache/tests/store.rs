@@ -392,16 +392,19 @@ fn read_record_leaves_out_the_key_inputs_and_the_blob_lookups() {
     assert_eq!(store.get_blob(&gone).expect("get blob"), None);
 }
 
+/// A store in `dir` holding one record, closed again: its key and record.
+fn one_record(dir: &Path) -> (NodeKey, Record) {
+    let k = key("containerfile:fedora");
+    let store = Store::open(dir).expect("open");
+    let rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
+    assert!(store.put_record(&k, &rec).expect("put"));
+    (k, rec)
+}
+
 #[test]
 fn opening_drops_the_digest_index_of_older_stores() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let k = key("containerfile:fedora");
-    let rec = {
-        let store = Store::open(tmp.path()).expect("open");
-        let rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
-        assert!(store.put_record(&k, &rec).expect("put"));
-        rec
-    };
+    let (k, rec) = one_record(tmp.path());
     let db = tmp.path().join("index.db");
     let indexes = || -> Vec<String> {
         let c = rusqlite::Connection::open(&db).expect("sqlite");
@@ -469,13 +472,7 @@ fn access_of(db: &Path, k: &NodeKey) -> Option<i64> {
 fn opening_a_schema_1_store_moves_access_times_out_of_the_records() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("index.db");
-    let k = key("containerfile:fedora");
-    let rec = {
-        let store = Store::open(tmp.path()).expect("open");
-        let rec = record(&store, "containerfile:fedora", &[b"FROM x", b"a file"]);
-        assert!(store.put_record(&k, &rec).expect("put"));
-        rec
-    };
+    let (k, rec) = one_record(tmp.path());
     make_schema_1(&db, 1000);
     let store = Store::open(tmp.path()).expect("reopen");
     let c = rusqlite::Connection::open(&db).expect("sqlite");

@@ -82,20 +82,20 @@ pub fn open_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
 fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     // Trees parsed by earlier runs, kept in the store
     // (charly_engine::trees): only the manifests whose text changed are
-    // parsed again.
-    let store_dir = cli
+    // parsed again; and the listings of the directories it walked
+    // (charly_engine::dirs): only directories that changed are read again.
+    // Both files are read whole, side by side. The store's caches are per
+    // project, by its canonical root.
+    let store = cli
         .cache_dir
         .clone()
-        .or_else(charly_cache::Store::default_dir);
-    // And the listings of the directories it walked (charly_engine::dirs):
-    // only directories that changed are read again. Both files are read
-    // whole, side by side.
-    // The store's caches are per project, by its canonical root.
-    let canonical = store_dir
-        .as_ref()
-        .map(|_| std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone()));
-    let (trees, dirs) = match (&store_dir, &canonical) {
-        (Some(s), Some(canonical)) => {
+        .or_else(charly_cache::Store::default_dir)
+        .map(|s| {
+            let canonical = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+            (s, canonical)
+        });
+    let (trees, dirs) = match &store {
+        Some((s, canonical)) => {
             let (t, d) = rayon::join(
                 || charly_engine::trees::TreeFile::open(s, canonical),
                 || {
@@ -106,7 +106,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
             );
             (Some(std::sync::Arc::new(t)), Some(std::sync::Arc::new(d)))
         }
-        _ => (None, None),
+        None => (None, None),
     };
     let opts = LoadOptions {
         imports: cli.imports.iter().cloned().collect(),
@@ -122,7 +122,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         load::load(&root, &opts)?
     };
     drop(opts);
-    if let Some(s) = &store_dir {
+    if let Some((s, _)) = &store {
         // A cache that cannot be written only costs the next run its parse
         // or its listings.
         if let Some(t) = &trees {
@@ -136,9 +136,9 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     // resolved it (charly_engine::resolved).
     let resolution = {
         let _t = charly_engine::timings::phase("resolve");
-        match (&store_dir, &canonical) {
-            (Some(s), Some(canonical)) => charly_engine::resolved::resolve(s, canonical, &project),
-            _ => resolve::resolve(&project),
+        match &store {
+            Some((s, canonical)) => charly_engine::resolved::resolve(s, canonical, &project),
+            None => resolve::resolve(&project),
         }
     };
     Ok(Opened {

@@ -197,10 +197,6 @@ impl WireDiag {
     }
 }
 
-fn diags(d: &[Diagnostic]) -> Vec<WireDiag> {
-    d.iter().map(WireDiag::of).collect()
-}
-
 impl WireBox {
     fn of(b: &ResolvedBox) -> Self {
         // Every field named: a field added to ResolvedBox fails to compile
@@ -346,7 +342,7 @@ impl Wire {
                 .map(|(name, b)| {
                     let b = match b {
                         Ok(b) => Ok(WireBox::of(b)),
-                        Err(e) => Err(diags(e)),
+                        Err(e) => Err(e.iter().map(WireDiag::of).collect()),
                     };
                     (name.clone(), b)
                 })

@@ -531,10 +531,8 @@ impl<'a> Builder<'a> {
         self.merge_layers();
         // Keyed: the fragments' steps go (see [`FragmentSteps`]) with the
         // memos that shared them, freed on both cores before the run
-        // starts. (Freed in the background, they were still alive when the
-        // run's first allocations came, once `topo` got faster: the peak
-        // RSS at 10,000 candies × 1,000 boxes went from 234–240 to
-        // 237–256 MB.)
+        // starts: freed in the background, they could still be alive when
+        // the run's first allocations come, and add to the peak.
         let mut released: Vec<OciSteps> = Vec::new();
         for n in self.graph.g.node_weights_mut() {
             if let Work::Fragment { steps, .. } = &mut n.work {
