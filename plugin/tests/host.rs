@@ -592,12 +592,15 @@ fn a_tcp_plugin() {
 
 /// charly SIGKILLed: no drop, no Shutdown runs, yet the plugin goes (the
 /// kernel's parent-death signal). The stand-in for charly started it on a
-/// thread that ended first, and the plugin kept serving until then.
+/// thread that ended first, and the plugin kept serving until then. The
+/// killed host cannot remove its socket directory: it goes in this test's.
 #[test]
 fn the_plugin_dies_with_a_sigkilled_charly() {
     use std::io::BufRead;
+    let tmp = tempfile::tempdir().expect("tempdir");
     let mut hold = std::process::Command::new(HOLD)
         .arg(EXAMPLE)
+        .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
