@@ -101,6 +101,7 @@ fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summar
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let boxes = boxes_of(&r);
     let graph = engine.graph(goal, &boxes).expect("graph builds");
@@ -292,6 +293,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let boxes = boxes_of(&r);
     g.bench_function("graph+keys", |b| {
@@ -338,6 +340,7 @@ fn key_benches(c: &mut Criterion) {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let boxes = boxes_of(&r);
     let graph = engine.graph(&Goal::Generate, &boxes).expect("graph");

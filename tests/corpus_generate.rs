@@ -75,6 +75,7 @@ fn generate_on_the_corpus_is_pinned() {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Generate, &boxes).expect("graph");
     let s = engine.run(&g, &root, 2, false, &Quiet);

@@ -107,6 +107,7 @@ fn generate(p: &Project, r: &Resolution, root: &Path, store: &Path) -> BTreeMap<
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Generate, &boxes).expect("graph");
     let s = engine.run(&g, root, 2, false, &Quiet);

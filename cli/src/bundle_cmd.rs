@@ -786,6 +786,8 @@ fn build_overlay(
         project,
         resolution,
         plugin_build: o.plugin_build.clone(),
+        // Not the project the store's own inputs are kept for.
+        own_inputs: None,
     };
     let jobs = 2;
     let runner = crate::session::make_runner(&a.runner, store, jobs)?;

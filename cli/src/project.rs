@@ -15,6 +15,9 @@ pub struct Opened {
     /// What its plugins answered for the build leg
     /// ([`crate::plugins::prepare_build`]; empty until then).
     pub plugin_build: charly_engine::graph::PluginBuild,
+    /// Where the store keeps its nodes' own key inputs for this project
+    /// state (`None` without a store).
+    pub own_inputs: Option<charly_engine::graph::own::OwnFile>,
 }
 
 /// Loads and resolves the project. Refused (the errors printed, exit 1)
@@ -134,17 +137,22 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
     }
     // Read back from the store when the project is as the last run
     // resolved it (charly_engine::resolved).
-    let resolution = {
+    let (resolution, own_inputs) = {
         let _t = charly_engine::timings::phase("resolve");
         match &store {
-            Some((s, canonical)) => charly_engine::resolved::resolve(s, canonical, &project),
-            None => resolve::resolve(&project),
+            Some((s, canonical)) => {
+                let (r, state) = charly_engine::resolved::resolve(s, canonical, &project);
+                let own = charly_engine::graph::own::OwnFile::new(s, canonical, state);
+                (r, Some(own))
+            }
+            None => (resolve::resolve(&project), None),
         }
     };
     Ok(Opened {
         project,
         resolution,
         plugin_build: Default::default(),
+        own_inputs,
     })
 }
 

@@ -340,6 +340,7 @@ pub(crate) fn engine<'a>(
             arch: host_arch(),
         },
         remote,
+        own_inputs: o.own_inputs.clone(),
     }
 }
 

@@ -211,3 +211,41 @@ fn runs_at_the_same_time_leave_a_sound_cache() {
         ]
     );
 }
+
+/// Nodes' own key inputs (`<store>/trees/<id>.own`, charly_engine::graph::own):
+/// generate runs at the same time leave a sound file, which the next run
+/// reads whole (it writes nothing); a damaged one is written again; and
+/// neither changes what a generate writes.
+#[test]
+fn own_inputs_are_kept_soundly_and_change_no_output() {
+    let env = Env::new();
+    let args = ["box", "generate", "--all", "-q", "--no-journal"];
+    let want = env.generated(&env.run(&args));
+    let own = env.cache_file().expect("filled").with_extension("own");
+    assert!(own.is_file(), "the first generate keeps its own inputs");
+    std::fs::remove_file(&own).expect("rm");
+    let children: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            env.command(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "{}", said(&out).2);
+    }
+    let left = (bytes(&own), inode(&own));
+    assert_eq!(env.generated(&env.run(&args)), want);
+    assert_eq!((bytes(&own), inode(&own)), left, "read whole, not written");
+    // Damaged: ignored, and written again as it was.
+    let good = left.0;
+    let mut bad = good.clone();
+    let at = good.len() - 3;
+    bad[at] ^= 0x5a;
+    std::fs::write(&own, &bad).expect("damage");
+    assert_eq!(env.generated(&env.run(&args)), want);
+    assert_eq!(bytes(&own), good, "written again");
+}

@@ -255,6 +255,7 @@ fn example_applies_to_a_rooted_dir_and_del_restores_it_exactly() {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine
         .graph(&Goal::Build, &["hello".into()])

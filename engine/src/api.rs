@@ -55,6 +55,9 @@ pub struct Engine<'a> {
     pub opts: GraphOptions,
     /// A shared cache behind the local store (`--remote`), or `None`.
     pub remote: Option<&'a dyn charly_cache::RemoteCache>,
+    /// Where nodes' own key inputs are kept between runs
+    /// ([`crate::graph::own`]), or `None` to compute them all.
+    pub own_inputs: Option<crate::graph::own::OwnFile>,
 }
 
 impl<'a> Engine<'a> {
@@ -65,10 +68,15 @@ impl<'a> Engine<'a> {
 
     /// One graph for several goals (shared nodes appear once).
     pub fn graph_goals(&self, goals: &[(Goal, Vec<String>)]) -> Result<Graph, EngineError> {
-        let mut b = Builder::new(self.project, self.resolution, self.opts.clone());
+        let mut b = Builder::new(self.project, self.resolution, self.opts.clone())
+            .with_own_inputs(self.own_inputs.as_ref());
         {
             let _t = crate::timings::phase("graph: nodes");
-            let named: Vec<String> = goals.iter().flat_map(|(_, boxes)| boxes.clone()).collect();
+            let named: Vec<String> = goals
+                .iter()
+                .flat_map(|(goal, boxes)| boxes.iter().filter(|n| b.needs_plans(goal, n)))
+                .cloned()
+                .collect();
             b.prepare_plans(&named);
             for (goal, boxes) in goals {
                 for name in boxes {

@@ -28,8 +28,10 @@ pub fn path(store_dir: &Path, root: &Path) -> PathBuf {
 
 /// The resolution of the project `p` at `root`: read from the store's file
 /// when it was made for this project state by this binary, else resolved
-/// (and the file written, into an existing `store_dir` only).
-pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> Resolution {
+/// (and the file written, into an existing `store_dir` only). With it, the
+/// project's digest ([`Project::resolution_inputs`]), which names the
+/// project state to the store's other per-project files.
+pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> (Resolution, [u8; 32]) {
     let file = path(store_dir, root);
     let inputs = {
         let _t = crate::timings::phase("resolve: inputs");
@@ -38,7 +40,7 @@ pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> Resolution {
     let context = crate::trees::context();
     let head: [&[u8]; 3] = [MAGIC, &context, &inputs];
     if let Some(r) = read(&file, &head) {
-        return r;
+        return (r, inputs);
     }
     let r = {
         let _t = crate::timings::phase("resolve: resolve");
@@ -51,7 +53,7 @@ pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> Resolution {
         // A file that cannot be written only costs the next run a resolve.
         let _ = crate::trees::write_sealed(&file, store_dir, &head, &body);
     }
-    r
+    (r, inputs)
 }
 
 /// The resolution in `file`, when it is sound and made under `head`.
@@ -418,10 +420,10 @@ mod tests {
             let p = loaded(&root);
             let want = text(&resolve::resolve(&p));
             assert!(from_file(store.path(), &root, &p).is_none());
-            assert_eq!(text(&super::resolve(store.path(), &root, &p)), want);
+            assert_eq!(text(&super::resolve(store.path(), &root, &p).0), want);
             let back = from_file(store.path(), &root, &p).expect("written");
             assert_eq!(text(&back), want, "{}", root.display());
-            assert_eq!(text(&super::resolve(store.path(), &root, &p)), want);
+            assert_eq!(text(&super::resolve(store.path(), &root, &p).0), want);
             // The same project loaded again has the same inputs.
             assert_eq!(loaded(&root).resolution_inputs(), p.resolution_inputs());
         }
@@ -457,7 +459,7 @@ mod tests {
             edit();
             let p = loaded(&root);
             assert!(from_file(&store, &root, &p).is_none(), "edit {i}");
-            let got = text(&super::resolve(&store, &root, &p));
+            let got = text(&super::resolve(&store, &root, &p).0);
             assert_eq!(got, fresh(&p), "edit {i}");
             assert!(!seen.contains(&got), "edit {i} changed the resolution");
             seen.push(got);
@@ -484,7 +486,7 @@ mod tests {
         assert!(read(&file, &[MAGIC, &[0; 32], &inputs]).is_none());
         // Resolved again, and written again.
         assert_eq!(
-            text(&super::resolve(store.path(), &root, &p)),
+            text(&super::resolve(store.path(), &root, &p).0),
             text(&resolve::resolve(&p))
         );
         assert_eq!(std::fs::read(&file).expect("rewritten"), good);

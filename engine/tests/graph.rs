@@ -67,6 +67,7 @@ fn run(
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let names: Vec<String> = boxes.iter().map(|s| s.to_string()).collect();
     let g = engine.graph(goal, &names).expect("graph");
@@ -92,6 +93,7 @@ fn top_layer(w: &World, store: &Store, b: &str) -> String {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Build, &[b.to_string()]).expect("graph");
     let i = g.by_id[&format!("image:{b}")];
@@ -567,6 +569,7 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Generate, &all).expect("graph");
     let e = engine
@@ -659,6 +662,7 @@ fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explan
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine
         .graph(&Goal::Generate, &["left".to_string()])
@@ -863,6 +867,7 @@ fn generate_with(
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine
         .graph(&Goal::Generate, &["left".to_string()])

@@ -112,6 +112,7 @@ fn build(w: &World, boxes: &[String], f: &FakeRunner) -> (Graph, Summary) {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Build, boxes).expect("graph");
     let s = engine.run(&g, &w.root, 2, false, &Reasons);
@@ -333,6 +334,7 @@ fn explain_names_what_changed_in_a_layer() {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine.graph(&Goal::Build, &names()).expect("graph");
     let e = engine.explain(&g, "layer:box00/a03").expect("explain");
@@ -424,6 +426,7 @@ fn a_layer_that_does_not_render_fails_when_it_runs_not_when_keyed() {
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let g = engine
         .graph(&Goal::Build, &["hello".to_string()])

@@ -157,6 +157,7 @@ fn run(
             arch: "amd64".into(),
         },
         remote: None,
+        own_inputs: None,
     };
     let graph = engine
         .graph(&Goal::Build, &["fan".to_string()])

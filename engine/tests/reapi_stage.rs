@@ -430,6 +430,7 @@ fn every_corpus_and_example_stage_can_be_sent() {
                 arch: "amd64".into(),
             },
             remote: None,
+            own_inputs: None,
         };
         let boxes: Vec<String> = r
             .boxes

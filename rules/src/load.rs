@@ -228,7 +228,9 @@ pub struct Project {
 impl Project {
     /// A digest of every part of the project [`crate::resolve::resolve`]
     /// can read: two projects with the same digest resolve alike (under
-    /// the same charly binary). It covers all of the project but what was
+    /// the same charly binary), and compile and key alike (charly's store
+    /// keeps the resolution and nodes' own key inputs by it). It covers all
+    /// of the project but what was
     /// parsed from source files (boxes' and candies' definitions, kept
     /// sections), which the files' text covers, and the load's own
     /// diagnostics, which resolving does not read: every source file's

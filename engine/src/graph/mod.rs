@@ -10,6 +10,7 @@
 //! else enters each kind of node's key is in [`inputs`].
 
 pub mod inputs;
+pub mod own;
 
 use crate::hash::FileHasher;
 use crate::id::{LayerSlot, NodeId, SourceId};
@@ -240,6 +241,9 @@ pub struct Graph {
     pub goals: Vec<NodeIndex>,
     /// Ids of layers merged into a sibling box's identical layer → that node.
     pub aliases: BTreeMap<String, NodeIndex>,
+    /// How many nodes took their own key inputs from the store
+    /// ([`own`]) instead of computing them.
+    pub own_inputs_reused: usize,
 }
 
 impl Graph {
@@ -446,6 +450,9 @@ pub struct Builder<'a> {
     emit: std::sync::OnceLock<charly_rules::emit::EmitOptions>,
     /// Vocabulary entries' digests, computed once ([`inputs::VocabDigests`]).
     vocab_digests: inputs::VocabDigests,
+    /// Where own key inputs are kept between runs, and what it kept
+    /// ([`own`]).
+    own: Option<(own::OwnFile, own::Kept)>,
 }
 
 fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
@@ -480,12 +487,47 @@ impl<'a> Builder<'a> {
                 by_id: BTreeMap::new(),
                 goals: Vec::new(),
                 aliases: BTreeMap::new(),
+                own_inputs_reused: 0,
             },
             plans: BTreeMap::new(),
             compiled: OciMemo::default(),
             emit: std::sync::OnceLock::new(),
             vocab_digests: Default::default(),
+            own: None,
         }
+    }
+
+    /// Takes nodes' own key inputs from `file` where it keeps them for
+    /// this project state and these options, and keeps there those it
+    /// computes ([`own`]).
+    pub fn with_own_inputs(mut self, file: Option<&own::OwnFile>) -> Self {
+        self.own = file.map(|f| (f.clone(), f.read(&self.opts)));
+        self
+    }
+
+    /// The own key inputs kept for node `id`.
+    fn kept(&self, id: &str) -> Option<&[u8]> {
+        self.own.as_ref()?.1.get(id)
+    }
+
+    /// Whether adding `goal` for box `name` compiles its candies' plans:
+    /// images' layers carry them; a build directory's fragments only
+    /// while their own inputs are not kept; a deploy plan never.
+    pub fn needs_plans(&self, goal: &Goal, name: &str) -> bool {
+        match goal {
+            Goal::Build => true,
+            Goal::Generate => self.r.get(name).is_none_or(|b| !self.fragments_kept(b)),
+            Goal::Plan(_) => false,
+        }
+    }
+
+    /// Whether the own key inputs of every fragment of box `b` are kept.
+    fn fragments_kept(&self, b: &ResolvedBox) -> bool {
+        self.own.is_some()
+            && b.candies.iter().all(|k| {
+                self.kept(&NodeId::fragment(&b.name, k).to_string())
+                    .is_some()
+            })
     }
 
     /// The emitter options of this run (as `Engine::ctx` gives nodes).
@@ -693,7 +735,12 @@ impl<'a> Builder<'a> {
         );
         let sb = self.source_box(name);
         self.edge(sb, node);
-        let plans = self.oci_plans(b)?;
+        // Fragments whose own inputs are kept need no steps to be keyed
+        // (one that runs compiles its candy then: FragmentSteps::get).
+        let plans = match self.fragments_kept(b) {
+            true => None,
+            false => Some(self.oci_plans(b)?),
+        };
         for (i, k) in b.candies.iter().enumerate() {
             let sc = self.source_candy(k);
             self.edge(sc, node);
@@ -704,7 +751,7 @@ impl<'a> Builder<'a> {
                     box_name: name.into(),
                     candy: k.clone(),
                     index: i,
-                    steps: FragmentSteps(Some(plans[i].clone())),
+                    steps: FragmentSteps(plans.as_ref().map(|p| p[i].clone())),
                 },
             );
             self.edge(sc, f);
@@ -977,12 +1024,16 @@ impl<'a> Builder<'a> {
                     .unwrap_or(0);
             }
         }
-        // Each node, with where its steps are when it is a fragment; by
-        // level, in topological order within one.
+        // Each node, with where its steps are when it is a fragment whose
+        // own inputs are not kept; by level, in topological order within
+        // one.
         let mut others: Vec<(NodeIndex, Option<(usize, usize)>)> = order
             .iter()
             .filter(|i| self.graph.g[**i].kind != NodeKind::Source)
-            .map(|&i| (i, self.fragment_steps(i).map(inputs::steps_addr)))
+            .map(|&i| match self.kept(&self.graph.g[i].id) {
+                Some(_) => (i, None),
+                None => (i, self.fragment_steps(i).map(inputs::steps_addr)),
+            })
             .collect();
         others.sort_by_key(|(i, _)| level[i.index()]);
         // Keyed in batches of one level. Only one batch's inputs are alive
@@ -997,6 +1048,9 @@ impl<'a> Builder<'a> {
             *remaining.entry(at).or_default() += 1;
         }
         let mut shared: HashMap<(usize, usize), Result<String, GraphError>> = HashMap::new();
+        // Own inputs computed where the store keeps them (to add there).
+        let mut fresh: Vec<(String, Box<[u8]>)> = Vec::new();
+        let mut reused = 0;
         let batches = others
             .chunk_by(|a, b| level[a.0.index()] == level[b.0.index()])
             .flat_map(|l| l.chunks(KEY_BATCH));
@@ -1020,7 +1074,10 @@ impl<'a> Builder<'a> {
                 .par_iter()
                 .map(|(i, at)| {
                     let i = *i;
-                    let mut inputs = match at.map(|at| &shared[&at]) {
+                    if let Some(own) = this.kept_inputs(i) {
+                        return Ok((i, this.chain(i, own, false), true));
+                    }
+                    let inputs = match at.map(|at| &shared[&at]) {
                         None => this.inputs_of(i, hasher, None),
                         Some(Ok(json)) => this.inputs_of(i, hasher, Some(json)),
                         // The same error for each fragment sharing the steps.
@@ -1035,37 +1092,18 @@ impl<'a> Builder<'a> {
                             message: e.to_string(),
                         }),
                     }?;
-                    let g = &this.graph.g;
-                    // The one own input that is another node's key: a
-                    // builder stage's image (a dependency, so keyed by now).
-                    if let Work::BuilderStage { image_box, .. } = &g[i].work
-                        && let Some(bi) = this.graph.index(&NodeId::image(image_box))
-                    {
-                        inputs.builder_image = Some(g[bi].key.to_hex());
-                    }
-                    // A layer names the layer below it by role, not by id:
-                    // the id names a box, and siblings' layers must key
-                    // alike.
-                    let parent = match &g[i].work {
-                        Work::Layer { parent, .. } => parent.as_ref(),
-                        _ => None,
-                    };
-                    for d in g.neighbors_directed(i, petgraph::Direction::Incoming) {
-                        let dn = &g[d];
-                        if parent == Some(&dn.nid) {
-                            inputs.dep(PARENT_DEP, &dn.key);
-                        } else {
-                            inputs.dep(dn.id.clone(), &dn.key);
-                        }
-                    }
-                    Ok((i, inputs.key(), inputs.pack()))
+                    Ok((i, this.chain(i, inputs, true), false))
                 })
                 .collect();
             for k in keyed {
-                let (i, key, packed) = k?;
+                let (i, c, reused_own) = k?;
+                reused += usize::from(reused_own);
                 let n = &mut self.graph.g[i];
-                n.key = key;
-                n.inputs = packed;
+                n.key = c.key;
+                n.inputs = c.packed;
+                if let Some(own) = c.own {
+                    fresh.push((n.id.clone(), own));
+                }
             }
             for at in batch.iter().filter_map(|(_, at)| *at) {
                 if let Some(n) = remaining.get_mut(&at) {
@@ -1076,7 +1114,60 @@ impl<'a> Builder<'a> {
                 }
             }
         }
+        self.graph.own_inputs_reused = reused;
+        if let Some((file, kept)) = &self.own
+            && !fresh.is_empty()
+        {
+            // A file that cannot be written only costs the next run the
+            // inputs it would have kept.
+            let _ = file.save(&self.opts, kept, fresh);
+        }
         Ok(())
+    }
+
+    /// Node `i`'s own key inputs as the store keeps them, when it does
+    /// (for a node of the kind, read back whole).
+    fn kept_inputs(&self, i: NodeIndex) -> Option<KeyInputs> {
+        let n = &self.graph.g[i];
+        KeyInputs::unpack(self.kept(&n.id)?).filter(|k| k.kind == Some(n.kind))
+    }
+
+    /// Node `i` keyed from its own inputs: the dependencies' keys (keyed by
+    /// now) chained in. Also gives its own inputs packed, for the store to
+    /// keep, when they are `fresh` (not read from it) and read no file (not
+    /// a source or a layer).
+    fn chain(&self, i: NodeIndex, mut inputs: KeyInputs, fresh: bool) -> Chained {
+        let g = &self.graph.g;
+        let own = (fresh
+            && self.own.is_some()
+            && !matches!(g[i].kind, NodeKind::Source | NodeKind::Layer))
+        .then(|| inputs.pack());
+        // The one own input that is another node's key: a builder stage's
+        // image (a dependency, so keyed by now).
+        if let Work::BuilderStage { image_box, .. } = &g[i].work
+            && let Some(bi) = self.graph.index(&NodeId::image(image_box))
+        {
+            inputs.builder_image = Some(g[bi].key.to_hex());
+        }
+        // A layer names the layer below it by role, not by id: the id
+        // names a box, and siblings' layers must key alike.
+        let parent = match &g[i].work {
+            Work::Layer { parent, .. } => parent.as_ref(),
+            _ => None,
+        };
+        for d in g.neighbors_directed(i, petgraph::Direction::Incoming) {
+            let dn = &g[d];
+            if parent == Some(&dn.nid) {
+                inputs.dep(PARENT_DEP, &dn.key);
+            } else {
+                inputs.dep(dn.id.clone(), &dn.key);
+            }
+        }
+        Chained {
+            key: inputs.key(),
+            packed: inputs.pack(),
+            own,
+        }
     }
 
     /// The steps of node `i` when it is a fragment.
@@ -1157,8 +1248,17 @@ fn compile_oci_steps(
     Ok(Arc::new(steps))
 }
 
-/// A node keyed: its key and its key inputs packed.
-type Keyed = (NodeIndex, NodeKey, Box<[u8]>);
+/// A node keyed ([`Builder::chain`]).
+struct Chained {
+    key: NodeKey,
+    /// Its key inputs, packed.
+    packed: Box<[u8]>,
+    /// Its own inputs, packed, for the store to keep.
+    own: Option<Box<[u8]>>,
+}
+
+/// A node keyed, and whether its own inputs were kept.
+type Keyed = (NodeIndex, Chained, bool);
 
 /// How many nodes are keyed together ([`Builder::compute_keys`]): enough to
 /// keep both cores busy, few enough that their key inputs stay small.
@@ -1180,6 +1280,7 @@ mod tests {
             by_id: BTreeMap::new(),
             goals: Vec::new(),
             aliases: BTreeMap::new(),
+            own_inputs_reused: 0,
         };
         let ix: Vec<NodeIndex> = names
             .iter()
