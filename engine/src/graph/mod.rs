@@ -1030,9 +1030,10 @@ impl<'a> Builder<'a> {
         let mut others: Vec<(NodeIndex, Option<(usize, usize)>)> = order
             .iter()
             .filter(|i| self.graph.g[**i].kind != NodeKind::Source)
-            .map(|&i| match self.kept(&self.graph.g[i].id) {
-                Some(_) => (i, None),
-                None => (i, self.fragment_steps(i).map(inputs::steps_addr)),
+            .map(|&i| {
+                let steps = self.fragment_steps(i);
+                let steps = steps.filter(|_| self.kept(&self.graph.g[i].id).is_none());
+                (i, steps.map(inputs::steps_addr))
             })
             .collect();
         others.sort_by_key(|(i, _)| level[i.index()]);
