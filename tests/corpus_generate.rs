@@ -53,12 +53,7 @@ fn generate_on_the_corpus_is_pinned() {
     charly_testutil::copy_project(&charly_testutil::corpus(), &root);
     let p = load::load(&root, &LoadOptions::default()).expect("corpus loads");
     let r = resolve::resolve(&p);
-    let boxes: Vec<String> = r
-        .boxes
-        .iter()
-        .filter(|(_, b)| b.is_ok())
-        .map(|(n, _)| n.clone())
-        .collect();
+    let boxes = r.resolved_names();
     assert!(boxes.len() >= 20, "{} boxes resolve", boxes.len());
     let store = Store::open(&tmp.path().join("store")).expect("store");
     let hasher = FileHasher::in_memory();

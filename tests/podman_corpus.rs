@@ -38,12 +38,7 @@ fn corpus_containerfiles_build_with_podman() {
         image_refs: refs.clone(),
         ..Default::default()
     };
-    let names: Vec<String> = r
-        .boxes
-        .iter()
-        .filter(|(_, b)| b.is_ok())
-        .map(|(n, _)| n.clone())
-        .collect();
+    let names = r.resolved_names();
     assert!(names.len() >= 19, "{names:?}");
 
     let podman = common::Podman::new(&t.path().join("podman"));

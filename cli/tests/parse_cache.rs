@@ -38,6 +38,23 @@ impl Env {
         self.command(args).output().expect("charly runs")
     }
 
+    /// `n` runs of `args` at the same time: what each said.
+    fn run_together(&self, n: usize, args: &[&str]) -> Vec<Output> {
+        let children: Vec<std::process::Child> = (0..n)
+            .map(|_| {
+                self.command(args)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait"))
+            .collect()
+    }
+
     /// What a generate said (the project's path left out) and the
     /// Containerfiles it wrote.
     fn generated(&self, o: &Output) -> (Said, Files) {
@@ -171,17 +188,7 @@ fn runs_at_the_same_time_leave_a_sound_cache() {
     let env = Env::new();
     let want = said(&env.run(&["validate"]));
     std::fs::remove_dir_all(env.store.join("trees")).expect("rm");
-    let children: Vec<std::process::Child> = (0..6)
-        .map(|_| {
-            env.command(&["validate"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn")
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().expect("wait");
+    for out in env.run_together(6, &["validate"]) {
         assert_eq!(said(&out), want);
     }
     let file = env.cache_file().expect("filled");
@@ -224,17 +231,7 @@ fn own_inputs_are_kept_soundly_and_change_no_output() {
     let own = env.cache_file().expect("filled").with_extension("own");
     assert!(own.is_file(), "the first generate keeps its own inputs");
     std::fs::remove_file(&own).expect("rm");
-    let children: Vec<std::process::Child> = (0..4)
-        .map(|_| {
-            env.command(&args)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn")
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().expect("wait");
+    for out in env.run_together(4, &args) {
         assert_eq!(out.status.code(), Some(0), "{}", said(&out).2);
     }
     let left = (bytes(&own), inode(&own));

@@ -533,12 +533,7 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
     let store = Store::open(&w.store_dir).expect("store");
     let (p, r) = w.open();
     // Every resolvable box, disabled ones included (immich is disabled).
-    let all: Vec<String> = r
-        .boxes
-        .iter()
-        .filter(|(_, b)| b.is_ok())
-        .map(|(n, _)| n.clone())
-        .collect();
+    let all = r.resolved_names();
     drop((p, r));
     let names: Vec<&str> = all.iter().map(String::as_str).collect();
     let (g1, s1) = run(&w, &store, &Goal::Generate, &names, &FakeRunner::new(), 2);

@@ -5,10 +5,10 @@
 
 use charly_cache::Store;
 use charly_engine::api::Engine;
-use charly_engine::graph::own::OwnFile;
+use charly_engine::graph::own::{self, OwnFile};
 use charly_engine::graph::{Goal, Graph, GraphOptions};
 use charly_engine::hash::FileHasher;
-use charly_engine::key::{KeyInputs, NodeKind};
+use charly_engine::key::KeyInputs;
 use charly_engine::sched::Quiet;
 use charly_rules::load::{self, LoadOptions, Project};
 use charly_rules::plan::Target;
@@ -54,12 +54,7 @@ fn opts(dev_local_pkg: bool) -> GraphOptions {
 
 /// Every resolved box under each goal that keys it.
 fn goals(r: &Resolution) -> Vec<(Goal, Vec<String>)> {
-    let boxes: Vec<String> = r
-        .boxes
-        .iter()
-        .filter(|(_, b)| b.is_ok())
-        .map(|(n, _)| n.clone())
-        .collect();
+    let boxes = r.resolved_names();
     vec![
         (Goal::Generate, boxes.clone()),
         (Goal::Build, boxes.clone()),
@@ -108,12 +103,9 @@ fn keyed(
     (g, nodes)
 }
 
-/// How many nodes keep their own inputs in the store (all but sources and
-/// layers, which hash files).
+/// How many nodes keep their own inputs in the store.
 fn keepable(g: &Graph) -> usize {
-    g.g.node_weights()
-        .filter(|n| !matches!(n.kind, NodeKind::Source | NodeKind::Layer))
-        .count()
+    g.g.node_weights().filter(|n| own::keeps(n.kind)).count()
 }
 
 #[test]

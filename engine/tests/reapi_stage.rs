@@ -432,12 +432,7 @@ fn every_corpus_and_example_stage_can_be_sent() {
             remote: None,
             own_inputs: None,
         };
-        let boxes: Vec<String> = r
-            .boxes
-            .iter()
-            .filter(|(_, b)| b.is_ok())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let boxes = r.resolved_names();
         let graph = engine.graph(&Goal::Build, &boxes).expect("graph");
         let summary = engine.run(&graph, &root, 2, false, &charly_engine::sched::Quiet);
         let failed: Vec<String> = summary

@@ -147,6 +147,15 @@ impl Resolution {
     pub fn get(&self, name: &str) -> Option<&ResolvedBox> {
         self.boxes.get(name).and_then(|r| r.as_ref().ok())
     }
+
+    /// The names of the boxes that resolve, in name order.
+    pub fn resolved_names(&self) -> Vec<String> {
+        self.boxes
+            .iter()
+            .filter(|(_, b)| b.is_ok())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
 }
 
 /// Resolves every box of a project.

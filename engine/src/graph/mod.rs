@@ -1130,19 +1130,19 @@ impl<'a> Builder<'a> {
     /// (for a node of the kind, read back whole).
     fn kept_inputs(&self, i: NodeIndex) -> Option<KeyInputs> {
         let n = &self.graph.g[i];
+        if !own::keeps(n.kind) {
+            return None;
+        }
         KeyInputs::unpack(self.kept(&n.id)?).filter(|k| k.kind == Some(n.kind))
     }
 
     /// Node `i` keyed from its own inputs: the dependencies' keys (keyed by
     /// now) chained in. Also gives its own inputs packed, for the store to
-    /// keep, when they are `fresh` (not read from it) and read no file (not
-    /// a source or a layer).
+    /// keep, when they are `fresh` (not read from it) and of a kind the
+    /// store keeps ([`own::keeps`]).
     fn chain(&self, i: NodeIndex, mut inputs: KeyInputs, fresh: bool) -> Chained {
         let g = &self.graph.g;
-        let own = (fresh
-            && self.own.is_some()
-            && !matches!(g[i].kind, NodeKind::Source | NodeKind::Layer))
-        .then(|| inputs.pack());
+        let own = (fresh && self.own.is_some() && own::keeps(g[i].kind)).then(|| inputs.pack());
         // The one own input that is another node's key: a builder stage's
         // image (a dependency, so keyed by now).
         if let Work::BuilderStage { image_box, .. } = &g[i].work

@@ -2,7 +2,7 @@
 //! (`<store>/trees/<id>.own`, next to the project's parse cache and
 //! resolution): a node's own inputs (all but its dependencies' keys) are a
 //! pure function of the project, its resolution and the graph options —
-//! for every kind but sources and layers, which hash files. A run whose
+//! for the kinds [`keeps`] names. A run whose
 //! project and options are those the file was written for takes them from
 //! the file, so it neither compiles the candies' plans for the fragments
 //! nor encodes them again (at 10,000 candies × 1,000 boxes, ~26,000
@@ -19,6 +19,7 @@
 //! [`Project::resolution_inputs`]: charly_rules::load::Project::resolution_inputs
 
 use super::GraphOptions;
+use crate::key::NodeKind;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -92,14 +93,36 @@ impl OwnFile {
         let size = entries.iter().map(|(i, b)| 8 + i.len() + b.len()).sum();
         let mut body = Vec::with_capacity(size);
         for (id, bytes) in entries {
-            for part in [id, bytes] {
-                body.extend_from_slice(&(part.len() as u32).to_le_bytes());
-                body.extend_from_slice(part);
-            }
+            put(&mut body, id);
+            put(&mut body, bytes);
         }
         let [a, b, c] = self.head(opts);
         crate::trees::write_sealed(&self.file, &self.store_dir, &[MAGIC, &a, &b, &c], &body)
     }
+}
+
+/// Whether the store keeps the own inputs of nodes of `kind`: those whose
+/// id names all they are computed from. Not sources and layers (they hash
+/// files), nor builder stages and local packages: their ids do not name the
+/// box whose namespace and distro their inputs are taken from (the first
+/// box in the graph that needs them), so another run's could differ.
+pub fn keeps(kind: NodeKind) -> bool {
+    match kind {
+        NodeKind::Fragment
+        | NodeKind::Containerfile
+        | NodeKind::Image
+        | NodeKind::Plan
+        | NodeKind::Rootfs
+        | NodeKind::Base => true,
+        NodeKind::Source | NodeKind::Layer | NodeKind::BuilderStage | NodeKind::LocalPkg => false,
+    }
+}
+
+/// Appends one part of an entry (an id, or its packed inputs): its length,
+/// then its bytes.
+fn put(body: &mut Vec<u8>, part: &[u8]) {
+    body.extend_from_slice(&(part.len() as u32).to_le_bytes());
+    body.extend_from_slice(part);
 }
 
 /// A digest of every graph option a node's own inputs read (each field
@@ -128,9 +151,9 @@ pub fn options_digest(opts: &GraphOptions) -> [u8; 32] {
 pub(super) struct Kept {
     data: Vec<u8>,
     at: Vec<(Range<usize>, Range<usize>)>,
-    /// Entry by id: a graph looks up every node it keys, some twice
-    /// (a binary search over ids that share long prefixes cost ~40 ms of
-    /// comparisons at 10,000 candies × 1,000 boxes).
+    /// Entry by id: a graph looks up every node it keys, fragments twice
+    /// (a binary search over ids that share long prefixes cost ~105 ms of
+    /// CPU at 10,000 candies × 1,000 boxes).
     index: HashMap<Box<[u8]>, usize>,
 }
 
@@ -276,24 +299,17 @@ mod tests {
         // Sealed and well framed, but "b" before "a": not a file `save`
         // wrote (it merges sorted entries), so it is not used.
         let head: [&[u8]; 1] = [b"h"];
-        let mut body = Vec::new();
-        for part in [&b"b"[..], b"2", b"a", b"1"] {
-            body.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            body.extend_from_slice(part);
-        }
-        let mut data = b"h".to_vec();
-        data.extend_from_slice(blake3::hash(&body).as_bytes());
-        data.extend_from_slice(&body);
-        assert!(Kept::parse(data.clone(), &head).is_none());
+        let sealed = |parts: [&[u8]; 4]| -> Vec<u8> {
+            let mut body = Vec::new();
+            parts.iter().for_each(|p| put(&mut body, p));
+            let mut data = b"h".to_vec();
+            data.extend_from_slice(blake3::hash(&body).as_bytes());
+            data.extend_from_slice(&body);
+            data
+        };
+        assert!(Kept::parse(sealed([b"b", b"2", b"a", b"1"]), &head).is_none());
         // The same framing in order is read.
-        let mut body = Vec::new();
-        for part in [&b"a"[..], b"1", b"b", b"2"] {
-            body.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            body.extend_from_slice(part);
-        }
-        let mut data = b"h".to_vec();
-        data.extend_from_slice(blake3::hash(&body).as_bytes());
-        data.extend_from_slice(&body);
+        let data = sealed([b"a", b"1", b"b", b"2"]);
         assert_eq!(Kept::parse(data, &head).map(|k| k.len()), Some(2));
     }
 }
