@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"chdirs\x00\x01";
-const HEADER: usize = 8 + 32;
 
 /// What a directory was when it was listed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,14 +238,11 @@ impl DirFile {
 /// (stamp, range of its encoded listing, slot).
 #[allow(clippy::type_complexity)]
 fn parse(data: &[u8]) -> Option<HashMap<PathBuf, (Stamp, usize, usize, usize)>> {
-    if !crate::trees::is_sealed(data, &[MAGIC]) {
-        return None;
-    }
     let len_at = |at: usize| -> Option<usize> {
         usize::try_from(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?)).ok()
     };
     let mut out = HashMap::new();
-    let mut at = HEADER;
+    let mut at = crate::trees::sealed_body_at(data, &[MAGIC])?;
     while at < data.len() {
         let path_end = (at + 8).checked_add(len_at(at)?)?;
         let path = data.get(at + 8..path_end)?;

@@ -60,10 +60,7 @@ pub fn resolve(store_dir: &Path, root: &Path, p: &Project) -> (Resolution, [u8; 
 fn read(file: &Path, head: &[&[u8]]) -> Option<Resolution> {
     let _t = crate::timings::phase("resolve: read");
     let data = std::fs::read(file).ok()?;
-    if !crate::trees::is_sealed(&data, head) {
-        return None;
-    }
-    let at = head.iter().map(|h| h.len()).sum::<usize>() + 32;
+    let at = crate::trees::sealed_body_at(&data, head)?;
     let wire: Wire = postcard::from_bytes(data.get(at..)?).ok()?;
     Some(wire.into_resolution())
 }

@@ -21,7 +21,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 const MAGIC: &[u8; 8] = b"chtrees\x01";
-const HEADER: usize = 8 + 32 + 32;
 
 /// The parse cache of one project (see the module docs).
 pub struct TreeFile {
@@ -170,20 +169,19 @@ pub(crate) fn write_sealed(
     Ok(())
 }
 
-/// Whether `data` is a sound [`write_sealed`] file of this `head`: it
-/// starts with `head`, and its body has the digest that follows.
-pub(crate) fn is_sealed(data: &[u8], head: &[&[u8]]) -> bool {
+/// Where the body of `data` starts, when `data` is a sound
+/// [`write_sealed`] file of this `head`: it starts with `head`, and its
+/// body has the digest that follows.
+pub(crate) fn sealed_body_at(data: &[u8], head: &[&[u8]]) -> Option<usize> {
     let mut at = 0;
     for h in head {
         if data.get(at..at + h.len()) != Some(*h) {
-            return false;
+            return None;
         }
         at += h.len();
     }
-    match (data.get(at..at + 32), data.get(at + 32..)) {
-        (Some(digest), Some(body)) => blake3::hash(body).as_bytes() == digest,
-        _ => false,
-    }
+    let (digest, body) = (data.get(at..at + 32)?, data.get(at + 32..)?);
+    (blake3::hash(body).as_bytes() == digest).then_some(at + 32)
 }
 
 fn put_entry(body: &mut Vec<u8>, key: &TreeKey, bytes: &[u8]) {
@@ -196,11 +194,8 @@ fn put_entry(body: &mut Vec<u8>, key: &TreeKey, bytes: &[u8]) {
 /// made for `context`.
 #[allow(clippy::type_complexity)]
 fn parse_index(data: &[u8], context: &[u8; 32]) -> Option<HashMap<TreeKey, (usize, usize, usize)>> {
-    if !is_sealed(data, &[MAGIC, context]) {
-        return None;
-    }
+    let mut at = sealed_body_at(data, &[MAGIC, context])?;
     let mut index = HashMap::new();
-    let mut at = HEADER;
     while at < data.len() {
         let key: TreeKey = data.get(at..at + 32)?.try_into().ok()?;
         let len = u64::from_le_bytes(data.get(at + 32..at + 40)?.try_into().ok()?);
@@ -235,6 +230,9 @@ mod tests {
     use super::*;
     use charly_rules::source::FileId;
     use charly_rules::yaml::cache::parse_cached;
+
+    /// The magic, the context and the body's digest.
+    const HEADER: usize = 8 + 32 + 32;
 
     const A: &str = "name: a\nlist: [1, 2]\n";
     const B: &str = "name: b\nmap: {x: \"y\"}\n";

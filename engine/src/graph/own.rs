@@ -162,10 +162,7 @@ impl Kept {
     /// `head`, and its ids are sorted and distinct (as [`OwnFile::save`]
     /// merges them).
     fn parse(data: Vec<u8>, head: &[&[u8]]) -> Option<Kept> {
-        if !crate::trees::is_sealed(&data, head) {
-            return None;
-        }
-        let mut pos = head.iter().map(|h| h.len()).sum::<usize>() + 32;
+        let mut pos = crate::trees::sealed_body_at(&data, head)?;
         let mut at: Vec<(Range<usize>, Range<usize>)> = Vec::new();
         let part = |pos: &mut usize| -> Option<Range<usize>> {
             let len = u32::from_le_bytes(data.get(*pos..*pos + 4)?.try_into().ok()?) as usize;
