@@ -24,6 +24,14 @@ database <cache-dir>/deploy/ledger.sqlite in the charly store (--cache-dir, $CHA
 else $XDG_CACHE_HOME/charly); a bundle remembers its target (and --root), so `del` and `status` \
 need only its name.";
 
+/// A bundle name from the command line: one identifier rule
+/// ([`charly_rules::names::bundle`]), so a name never becomes a path.
+fn bundle_name(s: &str) -> Result<String, String> {
+    charly_rules::names::bundle(s)
+        .map(|()| s.to_string())
+        .map_err(|why| format!("bundle name `{}` {why}", s.escape_debug()))
+}
+
 /// `charly bundle …`
 #[derive(Subcommand, Debug)]
 #[command(after_long_help = LEDGER_HELP)]
@@ -37,6 +45,7 @@ pub enum BundleCommand {
     #[command(after_long_help = LEDGER_HELP)]
     Del {
         /// Bundle name.
+        #[arg(value_parser = bundle_name)]
         name: String,
         /// Print what would be undone; change nothing.
         #[arg(long)]
@@ -46,6 +55,11 @@ pub enum BundleCommand {
         /// it such files are kept and named.
         #[arg(long)]
         force: bool,
+        /// Forget the bundle without undoing anything: for a bundle whose
+        /// target is gone (its --root deleted, its machine destroyed).
+        /// Every change that is not undone is listed.
+        #[arg(long, conflicts_with_all = ["force", "dry_run"])]
+        forget: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -60,6 +74,7 @@ pub enum BundleCommand {
     #[command(after_long_help = LEDGER_HELP)]
     Apply {
         /// Bundle name.
+        #[arg(value_parser = bundle_name)]
         name: String,
         /// Print what would be undone and applied; change nothing.
         #[arg(long)]
@@ -80,6 +95,7 @@ pub enum BundleCommand {
     #[command(after_long_help = LEDGER_HELP)]
     Status {
         /// Bundle name.
+        #[arg(value_parser = bundle_name)]
         name: String,
         /// Print the result as JSON.
         #[arg(long)]
@@ -160,7 +176,9 @@ impl BecomeArgs {
 /// Arguments of `bundle add`.
 #[derive(clap::Args, Debug)]
 pub struct AddArgs {
-    /// Bundle name (unique in the ledger).
+    /// Bundle name (unique in the ledger): a letter or digit, then letters,
+    /// digits, `.`, `_` and `-`.
+    #[arg(value_parser = bundle_name)]
     pub name: String,
     /// Box whose candies to apply.
     #[arg(value_name = "BOX")]
@@ -256,10 +274,17 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
         BundleCommand::Add(a) => add(cli, a),
         BundleCommand::Del {
             name,
+            forget: true,
+            json,
+            ..
+        } => forget(cli, name, *json),
+        BundleCommand::Del {
+            name,
             dry_run,
             force,
             json,
             become_pass,
+            ..
         } => del(
             cli,
             name,
@@ -890,7 +915,12 @@ fn del(
     let rec = ledger
         .get(name)?
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
-    let mut host = bundle::host_for(&rec.connection)?;
+    let mut host = bundle::host_for(&rec.connection).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nthe target of bundle {name} cannot be reached; if it is gone for good, \
+             `charly bundle del {name} --forget` forgets the bundle without undoing anything"
+        )
+    })?;
     become_pass.apply(host.as_mut())?;
     let mut progress = |r: &walk::UndoReport| {
         if !json {
@@ -918,6 +948,65 @@ fn del(
             output::error(&e.to_string());
             Err(crate::Reported.into())
         }
+    }
+}
+
+/// `bundle del NAME --forget`: the record goes, the target is not touched.
+fn forget(cli: &Cli, name: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let (_store, mut ledger) = open_ledger(cli)?;
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
+    let mut progress = |r: &walk::UndoReport| {
+        if !json {
+            progress_line(r.seq, &r.state, &r.what, r.note.as_deref());
+        }
+    };
+    let reports = walk::forget(&mut ledger, name, &mut progress)?;
+    if json {
+        output::json(&serde_json::json!({"bundle": name, "forgotten": true,
+            "not_undone": reports}))?;
+    } else {
+        output::note(&format!(
+            "bundle {name} forgotten: {} changes on {} not undone",
+            reports.len(),
+            rec.target_key
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a bundle's target can be reached now, and why not: a local
+/// root must still be a directory; an SSH host must accept a TCP
+/// connection within two seconds.
+fn reachable(conn: &Connection) -> Result<(), String> {
+    match conn {
+        Connection::Local { root: None } => Ok(()),
+        Connection::Local { root: Some(r) } => {
+            if std::path::Path::new(r).is_dir() {
+                Ok(())
+            } else {
+                Err(format!("its root {r} is gone"))
+            }
+        }
+        Connection::Ssh(t) => {
+            use std::net::ToSocketAddrs;
+            let addrs = (t.host.as_str(), t.port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{}: {e}", t.host))?;
+            for a in addrs {
+                if std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            Err(format!("{}:{} does not answer", t.host, t.port))
+        }
+        Connection::Other(_) => Err(format!(
+            "a `{}` connection this version cannot reach",
+            conn.kind().unwrap_or("unknown")
+        )),
     }
 }
 
@@ -1005,24 +1094,53 @@ fn status(cli: &Cli, name: &str, json: bool, become_pass: &BecomeArgs) -> anyhow
 fn list(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
     let (_store, ledger) = open_ledger(cli)?;
     let all = ledger.list()?;
+    // Each target is asked once, all at once (an SSH host that does not
+    // answer costs its timeout, not one per bundle).
+    let targets: std::collections::BTreeMap<String, &Connection> = all
+        .iter()
+        .map(|r| (r.connection.host_key(), &r.connection))
+        .collect();
+    let reach: std::collections::BTreeMap<String, Result<(), String>> = std::thread::scope(|s| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|(k, c)| (k.clone(), s.spawn(move || reachable(c))))
+            .collect();
+        running
+            .into_iter()
+            .map(|(k, h)| (k, h.join().unwrap_or_else(|_| Err("unknown".into()))))
+            .collect()
+    });
+    let why_not = |r: &BundleRecord| {
+        reach
+            .get(&r.connection.host_key())
+            .and_then(|x| x.as_ref().err())
+            .cloned()
+    };
     if json {
         let v: Vec<serde_json::Value> = all
             .iter()
             .map(|r| {
                 serde_json::json!({"name": r.name, "box": r.box_name, "target": r.target,
                 "target_key": r.target_key, "user": r.user, "state": r.state,
-                "deploy_id": r.deploy_id, "updated_unix": r.updated_unix})
+                "deploy_id": r.deploy_id, "updated_unix": r.updated_unix,
+                "reachable": why_not(r).is_none(), "unreachable_because": why_not(r)})
             })
             .collect();
         output::json(&v)?;
     } else {
         for r in &all {
             println!(
-                "{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}{}",
                 r.name,
                 r.box_name,
                 r.target_key,
-                serde_json::to_value(r.state)?.as_str().unwrap_or("")
+                serde_json::to_value(r.state)?.as_str().unwrap_or(""),
+                why_not(r)
+                    .map(|w| format!(
+                        "\tunreachable: {w} (`charly bundle del {} --forget`)",
+                        r.name
+                    ))
+                    .unwrap_or_default()
             );
         }
         if all.is_empty() {

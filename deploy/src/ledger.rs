@@ -134,6 +134,19 @@ pub enum Connection {
 }
 
 impl Connection {
+    /// The machine (and the root on it) a bundle changes: bundles with the
+    /// same key share its files, packages and services, whatever their
+    /// target kind (a pod's unit file and a host deploy's files land in
+    /// the same tree).
+    pub fn host_key(&self) -> String {
+        match self {
+            Connection::Local { root: Some(r) } => format!("local:{r}"),
+            Connection::Local { root: None } => "local:/".into(),
+            Connection::Ssh(t) => format!("ssh:{}:{}", t.host, t.port),
+            Connection::Other(v) => format!("other:{v}"),
+        }
+    }
+
     /// The `kind` it is stored under (`local`, `ssh`, or what another
     /// kind's record says, if anything).
     pub fn kind(&self) -> Option<&str> {
@@ -261,6 +274,18 @@ pub enum Undo {
         /// Needs root.
         privileged: bool,
     },
+    /// Put back the body a managed block had before we replaced it (every
+    /// other byte of the file stays as it is).
+    RestoreBlock {
+        /// The file.
+        file: String,
+        /// Block marker.
+        marker: String,
+        /// The body it had.
+        body: String,
+        /// Needs root.
+        privileged: bool,
+    },
     /// Remove packages we installed (those still installed).
     RemovePackages {
         /// Package format (deb, rpm, pac).
@@ -348,6 +373,9 @@ impl Undo {
             ),
             Undo::RemoveBlock { file, marker, .. } => {
                 format!("remove managed block {marker} from {file}")
+            }
+            Undo::RestoreBlock { file, marker, .. } => {
+                format!("put back managed block {marker} in {file}")
             }
             Undo::RemovePackages {
                 format, packages, ..
@@ -548,6 +576,11 @@ pub struct StepRecord {
     /// The reverse ops of the step each undo operation (by index) carries
     /// out; absent for what the step did on the way.
     pub realizes: BTreeMap<u32, Vec<ReverseOp>>,
+    /// When each undo operation (by index) was recorded, in one order
+    /// across every bundle of the ledger (an operation handed over from
+    /// another bundle keeps its own): who changed a shared thing first.
+    #[serde(skip)]
+    pub at: BTreeMap<u32, i64>,
     /// State left behind.
     pub facts: Vec<Fact>,
 }
@@ -570,6 +603,103 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// How long a write waits for another process's transaction.
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The schema this version writes (`PRAGMA user_version`): 1, the first
+/// tables; 2, `undo.reverse`; 3, `undo.at` and `pending_dirs`.
+const SCHEMA: i64 = 3;
+
+/// Puts the database in WAL mode. Only the first open of a new file
+/// changes anything; it needs the file alone for a moment, so a busy
+/// answer (another process opening it too) is waited out.
+fn set_wal(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let give_up = std::time::Instant::now() + BUSY_WAIT;
+    loop {
+        match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.map(|_| ()),
+        }
+    }
+}
+
+/// Creates the tables, or upgrades those of an earlier version, in one
+/// immediate transaction (the first writer wins; the others wait for it
+/// and then find nothing to do).
+fn upgrade(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    let have: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if have >= SCHEMA {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS bundles(
+           name TEXT PRIMARY KEY, deploy_id TEXT NOT NULL, box TEXT NOT NULL,
+           target TEXT NOT NULL, target_key TEXT NOT NULL, connection TEXT NOT NULL,
+           user TEXT NOT NULL, home TEXT NOT NULL, state TEXT NOT NULL,
+           plan TEXT NOT NULL, options TEXT NOT NULL,
+           created_unix INTEGER NOT NULL, updated_unix INTEGER NOT NULL, error TEXT,
+           UNIQUE(target_key, deploy_id));
+         CREATE TABLE IF NOT EXISTS steps(
+           bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+           seq INTEGER NOT NULL, candy TEXT NOT NULL, kind TEXT NOT NULL,
+           scope TEXT NOT NULL, title TEXT NOT NULL, state TEXT NOT NULL, note TEXT,
+           step TEXT NOT NULL, started_unix INTEGER, finished_unix INTEGER,
+           PRIMARY KEY(bundle, seq));
+         CREATE TABLE IF NOT EXISTS undo(
+           bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+           seq INTEGER NOT NULL, idx INTEGER NOT NULL, op TEXT NOT NULL,
+           PRIMARY KEY(bundle, seq, idx));
+         CREATE TABLE IF NOT EXISTS facts(
+           bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+           seq INTEGER NOT NULL, idx INTEGER NOT NULL, fact TEXT NOT NULL,
+           PRIMARY KEY(bundle, seq, idx));
+         CREATE TABLE IF NOT EXISTS blobs(
+           bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
+           sha256 TEXT NOT NULL, data BLOB NOT NULL,
+           PRIMARY KEY(bundle, sha256));
+         CREATE TABLE IF NOT EXISTS pending_dirs(
+           host TEXT NOT NULL, path TEXT NOT NULL, privileged INTEGER NOT NULL,
+           PRIMARY KEY(host, path));",
+    )?;
+    let has = |col: &str| -> rusqlite::Result<bool> {
+        tx.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('undo') WHERE name=?1",
+            params![col],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    // Which reverse ops an undo carries out (schema 2).
+    if !has("reverse")? {
+        tx.execute_batch("ALTER TABLE undo ADD COLUMN reverse TEXT")?;
+    }
+    // When each undo was recorded, across bundles (schema 3): rows of
+    // earlier versions are ordered as they were inserted.
+    if !has("at")? {
+        tx.execute_batch("ALTER TABLE undo ADD COLUMN at INTEGER; UPDATE undo SET at=rowid;")?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version={SCHEMA}"))?;
+    tx.commit()
+}
+
+/// A lock file's name: a digest of what it locks, never the name itself
+/// (a bundle name or a target is not a path).
+fn lock_file(kind: &str, what: &str) -> String {
+    let h = blake3::hash(what.as_bytes()).to_hex();
+    format!("{kind}-{}.lock", &h[..32])
+}
+
+/// Holds a deploy target (see [`Ledger::lock_host`]).
+pub struct HostLock {
+    _file: std::fs::File,
+}
+
 impl Ledger {
     /// `$CHARLY_STATE_DIR`, else `$XDG_STATE_HOME/charly`, else `~/.local/state/charly`.
     pub fn default_dir() -> Option<PathBuf> {
@@ -582,7 +712,11 @@ impl Ledger {
         std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/charly"))
     }
 
-    /// Opens (creating) `<dir>/ledger.sqlite`.
+    /// Opens (creating) `<dir>/ledger.sqlite`, bringing its schema up to
+    /// date. Any number of processes may open one ledger at once: the
+    /// schema is created and upgraded in one immediate transaction, read
+    /// and written against `PRAGMA user_version`, so two first opens (or
+    /// two upgrades) never race.
     pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
         std::fs::create_dir_all(dir.join("locks")).map_err(|e| LedgerError::Io {
             path: dir.display().to_string(),
@@ -593,53 +727,14 @@ impl Ledger {
             path: path.display().to_string(),
             source: e,
         };
-        let conn = rusqlite::Connection::open(&path).map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
+        let mut conn = rusqlite::Connection::open(&path).map_err(sql)?;
+        // Another deploy may hold the database for a step's commit: wait,
+        // as long as a slow disk could need.
+        conn.busy_timeout(BUSY_WAIT).map_err(sql)?;
+        set_wal(&conn).map_err(sql)?;
+        conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
             .map_err(sql)?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL;
-             PRAGMA synchronous=FULL;
-             PRAGMA foreign_keys=ON;
-             CREATE TABLE IF NOT EXISTS bundles(
-               name TEXT PRIMARY KEY, deploy_id TEXT NOT NULL, box TEXT NOT NULL,
-               target TEXT NOT NULL, target_key TEXT NOT NULL, connection TEXT NOT NULL,
-               user TEXT NOT NULL, home TEXT NOT NULL, state TEXT NOT NULL,
-               plan TEXT NOT NULL, options TEXT NOT NULL,
-               created_unix INTEGER NOT NULL, updated_unix INTEGER NOT NULL, error TEXT,
-               UNIQUE(target_key, deploy_id));
-             CREATE TABLE IF NOT EXISTS steps(
-               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
-               seq INTEGER NOT NULL, candy TEXT NOT NULL, kind TEXT NOT NULL,
-               scope TEXT NOT NULL, title TEXT NOT NULL, state TEXT NOT NULL, note TEXT,
-               step TEXT NOT NULL, started_unix INTEGER, finished_unix INTEGER,
-               PRIMARY KEY(bundle, seq));
-             CREATE TABLE IF NOT EXISTS undo(
-               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
-               seq INTEGER NOT NULL, idx INTEGER NOT NULL, op TEXT NOT NULL,
-               PRIMARY KEY(bundle, seq, idx));
-             CREATE TABLE IF NOT EXISTS facts(
-               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
-               seq INTEGER NOT NULL, idx INTEGER NOT NULL, fact TEXT NOT NULL,
-               PRIMARY KEY(bundle, seq, idx));
-             CREATE TABLE IF NOT EXISTS blobs(
-               bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
-               sha256 TEXT NOT NULL, data BLOB NOT NULL,
-               PRIMARY KEY(bundle, sha256));",
-        )
-        .map_err(sql)?;
-        // Added after the first versions: which reverse ops an undo carries out.
-        let has_reverse: bool = conn
-            .query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('undo') WHERE name='reverse'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(sql)?
-            > 0;
-        if !has_reverse {
-            conn.execute_batch("ALTER TABLE undo ADD COLUMN reverse TEXT")
-                .map_err(sql)?;
-        }
+        upgrade(&mut conn).map_err(sql)?;
         Ok(Ledger { conn, path })
     }
 
@@ -660,7 +755,7 @@ impl Ledger {
             .parent()
             .unwrap_or(Path::new("."))
             .join("locks")
-            .join(format!("{name}.lock"))
+            .join(lock_file("bundle", name))
     }
 
     /// Takes the bundle's lock (fails when another process holds it).
@@ -705,6 +800,44 @@ impl Ledger {
         matches!(self.try_lock(name), Err(LedgerError::Busy(_)))
     }
 
+    /// Takes the lock of a deploy target ([`Connection::host_key`]),
+    /// waiting as long as another charly holds it; `waiting` is called
+    /// once when the wait begins. `add`, `apply` and `del` hold it from
+    /// their first look at the target to their last change, so deploys
+    /// that share files take turns, and each one decides what is shared
+    /// from the others' finished records.
+    pub fn lock_host(
+        &self,
+        host: &str,
+        waiting: &mut dyn FnMut(),
+    ) -> Result<HostLock, LedgerError> {
+        let p = self
+            .path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("locks")
+            .join(lock_file("host", host));
+        let io = |e: std::io::Error| LedgerError::Io {
+            path: p.display().to_string(),
+            message: e.to_string(),
+        };
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(io)?;
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                waiting();
+                f.lock().map_err(io)?;
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        Ok(HostLock { _file: f })
+    }
+
     /// Records a new bundle (state `applying`).
     pub fn create(&self, r: &BundleRecord) -> Result<(), LedgerError> {
         let connection = r
@@ -714,6 +847,13 @@ impl Ledger {
                 bundle: r.name.clone(),
                 message,
             })?;
+        // Checked and inserted in one transaction: two processes creating
+        // the same name get one bundle and one clear refusal.
+        let tx = rusqlite::Transaction::new_unchecked(
+            &self.conn,
+            rusqlite::TransactionBehavior::Immediate,
+        )
+        .map_err(self.sql())?;
         if self.get(&r.name)?.is_some() {
             return Err(LedgerError::Exists(r.name.clone()));
         }
@@ -755,6 +895,7 @@ impl Ledger {
                 ],
             )
             .map_err(self.sql())?;
+        tx.commit().map_err(self.sql())?;
         Ok(())
     }
 
@@ -829,7 +970,10 @@ impl Ledger {
             path: path.clone(),
             source: e,
         };
-        let tx = self.conn.transaction().map_err(sql)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
         for (sha, data) in blobs {
             tx.execute(
                 "INSERT OR IGNORE INTO blobs(bundle, sha256, data) VALUES(?1,?2,?3)",
@@ -838,8 +982,11 @@ impl Ledger {
             .map_err(sql)?;
         }
         let idx = next_undo_idx(&tx, name, seq).map_err(sql)?;
+        // After every undo recorded so far, by any bundle: which bundle
+        // changed a shared file first is read off this order at `del`.
         tx.execute(
-            "INSERT INTO undo(bundle, seq, idx, op, reverse) VALUES(?1,?2,?3,?4,?5)",
+            "INSERT INTO undo(bundle, seq, idx, op, reverse, at)
+             VALUES(?1,?2,?3,?4,?5,(SELECT COALESCE(MAX(at),0)+1 FROM undo))",
             params![name, seq, idx, json, reverse],
         )
         .map_err(sql)?;
@@ -861,7 +1008,10 @@ impl Ledger {
             path: path.clone(),
             source: e,
         };
-        let tx = self.conn.transaction().map_err(sql)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
         tx.execute(
             "DELETE FROM facts WHERE bundle=?1 AND seq=?2",
             params![name, seq],
@@ -965,22 +1115,24 @@ impl Ledger {
             let mut u = self
                 .conn
                 .prepare(
-                    "SELECT idx, op, reverse FROM undo WHERE bundle=?1 AND seq=?2 ORDER BY idx",
+                    "SELECT idx, op, reverse, at FROM undo WHERE bundle=?1 AND seq=?2 ORDER BY idx",
                 )
                 .map_err(self.sql())?;
-            let rows: Vec<(u32, String, Option<String>)> = u
+            let rows: Vec<(u32, String, Option<String>, Option<i64>)> = u
                 .query_map(params![name, seq], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
                 })
                 .map_err(self.sql())?
                 .collect::<Result<_, _>>()
                 .map_err(self.sql())?;
             let mut undo = Vec::with_capacity(rows.len());
             let mut realizes = BTreeMap::new();
-            for (i, j, rev) in rows {
+            let mut at = BTreeMap::new();
+            for (i, j, rev, when) in rows {
                 let op = serde_json::from_str(&j)
                     .map_err(|e| corrupt(format!("undo {seq}.{i}: {e}")))?;
                 undo.push((i, op));
+                at.insert(i, when.unwrap_or(0));
                 if let Some(rev) = rev {
                     let ops: Vec<ReverseOp> = serde_json::from_str(&rev)
                         .map_err(|e| corrupt(format!("reverse ops of undo {seq}.{i}: {e}")))?;
@@ -1012,6 +1164,7 @@ impl Ledger {
                 step: serde_json::from_str(&step).unwrap_or(serde_json::Value::Null),
                 undo,
                 realizes,
+                at,
                 facts,
             });
         }
@@ -1032,10 +1185,11 @@ impl Ledger {
 
     /// Hands an undo operation of one bundle over to another on the same
     /// target that still needs what it would undo (a package both
-    /// installed, a file the other wrote last): `op` is added to the
-    /// other's step `seq` (with the backups it needs, copied), replacing
-    /// the other's operations `replace` there (which would have put back
-    /// what the first bundle left); all in one transaction.
+    /// installed, a file the other changed after it): `op` is added to the
+    /// other's step `seq` (with the backups it needs, copied) with its own
+    /// time `at`, replacing the other's operations `replace` there (which
+    /// would have put back what the first bundle left); all in one
+    /// transaction.
     pub fn hand_over(
         &mut self,
         from: &str,
@@ -1043,6 +1197,7 @@ impl Ledger {
         seq: u32,
         replace: &[u32],
         op: &Undo,
+        at: i64,
     ) -> Result<(), LedgerError> {
         let json = undo_json(from, op)?;
         let path = self.path.display().to_string();
@@ -1050,7 +1205,10 @@ impl Ledger {
             path: path.clone(),
             source: e,
         };
-        let tx = self.conn.transaction().map_err(sql)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
         if let Undo::RestoreFile { sha256, .. } = op {
             tx.execute(
                 "INSERT OR IGNORE INTO blobs(bundle, sha256, data)
@@ -1073,11 +1231,55 @@ impl Ledger {
             None => next_undo_idx(&tx, to, seq).map_err(sql)?,
         };
         tx.execute(
-            "INSERT INTO undo(bundle, seq, idx, op) VALUES(?1,?2,?3,?4)",
-            params![to, seq, idx, json],
+            "INSERT INTO undo(bundle, seq, idx, op, at) VALUES(?1,?2,?3,?4,?5)",
+            params![to, seq, idx, json, at],
         )
         .map_err(sql)?;
         tx.commit().map_err(sql)?;
+        Ok(())
+    }
+
+    /// Remembers a directory a removed bundle created but could not remove
+    /// (another bundle on `host` still had files in it): the `del` that
+    /// leaves it unneeded removes it.
+    pub fn add_pending_dir(
+        &self,
+        host: &str,
+        path: &str,
+        privileged: bool,
+    ) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO pending_dirs(host, path, privileged) VALUES(?1,?2,?3)",
+                params![host, path, privileged],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// The directories waiting to be removed on `host`, deepest first.
+    pub fn pending_dirs(&self, host: &str) -> Result<Vec<(String, bool)>, LedgerError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT path, privileged FROM pending_dirs WHERE host=?1")
+            .map_err(self.sql())?;
+        let mut dirs: Vec<(String, bool)> = st
+            .query_map(params![host], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(self.sql())?
+            .collect::<Result<_, _>>()
+            .map_err(self.sql())?;
+        dirs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        Ok(dirs)
+    }
+
+    /// Forgets a pending directory (removed, gone, or kept for good).
+    pub fn drop_pending_dir(&self, host: &str, path: &str) -> Result<(), LedgerError> {
+        self.conn
+            .execute(
+                "DELETE FROM pending_dirs WHERE host=?1 AND path=?2",
+                params![host, path],
+            )
+            .map_err(self.sql())?;
         Ok(())
     }
 
@@ -1089,7 +1291,10 @@ impl Ledger {
             path: path.clone(),
             source: e,
         };
-        let tx = self.conn.transaction().map_err(sql)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
         for table in ["undo", "facts", "steps"] {
             tx.execute(
                 &format!("DELETE FROM {table} WHERE bundle=?1 AND seq>=?2"),
@@ -1392,7 +1597,8 @@ mod tests {
                        bundle TEXT NOT NULL REFERENCES bundles(name) ON DELETE CASCADE,
                        seq INTEGER NOT NULL, idx INTEGER NOT NULL, op TEXT NOT NULL,
                        PRIMARY KEY(bundle, seq, idx));
-                     INSERT INTO undo VALUES('a', 0, 0, '{\"op\":\"note\",\"text\":\"old\"}');",
+                     INSERT INTO undo VALUES('a', 0, 0, '{\"op\":\"note\",\"text\":\"old\"}');
+                     PRAGMA user_version=0;",
                 )
                 .expect("old table");
         }
@@ -1429,6 +1635,73 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    /// Many processes opening a new ledger at once (each `bundle add` of a
+    /// parallel CI job does): every open succeeds, the schema is made once,
+    /// and records made right after are all there.
+    #[test]
+    fn concurrent_first_opens_and_creates_all_succeed() {
+        let t = tempfile::tempdir().expect("tmp");
+        let dir = t.path().to_path_buf();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let l = Ledger::open(&dir).map_err(|e| e.to_string())?;
+                    let mut r = rec(&format!("b{i}"));
+                    r.target_key = format!("local:/r{i}");
+                    l.create(&r).map_err(|e| e.to_string())?;
+                    l.begin_step(&r.name, 0, &head(), StepState::Incomplete, None)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread").expect("open, create and record");
+        }
+        let l = Ledger::open(&dir).expect("open");
+        assert_eq!(l.list().expect("list").len(), 8);
+        let v: i64 = l
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .expect("version");
+        assert_eq!(v, SCHEMA);
+    }
+
+    /// Undo operations are ordered across bundles as they were recorded;
+    /// one handed over keeps its own place in that order.
+    #[test]
+    fn undo_order_spans_bundles_and_survives_hand_over() {
+        let t = tempfile::tempdir().expect("tmp");
+        let mut l = Ledger::open(t.path()).expect("open");
+        for (name, key) in [("a", "k1"), ("b", "k2")] {
+            let mut r = rec(name);
+            r.target_key = key.into();
+            l.create(&r).expect("create");
+            l.begin_step(name, 0, &head(), StepState::Complete, None)
+                .expect("begin");
+        }
+        let rm = |p: &str| Undo::RemovePath {
+            path: p.into(),
+            privileged: false,
+        };
+        l.add_undo("a", 0, &rm("/x"), &[], &[]).expect("a1");
+        l.add_undo("b", 0, &rm("/x"), &[], &[]).expect("b1");
+        l.add_undo("a", 0, &rm("/y"), &[], &[]).expect("a2");
+        let a = &l.steps("a").expect("a")[0];
+        let b = &l.steps("b").expect("b")[0];
+        assert!(
+            a.at[&0] < b.at[&0] && b.at[&0] < a.at[&1],
+            "{:?} {:?}",
+            a.at,
+            b.at
+        );
+        let first = a.at[&0];
+        l.hand_over("a", "b", 0, &[0], &rm("/x"), first)
+            .expect("hand over");
+        let b = &l.steps("b").expect("b")[0];
+        assert_eq!(b.at[&0], first);
     }
 
     #[test]

@@ -1445,6 +1445,142 @@ fn shared_packages_and_files_outlive_the_first_del() {
     }
 }
 
+/// Two targets, two bundles on each: a package, a service and a managed
+/// block both bundles of a target share, and a file each writes its own
+/// content to. On each target, after every `del` (in both orders) what
+/// the remaining bundle needs is there and untouched, the last `del`
+/// leaves the target as it was, and the other target sees nothing of it:
+/// sharing is decided per target, never by what another target holds.
+#[test]
+fn sharing_is_per_target_and_every_del_order_restores_each_target() {
+    use charly_rules::plan::{
+        InstallStep, Phase, Scope, ServicePackagedStep, ShellSnippetStep, SystemPackages,
+    };
+    let (p, r) = open();
+    let base = plan(&p, &r);
+    let plan_of = |name: &str| {
+        let mut pl = base.clone();
+        pl.deploy_id = format!("id-{name}");
+        pl.steps = vec![
+            InstallStep::system_packages(
+                "shared",
+                Phase::Install,
+                SystemPackages {
+                    format: "deb".into(),
+                    packages: vec!["jq".into()],
+                    ..Default::default()
+                },
+                None,
+            ),
+            write_step(name, "/etc/shared.conf", &format!("from {name}\n")),
+            InstallStep::service_packaged(
+                "shared",
+                Scope::System,
+                ServicePackagedStep {
+                    name: "sshd".into(),
+                    unit: "sshd.service".into(),
+                    enable: true,
+                },
+            ),
+            InstallStep::shell_snippet(
+                "shared",
+                ShellSnippetStep {
+                    shell: "bash".into(),
+                    text: "export SHARED=1\n".into(),
+                    destination: "/home/user/.bashrc".into(),
+                    managed_block: true,
+                    path: Vec::new(),
+                },
+            ),
+        ];
+        pl
+    };
+    let text = |h: &MemHost, path: &str| match h.files.get(path) {
+        Some(MemNode::File { data, .. }) => Some(String::from_utf8_lossy(data).into_owned()),
+        _ => None,
+    };
+    let count = |h: &MemHost, word: &str| h.commands().iter().filter(|c| c.contains(word)).count();
+    let new_host = || {
+        let mut host = MemHost::new("user", 1000);
+        // jq is absent and sshd disabled until the first bundle is applied.
+        host.once("dpkg-query", Response::ok(""));
+        host.on("dpkg-query", Response::ok("jq\tii \n"));
+        host.once("is-enabled", Response::ok("disabled inactive\n"));
+        host.on("is-enabled", Response::ok("enabled active\n"));
+        host
+    };
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let mut hosts = [new_host(), new_host()];
+    let originals = [hosts[0].files.clone(), hosts[1].files.clone()];
+    let names = [["a1", "b1"], ["a2", "b2"]];
+    for (h, host) in hosts.iter_mut().enumerate() {
+        for name in names[h] {
+            let pl = plan_of(name);
+            let user = walk::resolve_user(host, "user", &pl).expect("user");
+            let mut rec = record(name, &pl, &user, &format!("mem-{h}"));
+            rec.connection = Connection::Local {
+                root: Some(format!("/target-{h}")),
+            };
+            walk::apply(
+                host,
+                Some(&mut ledger),
+                &rec,
+                &pl,
+                &user,
+                &TestArts,
+                &Options {
+                    target: Target::Vm,
+                    gates: charly_rules::plan::Gates::all(),
+                    ..Options::default()
+                },
+                &mut |_| {},
+            )
+            .expect("apply");
+        }
+    }
+    // Target 0 goes a first, target 1 b first.
+    for (h, order) in [(0, names[0]), (1, [names[1][1], names[1][0]])] {
+        let other = 1 - h;
+        let other_before = (hosts[other].files.clone(), hosts[other].log.len());
+        let del = |host: &mut MemHost, ledger: &mut Ledger, name: &str| {
+            walk::remove(host, ledger, name, false, &mut |_| {}).expect("del")
+        };
+        let reports = del(&mut hosts[h], &mut ledger, order[0]);
+        let host = &hosts[h];
+        let ctx = format!("target {h} after del {}: {reports:#?}", order[0]);
+        assert_eq!(count(host, "apt-get purge"), 0, "jq still needed: {ctx}");
+        assert_eq!(
+            count(host, "systemctl disable"),
+            0,
+            "sshd still needed: {ctx}"
+        );
+        assert!(
+            text(host, "/home/user/.bashrc").is_some_and(|t| t.contains("export SHARED=1")),
+            "the block stays: {ctx}"
+        );
+        assert_eq!(
+            text(host, "/etc/shared.conf"),
+            Some(format!("from {}\n", order[1])),
+            "{ctx}"
+        );
+        del(&mut hosts[h], &mut ledger, order[1]);
+        let host = &hosts[h];
+        assert_eq!(count(host, "apt-get purge"), 1, "the last del removes jq");
+        assert_eq!(
+            count(host, "systemctl disable --now sshd.service"),
+            1,
+            "the last del puts sshd back as it was"
+        );
+        assert_eq!(host.files, originals[h], "target {h} as it was");
+        assert_eq!(
+            (hosts[other].files.clone(), hosts[other].log.len()),
+            other_before,
+            "target {other} untouched by target {h}'s dels"
+        );
+    }
+}
+
 /// The preflight waits for a package manager lock held by another process
 /// (an fcntl lock, as dpkg takes) and names it when it is still held at the
 /// end; a lock released in time lets the deploy go on.

@@ -24,6 +24,7 @@
 //! | [`var_name`] | `^[A-Z_][A-Z0-9_]*$` (candy `var:`) | `var:` keys |
 //! | [`user_name`] | `^[a-z_][a-z0-9_-]*\$?$` (POSIX login names) | box user, base user |
 //! | [`unit_name`] | `^[A-Za-z0-9_@:.-]+$`, no leading `.`, no `..` | service names, `use_packaged:` units |
+//! | [`bundle`] | `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` | `charly bundle` names (ledger records, lock files) |
 //! | [`path_segment`] | `^[A-Za-z0-9._+-]+$`, not `.` or `..` | each directory of a candy's path in the project |
 //! | [`image_ref`] | `[A-Za-z0-9._:/@+-]` (and `${…}`), no `..` segment | external `base:`, `registry:`, `tag:` |
 //! | [`token`] | no whitespace, no `\`, no control character, no Unicode line break | paths, URLs, package names, modes, caps: a single Containerfile/shell token |
@@ -199,6 +200,23 @@ pub fn path_segment(s: &str) -> Result<(), Why> {
         Ok(())
     } else {
         Err("must be a plain name: letters, digits, `.`, `_`, `+` and `-` (not `.` or `..`)")
+    }
+}
+
+/// A deploy bundle's name (`charly bundle add NAME`): a letter or digit,
+/// then letters, digits, `.`, `_` and `-`, at most 128 bytes. It names a
+/// ledger record and, through it, lock files and pod units: never a path.
+pub fn bundle(s: &str) -> Result<(), Why> {
+    let ok = s.len() <= 128
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            "must start with a letter or digit and hold only letters, digits, `.`, `_` and `-` (at most 128)",
+        )
     }
 }
 
@@ -723,6 +741,27 @@ mod tests {
             "a b",
         ] {
             assert!(entity(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bundle_names() {
+        for ok in ["a", "k1", "my_bundle", "web-1.prod", "A9"] {
+            assert!(bundle(ok).is_ok(), "{ok}");
+        }
+        let long = "a".repeat(129);
+        for bad in [
+            "",
+            "..",
+            ".hidden",
+            "../../outside/victim",
+            "a/b",
+            "-x",
+            "a b",
+            "a\nb",
+            long.as_str(),
+        ] {
+            assert!(bundle(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -140,9 +140,12 @@ pub fn apply(
     super::aur::refuse_without_pacman(host, &plan, &skip)?;
     let _lock = match ledger.as_deref_mut() {
         Some(l) if !dry => {
+            let target = super::lock_target(l, record, &mut |title, note| {
+                progress(&StepReport::waiting(title, note))
+            })?;
             let lock = l.lock(&record.name)?;
             l.create(record)?;
-            Some(lock)
+            Some((target, lock))
         }
         _ => None,
     };
@@ -201,6 +204,13 @@ pub fn reapply(
     let name = record.name.as_str();
     let rooted = host.root().is_some();
     let (plan, skip) = for_user(plan, user, o, rooted);
+    let _target = (!o.dry_run)
+        .then(|| {
+            super::lock_target(ledger, record, &mut |title, note| {
+                progress(&StepReport::waiting(title, note))
+            })
+        })
+        .transpose()?;
     let _lock = (!o.dry_run).then(|| ledger.lock(name)).transpose()?;
     let steps = ledger.steps(name)?;
     let drifted: BTreeSet<u32> = super::drift(host, ledger, name, None)?
@@ -238,8 +248,7 @@ pub fn reapply(
     let undone = super::undo::undo_from(
         host,
         ledger,
-        &record.target_key,
-        name,
+        record,
         from_seq,
         &opts,
         &format!("charly bundle apply {name}"),

@@ -51,6 +51,25 @@ pub fn strip_block(content: &str, marker: &str) -> String {
     format!("{}{}", &content[..start], &content[end..])
 }
 
+/// `content` with the body of its block `marker` replaced by `body`
+/// (markers and everything around them unchanged); `content` as it is
+/// when it has no such block.
+pub fn replace_block(content: &str, marker: &str, body: &str) -> String {
+    let (b, e) = block_markers(marker);
+    let Some(start) = content.find(&format!("{b}\n")) else {
+        return content.to_string();
+    };
+    let body_start = start + b.len() + 1;
+    let Some(rel_end) = content[body_start..].find(&e) else {
+        return content.to_string();
+    };
+    format!(
+        "{}{body}{}",
+        &content[..body_start],
+        &content[body_start + rel_end..]
+    )
+}
+
 impl StepCx<'_> {
     pub(super) fn put_block(
         &mut self,
@@ -88,29 +107,38 @@ impl StepCx<'_> {
         let created = old.is_none();
         let old = String::from_utf8(old.unwrap_or_default())
             .map_err(|_| format!("{file} is not UTF-8 text"))?;
-        let base = strip_block(&old, marker);
-        let added_newline = !base.is_empty() && !base.ends_with('\n');
-        let (b, e) = block_markers(marker);
-        let new = format!(
-            "{base}{}{b}\n{body}{e}\n",
-            if added_newline { "\n" } else { "" }
-        );
-        let had_block = find_block(&old, marker).is_some();
-        if had_block {
-            // An earlier block of ours (another bundle): restore the whole file.
-            self.record_replace(file, privileged)?;
-        } else {
-            self.undo(
-                &Undo::RemoveBlock {
+        let (new, undo) = match find_block(&old, marker) {
+            // An earlier block of ours (another bundle's): its body is
+            // replaced where it stands, and put back by the undo; the rest
+            // of the file is not touched, then or at `del`.
+            Some(prior) => (
+                replace_block(&old, marker, &body),
+                Undo::RestoreBlock {
                     file: file.into(),
                     marker: marker.into(),
-                    added_newline,
-                    created_file: created,
+                    body: prior,
                     privileged,
                 },
-                &[],
-            )?;
-        }
+            ),
+            None => {
+                let added_newline = !old.is_empty() && !old.ends_with('\n');
+                let (b, e) = block_markers(marker);
+                (
+                    format!(
+                        "{old}{}{b}\n{body}{e}\n",
+                        if added_newline { "\n" } else { "" }
+                    ),
+                    Undo::RemoveBlock {
+                        file: file.into(),
+                        marker: marker.into(),
+                        added_newline,
+                        created_file: created,
+                        privileged,
+                    },
+                )
+            }
+        };
+        self.undo(&undo, &[])?;
         // An existing file keeps its mode and owner.
         let mut a = self.attrs(st.as_ref().map_or(0o644, |s| s.mode), privileged);
         if let Some(s) = &st {

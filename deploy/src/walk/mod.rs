@@ -41,7 +41,7 @@ pub use drift::{Drift, drift};
 pub use managed::{find_block, rc_file, strip_block};
 pub use plugin::{PluginCall, PluginSteps, parse_deploy_reply};
 pub use reverse::{incidental, kind_name, realizes, undo_of, vacuous};
-pub use undo::{DelOptions, UndoReport, remove, remove_with};
+pub use undo::{DelOptions, UndoReport, forget, remove, remove_with};
 
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, parent, sha256_hex};
 use crate::ledger::{Fact, Ledger, LedgerError, StepHead, Undo};
@@ -52,6 +52,23 @@ use charly_rules::sh;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+
+/// Takes the lock of the target `record` is on ([`Ledger::lock_host`]);
+/// while another charly holds it, `waiting` is told (what, why) once and
+/// this one waits.
+fn lock_target(
+    ledger: &Ledger,
+    record: &crate::ledger::BundleRecord,
+    waiting: &mut dyn FnMut(String, String),
+) -> Result<crate::ledger::HostLock, LedgerError> {
+    let host = record.connection.host_key();
+    ledger.lock_host(&host, &mut || {
+        waiting(
+            format!("target {host}"),
+            "another charly process is changing it; waiting for it to finish".into(),
+        )
+    })
+}
 
 /// Where builder artifacts, local packages and copied files come from.
 pub trait Artifacts {
@@ -194,6 +211,20 @@ pub struct StepReport {
 }
 
 impl StepReport {
+    /// This walk waits for another charly on the same target.
+    fn waiting(title: String, note: String) -> Self {
+        StepReport {
+            seq: 0,
+            candy: String::new(),
+            kind: String::new(),
+            scope: String::new(),
+            title,
+            state: "waiting".into(),
+            note: Some(note),
+            actions: Vec::new(),
+        }
+    }
+
     /// The report of step `seq`.
     fn of(seq: u32, h: &StepHead, state: &str, note: Option<String>, actions: Vec<String>) -> Self {
         StepReport {
@@ -475,7 +506,7 @@ impl StepCx<'_> {
                                 | ReverseKind::ServiceRemove
                         ) && targets_path(path)
                     }
-                    Undo::RemoveBlock { marker, .. } => {
+                    Undo::RemoveBlock { marker, .. } | Undo::RestoreBlock { marker, .. } => {
                         r.kind == ReverseKind::RemoveManagedBlock
                             && r.extra.get("marker") == Some(marker)
                     }

@@ -210,7 +210,19 @@ pub fn realizes(op: &ReverseOp, u: &Undo) -> bool {
                     && (op.targets.is_empty() || names(file))
                     && *privileged == sys
             }
-            // An earlier block of the same marker: the whole file put back.
+            // An earlier block of the same marker: its body put back.
+            Undo::RestoreBlock {
+                file,
+                marker,
+                privileged,
+                ..
+            } => {
+                op.extra.get("marker") == Some(marker)
+                    && (op.targets.is_empty() || names(file))
+                    && *privileged == sys
+            }
+            // The same, as versions before block-level undo recorded it:
+            // the whole file put back.
             Undo::RestoreFile { path, .. } => op.targets.is_empty() || names(path),
             _ => false,
         },

@@ -1,15 +1,44 @@
 //! Undoing a bundle (`bundle del`): its recorded undo operations, last
 //! first, each removed from the ledger once carried out so an interrupted
 //! `del` resumes where it stopped.
+//!
+//! **Sharing.** Bundles on one target (one machine, or one root on it:
+//! [`Connection::host_key`](crate::ledger::Connection::host_key)) can change
+//! the same thing: a file both write, a managed block both add, a service
+//! both enable, a package both need, a directory both put files in. Each
+//! undo operation puts back what was there before *its* change, and the
+//! ledger orders every operation of every bundle (`at`), so each thing has
+//! a chain of changes, first one first. Deleting a bundle takes its links
+//! out of those chains:
+//!
+//! * another bundle changed the thing later: this bundle's undo goes to
+//!   that bundle, in place of its own (which would put back what this one
+//!   left); the target does not change, and that bundle's `del` puts back
+//!   what was there before either;
+//! * this bundle changed it last: its undo runs, putting back what the
+//!   bundle before it left (or what was there before any, when it was the
+//!   only one), under the rule for files changed since the deploy (kept
+//!   unless `--force`);
+//! * a package goes by need: when another bundle's step needs one of the
+//!   packages an undo would remove, the whole removal is handed to it;
+//! * a directory another bundle still has something in (or needs itself)
+//!   is kept and remembered; the `del` after which no bundle needs it
+//!   removes it (if empty).
+//!
+//! So the last `del` on a target leaves it as it was before the first
+//! `add`, whatever the order of the `add`s and `del`s. The caller holds the
+//! target's lock ([`Ledger::lock_host`]): no other bundle on the target
+//! changes while the chains are read and changed.
 
 use super::drift::sweep;
-use super::managed::{find_block, strip_block};
+use super::managed::{find_block, replace_block, strip_block};
 use super::{R, WalkError};
 use crate::host::{Cmd, FileAttrs, Host, HostError, PathKind, sha256_hex};
-use crate::ledger::{BundleState, Fact, Ledger, LedgerError, StepRecord, Undo};
+use crate::ledger::{BundleRecord, BundleState, Fact, Ledger, LedgerError, StepRecord, Undo};
 use crate::pkg;
+use charly_rules::plan::{ReverseKind, ReverseOp, Scope};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One undo operation's outcome.
 #[derive(Clone, Debug, Serialize)]
@@ -18,7 +47,8 @@ pub struct UndoReport {
     pub seq: u32,
     /// What.
     pub what: String,
-    /// `done`, `warning`.
+    /// `done`, `warning`, `handed-over`, `kept`, `waiting` (for another
+    /// charly on the same target), `not-undone` (`--forget`).
     pub state: String,
     /// Detail.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,6 +87,23 @@ pub struct DelOptions {
     pub force: bool,
 }
 
+/// Takes the lock of `rec`'s target, saying through `progress` when this
+/// `del` waits for another charly.
+fn lock_target(
+    ledger: &Ledger,
+    rec: &BundleRecord,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<crate::ledger::HostLock, LedgerError> {
+    super::lock_target(ledger, rec, &mut |what, note| {
+        progress(&UndoReport {
+            seq: 0,
+            what,
+            state: "waiting".into(),
+            note: Some(note),
+        })
+    })
+}
+
 /// [`remove`] with options.
 pub fn remove_with(
     host: &mut dyn Host,
@@ -66,9 +113,19 @@ pub fn remove_with(
     progress: &mut dyn FnMut(&UndoReport),
 ) -> Result<Vec<UndoReport>, WalkError> {
     let dry_run = opts.dry_run;
-    let rec = ledger
-        .get(name)?
-        .ok_or_else(|| LedgerError::NotFound(name.into()))?;
+    let found = || -> Result<BundleRecord, WalkError> {
+        Ok(ledger
+            .get(name)?
+            .ok_or_else(|| LedgerError::NotFound(name.into()))?)
+    };
+    let rec = found()?;
+    let _target = if dry_run {
+        None
+    } else {
+        Some(lock_target(ledger, &rec, progress)?)
+    };
+    // Read again under the lock: another `del` may have taken it meanwhile.
+    let rec = if dry_run { rec } else { found()? };
     let _lock = if dry_run {
         None
     } else {
@@ -88,11 +145,10 @@ pub fn remove_with(
             });
         }
     }
-    let out = undo_from(
+    let mut out = undo_from(
         host,
         ledger,
-        &rec.target_key,
-        name,
+        &rec,
         0,
         opts,
         &format!("charly bundle del {name}"),
@@ -100,30 +156,73 @@ pub fn remove_with(
     )?;
     if !dry_run {
         ledger.remove(name)?;
+        out.extend(remove_pending_dirs(
+            host,
+            ledger,
+            &rec.connection.host_key(),
+            progress,
+        )?);
     }
     Ok(out)
 }
 
-/// Carries out the undo operations of bundle `name`'s steps from `from`
+/// `bundle del --forget`: forgets a bundle whose target cannot be reached
+/// (its root deleted, its machine gone) without undoing anything; returns
+/// one report per undo operation that was not carried out.
+pub fn forget(
+    ledger: &mut Ledger,
+    name: &str,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<Vec<UndoReport>, WalkError> {
+    let rec = ledger
+        .get(name)?
+        .ok_or_else(|| LedgerError::NotFound(name.into()))?;
+    let _target = lock_target(ledger, &rec, progress)?;
+    let _lock = ledger.lock(name)?;
+    let mut out = Vec::new();
+    let steps = ledger.steps(name)?;
+    for s in steps.iter().rev() {
+        for (_, u) in s.undo.iter().rev() {
+            let r = UndoReport {
+                seq: s.seq,
+                what: u.describe(),
+                state: "not-undone".into(),
+                note: None,
+            };
+            progress(&r);
+            out.push(r);
+        }
+    }
+    ledger.remove(name)?;
+    Ok(out)
+}
+
+/// Carries out the undo operations of bundle `rec`'s steps from `from`
 /// on, last first, each deleted from the ledger once done (`resume` is
-/// the command that goes on after a failure). The caller holds the lock.
-#[allow(clippy::too_many_arguments)]
+/// the command that goes on after a failure). The caller holds the
+/// bundle's and the target's locks.
 pub(super) fn undo_from(
     host: &mut dyn Host,
     ledger: &mut Ledger,
-    target_key: &str,
-    name: &str,
+    rec: &BundleRecord,
     from: u32,
     opts: &DelOptions,
     resume: &str,
     progress: &mut dyn FnMut(&UndoReport),
 ) -> Result<Vec<UndoReport>, WalkError> {
+    let name = rec.name.as_str();
     let dry_run = opts.dry_run;
     let steps = ledger.steps(name)?;
-    let mut ops: Vec<(u32, u32, Undo)> = steps
+    let mut ops: Vec<(u32, u32, i64, Undo, Vec<ReverseOp>)> = steps
         .iter()
         .filter(|s| s.seq >= from)
-        .flat_map(|s| s.undo.iter().map(move |(i, u)| (s.seq, *i, u.clone())))
+        .flat_map(|s| {
+            s.undo.iter().map(move |(i, u)| {
+                let at = s.at.get(i).copied().unwrap_or(0);
+                let realizes = s.realizes.get(i).cloned().unwrap_or_default();
+                (s.seq, *i, at, u.clone(), realizes)
+            })
+        })
         .collect();
     ops.sort_by_key(|o| std::cmp::Reverse((o.0, o.1)));
     // What the deploy left in each file it wrote (the last step's word).
@@ -139,21 +238,10 @@ pub(super) fn undo_from(
         left: &left,
         force: opts.force,
     };
-    // The other bundles on the same target: what they still need is handed
-    // over to them instead of undone.
-    let mut others: Vec<Other> = ledger
-        .list()?
-        .into_iter()
-        .filter(|o| o.name != name && o.target_key == target_key)
-        .map(|o| {
-            ledger.steps(&o.name).map(|steps| Other {
-                name: o.name,
-                steps,
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let host_key = rec.connection.host_key();
+    let mut others = Others::read(ledger, rec)?;
     let mut out = Vec::new();
-    for (seq, idx, op) in ops {
+    for (seq, idx, at, op, realizes) in ops {
         let what = op.describe();
         if dry_run {
             let r = UndoReport {
@@ -166,14 +254,21 @@ pub(super) fn undo_from(
             out.push(r);
             continue;
         }
-        let res = match share(host, ledger, name, &mut others, &left, op) {
+        let mine = Mine {
+            name,
+            host_key: &host_key,
+            user: &rec.user,
+            at,
+            realizes: &realizes,
+        };
+        let res = match share(ledger, &mine, &mut others, op) {
             Err(e) => Err(e),
-            Ok(Shared::Handed(note)) => {
+            Ok(Shared::Handed(state, note)) => {
                 ledger.done_undo(name, seq, idx)?;
                 let r = UndoReport {
                     seq,
                     what,
-                    state: "handed-over".into(),
+                    state: state.into(),
                     note: Some(note),
                 };
                 progress(&r);
@@ -181,7 +276,21 @@ pub(super) fn undo_from(
                 continue;
             }
             Ok(Shared::Mine(op, shared)) => {
-                undo_one(host, ledger, name, &op, &cx).map(|w| match (shared, w) {
+                let mut kept = Vec::new();
+                let done = undo_one(host, ledger, name, &op, &cx, &mut |dir, privileged| {
+                    // A directory another bundle still has things in: the
+                    // `del` that leaves it unneeded removes it.
+                    if others.any() {
+                        kept.push((dir.to_string(), privileged));
+                        true
+                    } else {
+                        false
+                    }
+                });
+                for (dir, privileged) in &kept {
+                    ledger.add_pending_dir(&host_key, dir, *privileged)?;
+                }
+                done.map(|w| match (shared, w) {
                     (Some(n), Some(w)) => Some(format!("{n}; {w}")),
                     (n, w) => n.or(w),
                 })
@@ -220,10 +329,290 @@ pub(super) fn undo_from(
     Ok(out)
 }
 
+/// After a bundle is gone: removes the directories bundles on `host_key`
+/// left because another one still needed them, when none does any more
+/// (deepest first, each only if empty). With no bundle left on the target,
+/// one that is still not empty holds someone else's files: it is kept,
+/// said, and forgotten.
+fn remove_pending_dirs(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    host_key: &str,
+    progress: &mut dyn FnMut(&UndoReport),
+) -> Result<Vec<UndoReport>, WalkError> {
+    let pending = ledger.pending_dirs(host_key)?;
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let others = Others::on_host(ledger, host_key, None)?;
+    let mut out = Vec::new();
+    for (dir, privileged) in pending {
+        if others.needs_dir(&dir).is_some() {
+            continue;
+        }
+        let what = format!("remove directory {dir} (if empty)");
+        let report = match host.remove(&dir, privileged) {
+            Ok(true) => {
+                ledger.drop_pending_dir(host_key, &dir)?;
+                Some(("done", None))
+            }
+            Ok(false) if !others.any() => {
+                ledger.drop_pending_dir(host_key, &dir)?;
+                Some((
+                    "warning",
+                    Some(format!("{dir} is not empty; left in place")),
+                ))
+            }
+            // Something another bundle's `del` will take out first.
+            Ok(false) => None,
+            Err(e) => Some(("warning", Some(e.to_string()))),
+        };
+        if let Some((state, note)) = report {
+            let r = UndoReport {
+                seq: 0,
+                what,
+                state: state.into(),
+                note,
+            };
+            progress(&r);
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Something on a target one undo operation puts back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Thing {
+    /// A file or symlink (or an artifact's entry).
+    Path(String),
+    /// A managed block in a file.
+    Block(String, String),
+    /// A systemd unit's enablement (a user unit is the user's).
+    Service(String, Option<String>),
+    /// A file's capabilities.
+    Caps(String),
+}
+
+/// What an undo operation (of a bundle for `user`, carrying out
+/// `realizes`) puts back.
+fn things(op: &Undo, realizes: &[ReverseOp], user: &str) -> Vec<Thing> {
+    match op {
+        Undo::RemovePath { path, .. }
+        | Undo::RestoreFile { path, .. }
+        | Undo::RestoreSymlink { path, .. } => vec![Thing::Path(path.clone())],
+        Undo::RemoveTree { paths, .. } => paths.iter().cloned().map(Thing::Path).collect(),
+        Undo::RemoveBlock { file, marker, .. } | Undo::RestoreBlock { file, marker, .. } => {
+            vec![Thing::Block(file.clone(), marker.clone())]
+        }
+        Undo::Run { .. } | Undo::Note { .. } => realizes
+            .iter()
+            .flat_map(|r| {
+                let of_user = (r.scope == Scope::User).then(|| user.to_string());
+                r.targets.iter().filter_map(move |t| match r.kind {
+                    ReverseKind::ServiceDisable | ReverseKind::RestoreEnabled => {
+                        Some(Thing::Service(t.clone(), of_user.clone()))
+                    }
+                    ReverseKind::RestoreCaps => Some(Thing::Caps(t.clone())),
+                    _ => None,
+                })
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        Undo::RemoveDir { .. } | Undo::RemovePackages { .. } => Vec::new(),
+    }
+}
+
+/// The other bundles on a target, with what they changed and need.
+struct Others {
+    list: Vec<Other>,
+    /// Each undo operation of theirs by the thing it puts back.
+    ops: HashMap<Thing, Vec<TheirOp>>,
+    /// Every path their facts and undo operations name.
+    paths: BTreeMap<String, usize>,
+}
+
+/// One of another bundle's undo operations on a thing.
+#[derive(Clone, Copy, Debug)]
+struct TheirOp {
+    /// When it was recorded.
+    at: i64,
+    /// The bundle (index in [`Others::list`]).
+    bundle: usize,
+    /// Its step.
+    seq: u32,
+    /// Its place in the step.
+    idx: u32,
+    /// It puts back other things too (an artifact's entries).
+    several: bool,
+}
+
 /// Another bundle on the same target, with its steps as recorded.
 struct Other {
     name: String,
+    user: String,
     steps: Vec<StepRecord>,
+}
+
+impl Others {
+    /// The bundles on `rec`'s target other than `rec`.
+    fn read(ledger: &Ledger, rec: &BundleRecord) -> Result<Others, LedgerError> {
+        Others::on_host(ledger, &rec.connection.host_key(), Some(&rec.name))
+    }
+
+    /// The bundles on `host_key` but `except`.
+    fn on_host(
+        ledger: &Ledger,
+        host_key: &str,
+        except: Option<&str>,
+    ) -> Result<Others, LedgerError> {
+        let list = ledger
+            .list()?
+            .into_iter()
+            .filter(|o| Some(o.name.as_str()) != except && o.connection.host_key() == host_key)
+            .map(|o| {
+                ledger.steps(&o.name).map(|steps| Other {
+                    name: o.name,
+                    user: o.user,
+                    steps,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let mut o = Others {
+            list,
+            ops: HashMap::new(),
+            paths: BTreeMap::new(),
+        };
+        o.index();
+        Ok(o)
+    }
+
+    fn any(&self) -> bool {
+        !self.list.is_empty()
+    }
+
+    fn index(&mut self) {
+        self.ops.clear();
+        self.paths.clear();
+        for (b, o) in self.list.iter().enumerate() {
+            for s in &o.steps {
+                for (idx, u) in &s.undo {
+                    let realizes = s.realizes.get(idx).map(Vec::as_slice).unwrap_or(&[]);
+                    let ts = things(u, realizes, &o.user);
+                    let at = s.at.get(idx).copied().unwrap_or(0);
+                    for t in &ts {
+                        if let Thing::Path(p) = t {
+                            self.paths.insert(p.clone(), b);
+                        }
+                        self.ops.entry(t.clone()).or_default().push(TheirOp {
+                            at,
+                            bundle: b,
+                            seq: s.seq,
+                            idx: *idx,
+                            several: ts.len() > 1,
+                        });
+                    }
+                    if let Undo::RemoveDir { path, .. } = u {
+                        self.paths.insert(path.clone(), b);
+                    }
+                }
+                for f in &s.facts {
+                    match f {
+                        Fact::File { path, .. }
+                        | Fact::Symlink { path, .. }
+                        | Fact::Dir { path } => {
+                            self.paths.insert(path.clone(), b);
+                        }
+                        Fact::Block { file, .. } => {
+                            self.paths.insert(file.clone(), b);
+                        }
+                        Fact::Packages { .. } => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads bundle `b`'s steps again (an operation was handed to it).
+    fn refresh(&mut self, ledger: &Ledger, b: usize) -> Result<(), LedgerError> {
+        self.list[b].steps = ledger.steps(&self.list[b].name)?;
+        self.index();
+        Ok(())
+    }
+
+    /// The first change of `t` by another bundle after `at`.
+    fn next_after(&self, t: &Thing, at: i64) -> Option<TheirOp> {
+        self.ops
+            .get(t)?
+            .iter()
+            .filter(|o| o.at > at)
+            .min_by_key(|o| o.at)
+            .copied()
+    }
+
+    /// Whether another bundle changed `t` (at any time).
+    fn changed(&self, t: &Thing) -> Option<&str> {
+        self.ops
+            .get(t)
+            .and_then(|v| v.first())
+            .map(|o| self.list[o.bundle].name.as_str())
+    }
+
+    /// A bundle that needs directory `dir`: it is one of its paths, or
+    /// something of it lies below.
+    fn needs_dir(&self, dir: &str) -> Option<&str> {
+        let d = dir.trim_end_matches('/');
+        if let Some(b) = self.paths.get(d) {
+            return Some(self.list[*b].name.as_str());
+        }
+        let below = format!("{d}/");
+        self.paths
+            .range(below.clone()..)
+            .next()
+            .filter(|(p, _)| p.starts_with(&below))
+            .map(|(_, b)| self.list[*b].name.as_str())
+    }
+
+    /// The bundle and step that still need one of `packages` (of `format`,
+    /// under package root `root`), per package.
+    fn package_holders(
+        &self,
+        format: &str,
+        root: &Option<String>,
+        packages: &[String],
+    ) -> BTreeMap<(usize, u32), Vec<String>> {
+        let mut held: BTreeMap<(usize, u32), Vec<String>> = BTreeMap::new();
+        for p in packages {
+            let holder = self.list.iter().enumerate().find_map(|(i, o)| {
+                o.steps.iter().find_map(|s| {
+                    s.facts
+                        .iter()
+                        .any(|f| {
+                            matches!(f, Fact::Packages { format: f2, packages: ps, root: r2 }
+                                if f2 == format && r2 == root && ps.contains(p))
+                        })
+                        .then_some((i, s.seq))
+                })
+            });
+            if let Some(at) = holder {
+                held.entry(at).or_default().push(p.clone());
+            }
+        }
+        held
+    }
+}
+
+/// The bundle being undone, for one of its operations.
+struct Mine<'a> {
+    name: &'a str,
+    /// Its target ([`crate::ledger::Connection::host_key`]).
+    host_key: &'a str,
+    user: &'a str,
+    /// When the operation was recorded.
+    at: i64,
+    /// The reverse ops it carries out.
+    realizes: &'a [ReverseOp],
 }
 
 /// An undo operation after checking what other bundles on the target
@@ -231,26 +620,17 @@ struct Other {
 enum Shared {
     /// Carry it out (what others need taken out of it; why, if so).
     Mine(Undo, Option<String>),
-    /// All of it was handed over to another bundle (why).
-    Handed(String),
+    /// Nothing to do on the target: handed over or kept (the report's
+    /// state, why).
+    Handed(&'static str, String),
 }
 
-/// Takes out of `op` what other bundles on the same target still need, and
-/// hands it over to them in the ledger: packages another bundle installs
-/// too are removed by whichever bundle goes last; a file another bundle
-/// wrote last (its recorded content is what is there now) is left to it,
-/// and its own undo of that file becomes this one's (so its `del` puts
-/// back what was there before either, not what this bundle wrote).
-fn share(
-    host: &mut dyn Host,
-    ledger: &mut Ledger,
-    me: &str,
-    others: &mut [Other],
-    left: &BTreeMap<String, String>,
-    op: Undo,
-) -> R<Shared> {
+/// Takes out of `op` what other bundles on the target changed after this
+/// one or still need, and hands it over to them in the ledger (see the
+/// module's doc).
+fn share(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R<Shared> {
     let lerr = |e: LedgerError| e.to_string();
-    if others.is_empty() {
+    if !others.any() {
         return Ok(Shared::Mine(op, None));
     }
     match op {
@@ -260,29 +640,12 @@ fn share(
             command,
             root,
         } => {
-            // Package → (other bundle, its step) that still has it.
-            let mut held: BTreeMap<(usize, u32), Vec<String>> = BTreeMap::new();
-            for p in &packages {
-                let holder = others.iter().enumerate().find_map(|(i, o)| {
-                    o.steps.iter().find_map(|s| {
-                        s.facts
-                            .iter()
-                            .any(|f| {
-                                matches!(f, Fact::Packages { format: f2, packages: ps, root: r2 }
-                                    if *f2 == format && *r2 == root && ps.contains(p))
-                            })
-                            .then_some((i, s.seq))
-                    })
-                });
-                if let Some(at) = holder {
-                    held.entry(at).or_default().push(p.clone());
-                }
-            }
+            let held = others.package_holders(&format, &root, &packages);
             // One step's packages go together: they include the
             // dependencies the install pulled in, and removing one of
             // those would take a package the other bundle needs with it.
             // So when any is still needed, all of them are handed over.
-            let Some(((i, seq), _)) = held.iter().next() else {
+            let Some(((b, seq), _)) = held.iter().next() else {
                 return Ok(Shared::Mine(
                     Undo::RemovePackages {
                         format,
@@ -293,7 +656,8 @@ fn share(
                     None,
                 ));
             };
-            let o = &others[*i];
+            let (b, seq) = (*b, *seq);
+            let to = others.list[b].name.clone();
             let handed = Undo::RemovePackages {
                 format: format.clone(),
                 command: pkg::remove_script(&format, &packages, root.as_deref()),
@@ -301,81 +665,121 @@ fn share(
                 root: root.clone(),
             };
             ledger
-                .hand_over(me, &o.name, *seq, &[], &handed)
+                .hand_over(me.name, &to, seq, &[], &handed, me.at)
                 .map_err(lerr)?;
+            others.refresh(ledger, b).map_err(lerr)?;
             let needed: Vec<String> = held.values().flatten().cloned().collect();
-            let note = format!(
-                "kept {} (bundle {} still needs {})",
-                packages.join(" "),
-                o.name,
-                needed.join(" ")
-            );
-            Ok(Shared::Handed(note))
+            Ok(Shared::Handed(
+                "handed-over",
+                format!(
+                    "kept {} (bundle {to} still needs {})",
+                    packages.join(" "),
+                    needed.join(" ")
+                ),
+            ))
         }
-        Undo::RemovePath {
+        Undo::RemoveDir {
             ref path,
             privileged,
-        }
-        | Undo::RestoreFile {
-            ref path,
-            privileged,
-            ..
-        } => {
-            // What this bundle left there (nothing recorded: not shared).
-            let Some(mine) = left.get(path) else {
-                return Ok(Shared::Mine(op, None));
-            };
-            // Only a regular file is shared (a link or a directory there is
-            // the undo's own business).
-            let is_file = host
-                .stat(std::slice::from_ref(path), false)
-                .map_err(|e| e.to_string())?
-                .pop()
-                .flatten()
-                .is_some_and(|st| matches!(st.kind, PathKind::File { .. }));
-            let now = if is_file {
-                host.read_file(path, privileged)
-                    .map_err(|e| e.to_string())?
-                    .map(|d| sha256_hex(&d))
-            } else {
-                None
-            };
-            let Some(now) = now else {
-                return Ok(Shared::Mine(op, None));
-            };
-            // The bundle that wrote it last: what is there now is what it
-            // left, and its undo puts back what this bundle left.
-            let holder = others.iter().enumerate().find_map(|(i, o)| {
-                o.steps.iter().find_map(|s| {
-                    let wrote_now = s.facts.iter().any(
-                        |f| matches!(f, Fact::File { path: p, sha256, .. } if p == path && *sha256 == now),
-                    );
-                    let over_mine: Vec<u32> = s
-                        .undo
-                        .iter()
-                        .filter(|(_, u)| {
-                            matches!(u, Undo::RestoreFile { path: p, sha256, .. } if p == path && sha256 == mine)
-                        })
-                        .map(|(idx, _)| *idx)
-                        .collect();
-                    (wrote_now && !over_mine.is_empty()).then_some((i, s.seq, over_mine))
-                })
+        } => match others.needs_dir(path) {
+            Some(who) => {
+                ledger
+                    .add_pending_dir(me.host_key, path, privileged)
+                    .map_err(lerr)?;
+                Ok(Shared::Handed(
+                    "kept",
+                    format!("bundle {who} still needs it; removed when no bundle does"),
+                ))
+            }
+            None => Ok(Shared::Mine(op, None)),
+        },
+        Undo::RemoveTree { paths, privileged } => {
+            // Entries another bundle changed after this one go to it, one
+            // operation per step of theirs, in the place of theirs.
+            let mut handed: BTreeMap<(usize, u32), (Vec<u32>, Vec<String>)> = BTreeMap::new();
+            let mut rest = Vec::new();
+            for p in paths {
+                match others.next_after(&Thing::Path(p.clone()), me.at) {
+                    Some(o) if !o.several => {
+                        let e = handed.entry((o.bundle, o.seq)).or_default();
+                        e.0.push(o.idx);
+                        e.1.push(p);
+                    }
+                    // Superseded by another bundle's own removal of it.
+                    Some(_) => {}
+                    None => rest.push(p),
+                }
+            }
+            let mut to_whom = BTreeSet::new();
+            for ((b, seq), (mut replace, mine)) in handed {
+                replace.sort_unstable();
+                replace.dedup();
+                let to = others.list[b].name.clone();
+                let op = Undo::RemoveTree {
+                    paths: mine,
+                    privileged,
+                };
+                ledger
+                    .hand_over(me.name, &to, seq, &replace, &op, me.at)
+                    .map_err(lerr)?;
+                others.refresh(ledger, b).map_err(lerr)?;
+                to_whom.insert(to);
+            }
+            let note = (!to_whom.is_empty()).then(|| {
+                format!(
+                    "entries changed later by bundle {} left to it",
+                    to_whom.into_iter().collect::<Vec<_>>().join(", ")
+                )
             });
-            let Some((i, seq, replace)) = holder else {
+            if rest.is_empty() {
+                return Ok(Shared::Handed(
+                    "handed-over",
+                    note.unwrap_or_else(|| "nothing left to remove".into()),
+                ));
+            }
+            Ok(Shared::Mine(
+                Undo::RemoveTree {
+                    paths: rest,
+                    privileged,
+                },
+                note,
+            ))
+        }
+        op => {
+            let ts = things(&op, me.realizes, me.user);
+            let [t] = ts.as_slice() else {
                 return Ok(Shared::Mine(op, None));
             };
-            let to = others[i].name.clone();
-            ledger
-                .hand_over(me, &to, seq, &replace, &op)
-                .map_err(lerr)?;
-            // Its steps changed: read them again for the next operation.
-            others[i].steps = ledger.steps(&to).map_err(lerr)?;
-            Ok(Shared::Handed(format!(
-                "{path} was written last by bundle {to}: left to it (its `del` now puts back \
-                 what this one would have)"
-            )))
+            match others.next_after(t, me.at) {
+                Some(o) if !o.several => {
+                    let to = others.list[o.bundle].name.clone();
+                    ledger
+                        .hand_over(me.name, &to, o.seq, &[o.idx], &op, me.at)
+                        .map_err(lerr)?;
+                    others.refresh(ledger, o.bundle).map_err(lerr)?;
+                    Ok(Shared::Handed(
+                        "handed-over",
+                        format!(
+                            "bundle {to} changed it after this one: left as it is, and its \
+                             `del` now puts back what was there before this one"
+                        ),
+                    ))
+                }
+                Some(o) => Ok(Shared::Handed(
+                    "kept",
+                    format!(
+                        "bundle {} changed it after this one and removes it",
+                        others.list[o.bundle].name
+                    ),
+                )),
+                None => {
+                    let note = others.changed(t).map(|who| {
+                        format!("bundle {who} changed it before this one: what it left is put back")
+                    });
+                    Ok(Shared::Mine(op, note))
+                }
+            }
         }
-        op => Ok(Shared::Mine(op, None)),
     }
 }
 
@@ -401,12 +805,16 @@ impl UndoCx<'_> {
     }
 }
 
+/// Carries out one undo operation. A directory that is not empty is
+/// offered to `keep` (true: another bundle still has things in it, and it
+/// is kept for later without a warning).
 fn undo_one(
     host: &mut dyn Host,
     ledger: &Ledger,
     name: &str,
     op: &Undo,
     cx: &UndoCx<'_>,
+    keep: &mut dyn FnMut(&str, bool) -> bool,
 ) -> R<Option<String>> {
     let e = |x: HostError| x.to_string();
     match op {
@@ -430,7 +838,7 @@ fn undo_one(
             Ok(None)
         }
         Undo::RemoveDir { path, privileged } => {
-            if host.remove(path, *privileged).map_err(e)? {
+            if host.remove(path, *privileged).map_err(e)? || keep(path, *privileged) {
                 Ok(None)
             } else {
                 Ok(Some(format!("{path} is not empty; left in place")))
@@ -487,7 +895,7 @@ fn undo_one(
         Undo::RemoveTree { paths, privileged } => {
             let mut left = 0;
             for p in paths.iter().rev() {
-                if !host.remove(p, *privileged).map_err(e)? {
+                if !host.remove(p, *privileged).map_err(e)? && !keep(p, *privileged) {
                     left += 1;
                 }
             }
@@ -499,40 +907,27 @@ fn undo_one(
             added_newline,
             created_file,
             privileged,
-        } => {
-            let Some(old) = host.read_file(file, *privileged).map_err(e)? else {
-                return Ok(Some(format!("{file} is gone")));
-            };
-            let text = String::from_utf8(old).map_err(|_| format!("{file} is not UTF-8"))?;
-            if find_block(&text, marker).is_none() {
-                return Ok(None);
-            }
-            let mut rest = strip_block(&text, marker);
+        } => edit_block(host, file, *privileged, &mut |text| {
+            find_block(text, marker)?;
+            let mut rest = strip_block(text, marker);
             if *added_newline && rest.ends_with('\n') {
                 rest.pop();
             }
-            if *created_file && rest.is_empty() {
-                host.remove(file, *privileged).map_err(e)?;
-                return Ok(None);
-            }
-            let st = host
-                .stat(std::slice::from_ref(file), false)
-                .map_err(e)?
-                .pop()
-                .flatten();
-            let (mode, uid, gid) = st.map_or((0o644, 0, 0), |s| (s.mode, s.uid, s.gid));
-            host.write_file(
-                file,
-                rest.as_bytes(),
-                &FileAttrs {
-                    mode,
-                    owner: Some((uid, gid)),
-                    privileged: *privileged,
-                },
-            )
-            .map_err(e)?;
-            Ok(None)
-        }
+            Some(if rest.is_empty() && *created_file {
+                BlockEdit::Remove
+            } else {
+                BlockEdit::Write(rest)
+            })
+        }),
+        Undo::RestoreBlock {
+            file,
+            marker,
+            body,
+            privileged,
+        } => edit_block(host, file, *privileged, &mut |text| {
+            find_block(text, marker)?;
+            Some(BlockEdit::Write(replace_block(text, marker, body)))
+        }),
         Undo::RemovePackages {
             format,
             packages,
@@ -593,5 +988,54 @@ fn undo_one(
             }
         }
         Undo::Note { text } => Ok(Some(text.clone())),
+    }
+}
+
+/// What becomes of a file a managed block is taken out of.
+enum BlockEdit {
+    /// It keeps this text (every byte but charly's block).
+    Write(String),
+    /// Nothing is left and charly created it: it goes.
+    Remove,
+}
+
+/// Edits the managed blocks of `file` with `edit` (None: nothing to do),
+/// keeping its mode and owner.
+fn edit_block(
+    host: &mut dyn Host,
+    file: &str,
+    privileged: bool,
+    edit: &mut dyn FnMut(&str) -> Option<BlockEdit>,
+) -> R<Option<String>> {
+    let e = |x: HostError| x.to_string();
+    let Some(old) = host.read_file(file, privileged).map_err(e)? else {
+        return Ok(Some(format!("{file} is gone")));
+    };
+    let text = String::from_utf8(old).map_err(|_| format!("{file} is not UTF-8"))?;
+    match edit(&text) {
+        None => Ok(None),
+        Some(BlockEdit::Remove) => {
+            host.remove(file, privileged).map_err(e)?;
+            Ok(None)
+        }
+        Some(BlockEdit::Write(rest)) => {
+            let st = host
+                .stat(&[file.to_string()], false)
+                .map_err(e)?
+                .pop()
+                .flatten();
+            let (mode, uid, gid) = st.map_or((0o644, 0, 0), |s| (s.mode, s.uid, s.gid));
+            host.write_file(
+                file,
+                rest.as_bytes(),
+                &FileAttrs {
+                    mode,
+                    owner: Some((uid, gid)),
+                    privileged,
+                },
+            )
+            .map_err(e)?;
+            Ok(None)
+        }
     }
 }
