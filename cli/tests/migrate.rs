@@ -98,3 +98,117 @@ fn migrate_write_rewrites_in_place_and_refuses_a_node_form_project() {
     assert!(!ok);
     assert!(err.contains("already in the node form"), "{err}");
 }
+
+/// Every file of `dir` (relative path → bytes), `.build` left out.
+fn bytes(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_entry(|e| e.file_name() != ".build")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            let rel = e.path().strip_prefix(dir).expect("rel");
+            (
+                rel.display().to_string(),
+                std::fs::read(e.path()).expect("read"),
+            )
+        })
+        .collect()
+}
+
+/// Issue 43, finding 6: a half-migrated project (one candy file already in
+/// the node form, as a copy of a migrated candy or a run that stopped
+/// part-way leaves it) loses no byte with `--write`: the node-form file is
+/// left as it is (said), every replaced file is in the named backup, and
+/// the result validates.
+#[test]
+fn migrate_write_on_a_half_migrated_project_loses_no_byte() {
+    let t = tempfile::tempdir().expect("tmp");
+    let dir = t.path().join("proj");
+    project(&dir);
+    write(
+        &dir,
+        "candy/other/charly.yml",
+        &CANDY.replace("a tool", "another"),
+    );
+    let d = dir.to_str().expect("utf8");
+    // The other candy as a migrated copy has it.
+    let copy = t.path().join("copy");
+    let (ok, err) = run(&[
+        "migrate",
+        "--to",
+        "2026.174",
+        d,
+        "--out",
+        copy.to_str().expect("utf8"),
+    ]);
+    assert!(ok, "{err}");
+    let node_form = std::fs::read(copy.join("candy/other/charly.yml")).expect("migrated");
+    std::fs::write(dir.join("candy/other/charly.yml"), &node_form).expect("half");
+    let before = bytes(&dir);
+    let (ok, err) = run(&["migrate", "--to", "2026.174", "--write", d]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("candy/other/charly.yml left as it is"),
+        "{err}"
+    );
+    let after = bytes(&dir);
+    assert_eq!(after["candy/other/charly.yml"], node_form, "not emptied");
+    for (rel, data) in &after {
+        assert!(!data.is_empty(), "{rel} is empty");
+    }
+    // Every replaced file is in the backup the output names.
+    let backup = err
+        .lines()
+        .find_map(|l| l.strip_prefix("the files it replaced are kept in "))
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no backup named: {err}"));
+    for (rel, data) in &before {
+        if after.get(rel) != Some(data) {
+            assert_eq!(
+                std::fs::read(backup.join(rel)).ok().as_ref(),
+                Some(data),
+                "{rel} is in the backup"
+            );
+        }
+    }
+    let (ok, err) = run(&["-C", d, "validate"]);
+    assert!(ok, "{err}");
+}
+
+/// `--write` changes all files or none: a symlinked YAML file is refused
+/// before anything is written, and a file that cannot be created (its
+/// directory is a file) leaves every other file as it was.
+#[test]
+fn migrate_write_refuses_links_and_changes_all_files_or_none() {
+    let t = tempfile::tempdir().expect("tmp");
+    let dir = t.path().join("proj");
+    project(&dir);
+    let d = dir.to_str().expect("utf8");
+    let elsewhere = t.path().join("elsewhere.yml");
+    std::fs::write(&elsewhere, CANDY).expect("target");
+    std::fs::create_dir_all(dir.join("candy/linked")).expect("dir");
+    std::os::unix::fs::symlink(&elsewhere, dir.join("candy/linked/charly.yml")).expect("link");
+    let before = bytes(&dir);
+    let (ok, err) = run(&["migrate", "--to", "2026.174", "--write", d]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("candy/linked/charly.yml (a symlink)") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(bytes(&dir), before);
+    std::fs::remove_file(dir.join("candy/linked/charly.yml")).expect("rm");
+    // A vocabulary makes the migration create charly/charly.yml, but
+    // `charly` is a file: staging it fails after the others were staged.
+    write(
+        &dir,
+        "build.yml",
+        "distro:\n    mine:\n        bootstrap:\n            install_cmd: apt-get install -y\n",
+    );
+    write(&dir, "charly", "not a directory\n");
+    let before = bytes(&dir);
+    let (ok, err) = run(&["migrate", "--to", "2026.174", "--write", d]);
+    assert!(!ok, "{err}");
+    assert!(err.contains("nothing was changed"), "{err}");
+    assert_eq!(bytes(&dir), before, "all files or none");
+}

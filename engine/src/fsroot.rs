@@ -541,6 +541,33 @@ impl Root {
         res.map_err(ctx)
     }
 
+    /// The first half of a write that must happen together with others:
+    /// `bytes` in a synced temp file next to `rel` (mode `mode`, parents
+    /// made), renamed over `rel` by [`Staged::commit`]. A `Staged` dropped
+    /// without its commit removes its temp file, so a set of writes can be
+    /// staged one by one and committed only when every one was staged.
+    pub fn stage(&self, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<Staged> {
+        let (dir, name) = self.parent_and_name(rel, true)?;
+        let ctx = |e: io::Error| err(e.kind(), format!("{}: {e}", self.describe(rel)));
+        let (file, tmp) = create_locked_temp(&dir).map_err(ctx)?;
+        let staged = Staged {
+            dir,
+            tmp,
+            name,
+            what: self.describe(rel),
+            _file: file,
+            done: false,
+        };
+        (|| {
+            let mut f = &staged._file;
+            f.write_all(bytes)?;
+            rustix::fs::fchmod(&staged._file, Mode::from_raw_mode(mode)).map_err(from_rustix)?;
+            staged._file.sync_all()
+        })()
+        .map_err(ctx)?;
+        Ok(staged)
+    }
+
     /// Writes `rel` (mode 0644, parents made) unless it already holds
     /// `bytes`, so mtimes stay put for tools that watch them. Returns
     /// whether it wrote.
@@ -751,6 +778,42 @@ impl Root {
 
 /// Creates a temp file in `dir` and locks it; retried when a sweeper
 /// removed it between creation and lock.
+/// A write [`Root::stage`]d and not yet committed.
+pub struct Staged {
+    dir: OwnedFd,
+    tmp: String,
+    name: OsString,
+    what: String,
+    _file: File,
+    done: bool,
+}
+
+impl Staged {
+    /// Renames the staged file over its target.
+    pub fn commit(mut self) -> io::Result<()> {
+        rustix::fs::renameat(
+            &self.dir,
+            self.tmp.as_str(),
+            &self.dir,
+            self.name.as_os_str(),
+        )
+        .map_err(|e| {
+            let e = from_rustix(e);
+            err(e.kind(), format!("{}: {e}", self.what))
+        })?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), AtFlags::empty());
+        }
+    }
+}
+
 fn create_locked_temp(dir: &OwnedFd) -> io::Result<(File, String)> {
     for _ in 0..100 {
         let name = temp_name();
@@ -956,6 +1019,49 @@ mod tests {
         for bad in ["etc/x", "/opt/../../x", "/a/./b", "/.."] {
             assert!(target_rel(bad).is_err(), "{bad:?} refused");
         }
+    }
+
+    /// Staged writes change nothing until committed; dropped, they leave
+    /// no temp file; committed, the target holds the new bytes and mode.
+    #[test]
+    fn staged_writes_commit_together_or_leave_nothing() {
+        let (_t, root, _) = setup();
+        std::fs::write(root.join("a"), "old a").expect("a");
+        let r = Root::open(&root).expect("root");
+        let listing = || {
+            let mut v: Vec<String> = std::fs::read_dir(&root)
+                .expect("ls")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let a = r.stage(Path::new("a"), b"new a", 0o600).expect("stage a");
+        let b = r.stage(Path::new("d/b"), b"new b", 0o644).expect("stage b");
+        assert_eq!(std::fs::read(root.join("a")).expect("a"), b"old a");
+        assert!(!root.join("d/b").exists());
+        drop((a, b));
+        assert_eq!(listing(), ["a", "d"], "no temp file left");
+        assert!(
+            std::fs::read_dir(root.join("d"))
+                .expect("d")
+                .next()
+                .is_none()
+        );
+        let a = r.stage(Path::new("a"), b"new a", 0o600).expect("stage a");
+        a.commit().expect("commit");
+        assert_eq!(std::fs::read(root.join("a")).expect("a"), b"new a");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(root.join("a"))
+            .expect("md")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(listing(), ["a", "d"]);
+        assert!(
+            r.stage(Path::new("../x"), b"x", 0o644).is_err(),
+            "inside the root"
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Migration {
     pub obsolete: Vec<String>,
     /// One per field that could not be expressed (dropped), located.
     pub warnings: Vec<Diagnostic>,
+    /// Files left as they are, with why (relative; e.g. a definition file
+    /// already in the node form: converting it again would lose it).
+    pub skipped: Vec<(String, String)>,
 }
 
 /// Directives of a root document that keep their meaning.
@@ -177,9 +180,42 @@ pub fn to_nodeform(p: &Project, to: &str) -> Result<Migration, Diagnostic> {
                 m.obsolete.push(rel.to_string());
             }
             _ => {
+                // A file already in the node form (a copy of a migrated
+                // candy, a run that stopped part-way) has no `candy:` or
+                // `box:` document: it is left as it is, never rewritten
+                // into what the classic reading of it would leave (nothing).
+                let classic = |d: &Node| {
+                    d.as_map().is_some_and(|e| {
+                        e.iter()
+                            .any(|(k, _)| matches!(k.as_str(), Some("candy" | "box")))
+                    })
+                };
+                let meaningful: Vec<&Node> = docs.iter().filter(|d| !d.is_null()).collect();
+                if meaningful.is_empty() {
+                    continue;
+                }
+                if !meaningful.iter().all(|d| classic(d)) {
+                    let why = if meaningful.iter().any(|d| classic(d)) {
+                        "it mixes classic and other documents; convert it by hand"
+                    } else {
+                        "it has no `candy:` or `box:` document (already in the node form?)"
+                    };
+                    m.skipped.push((rel.to_string(), why.to_string()));
+                    continue;
+                }
                 let mut out_docs = Vec::new();
                 for d in &docs {
                     out_docs.push(definition_doc(d, dir_name, &mut m.warnings));
+                }
+                if out_docs
+                    .iter()
+                    .all(|d| d.as_map().is_some_and(|e| e.is_empty()))
+                {
+                    m.skipped.push((
+                        rel.to_string(),
+                        "nothing in it has a 2026.174 form (see the warnings)".to_string(),
+                    ));
+                    continue;
                 }
                 m.files.push((rel.to_string(), write_docs(&out_docs)));
             }
