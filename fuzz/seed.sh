@@ -72,4 +72,10 @@ mkdir -p "$h"
         i=$((i + 1))
     done
 } > "$h/alias-bomb-1e10.yml"
+# Lines past the 65,535 columns a report renderer can pad (issue 43): a
+# long key at the top level, inside a candy, and a tab error after one.
+k=$(head -c 65535 /dev/zero | tr '\0' k)
+printf '%s: 1\n' "$k" > "$h/long-key-65535.yml"
+printf 'candy:\n  version: 1.0.0\n  %s: 1\n' "$k" > "$h/long-field-65535.yml"
+printf 'version: 2026.160.1301\nx: "%s"\n\ty: 1\n' "$k" > "$h/long-line-then-tab.yml"
 echo "seed.sh: $(ls "$h" | wc -l) hostile inputs -> $h"

@@ -369,6 +369,15 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     if !a.add.is_empty() && a.image.is_some() {
         anyhow::bail!("--image and --add: the pod runs the overlay image --add builds");
     }
+    if let Some(r) = &a.root
+        && std::fs::canonicalize(r).is_ok_and(|c| c == std::path::Path::new("/"))
+    {
+        anyhow::bail!(
+            "--root {} is / itself: a rooted deploy there would change the real system; \
+             leave --root out to deploy to this machine (commands, packages and services then run too)",
+            r.display()
+        );
+    }
     let mut o = project::open(cli)?;
     let add = added_keys(&o.project, &a.add)?;
     let (store, mut ledger) = open_ledger(cli)?;

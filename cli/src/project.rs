@@ -172,7 +172,17 @@ pub fn resolved<'a>(
     name: &str,
 ) -> anyhow::Result<&'a charly_rules::resolve::ResolvedBox> {
     match o.resolution.boxes.get(name) {
-        Some(Ok(b)) => Ok(b),
+        Some(Ok(b)) => {
+            let errs = candy_errors(o, std::slice::from_ref(&b.name));
+            if let Some((_, errs)) = errs.into_iter().next() {
+                output::diagnostics(errs.iter(), &o.project.sources);
+                output::error(&format!(
+                    "box `{name}` uses candies with errors (above); nothing was done"
+                ));
+                return Err(crate::Reported.into());
+            }
+            Ok(b)
+        }
         Some(Err(errs)) => {
             output::diagnostics(errs.iter(), &o.project.sources);
             Err(crate::Reported.into())
@@ -186,6 +196,40 @@ pub fn resolved<'a>(
             anyhow::bail!("no box named `{name}`; did you mean {}?", close.join(", "))
         }
     }
+}
+
+/// The boxes of `names` (resolved) that use a candy with errors, each with
+/// those errors (what `validate` says about the candy: its file's load
+/// errors, [`charly_rules::validate::candy_errors`]). Each candy is
+/// checked once, all in parallel.
+pub fn candy_errors(o: &Opened, names: &[String]) -> Vec<(String, Vec<charly_rules::Diagnostic>)> {
+    use rayon::prelude::*;
+    let boxes: Vec<&charly_rules::resolve::ResolvedBox> = names
+        .iter()
+        .filter_map(|n| o.resolution.boxes.get(n).and_then(|r| r.as_ref().ok()))
+        .collect();
+    let keys: std::collections::BTreeSet<&str> = boxes
+        .iter()
+        .flat_map(|b| b.candies.iter().map(String::as_str))
+        .collect();
+    let bad: std::collections::BTreeMap<&str, Vec<charly_rules::Diagnostic>> = keys
+        .into_par_iter()
+        .map(|k| (k, charly_rules::validate::candy_errors(&o.project, k)))
+        .filter(|(_, e)| !e.is_empty())
+        .collect();
+    boxes
+        .iter()
+        .filter_map(|b| {
+            let errs: Vec<charly_rules::Diagnostic> = b
+                .candies
+                .iter()
+                .filter_map(|k| bad.get(k.as_str()))
+                .flatten()
+                .cloned()
+                .collect();
+            (!errs.is_empty()).then(|| (b.name.clone(), errs))
+        })
+        .collect()
 }
 
 /// What to do with enabled boxes that do not resolve when `--all` selects.
@@ -231,7 +275,8 @@ pub fn select_warning(
             anyhow::bail!("name the boxes, or pass --all");
         }
         let mut chosen = Vec::new();
-        let mut dropped = Vec::new();
+        let mut dropped: Vec<(&String, std::borrow::Cow<'_, [charly_rules::Diagnostic]>)> =
+            Vec::new();
         for (n, b) in &o.resolution.boxes {
             match b {
                 Ok(b) if b.enabled => chosen.push(n.clone()),
@@ -240,10 +285,18 @@ pub fn select_warning(
                     if find_def(&o.project, n).is_some_and(|d| d.enabled == Some(false)) {
                         continue;
                     }
-                    dropped.push((n, errs));
+                    dropped.push((n, errs.as_slice().into()));
                 }
             }
         }
+        // A box whose candies have errors is not used either.
+        for (n, errs) in candy_errors(o, &chosen) {
+            chosen.retain(|c| *c != n);
+            if let Some((key, _)) = o.resolution.boxes.get_key_value(&n) {
+                dropped.push((key, errs.into()));
+            }
+        }
+        dropped.sort_by(|a, b| a.0.cmp(b.0));
         if policy != Unresolved::Ignore {
             for (n, errs) in &dropped {
                 let first = errs

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// Options shared by commands that run the graph.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Nodes to run at once (default: the number of cores).
+    /// Nodes to run at once (default: the number of cores; at most 256).
     #[arg(short = 'j', long = "jobs", value_name = "N", env = "CHARLY_JOBS")]
     pub jobs: Option<usize>,
     /// Write a JSON summary (every node with kind, key, state, duration; totals) to FILE.
@@ -361,10 +361,20 @@ pub(crate) const RUNNERS: &[&str] = &[
     "fake",
 ];
 
+/// Nodes to run at once: `-j`, else the number of cores; at most
+/// [`MAX_JOBS`](charly_engine::sched::MAX_JOBS) (said once when more is asked).
 pub fn jobs(a: &RunArgs) -> usize {
-    a.jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .max(1)
+    let max = charly_engine::sched::MAX_JOBS;
+    let asked = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    if asked > max {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            crate::output::note(&format!("-j {asked}: running at most {max} nodes at once"))
+        });
+    }
+    asked.clamp(1, max)
 }
 
 /// The host architecture as OCI names it.

@@ -230,7 +230,13 @@ impl Observer for Quiet {}
 /// Nodes whose records the store is asked about together.
 const LOOKUP_CHUNK: usize = 256;
 
-/// Runs the graph, telling `ctx.obs` (if any) what happens.
+/// The most nodes run at once, whatever `jobs` asks: each is a thread
+/// that mostly waits (on podman, a remote); past this many they only cost
+/// memory and start-up time (`-j 100000` used to start 100,000 threads).
+pub const MAX_JOBS: usize = 256;
+
+/// Runs the graph, telling `ctx.obs` (if any) what happens, at most `jobs`
+/// (and [`MAX_JOBS`]) nodes at once.
 pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary {
     let obs: &dyn Observer = ctx.obs.unwrap_or(&Quiet);
     let t0 = Instant::now();
@@ -293,7 +299,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
         return summarize(reports, t0.elapsed());
     }
 
-    let jobs = jobs.max(1);
+    // More threads than nodes would only wait.
+    let jobs = jobs.clamp(1, MAX_JOBS).min(order.len().max(1));
     let pool = match rayon::ThreadPoolBuilder::new().num_threads(jobs).build() {
         Ok(p) => p,
         Err(e) => {

@@ -72,6 +72,13 @@ pub fn check(files: &[(&str, &[u8])]) {
     }
     for d in project.diags.iter() {
         let _ = d.one_line(&project.sources);
-        let _ = d.to_report(&project.sources);
+        // Rendered as the CLI renders it: a report that cannot be printed
+        // (a column past what the renderer pads, issue 43) is a finding.
+        let mut out = String::new();
+        let _ = miette::GraphicalReportHandler::new_themed(
+            miette::GraphicalTheme::unicode_nocolor(),
+        )
+        .with_context_lines(1)
+        .render_report(&mut out, d.to_report(&project.sources).as_ref());
     }
 }

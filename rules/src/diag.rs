@@ -108,15 +108,13 @@ impl Diagnostic {
             let len = (span.len as usize).max(1);
             let offset = (span.offset as usize).min(file.text.len());
             let len = len.min(file.text.len().saturating_sub(offset));
+            let (code, offset, len) = Excerpt::around(&file.rel, &file.text, offset, len);
             labels.push(miette::LabeledSpan::new(
                 Some(self.label_text()),
                 offset,
                 len,
             ));
-            source = Some(miette::NamedSource::new(
-                file.rel.clone(),
-                file.text.to_string(),
-            ));
+            source = Some(code);
         }
         let diag = miette::MietteDiagnostic {
             message: self.message.clone(),
@@ -128,7 +126,8 @@ impl Diagnostic {
         };
         let report = miette::Report::new(diag);
         match source {
-            Some(src) => report.with_source_code(src),
+            Some(Snippet::Whole(src)) => report.with_source_code(src),
+            Some(Snippet::Excerpt(src)) => report.with_source_code(src),
             None => report,
         }
     }
@@ -138,6 +137,119 @@ impl Diagnostic {
             Severity::Error => "here".into(),
             Severity::Warning => "this".into(),
         }
+    }
+}
+
+/// Lines longer than this (bytes) are shown as a window around the span:
+/// a report stays readable, and the renderer's column widths stay small
+/// (it cannot pad past 65,535 columns).
+const LONG_LINE: usize = 512;
+/// How much of a long line is shown before the span, and in all.
+const WINDOW_BEFORE: usize = 60;
+const WINDOW: usize = 160;
+
+/// What a report shows of a file.
+enum Snippet {
+    /// The file as it is.
+    Whole(miette::NamedSource<String>),
+    /// Its lines around the span, long ones cut to a window.
+    Excerpt(Excerpt),
+}
+
+/// The lines around a span with long lines cut (`...` where text was
+/// left out), reporting the file's own line and column numbers.
+struct Excerpt {
+    name: String,
+    text: String,
+    /// The file's line number (0-based) of the excerpt's first line.
+    first_line: usize,
+    /// The excerpt's line (0-based) the span is on.
+    primary: usize,
+    /// What the span's line lost before the window (bytes, less the `...`).
+    col_fix: usize,
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl Excerpt {
+    /// What to show for a span at `offset` (`len` bytes) in `text`, and the
+    /// span's place in it.
+    fn around(name: &str, text: &str, offset: usize, len: usize) -> (Snippet, usize, usize) {
+        let line_start = |at: usize| text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = |at: usize| text[at..].find('\n').map_or(text.len(), |i| at + i);
+        let (ls, le) = (line_start(offset), line_end(offset));
+        let prev = (ls > 0).then(|| (line_start(ls - 1), ls - 1));
+        let next = (le < text.len()).then(|| (le + 1, line_end(le + 1)));
+        let long = |(a, b): (usize, usize)| b - a > LONG_LINE;
+        if !long((ls, le)) && !prev.is_some_and(long) && !next.is_some_and(long) {
+            let whole = miette::NamedSource::new(name, text.to_string());
+            return (Snippet::Whole(whole), offset, len);
+        }
+        let cut = |(a, b): (usize, usize)| {
+            let end = floor_boundary(text, (a + WINDOW).min(b));
+            format!("{}{}", &text[a..end], if end < b { "..." } else { "" })
+        };
+        let mut out = String::new();
+        let mut primary = 0;
+        if let Some(p) = prev {
+            out.push_str(&cut(p));
+            out.push('\n');
+            primary = 1;
+        }
+        let ws = floor_boundary(text, offset.saturating_sub(WINDOW_BEFORE).max(ls));
+        let we = floor_boundary(text, (ws + WINDOW).min(le)).max(offset.min(le));
+        let prefix = if ws > ls { "..." } else { "" };
+        out.push_str(prefix);
+        let at = out.len() + (offset - ws);
+        out.push_str(&text[ws..we]);
+        if we < le {
+            out.push_str("...");
+        }
+        let shown = len.min(we.saturating_sub(offset)).max(1);
+        if let Some(n) = next {
+            out.push('\n');
+            out.push_str(&cut(n));
+        }
+        let line_no = text[..ls].bytes().filter(|b| *b == b'\n').count();
+        let excerpt = Excerpt {
+            name: name.to_string(),
+            text: out,
+            first_line: line_no - primary,
+            primary,
+            col_fix: ws - ls - prefix.len(),
+        };
+        (Snippet::Excerpt(excerpt), at, shown)
+    }
+}
+
+impl miette::SourceCode for Excerpt {
+    fn read_span<'a>(
+        &'a self,
+        span: &miette::SourceSpan,
+        before: usize,
+        after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let c = self.text.as_bytes().read_span(span, before, after)?;
+        let column = if before == 0 && c.line() == self.primary {
+            c.column() + self.col_fix
+        } else {
+            c.column()
+        };
+        Ok(Box::new(miette::MietteSpanContents::new_named(
+            self.name.clone(),
+            c.data(),
+            *c.span(),
+            c.line() + self.first_line,
+            column,
+            c.line_count(),
+        )))
     }
 }
 

@@ -186,6 +186,11 @@ pub struct CandyEntry {
     /// `localpkg:` sources found on disk, by format: the directory and the
     /// files under it (relative). A format whose source is missing is absent.
     pub localpkg_sources: BTreeMap<String, (PathBuf, BTreeSet<String>)>,
+    /// Files a `copy:` task of the candy names that are symlinks leading
+    /// out of its project (or nowhere): a build never reads them, so a
+    /// plan that copies one is refused
+    /// ([`crate::plan::compile::copy_problem`]).
+    pub links_out: BTreeSet<String>,
 }
 
 impl CandyEntry {
@@ -280,10 +285,11 @@ impl Project {
                     files,
                     small_files,
                     localpkg_sources,
+                    links_out,
                 } = c;
                 let text = format!(
                     "{key:?} {own_key:?} {name:?} {dir:?} {rel_dir:?} {ns:?} {file:?} {span:?} \
-                     {files:?} {small_files:?} {localpkg_sources:?}"
+                     {files:?} {small_files:?} {localpkg_sources:?} {links_out:?}"
                 );
                 part("candy", &text)
             })
@@ -1160,6 +1166,7 @@ impl Loader<'_> {
             (files, small)
         });
         let localpkg_sources = find_localpkg_sources(&def, dir, &self.p.root);
+        let links_out = copied_links_out(&def, dir, &files, &[&self.p.root, &self.p.ns(ns).dir]);
         let rel_dir = dir.strip_prefix(&self.p.root).ok().map(unix);
         self.p.candies.insert(
             key.clone(),
@@ -1175,6 +1182,7 @@ impl Loader<'_> {
                 files,
                 small_files,
                 localpkg_sources,
+                links_out,
             },
         );
         key
@@ -2044,6 +2052,42 @@ fn listings_from_walk(
             j += 1;
         }
         out.insert(d.to_path_buf(), files);
+    }
+    out
+}
+
+/// The files `copy:` tasks of `def` name (a file, or every file under a
+/// directory) that are symlinks leading outside every one of `roots` (or
+/// nowhere). One `lstat` per copied file; a link is resolved only then.
+fn copied_links_out(
+    def: &crate::model::Candy,
+    dir: &Path,
+    files: &BTreeSet<String>,
+    roots: &[&Path],
+) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for t in &def.task {
+        let Some(src) = t.copy.as_ref().map(|s| s.value.trim_start_matches("./")) else {
+            continue;
+        };
+        let under = format!("{}/", src.trim_end_matches('/'));
+        for f in files
+            .iter()
+            .filter(|f| f.as_str() == src || f.starts_with(&under))
+        {
+            let p = dir.join(f);
+            if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                continue;
+            }
+            let inside = std::fs::canonicalize(&p).is_ok_and(|real| {
+                roots
+                    .iter()
+                    .any(|r| std::fs::canonicalize(r).is_ok_and(|r| real.starts_with(r)))
+            });
+            if !inside {
+                out.insert(f.clone());
+            }
+        }
     }
     out
 }

@@ -140,6 +140,7 @@ mod tests {
             files: Default::default(),
             small_files: Default::default(),
             localpkg_sources: Default::default(),
+            links_out: Default::default(),
         };
         assert_eq!(candy_context_dir(&c), ".build/_layers/c");
         assert_eq!(candy_key_dir(&c), "_layers/c");

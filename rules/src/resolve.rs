@@ -1184,6 +1184,24 @@ pub fn builder<'v>(vocab: &'v Vocab, name: &str) -> Option<&'v Builder> {
 }
 
 fn unknown_candy(p: &Project, span: Span, key: &str, what: &str) -> Diagnostic {
+    // Its file was found but did not load (a YAML error, a bad field): that
+    // error is the one to fix, wherever this one is shown.
+    let file = format!("candy/{key}/charly.yml");
+    let broken = p.diags.errors().find(|d| {
+        d.span.is_some_and(|s| {
+            let rel = p.sources.rel(s.file);
+            rel == file || rel.ends_with(&format!("/{file}"))
+        })
+    });
+    if let Some(e) = broken {
+        return Diagnostic::error(
+            span,
+            format!(
+                "{what} candy `{key}`, which does not load: {}",
+                e.one_line(&p.sources)
+            ),
+        );
+    }
     let close = nearest_n(key, p.candies.keys().map(String::as_str), 3);
     let mut d = Diagnostic::error(span, format!("{what} unknown candy `{key}`"));
     if !close.is_empty() {

@@ -20,8 +20,42 @@ pub fn validate_candies(p: &Project) -> Vec<Diagnostic> {
     out
 }
 
+/// The errors `validate` reports about candy `key` itself: the load errors
+/// of its file and what [`validate_candy`] finds. A box using a candy with
+/// errors is not built, generated or deployed (the CLI asks this before it
+/// uses a box), so every command refuses what `validate` refuses.
+pub fn candy_errors(p: &Project, key: &str) -> Vec<Diagnostic> {
+    let Some(c) = p.candies.get(key) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Diagnostic> = p
+        .diags
+        .errors()
+        .filter(|d| d.span.is_some_and(|s| s.file == c.file))
+        .cloned()
+        .collect();
+    let mut found = Vec::new();
+    check_candy(c, &p.ns(c.ns).vocab, Files::Unchecked, &mut found);
+    out.extend(found.into_iter().filter(Diagnostic::is_error));
+    out
+}
+
+/// Whether a check looks for the files a candy names in its directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Files {
+    /// `validate`: a `copy:` source that is not there is an error.
+    Checked,
+    /// Before a build: it is the build's error (a partial checkout still
+    /// generates).
+    Unchecked,
+}
+
 /// Checks one candy against the vocabulary it is used with.
 pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) {
+    check_candy(c, vocab, Files::Checked, out);
+}
+
+fn check_candy(c: &CandyEntry, vocab: &Vocab, files: Files, out: &mut Vec<Diagnostic>) {
     let def = &c.def;
     // Section keys must name a distro (optionally `:version`) or a format.
     let mut known: Vec<&str> = vocab.distro.keys().map(String::as_str).collect();
@@ -159,11 +193,11 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
         }
     }
     for (i, t) in def.task.iter().enumerate() {
-        validate_task(c, i, t, out);
+        validate_task(c, i, t, files, out);
     }
 }
 
-fn validate_task(c: &CandyEntry, index: usize, t: &Task, out: &mut Vec<Diagnostic>) {
+fn validate_task(c: &CandyEntry, index: usize, t: &Task, files: Files, out: &mut Vec<Diagnostic>) {
     let verbs = t.verbs();
     let task_span = verbs.first().map(|(_, v)| v.span).unwrap_or(c.span);
     let label = |verb: &str, v: &Spanned<String>| {
@@ -271,12 +305,10 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, out: &mut Vec<Diagnosti
     match verb {
         "copy" => {
             let src = &value.value;
-            if src.starts_with('/') || src.split('/').any(|s| s == "..") {
-                out.push(Diagnostic::error(
-                    value.span,
-                    format!("{what}: the source must be a path inside the candy directory"),
-                ));
-            } else if !c.has_file(src)
+            if let Some(why) = crate::plan::compile::copy_problem(c, src) {
+                out.push(Diagnostic::error(value.span, format!("{what}: {why}")));
+            } else if files == Files::Checked
+                && !c.has_file(src)
                 && !c
                     .files
                     .iter()

@@ -301,3 +301,54 @@ fn boxes_listing_candies_in_opposite_orders_keep_the_first_and_warn_at_the_secon
     assert_eq!(r.popularity.get("y"), Some(&3));
     assert_eq!(r.popularity.get("z"), Some(&1));
 }
+
+/// Renders `d` as the CLI does (graphical, one line of context).
+fn render(p: &Project, d: &Diagnostic) -> String {
+    let mut out = String::new();
+    miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
+        .with_context_lines(1)
+        .render_report(&mut out, d.to_report(&p.sources).as_ref())
+        .expect("renders");
+    out
+}
+
+/// Issue 43, finding 7: a diagnostic at column 65,535 and beyond (a long
+/// key in a candy, in the root file, a tab after a long line) renders with
+/// its file:line:col and a window of the line, never a panic.
+#[test]
+fn diagnostics_on_very_long_lines_render_with_their_location() {
+    let k = "k".repeat(65_535);
+    let cases: Vec<(&str, String, String)> = vec![
+        (
+            "candy/a/charly.yml",
+            format!("candy:\n  version: 1.0.0\n  {k}: 1\n  package: [curl]\n"),
+            "candy/a/charly.yml:3:".to_string(),
+        ),
+        (
+            "candy/b/charly.yml",
+            format!("candy:\n  version: 1.0.0\n  package: [curl]\n  x: \"{k}\"\n\ty: 1\n"),
+            "candy/b/charly.yml:5:".to_string(),
+        ),
+        (
+            "candy/c/charly.yml",
+            format!("{k}: 1\n"),
+            "candy/c/charly.yml:1:".to_string(),
+        ),
+    ];
+    let files: Vec<(&str, &[u8])> = cases.iter().map(|(f, t, _)| (*f, t.as_bytes())).collect();
+    let dir = project(&files);
+    let (p, d) = all_diags(dir.path());
+    for (file, _, at) in &cases {
+        let hit = d
+            .iter()
+            .find(|x| x.location(&p.sources).starts_with(&at[..at.len() - 1]))
+            .unwrap_or_else(|| panic!("no diagnostic in {file}"));
+        let shown = render(&p, hit);
+        assert!(shown.contains(at.as_str()), "{file}: {shown}");
+        assert!(
+            shown.len() < 2_000,
+            "{file}: the long line is cut: {} bytes",
+            shown.len()
+        );
+    }
+}

@@ -132,6 +132,28 @@ pub fn resolve_task_user(raw: &str, u: &User) -> String {
     }
 }
 
+/// Why candy `c`'s `copy:` source `src` is refused: it must name a file of
+/// the candy's directory (absolute, or climbing with `..`, it would read
+/// outside it), and not a symlink leading out of the project (a build
+/// never reads one). `validate` and every plan compile ask this one
+/// function.
+pub fn copy_problem(c: &crate::load::CandyEntry, src: &str) -> Option<String> {
+    if src.starts_with('/') || src.split('/').any(|s| s == "..") {
+        return Some("the source must be a path inside the candy directory".into());
+    }
+    let src = src.trim_start_matches("./");
+    let under = format!("{}/", src.trim_end_matches('/'));
+    c.links_out
+        .iter()
+        .find(|f| f.as_str() == src || f.starts_with(&under))
+        .map(|f| {
+            format!(
+                "`{f}` is a symlink leading outside the project (or nowhere); \
+                 put the file itself in the candy directory"
+            )
+        })
+}
+
 /// Why a target path is refused: a `..` component (the path would climb
 /// out of where it is put, or above `/` of a rooted deploy), or a `.` one.
 pub fn climbing_path(p: &str) -> Option<String> {
@@ -386,6 +408,15 @@ impl Cx<'_> {
         &self.c.key
     }
 
+    /// Where `span` is, for an error: `candy/<name>/charly.yml:L:C` for a
+    /// candy of the project, `line L:C` for one from elsewhere.
+    fn at(&self, span: crate::source::Span) -> String {
+        match &self.c.rel_dir {
+            Some(d) => format!("{d}/charly.yml:{}:{}", span.line, span.col),
+            None => format!("line {}:{}", span.line, span.col),
+        }
+    }
+
     fn shell_hook(&mut self) {
         let d = self.def();
         if d.env.is_empty() && d.path_append.is_empty() {
@@ -561,14 +592,28 @@ impl Cx<'_> {
                     return Err(PlanError {
                         candy: key.clone(),
                         message: format!(
-                            "task #{} ({verb}: {}) at line {}:{}: {m}",
+                            "{}: task #{} ({verb}: {}): {m}",
+                            self.at(p.span),
                             i + 1,
                             p.value,
-                            p.span.line,
-                            p.span.col
                         ),
                     });
                 }
+            }
+            // What `validate` refuses is refused here too: every command
+            // that builds or deploys compiles this plan.
+            if verb == "copy"
+                && let Some(m) = copy_problem(self.c, &value.value)
+            {
+                return Err(PlanError {
+                    candy: key.clone(),
+                    message: format!(
+                        "{}: task #{} (copy: {}): {m}",
+                        self.at(value.span),
+                        i + 1,
+                        value.value,
+                    ),
+                });
             }
             let raw_user = t.user.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| {
                 if verb == "build" {
