@@ -73,9 +73,11 @@ fn malformed_yaml_keeps_the_parser_position() {
     let (hit, line) = find(&p, &d, "YAML syntax error");
     assert!(hit.is_error());
     assert!(line.starts_with("candy/a/charly.yml:"), "{line}");
-    // The box then reports its missing candy instead of crashing.
-    let (_, line) = find(&p, &d, "unknown candy `a`");
+    // The box then names the candy and the error that kept it from
+    // loading, instead of crashing (or calling it unknown).
+    let (_, line) = find(&p, &d, "uses candy `a`, which does not load");
     assert!(line.starts_with("box/b/charly.yml:6:11:"), "{line}");
+    assert!(line.contains("candy/a/charly.yml:4:7: YAML syntax error"), "{line}");
 }
 
 #[test]
