@@ -768,6 +768,19 @@ struct Launched {
     tls: Option<Arc<Tls>>,
 }
 
+/// SIGKILLs the process group `pid` leads (a plugin's, see [`command`]).
+/// Safe after the leader was reaped: while a member lives the number stays
+/// reserved for the group, and with none left the kill finds nothing.
+fn stop_group(pid: Option<u32>) {
+    let Some(pgid) = pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return;
+    };
+    let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+}
+
 /// The command that starts the plugin: `<exe> __plugin serve` with
 /// go-plugin's environment, dying with charly (see [`crate::pdeathsig`]).
 fn command(
@@ -786,7 +799,10 @@ fn command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .kill_on_drop(true)
+        // A group of its own: whatever the plugin starts (a shell plugin's
+        // commands) is stopped with it (see `stop_group`).
+        .process_group(0);
     match identity {
         Some(id) => cmd.env("PLUGIN_CLIENT_CERT", &id.pem),
         // Without AutoMTLS a plugin must not find a client cert (an
@@ -861,10 +877,14 @@ async fn launch(
         let st = tokio::select! {
             st = child.wait() => st,
             _ = kill_rx => {
+                stop_group(pid);
                 let _ = child.start_kill();
                 child.wait().await
             }
         };
+        // What it left running (children of a plugin that exited, or was
+        // killed, before them) goes too.
+        stop_group(pid);
         let text = match st {
             Ok(s) => s.to_string(),
             Err(e) => format!("wait failed: {e}"),

@@ -908,3 +908,44 @@ fn bad_automtls_certificates() {
         "{msg}"
     );
 }
+
+/// Issue 43, finding 9: what a plugin starts (a shell plugin's commands)
+/// is stopped with it, whether the plugin shuts down when asked or has to
+/// be killed: its whole process group goes.
+#[test]
+fn a_plugins_children_are_stopped_with_it() {
+    for (mode, target) in [("", EXAMPLE), ("stubborn", FAULT)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let childfile = dir.path().join("child");
+        let script = dir.path().join("plugin.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nsleep 300 &\necho $! > '{}'\nexec '{}' \"$@\"\n",
+                childfile.display(),
+                target
+            ),
+        )
+        .expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let opts = if mode.is_empty() {
+            PluginOptions::default()
+        } else {
+            fault_opts(mode, &dir.path().join("pid"))
+        };
+        let p = Plugin::start(&script, opts).expect("starts");
+        p.describe().expect("describe");
+        let child = pid_from(&childfile);
+        assert!(
+            running(child),
+            "{mode:?}: the child runs while the plugin does"
+        );
+        drop(p);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while running(child) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!running(child), "{mode:?}: the plugin's child outlived it");
+    }
+}

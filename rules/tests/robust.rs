@@ -77,7 +77,10 @@ fn malformed_yaml_keeps_the_parser_position() {
     // loading, instead of crashing (or calling it unknown).
     let (_, line) = find(&p, &d, "uses candy `a`, which does not load");
     assert!(line.starts_with("box/b/charly.yml:6:11:"), "{line}");
-    assert!(line.contains("candy/a/charly.yml:4:7: YAML syntax error"), "{line}");
+    assert!(
+        line.contains("candy/a/charly.yml:4:7: YAML syntax error"),
+        "{line}"
+    );
 }
 
 #[test]
