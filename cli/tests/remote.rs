@@ -172,6 +172,15 @@ fn a_corrupt_registry_blob_is_a_reported_miss_and_the_node_rebuilds() {
     assert!(stderr.contains("1 corrupt (refused)"), "{stderr}");
     // The rebuilt result is A's, not the registry's garbage.
     assert_eq!(outputs(&b.store, key)["layer"], layer);
+    // B's push replaced the registry's corrupt copy (issue 43), under a
+    // digest of its own (a registry never overwrites a blob it has): a
+    // third machine pulls everything, nothing is refused.
+    let c = Machine::new(t.path(), "c");
+    let (out, sc) = c.build(Some(&url), &[]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(sc["remote"]["corrupt"], 0, "{}", sc["remote"]);
+    assert!(c.builds().is_empty(), "{:?}", c.builds());
+    assert_eq!(outputs(&c.store, key)["layer"], layer);
 }
 
 #[test]

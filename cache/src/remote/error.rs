@@ -38,6 +38,9 @@ pub(crate) enum Kind {
 pub(crate) struct RemoteError {
     pub(crate) kind: Kind,
     pub(crate) message: String,
+    /// The blob (`sha256:…`) whose bytes failed verification, when one did:
+    /// the next push of its record replaces it.
+    pub(crate) bad_blob: Option<String>,
 }
 
 impl RemoteError {
@@ -45,7 +48,16 @@ impl RemoteError {
         RemoteError {
             kind,
             message: message.into(),
+            bad_blob: None,
         }
+    }
+
+    /// Names the blob whose bytes failed verification (for corruption).
+    pub(crate) fn in_blob(mut self, sha256: &str) -> RemoteError {
+        if self.kind == Kind::Corrupt {
+            self.bad_blob = Some(sha256.to_string());
+        }
+        self
     }
 
     pub(crate) fn corrupt(message: impl Into<String>) -> RemoteError {

@@ -32,6 +32,12 @@ pub const RECORD_MEDIA_TYPE: &str = "application/vnd.charly.record.v1+json";
 pub const BLOB_MEDIA_TYPE: &str = "application/vnd.charly.blob.v1";
 /// Layer annotation: the blob's blake3 digest (64 hex).
 pub const ANNOTATION_BLAKE3: &str = "dev.charly.blob.blake3";
+/// Layer annotation: how many bytes follow the blob's own in the layer (a
+/// copy uploaded to replace a registry blob that failed verification,
+/// under a new digest); readers hash them with the rest and drop them.
+pub const ANNOTATION_TRAILER: &str = "dev.charly.blob.trailer";
+/// The longest trailer a reader accepts.
+const MAX_TRAILER: u64 = 4096;
 /// Layer annotation: an output name the blob backs.
 pub const ANNOTATION_OUTPUT: &str = "dev.charly.output";
 /// Manifest annotation: the full node key (64 hex).
@@ -84,7 +90,23 @@ pub(crate) struct Manifest {
 pub(crate) struct Layer {
     pub(crate) sha256: String,
     pub(crate) blake3: BlobDigest,
+    /// The blob's own size.
     pub(crate) size: u64,
+    /// Bytes after it in the registry's blob ([`ANNOTATION_TRAILER`]).
+    pub(crate) trailer: u64,
+}
+
+/// The bytes a repaired copy of a blob ends with: unique per process and
+/// moment, so every repair gets a digest of its own.
+pub(crate) fn repair_trailer() -> Vec<u8> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = format!("charly repair {} {now} {n}", std::process::id());
+    format!("\n{}", &blake3::hash(seed.as_bytes()).to_hex()[..31]).into_bytes()
 }
 
 /// `sha256:` + 64 lowercase hex.
@@ -121,12 +143,13 @@ pub(crate) fn record_json(rec: &Record) -> Result<Vec<u8>, String> {
 }
 
 /// Builds the manifest of `rec` under `key`. `sha256` maps every blob of the
-/// record to its registry digest; `config` is the record JSON's descriptor.
+/// record to its registry digest and trailer length (0 but for a repaired
+/// copy); `config` is the record JSON's descriptor.
 pub(crate) fn build(
     key: &NodeKey,
     rec: &Record,
     config: Descriptor,
-    sha256: &BTreeMap<BlobDigest, String>,
+    sha256: &BTreeMap<BlobDigest, (String, u64)>,
 ) -> Result<Vec<u8>, String> {
     let mut layers = Vec::new();
     for d in rec.blob_digests() {
@@ -135,17 +158,21 @@ pub(crate) fn build(
             .iter()
             .find(|(_, o)| o.digest == d)
             .ok_or_else(|| format!("blob {d} names no output"))?;
-        let sha = sha256
+        let (sha, trailer) = sha256
             .get(&d)
             .ok_or_else(|| format!("no registry digest for blob {d}"))?;
+        let mut annotations = BTreeMap::from([
+            (ANNOTATION_BLAKE3.into(), d.to_hex()),
+            (ANNOTATION_OUTPUT.into(), name.clone()),
+        ]);
+        if *trailer > 0 {
+            annotations.insert(ANNOTATION_TRAILER.into(), trailer.to_string());
+        }
         layers.push(Descriptor {
             media_type: BLOB_MEDIA_TYPE.into(),
             digest: sha.clone(),
-            size: out.size,
-            annotations: BTreeMap::from([
-                (ANNOTATION_BLAKE3.into(), d.to_hex()),
-                (ANNOTATION_OUTPUT.into(), name.clone()),
-            ]),
+            size: out.size + trailer,
+            annotations,
         });
     }
     let m = Manifest {
@@ -211,10 +238,19 @@ pub(crate) fn layers_for(m: &Manifest, rec: &Record) -> Result<Vec<Layer>, Strin
             .ok_or_else(|| format!("layer {} has no blake3 annotation", l.digest))?
             .parse()
             .map_err(|e| format!("layer {}: {e}", l.digest))?;
+        let trailer = match l.annotations.get(ANNOTATION_TRAILER) {
+            None => 0,
+            Some(t) => t
+                .parse::<u64>()
+                .ok()
+                .filter(|t| *t <= MAX_TRAILER && *t <= l.size)
+                .ok_or_else(|| format!("layer {}: trailer {t:?}", l.digest))?,
+        };
         let layer = Layer {
             sha256: l.digest.clone(),
             blake3: b3,
-            size: l.size,
+            size: l.size - trailer,
+            trailer,
         };
         if by_blake3.insert(b3, layer).is_some() {
             return Err(format!("blob {b3} appears twice"));
@@ -286,10 +322,10 @@ mod tests {
         }
     }
 
-    fn shas(rec: &Record) -> BTreeMap<BlobDigest, String> {
+    fn shas(rec: &Record) -> BTreeMap<BlobDigest, (String, u64)> {
         rec.blob_digests()
             .into_iter()
-            .map(|d| (d, sha256_of(d.as_bytes())))
+            .map(|d| (d, (sha256_of(d.as_bytes()), 0)))
             .collect()
     }
 
@@ -358,6 +394,43 @@ mod tests {
         let mut bad_digest = m;
         bad_digest.layers[0].digest = "sha256:XYZ".into();
         assert!(layers_for(&bad_digest, &rec).is_err());
+    }
+
+    /// A repaired copy: the layer is the blob plus a declared trailer; the
+    /// reader sees the blob's own size, and a trailer that is too long or
+    /// longer than the layer is refused.
+    #[test]
+    fn a_repaired_layer_declares_its_trailer() {
+        let key = NodeKey::from_bytes([3; 32]);
+        let rec = record();
+        let mut with = shas(&rec);
+        let first = rec.blob_digests()[0];
+        with.get_mut(&first).expect("first").1 = 32;
+        let body = build(&key, &rec, config(&rec), &with).expect("build");
+        let m = parse(&key, &body).expect("parse");
+        let layers = layers_for(&m, &rec).expect("layers");
+        let l = layers.iter().find(|l| l.blake3 == first).expect("layer");
+        let own = rec
+            .outputs
+            .values()
+            .find(|o| o.digest == first)
+            .expect("o")
+            .size;
+        assert_eq!((l.size, l.trailer), (own, 32));
+        assert_eq!(m.layers[0].size, own + 32);
+        for bad in ["4097", "x", "-1", &(own + 33).to_string()] {
+            let mut m2 = m.clone();
+            let i = m2
+                .layers
+                .iter()
+                .position(|d| d.annotations.contains_key(ANNOTATION_TRAILER))
+                .expect("annotated");
+            m2.layers[i]
+                .annotations
+                .insert(ANNOTATION_TRAILER.into(), bad.to_string());
+            assert!(layers_for(&m2, &rec).is_err(), "trailer {bad}");
+        }
+        assert_ne!(repair_trailer(), repair_trailer(), "each repair its own");
     }
 
     #[test]

@@ -108,6 +108,10 @@ struct Inner {
     from_remote: Mutex<HashSet<NodeKey>>,
     /// sha256 of blobs computed for uploads.
     shas: Mutex<HashMap<BlobDigest, String>>,
+    /// Keys whose registry copy failed verification, with the blob whose
+    /// bytes did (none: the manifest or record itself): the next push of
+    /// such a key replaces them instead of finding them "already there".
+    broken: Mutex<HashMap<NodeKey, Option<String>>>,
 }
 
 impl Inner {
@@ -141,7 +145,8 @@ impl Inner {
                 "skipped: the registry became unreachable earlier in the run",
             ));
         }
-        let r = push::push_record(&self.registry, local, key, &self.shas);
+        let repair = lock_ignoring_poison(&self.broken).remove(key);
+        let r = push::push_record(&self.registry, local, key, &self.shas, repair);
         match &r {
             Ok(_) => self.succeeded(),
             Err(e) => self.failed(&format!("pushing {}", key.short(16)), e),
@@ -223,7 +228,7 @@ impl Remote {
         let mut sent = 0;
         for (d, sha, size) in &image.layers {
             if !reg.has_blob(sha).map_err(err)? {
-                push::upload_stream(reg, local, d, sha, *size).map_err(err)?;
+                push::upload_stream(reg, local, d, sha, *size, &[]).map_err(err)?;
                 sent += size;
             }
         }
@@ -258,6 +263,7 @@ impl Remote {
                 consecutive_unavailable: AtomicU64::new(0),
                 from_remote: Mutex::new(HashSet::new()),
                 shas: Mutex::new(HashMap::new()),
+                broken: Mutex::new(HashMap::new()),
             }),
             pusher: Pusher {
                 concurrency: cfg.push_concurrency.max(1),
@@ -350,6 +356,7 @@ impl Remote {
             // remote record, like a corrupt one.
             Err(PullFail::Remote(e)) if matches!(e.kind, Kind::Corrupt | Kind::NotFound) => {
                 inner.succeeded();
+                lock_ignoring_poison(&inner.broken).insert(*key, e.bad_blob.clone());
                 Counters::add(&inner.counters.corrupt, 1);
                 Counters::add(&inner.counters.misses, 1);
                 inner

@@ -68,11 +68,16 @@ pub(crate) fn fetch(
         sha256: m.config.digest.clone(),
         blake3: BlobDigest::of(b""), // unused: records are checked by sha256
         size: m.config.size,
+        trailer: 0,
     };
     let mut json = Vec::with_capacity(usize::try_from(config.size).unwrap_or(0));
     let mut reader = VerifyingReader::new(reg, reg.pull_blob(&config.sha256)?, config, false);
     if reader.read_to_end(&mut json).is_err() {
-        return Err(reader.failure().context(format!("record of {tag}")).into());
+        return Err(reader
+            .failure()
+            .context(format!("record of {tag}"))
+            .in_blob(&m.config.digest)
+            .into());
     }
     Counters::add(&counters.bytes_down, json.len() as u64);
     let rec: Record = serde_json::from_slice(&json)
@@ -86,6 +91,7 @@ pub(crate) fn fetch(
         }
         let blake3 = layer.blake3;
         let size = layer.size;
+        let sha256 = layer.sha256.clone();
         let stream = reg.pull_blob(&layer.sha256)?;
         let mut reader = VerifyingReader::new(reg, stream, layer, true);
         match local.put_blob_reader(&mut reader) {
@@ -103,6 +109,7 @@ pub(crate) fn fetch(
                 return Err(reader
                     .failure()
                     .context(format!("blob {blake3} of {tag}"))
+                    .in_blob(&sha256)
                     .into());
             }
             Err(e) => return Err(e.into()),
@@ -172,10 +179,11 @@ impl<'a> VerifyingReader<'a> {
 
     /// Checks the complete body.
     fn verify_end(&mut self) -> Result<(), RemoteError> {
-        if self.got != self.expect.size {
+        let total = self.expect.size + self.expect.trailer;
+        if self.got != total {
             return Err(RemoteError::corrupt(format!(
-                "truncated: {} of {} bytes",
-                self.got, self.expect.size
+                "truncated: {} of {total} bytes",
+                self.got
             )));
         }
         let sha = manifest::oci_digest(self.sha.clone().finalize().as_slice());
@@ -212,16 +220,19 @@ impl Read for VerifyingReader<'_> {
             }
             let next = self.reg.runtime().block_on(self.stream.next());
             match next {
-                Some(Ok(chunk)) => {
+                Some(Ok(mut chunk)) => {
+                    let before = self.got;
                     self.got += chunk.len() as u64;
-                    if self.got > self.expect.size {
-                        let e = RemoteError::corrupt(format!(
-                            "more than the {} bytes announced",
-                            self.expect.size
-                        ));
+                    let total = self.expect.size + self.expect.trailer;
+                    if self.got > total {
+                        let e =
+                            RemoteError::corrupt(format!("more than the {total} bytes announced"));
                         return Err(self.fail(e));
                     }
                     self.sha.update(&chunk);
+                    // A repaired copy's trailer is hashed, never passed on.
+                    let own = self.expect.size.saturating_sub(before);
+                    chunk.truncate(usize::try_from(own).unwrap_or(usize::MAX).min(chunk.len()));
                     if self.check_blake3 {
                         crate::digest::update_hasher(&mut self.b3, &chunk);
                     }
@@ -235,7 +246,7 @@ impl Read for VerifyingReader<'_> {
                         Kind::Corrupt => "digest check failed",
                         _ => "transfer broke off",
                     };
-                    let short = if self.got < self.expect.size {
+                    let short = if self.got < self.expect.size + self.expect.trailer {
                         "truncated: "
                     } else {
                         ""
@@ -243,7 +254,7 @@ impl Read for VerifyingReader<'_> {
                     let err = RemoteError::corrupt(format!(
                         "{short}{what} after {} of {} bytes: {}",
                         self.got,
-                        self.expect.size,
+                        self.expect.size + self.expect.trailer,
                         super::error::error_chain(&e)
                     ));
                     return Err(self.fail(err));
