@@ -103,11 +103,17 @@ impl Artifacts for StoreArtifacts<'_> {
     }
 
     fn local_packages(&self, candy: &str, format: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
-        let id = NodeId::local_pkg(candy, format);
+        let what = format!("local {format} package of {candy}");
         let v = self
-            .output(&id.to_string(), &|n| *n == id, &|n| {
-                outputs::pkg_name(n).is_some()
-            })
+            .output(
+                &what,
+                // The box's graph holds one: the one built in its base image.
+                &|id| {
+                    matches!(id, NodeId::LocalPkg { candy: c, format: f, .. }
+                        if c == candy && f == format)
+                },
+                &|n| outputs::pkg_name(n).is_some(),
+            )
             .map_err(|e| format!("{e} (with --dev-local-pkg)"))?;
         Ok(v.into_iter()
             .filter_map(|(n, d)| Some((outputs::pkg_name(&n)?.to_string(), d)))

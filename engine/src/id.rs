@@ -14,7 +14,7 @@
 //! | fragment | `fragment:<box>/<candy>` |
 //! | build directory | `containerfile:<box>` (`+artifacts` with prebuilt stages) |
 //! | builder stage | `builder-stage:<candy>/<builder>@<image box>[~uid:gid:home]` |
-//! | local package | `local-pkg:<candy>/<format>` |
+//! | local package | `local-pkg:<candy>/<format>@<image it is built in>` (a box, or an external reference) |
 //! | root filesystem | `rootfs:<box>` |
 //! | image | `image:<box>` |
 //! | plan | `plan:<box>@<target>` |
@@ -111,6 +111,10 @@ pub enum NodeId {
         candy: String,
         /// Package format.
         format: String,
+        /// What it is built in: the installing box's parent box (qualified),
+        /// or its external base reference (a package is built for the
+        /// distro and release it goes into).
+        image: String,
     },
     /// A bootstrapped root filesystem.
     Rootfs {
@@ -182,11 +186,12 @@ impl NodeId {
         }
     }
 
-    /// `local-pkg:<candy>/<format>`.
-    pub fn local_pkg(candy: &str, format: &str) -> Self {
+    /// `local-pkg:<candy>/<format>@<image>`.
+    pub fn local_pkg(candy: &str, format: &str, image: &str) -> Self {
         NodeId::LocalPkg {
             candy: candy.into(),
             format: format.into(),
+            image: image.into(),
         }
     }
 
@@ -263,7 +268,11 @@ impl fmt::Display for NodeId {
                 }
                 Ok(())
             }
-            NodeId::LocalPkg { candy, format } => write!(f, "local-pkg:{candy}/{format}"),
+            NodeId::LocalPkg {
+                candy,
+                format,
+                image,
+            } => write!(f, "local-pkg:{candy}/{format}@{image}"),
             NodeId::Rootfs { box_name } => write!(f, "rootfs:{box_name}"),
             NodeId::Image { box_name } => write!(f, "image:{box_name}"),
             NodeId::Plan { box_name, target } => write!(f, "plan:{box_name}@{}", target.as_str()),
@@ -341,8 +350,10 @@ fn parse(s: &str) -> Option<NodeId> {
             }
         }
         "local-pkg" => {
-            let (candy, format) = rest.rsplit_once('/')?;
-            NodeId::local_pkg(&nonempty(candy)?, &nonempty(format)?)
+            // A candy key never holds `@`; an image reference may.
+            let (cf, image) = rest.split_once('@')?;
+            let (candy, format) = cf.rsplit_once('/')?;
+            NodeId::local_pkg(&nonempty(candy)?, &nonempty(format)?, &nonempty(image)?)
         }
         "rootfs" => NodeId::Rootfs {
             box_name: nonempty(rest)?,
@@ -427,7 +438,14 @@ mod tests {
                 NodeId::builder_stage("app", "npm", "ns.builder", &user(1001, "/home/u")),
                 "builder-stage:app/npm@ns.builder~1001:1001:/home/u",
             ),
-            (NodeId::local_pkg("tool", "rpm"), "local-pkg:tool/rpm"),
+            (
+                NodeId::local_pkg("tool", "rpm", "fedora"),
+                "local-pkg:tool/rpm@fedora",
+            ),
+            (
+                NodeId::local_pkg("tool", "deb", "docker.io/library/debian@sha256:ab"),
+                "local-pkg:tool/deb@docker.io/library/debian@sha256:ab",
+            ),
             (
                 NodeId::Rootfs {
                     box_name: "arch".into(),
@@ -469,7 +487,7 @@ mod tests {
     fn remote_candy_keys_round_trip() {
         for id in [
             NodeId::fragment("hello", "github.com/org/repo/candy/jq:v1"),
-            NodeId::local_pkg("github.com/org/repo/tool", "pkg"),
+            NodeId::local_pkg("github.com/org/repo/tool", "pkg", "ns.arch"),
             NodeId::builder_stage(
                 "github.com/org/repo/app",
                 "cargo",
@@ -500,6 +518,8 @@ mod tests {
             "builder-stage:app@b",
             "builder-stage:app/npm@b~x:1:/h",
             "local-pkg:tool",
+            "local-pkg:tool/deb",
+            "local-pkg:tool/deb@",
         ] {
             assert!(s.parse::<NodeId>().is_err(), "{s}");
         }
@@ -508,8 +528,11 @@ mod tests {
     #[test]
     fn kinds_and_boxes() {
         assert_eq!(NodeId::image("a").kind(), NodeKind::Image);
-        assert_eq!(NodeId::local_pkg("c", "deb").kind(), NodeKind::LocalPkg);
+        assert_eq!(
+            NodeId::local_pkg("c", "deb", "base").kind(),
+            NodeKind::LocalPkg
+        );
         assert_eq!(NodeId::fragment("a", "c").box_name(), Some("a"));
-        assert_eq!(NodeId::local_pkg("c", "deb").box_name(), None);
+        assert_eq!(NodeId::local_pkg("c", "deb", "base").box_name(), None);
     }
 }

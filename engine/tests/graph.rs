@@ -928,3 +928,73 @@ fn plugin_fragments_are_spliced_and_their_plugin_is_part_of_the_key() {
     );
     assert!(ran(&s).contains("fragment:left/baked"), "{:?}", ran(&s));
 }
+
+/// Issue 43, finding 10: a local package is built in the base image of the
+/// box that installs it, so two boxes on different bases that share a
+/// local-package candy get two packages: two nodes, named after the image
+/// each is built in, with two keys, each feeding its own box's layer.
+#[test]
+fn a_local_package_is_built_for_each_base_it_goes_into() {
+    let w = World::new(&charly_testutil::example());
+    std::fs::create_dir_all(w.root.join("box/other-base")).expect("dir");
+    std::fs::write(
+        w.root.join("box/other-base/charly.yml"),
+        "box:\n    name: other-base\n    version: 2026.12.2\n    from: builder:debootstrap\n",
+    )
+    .expect("other base");
+    std::fs::create_dir_all(w.root.join("box/other")).expect("dir");
+    std::fs::write(
+        w.root.join("box/other/charly.yml"),
+        "box:\n    name: other\n    version: 2026.12.1\n    base: other-base\n    candy:\n        - hello-deb\n",
+    )
+    .expect("other");
+    let store = Store::open(&w.store_dir).expect("store");
+    let (p, r) = w.open();
+    let hasher = FileHasher::with_cache_file(w.store_dir.join("statcache.bin"));
+    let f = FakeRunner::new();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store: &store,
+        runner: Some(&f),
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
+            dev_local_pkg: true,
+            runner: f.name().to_string(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+        own_inputs: None,
+    };
+    let g = engine
+        .graph(&Goal::Build, &["hello".to_string(), "other".to_string()])
+        .expect("graph");
+    let k = keys(&g);
+    let pkgs: BTreeMap<&String, &String> = k
+        .iter()
+        .filter(|(id, _)| id.starts_with("local-pkg:"))
+        .collect();
+    let ids: Vec<&str> = pkgs.keys().map(|s| s.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "local-pkg:hello-deb/deb@base",
+            "local-pkg:hello-deb/deb@other-base"
+        ]
+    );
+    let mut distinct: Vec<&String> = pkgs.values().copied().collect();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 2, "two keys: {pkgs:?}");
+    for (layer, pkg) in [
+        ("layer:hello/hello-deb", "local-pkg:hello-deb/deb@base"),
+        (
+            "layer:other/hello-deb",
+            "local-pkg:hello-deb/deb@other-base",
+        ),
+    ] {
+        let i = g.by_id[layer];
+        let deps: Vec<&str> = g.deps(i).into_iter().map(|d| g.g[d].id.as_str()).collect();
+        assert!(deps.contains(&pkg), "{layer} uses {pkg}: {deps:?}");
+    }
+}

@@ -159,7 +159,7 @@ impl Builder<'_> {
     }
 
     /// A local package: the format's `local_pkg` definition, the candy, the
-    /// runner and the distro it is built for.
+    /// runner, the distro it is built for and the image it is built in.
     fn local_pkg_inputs(
         &self,
         k: &mut KeyInputs,
@@ -184,6 +184,8 @@ impl Builder<'_> {
         k.value("candy", candy);
         k.value("runner", self.opts.runner.clone());
         k.value("distro", b.tags.join(","));
+        // The image it is built in (its identity's last part).
+        k.value("built-in", super::local_pkg_image(b));
         Ok(())
     }
 

@@ -455,6 +455,19 @@ pub struct Builder<'a> {
     own: Option<(own::OwnFile, own::Kept)>,
 }
 
+/// What box `b`'s local packages are built in: its parent box (qualified),
+/// its external base reference, or (a bootstrapped box) the box itself.
+/// The distro and release a package is built for, so part of the local
+/// package's identity and key: boxes on other bases get packages of their
+/// own.
+pub(crate) fn local_pkg_image(b: &ResolvedBox) -> &str {
+    match &b.base {
+        BaseRef::Box(parent) => parent,
+        BaseRef::External(reference) => reference,
+        BaseRef::Bootstrap { .. } => &b.name,
+    }
+}
+
 fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
     let id = nid.to_string();
     // One search of the index, found or not.
@@ -903,7 +916,7 @@ impl<'a> Builder<'a> {
     ) -> Result<NodeIndex, GraphError> {
         let lp = add_node(
             &mut self.graph,
-            NodeId::local_pkg(k, format),
+            NodeId::local_pkg(k, format, local_pkg_image(b)),
             Work::LocalPkg {
                 candy: k.into(),
                 format: format.into(),
@@ -921,7 +934,6 @@ impl<'a> Builder<'a> {
             Work::Source,
         );
         self.edge(ls, lp);
-        // Built in the box's base image (the distro it installs into).
         if let BaseRef::Box(parent) = &b.base {
             let pi = self.image(parent)?;
             self.edge(pi, lp);
