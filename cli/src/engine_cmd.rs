@@ -717,9 +717,13 @@ fn build_full(
         report_remote(&summary);
         return Ok((ExitCode::from(1), None));
     }
-    if a.load && !a.dry_run {
-        engine.ensure_images(&graph, &names)?;
-    }
+    // Each box's reference names the image of the keys just reported,
+    // whether they ran or came from a cache (issue 44).
+    let in_runner = if a.dry_run {
+        Vec::new()
+    } else {
+        engine.name_images(&graph, &names, a.load)?
+    };
     if let Some(reference) = &a.push
         && !a.dry_run
     {
@@ -768,22 +772,33 @@ fn build_full(
         });
         if !a.dry_run
             && a.runner.runner == "podman"
-            && std::env::var_os("CONTAINERS_CONF").is_none()
-            && conf.is_file()
             && let Some(top) = top
         {
-            let storage = a.runner.podman_root.as_ref().map_or(String::new(), |r| {
-                format!(
-                    " --root {} --runroot {}",
-                    r.join("storage").display(),
-                    r.join("run").display()
-                )
-            });
-            notes.push(format!(
-                "run it: CONTAINERS_CONF={} podman{storage} run --rm {}",
-                conf.display(),
-                charly_rules::naming::box_image_ref(&o.resolution, top)
-            ));
+            if let Some(img) = in_runner.iter().find(|i| i.box_name == *top) {
+                let storage = a.runner.podman_root.as_ref().map_or(String::new(), |r| {
+                    format!(
+                        " --root {} --runroot {}",
+                        r.join("storage").display(),
+                        r.join("run").display()
+                    )
+                });
+                let env = if std::env::var_os("CONTAINERS_CONF").is_none() && conf.is_file() {
+                    format!("CONTAINERS_CONF={} ", conf.display())
+                } else {
+                    String::new()
+                };
+                // An image that says nothing to run gets a shell.
+                notes.push(format!(
+                    "run it: {env}podman{storage} run --rm -it {}{}",
+                    charly_rules::naming::box_image_ref(&o.resolution, top),
+                    if img.has_command { "" } else { " sh" }
+                ));
+            } else {
+                notes.push(format!(
+                    "{top}'s image is in charly's store, not in podman (it came from a cache): \
+                     `charly box build {top} --load` loads it"
+                ));
+            }
         }
     }
     if !a.run.quiet {

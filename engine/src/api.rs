@@ -60,6 +60,17 @@ pub struct Engine<'a> {
     pub own_inputs: Option<crate::graph::own::OwnFile>,
 }
 
+/// A box image present in the runner after a build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedImage {
+    /// The box.
+    pub box_name: String,
+    /// Its content tag in the runner.
+    pub tag: String,
+    /// Its configuration says what to run (`Cmd` or `Entrypoint`).
+    pub has_command: bool,
+}
+
 impl<'a> Engine<'a> {
     /// Builds the graph for a goal over boxes.
     pub fn graph(&self, goal: &Goal, boxes: &[String]) -> Result<Graph, EngineError> {
@@ -368,6 +379,32 @@ impl<'a> Engine<'a> {
             tags.push(crate::layers::ensure_image(&ctx, graph, i)?);
         }
         Ok(tags)
+    }
+
+    /// After a build of `boxes`: each box's reference names the image of
+    /// the keys just reported (see [`crate::layers::name_image`]; `load`
+    /// loads images the runner lacks). Returns the boxes whose image is in
+    /// the runner now.
+    pub fn name_images(
+        &self,
+        graph: &Graph,
+        boxes: &[String],
+        load: bool,
+    ) -> Result<Vec<NamedImage>, EngineError> {
+        let ctx = self.ctx(&self.project.root);
+        let mut present = Vec::new();
+        for b in boxes {
+            let i = crate::layers::image_node(graph, b)
+                .ok_or_else(|| EngineError::UnknownNode(format!("image:{b}")))?;
+            if let Some(tag) = crate::layers::name_image(&ctx, graph, i, load)? {
+                present.push(NamedImage {
+                    box_name: b.clone(),
+                    tag,
+                    has_command: crate::layers::image_has_command(&ctx, graph, i)?,
+                });
+            }
+        }
+        Ok(present)
     }
 
     /// For a fragment whose plan changed: which lines of its text did,

@@ -296,8 +296,33 @@ fn name_safe(p: &Path) -> bool {
 
 /// Makes the image that the layer, base or image node `i` tops present in
 /// the runner (loading it from the store when the runner lacks it) and
-/// returns its tag there.
+/// returns its tag there. A box image also gets the box's reference,
+/// taken from whatever image had it.
 pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String, ExecError> {
+    present_image(ctx, graph, i, true).map(|t| t.unwrap_or_default())
+}
+
+/// After a build: box image node `i`'s reference names the image of the
+/// key just reported. When the runner has that image, the reference is
+/// moved onto it if it names another (an image built before a revert);
+/// when it lacks it, it is loaded from the store if `load`, or if the
+/// reference names another image (never left stale). Returns the image's
+/// tag in the runner, or `None` when it was left in the store only.
+pub fn name_image(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    load: bool,
+) -> Result<Option<String>, ExecError> {
+    present_image(ctx, graph, i, load)
+}
+
+fn present_image(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+    load_missing: bool,
+) -> Result<Option<String>, ExecError> {
     let n = &graph.g[i];
     read_node(ctx, graph, i, |rec| {
         let meta = chain_of(rec);
@@ -308,30 +333,58 @@ pub fn ensure_image(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<String
                 manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
             };
             let tag = image_content_tag(image.id().as_str());
-            // Both names must be there: the box's reference may have been
-            // removed while the content tag kept the image (`podman rmi REF`
-            // only untags an image that has another name).
-            let named = meta.tag.is_empty() || runner.has_image(&meta.tag);
-            if !runner.has_image(&tag) || !named {
-                load_assembled(
-                    ctx,
-                    &n.id,
-                    &meta,
-                    &image,
-                    &[meta.tag.clone(), tag.clone()],
-                    false,
-                )?;
+            // Both names must be there, and the box's must name this image:
+            // it may have been removed while the content tag kept the image
+            // (`podman rmi REF` only untags an image that has another name),
+            // or name the image of other keys (built before a revert).
+            match runner.image_id(&tag) {
+                None => {
+                    let stale = !meta.tag.is_empty() && runner.has_image(&meta.tag);
+                    if !load_missing && !stale {
+                        return Ok(None);
+                    }
+                    load_assembled(
+                        ctx,
+                        &n.id,
+                        &meta,
+                        &image,
+                        &[meta.tag.clone(), tag.clone()],
+                        false,
+                    )?;
+                }
+                Some(id)
+                    if !meta.tag.is_empty()
+                        && runner.image_id(&meta.tag).as_deref() != Some(id.as_str()) =>
+                {
+                    runner.tag_image(&tag, std::slice::from_ref(&meta.tag))?;
+                }
+                Some(_) => {}
             }
-            return Ok(tag);
+            return Ok(Some(tag));
         }
         let tag = match &n.work {
             Work::Base { reference } => reference.clone(),
             _ => content_tag(&meta.chain, &meta.config),
         };
         if !runner.has_image(&tag) {
+            if !load_missing {
+                return Ok(None);
+            }
             load(ctx, &n.id, &meta, &tag)?;
         }
-        Ok(tag)
+        Ok(Some(tag))
+    })
+}
+
+/// Whether box image node `i`'s image says what to run (a `Cmd` or an
+/// `Entrypoint` in its configuration); `podman run IMAGE` fails without.
+pub fn image_has_command(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<bool, ExecError> {
+    let n = &graph.g[i];
+    read_node(ctx, graph, i, |rec| {
+        let config = record_bytes(ctx, &n.id, rec, outputs::CONFIG)?;
+        let v: serde_json::Value = serde_json::from_slice(&config).unwrap_or_default();
+        let set = |k: &str| v["config"][k].as_array().is_some_and(|a| !a.is_empty());
+        Ok(set("Cmd") || set("Entrypoint"))
     })
 }
 

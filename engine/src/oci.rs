@@ -124,6 +124,9 @@ fn blob_name(digest: &str) -> Result<&str, OciError> {
         .ok_or_else(|| OciError::Format(format!("bad digest {digest}")))
 }
 
+/// The digest of an empty tar archive (two zero blocks, uncompressed).
+const EMPTY_TAR: &str = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef";
+
 /// Reads the image `reference` of the layout at `dir`: its layers (files
 /// of the layout; those below `from` are not read, they may be stand-ins)
 /// and its configuration object. Layers from `from` up are checked
@@ -186,6 +189,13 @@ pub fn read_layout(
             .to_string();
         let path = blobs.join(blob_name(&digest)?);
         if n >= from {
+            // A layer that changed nothing (a candy of only `env:`) is the
+            // empty tar. When a layer below was empty too, its stand-in
+            // (see the runner's export) took the blob's place and the push
+            // skipped it: the bytes are known, so they are put back.
+            if digest == EMPTY_TAR && std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+                std::fs::write(&path, [0u8; 1024]).map_err(io(path.display()))?;
+            }
             let actual = sha256_file(&path).map_err(io(path.display()))?;
             if actual.as_str() != digest {
                 return Err(OciError::Digest {

@@ -35,6 +35,8 @@ pub struct FakeRunner {
     /// Delay for every call without its own.
     pub default_delay: Option<Duration>,
     images: Mutex<BTreeSet<String>>,
+    /// The image id each name (a loaded image's tags) names.
+    ids: Mutex<BTreeMap<String, String>>,
     /// A file every call is appended to (`what node`), for tests that drive
     /// the binary and must see whether the runner was reached.
     pub log: Option<PathBuf>,
@@ -88,6 +90,9 @@ impl FakeRunner {
     /// Forgets all images (like `podman rmi -a`).
     pub fn remove_all_images(&self) {
         if let Ok(mut i) = self.images.lock() {
+            i.clear();
+        }
+        if let Ok(mut i) = self.ids.lock() {
             i.clear();
         }
     }
@@ -259,7 +264,34 @@ impl Runner for FakeRunner {
             i.extend(tags.iter().cloned());
             i.insert(id.clone());
         }
+        if let Ok(mut i) = self.ids.lock() {
+            for t in tags {
+                i.insert(t.clone(), id.clone());
+            }
+        }
         Ok(id)
+    }
+
+    fn image_id(&self, reference: &str) -> Option<String> {
+        if let Some(id) = self.ids.lock().ok()?.get(reference) {
+            return Some(id.clone());
+        }
+        self.has_image(reference).then(|| reference.to_string())
+    }
+
+    fn tag_image(&self, image: &str, tags: &[String]) -> Result<(), RunError> {
+        let id = self
+            .image_id(image)
+            .ok_or_else(|| RunError::new(format!("no image {image} to tag")))?;
+        if let Ok(mut i) = self.images.lock() {
+            i.extend(tags.iter().cloned());
+        }
+        if let Ok(mut i) = self.ids.lock() {
+            for t in tags {
+                i.insert(t.clone(), id.clone());
+            }
+        }
+        Ok(())
     }
 
     fn has_image(&self, reference: &str) -> bool {

@@ -222,6 +222,20 @@ pub trait Runner: Send + Sync {
     -> Result<String, RunError>;
     /// Renames an image (`from` is dropped, `to` added).
     fn rename_image(&self, from: &str, to: &str) -> Result<(), RunError>;
+    /// The id of the image `reference` (an id or a name) names, if the
+    /// runner has it.
+    fn image_id(&self, reference: &str) -> Option<String> {
+        self.has_image(reference).then(|| reference.to_string())
+    }
+    /// Gives the image `image` (an id or a name) the names `tags`, moving
+    /// each from whatever image had it.
+    fn tag_image(&self, image: &str, tags: &[String]) -> Result<(), RunError> {
+        let _ = tags;
+        Err(RunError::new(format!(
+            "the {} runner cannot name image {image}",
+            self.name()
+        )))
+    }
     /// Builds local packages into `req.out`.
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError>;
     /// Bootstraps a root filesystem tar into `req.out`.

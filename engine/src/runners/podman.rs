@@ -54,7 +54,9 @@ pub struct PodmanRunner {
     /// build asks about every image it would load: one process, not one
     /// per image). A reference not listed is asked about on its own, so an
     /// image made after the listing is still found.
-    images: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Each known reference (full id, short id, name) with the full id it
+    /// names.
+    images: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 /// What the runner learns from `podman info`.
@@ -69,8 +71,8 @@ struct Info {
 }
 
 /// The ids (full and the 12-digit short form) and names of the images in
-/// `podman images --format json` output.
-fn listed_images(json: &[u8]) -> std::collections::HashSet<String> {
+/// `podman images --format json` output, each with the full id it names.
+fn listed_images(json: &[u8]) -> std::collections::HashMap<String, String> {
     #[derive(serde::Deserialize)]
     struct Listed {
         #[serde(rename = "Id", default)]
@@ -79,14 +81,19 @@ fn listed_images(json: &[u8]) -> std::collections::HashSet<String> {
         names: Option<Vec<String>>,
     }
     let list: Vec<Listed> = serde_json::from_slice(json).unwrap_or_default();
-    let mut out = std::collections::HashSet::new();
+    let mut out = std::collections::HashMap::new();
     for l in list {
         let id = l.id.trim_start_matches("sha256:").to_string();
-        if id.len() >= 12 {
-            out.insert(id[..12].to_string());
+        if id.is_empty() {
+            continue;
         }
-        out.insert(id);
-        out.extend(l.names.unwrap_or_default());
+        if id.len() >= 12 {
+            out.insert(id[..12].to_string(), id.clone());
+        }
+        for n in l.names.unwrap_or_default() {
+            out.insert(n, id.clone());
+        }
+        out.insert(id.clone(), id);
     }
     out.remove("");
     out
@@ -765,8 +772,12 @@ impl Runner for PodmanRunner {
     }
 
     fn has_image(&self, reference: &str) -> bool {
+        self.image_id(reference).is_some()
+    }
+
+    fn image_id(&self, reference: &str) -> Option<String> {
         if reference.is_empty() {
-            return false;
+            return None;
         }
         let r = reference.trim_start_matches("sha256:");
         let known = self.images.get_or_init(|| {
@@ -780,18 +791,50 @@ impl Runner for PodmanRunner {
                 .unwrap_or_default();
             std::sync::Mutex::new(listed)
         });
-        if known.lock().is_ok_and(|k| k.contains(r)) {
-            return true;
+        if let Some(id) = known.lock().ok().and_then(|k| k.get(r).cloned()) {
+            return Some(id);
         }
-        let exists = self
+        // Made after the listing: asked about on its own.
+        let out = self
             .cmd()
-            .args(["image", "exists", r])
-            .status()
-            .is_ok_and(|s| s.success());
-        if exists && let Ok(mut k) = known.lock() {
-            k.insert(r.to_string());
+            .args(["image", "inspect", "--format", "{{.Id}}", r])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        let id = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .trim_start_matches("sha256:")
+            .to_string();
+        if id.is_empty() {
+            return None;
         }
-        exists
+        if let Ok(mut k) = known.lock() {
+            k.insert(r.to_string(), id.clone());
+        }
+        Some(id)
+    }
+
+    fn tag_image(&self, image: &str, tags: &[String]) -> Result<(), RunError> {
+        let tags: Vec<&str> = tags
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
+            .collect();
+        if tags.is_empty() {
+            return Ok(());
+        }
+        self.run(
+            &format!("tag {}", tags.join(", ")),
+            self.cmd().arg("tag").arg(image).args(&tags),
+        )?;
+        if let Some(id) = self.image_id(image)
+            && let Some(Ok(mut k)) = self.images.get().map(|m| m.lock())
+        {
+            for t in tags {
+                k.insert(t.to_string(), id.clone());
+            }
+        }
+        Ok(())
     }
 
     fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
@@ -1029,12 +1072,16 @@ mod tests {
     fn listed_images_are_known_by_id_short_id_and_name() {
         let json = br#"[{"Id":"4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807","Names":["localhost/hello:2026.1.1","localhost/charly-layer:abc"]},{"Id":"sha256:0123456789abcdef","Names":null},{"Names":["x"]}]"#;
         let k = listed_images(json);
-        assert!(k.contains("4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807"));
-        assert!(k.contains("4f7ea8d1c0b2"));
-        assert!(k.contains("localhost/hello:2026.1.1"));
-        assert!(k.contains("0123456789abcdef") && k.contains("0123456789ab"));
-        assert!(k.contains("x"));
-        assert!(!k.contains(""));
+        let full = "4f7ea8d1c0b2a9e8f7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b3a291807";
+        assert_eq!(k.get(full).map(String::as_str), Some(full));
+        assert_eq!(k.get("4f7ea8d1c0b2").map(String::as_str), Some(full));
+        assert_eq!(
+            k.get("localhost/hello:2026.1.1").map(String::as_str),
+            Some(full)
+        );
+        assert!(k.contains_key("0123456789abcdef") && k.contains_key("0123456789ab"));
+        assert!(!k.contains_key("x"), "a name without an id names nothing");
+        assert!(!k.contains_key(""));
         assert!(listed_images(b"garbage").is_empty());
     }
 

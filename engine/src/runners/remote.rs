@@ -619,6 +619,14 @@ impl Runner for RemoteRunner<'_> {
         self.local.has_image(reference)
     }
 
+    fn image_id(&self, reference: &str) -> Option<String> {
+        self.local.image_id(reference)
+    }
+
+    fn tag_image(&self, image: &str, tags: &[String]) -> Result<(), RunError> {
+        self.local.tag_image(image, tags)
+    }
+
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
         self.remote_or_local(
             &req.node,
