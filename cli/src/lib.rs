@@ -115,6 +115,24 @@ pub struct Cli {
     )]
     pub remote_required: bool,
 
+    /// Fields charly does not know are warnings (ignored) instead of errors:
+    /// for a project written for a newer charly. `=false` turns off a
+    /// settings default (`allow_unknown_fields: true` in
+    /// .charly/settings.yml).
+    #[arg(
+        id = "allow_unknown_fields",
+        long = "allow-unknown-fields",
+        global = true,
+        env = "CHARLY_ALLOW_UNKNOWN_FIELDS",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub allow_unknown_fields: bool,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -58,7 +58,15 @@ pub fn run(a: &MigrateArgs) -> anyhow::Result<ExitCode> {
         out
     };
     refuse_links(&a.dir)?;
-    let p = load::load(&a.dir, &LoadOptions::default())?;
+    // Files already in the node form are not classic fields: said, then
+    // left as they are (see `charly_rules::migrate`), never a refusal.
+    let p = load::load(
+        &a.dir,
+        &LoadOptions {
+            allow_unknown_fields: true,
+            ..LoadOptions::default()
+        },
+    )?;
     if p.diags.has_errors() {
         output::diagnostics(p.diags.errors(), &p.sources);
         output::note("the project has errors; fix them before migrating");

@@ -112,6 +112,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
         None => (None, None),
     };
     let opts = LoadOptions {
+        allow_unknown_fields: cli.allow_unknown_fields,
         imports: cli.imports.iter().cloned().collect(),
         trees: trees
             .clone()

@@ -10,6 +10,7 @@
 //! jobs: 4                      # -j
 //! remote: oci://127.0.0.1:5000/charly/cache       # --remote
 //! progress: plain              # --progress
+//! allow_unknown_fields: true   # --allow-unknown-fields
 //! ```
 //!
 //! A setting becomes the default value of every flag of that name, in
@@ -36,6 +37,8 @@ pub struct Settings {
     pub remote: Option<Spanned<String>>,
     /// `--progress`.
     pub progress: Option<Spanned<String>>,
+    /// `--allow-unknown-fields`.
+    pub allow_unknown_fields: Option<Spanned<bool>>,
 }
 
 impl Settings {
@@ -62,7 +65,8 @@ impl Settings {
         // A misspelt setting would be silently ignored: refuse it.
         if let Some(mut w) = warnings.into_iter().next() {
             w.message = format!(
-                "{}; the known settings are dev_local_pkg, ca_bundle, jobs, remote, progress",
+                "{}; the known settings are dev_local_pkg, ca_bundle, jobs, remote, progress, \
+                 allow_unknown_fields",
                 w.message.trim_end_matches("; it is ignored")
             );
             return Err(diag(w));
@@ -100,6 +104,9 @@ impl Settings {
         }
         if let Some(v) = &self.progress {
             out.push(("progress", v.value.clone()));
+        }
+        if let Some(v) = &self.allow_unknown_fields {
+            out.push(("allow_unknown_fields", v.value.to_string()));
         }
         out
     }

@@ -12,6 +12,9 @@ pub struct Args {
     /// Print `{errors: [...], warnings: [...]}` on stdout instead of reports on stderr.
     #[arg(long)]
     pub json: bool,
+    /// Warnings fail too (exit 1): for CI that wants a spotless project.
+    #[arg(long)]
+    pub strict: bool,
     #[command(flatten)]
     pub journal: crate::journaled::JournalArgs,
 }
@@ -38,6 +41,8 @@ pub fn run(cli: &Cli, a: &Args) -> anyhow::Result<ExitCode> {
     let command = serde_json::json!({
         "command": "validate",
         "json": a.json,
+        "strict": a.strict,
+        "allow_unknown_fields": cli.allow_unknown_fields,
         "color": output::color(),
     });
     crate::journaled::print(cli, a.journal, command, |scope| full(cli, scope, a))
@@ -70,6 +75,6 @@ fn full(cli: &Cli, scope: &Scope, a: &Args) -> anyhow::Result<Printed> {
             if w == 1 { "" } else { "s" },
         ));
     }
-    printed.failed = all.has_errors();
+    printed.failed = all.has_errors() || (a.strict && all.warnings().next().is_some());
     Ok(printed)
 }

@@ -173,6 +173,7 @@ impl WireDiag {
             message,
             span,
             hint,
+            code: _,
         } = d;
         WireDiag {
             error: *severity == Severity::Error,
@@ -192,6 +193,7 @@ impl WireDiag {
             message: self.message,
             span: self.span.map(WireSpan::span),
             hint: self.hint,
+            code: None,
         }
     }
 }

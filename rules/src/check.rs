@@ -46,7 +46,145 @@ const COMMON: [&str; 14] = [
     "platform",
 ];
 
-/// Matcher keys per subject (anything else is warned about).
+/// Every key of a node-form step (`#Op` of the 2026.174 schema,
+/// `charly/schema/_common.cue`, a closed struct, and the step keys of
+/// `#Step`): a check entry converted from the node form may carry any of
+/// them, and no other.
+pub const OP_FIELDS: [&str; 131] = [
+    "action",
+    "activity",
+    "adb",
+    "agent-check",
+    "agent-run",
+    "amount",
+    "apk",
+    "app_id",
+    "app_version",
+    "appium",
+    "arch",
+    "arg",
+    "artifact",
+    "artifact_min_bytes",
+    "artifact_min_cast_events",
+    "artifact_min_dimensions",
+    "artifact_not_uniform",
+    "attribute",
+    "build",
+    "button",
+    "cache",
+    "caps",
+    "capture",
+    "capture_extract",
+    "cdp",
+    "check",
+    "cluster",
+    "combo",
+    "command",
+    "comment",
+    "content",
+    "context",
+    "copy",
+    "count",
+    "dbus",
+    "depends_on",
+    "description",
+    "dest",
+    "direction",
+    "download",
+    "emit_id",
+    "env",
+    "eventually",
+    "exclude_distro",
+    "exit_status",
+    "expression",
+    "extract",
+    "extract_include",
+    "id",
+    "include",
+    "index_var",
+    "input",
+    "intent_do",
+    "json",
+    "key",
+    "keycode",
+    "kill",
+    "kube",
+    "kube_context",
+    "kube_count",
+    "kube_group",
+    "kube_kind",
+    "kube_resource",
+    "kube_version",
+    "kubeconfig",
+    "label",
+    "libvirt",
+    "link",
+    "manifest",
+    "max",
+    "mcp",
+    "mcp_name",
+    "mean",
+    "method",
+    "metric",
+    "mkdir",
+    "mode",
+    "name",
+    "namespace",
+    "origin",
+    "over_id",
+    "p50",
+    "p95",
+    "p99",
+    "parallel",
+    "params",
+    "path",
+    "percent",
+    "plugin",
+    "plugin_input",
+    "property",
+    "query",
+    "record",
+    "record_audio",
+    "record_fps",
+    "record_mode",
+    "record_name",
+    "request_body",
+    "retry_interval",
+    "run",
+    "run_as",
+    "selector",
+    "session",
+    "setcap",
+    "signal",
+    "skip",
+    "source",
+    "spice",
+    "stderr",
+    "stdout",
+    "strategy",
+    "strip_components",
+    "summarize",
+    "tab",
+    "tag",
+    "target",
+    "text",
+    "timeout",
+    "to",
+    "tool",
+    "uninstall",
+    "uri",
+    "url",
+    "venue",
+    "vnc",
+    "wl",
+    "write",
+    "x",
+    "x2",
+    "y",
+    "y2",
+];
+
+/// Matcher keys per subject (a key no subject knows is an error).
 fn matchers(subject: &str) -> &'static [&'static str] {
     match subject {
         "file" => &["exists", "mode", "filetype", "contains", "owner", "size"],
@@ -72,7 +210,17 @@ fn matchers(subject: &str) -> &'static [&'static str] {
         "process" => &["running"],
         "port" => &["listening"],
         "mcp" => &["stdout", "tool", "input"],
-        "k8s" => &["k8s_count", "cluster", "k8s_kind", "namespace", "stdout"],
+        "k8s" => &[
+            "k8s_count",
+            "cluster",
+            "k8s_kind",
+            "namespace",
+            "name",
+            "label",
+            "manifest",
+            "text",
+            "stdout",
+        ],
         "cdp" => &["url", "tab", "stdout"],
         _ => &["contains", "stdout"],
     }
@@ -255,21 +403,21 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
             return None;
         }
     };
-    // Warn about keys that belong to no kind (an unsupported plugin's input is
-    // the plugin's own business).
+    // Keys that belong to no kind are errors: a misspelt matcher (`contians:`)
+    // would silently leave a check that only tests existence. An unsupported
+    // plugin's input is the plugin's own business.
     for (k, _) in entries.iter().filter(|_| subject != "plugin") {
         let Some(name) = k.as_str() else { continue };
         if name == subject || COMMON.contains(&name) || matchers(subject).contains(&name) {
             continue;
         }
         // `on:` (cdp) is written unquoted in the corpus; other known matchers of other kinds are tolerated.
-        let known_elsewhere = SUBJECTS.iter().any(|s| matchers(s).contains(&name));
+        let known_elsewhere =
+            SUBJECTS.iter().any(|s| matchers(s).contains(&name)) || OP_FIELDS.contains(&name);
         if !known_elsewhere {
-            let mut d = Diagnostic::warning(
+            let mut d = Diagnostic::error(
                 k.span,
-                format!(
-                    "check `{id}`: unknown field `{name}` for a {subject} check; it is ignored"
-                ),
+                format!("check `{id}`: unknown field `{name}` for a {subject} check"),
             );
             let all: Vec<&str> = matchers(subject)
                 .iter()

@@ -29,7 +29,14 @@ pub struct Diagnostic {
     pub span: Option<Span>,
     /// How to fix it, when we can say.
     pub hint: Option<String>,
+    /// What kind of problem it is, when a policy depends on it
+    /// ([`UNKNOWN_FIELD`]).
+    pub code: Option<&'static str>,
 }
+
+/// The code of a field (or top-level key) charly does not know: an error
+/// unless the project allows unknown fields (`--allow-unknown-fields`).
+pub const UNKNOWN_FIELD: &str = "unknown-field";
 
 impl Diagnostic {
     /// An error at a place.
@@ -39,6 +46,7 @@ impl Diagnostic {
             message: message.into(),
             span: span.into(),
             hint: None,
+            code: None,
         }
     }
 
@@ -49,6 +57,7 @@ impl Diagnostic {
             message: message.into(),
             span: span.into(),
             hint: None,
+            code: None,
         }
     }
 
@@ -56,6 +65,13 @@ impl Diagnostic {
     #[must_use]
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+
+    /// Marks what kind of problem it is.
+    #[must_use]
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
         self
     }
 
@@ -296,6 +312,11 @@ impl Diagnostics {
     /// Whether any is an error.
     pub fn has_errors(&self) -> bool {
         self.items.iter().any(Diagnostic::is_error)
+    }
+
+    /// Changes each one in place.
+    pub fn for_each_mut(&mut self, f: impl FnMut(&mut Diagnostic)) {
+        self.items.iter_mut().for_each(f);
     }
 
     /// All of them.

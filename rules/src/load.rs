@@ -55,6 +55,11 @@ pub struct LoadOptions {
     /// discovery walk reads only directories that changed; what it finds is
     /// the same with or without them.
     pub dirs: Option<Arc<dyn crate::walk::DirCache>>,
+    /// A field (or top-level key) charly does not know is a warning, not an
+    /// error (`--allow-unknown-fields`: a project written for a newer
+    /// version). By default it is an error: a misspelt field would
+    /// otherwise build an image without what it asks for.
+    pub allow_unknown_fields: bool,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -63,6 +68,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("imports", &self.imports)
             .field("trees", &self.trees.is_some())
             .field("dirs", &self.dirs.is_some())
+            .field("allow_unknown_fields", &self.allow_unknown_fields)
             .finish()
     }
 }
@@ -474,7 +480,31 @@ pub fn load(root: &Path, opts: &LoadOptions) -> Result<Project, LoadError> {
     let refused = crate::names::check_project(&l.p);
     l.p.refused_names = refused.clone();
     l.p.diags.extend(refused);
+    unknown_fields(&mut l.p.diags, opts.allow_unknown_fields);
     Ok(l.p)
+}
+
+/// Unknown fields (and top-level keys) are errors, with how to accept
+/// them; warnings (ignored fields) when the project allows them.
+fn unknown_fields(diags: &mut crate::diag::Diagnostics, allow: bool) {
+    diags.for_each_mut(|d| {
+        if d.code != Some(crate::diag::UNKNOWN_FIELD) {
+            return;
+        }
+        if allow {
+            d.message
+                .push_str("; it is ignored (--allow-unknown-fields)");
+        } else {
+            d.severity = crate::diag::Severity::Error;
+            let accept = "a project written for a newer charly can pass \
+                          --allow-unknown-fields (or set `allow_unknown_fields: true` in \
+                          .charly/settings.yml) to have unknown fields ignored";
+            d.hint = Some(match d.hint.take() {
+                Some(h) => format!("{h} ({accept})"),
+                None => accept.to_string(),
+            });
+        }
+    });
 }
 
 struct Loader<'o> {
@@ -811,10 +841,8 @@ impl Loader<'_> {
 
     fn unknown_top_key(&mut self, k: &Node, name: &str) {
         let known = ROOT_KEYS.iter().chain(KIND_KEYS.iter()).copied();
-        let mut d = Diagnostic::warning(
-            k.span,
-            format!("unknown top-level key `{name}`; it is ignored"),
-        );
+        let mut d = Diagnostic::warning(k.span, format!("unknown top-level key `{name}`"))
+            .with_code(crate::diag::UNKNOWN_FIELD);
         if let Some(n) = nearest(name, known) {
             d = d.with_hint(format!("did you mean `{n}`?"));
         }

@@ -11,11 +11,18 @@ use crate::yaml::Spanned;
 /// Variables the generator or the shell always provides.
 pub const AUTO_VARS: [&str; 6] = ["USER", "UID", "GID", "HOME", "ARCH", "BUILD_ARCH"];
 
-/// Checks every candy of a project.
+/// Checks every candy of a project, and the checks (`eval:`) of its boxes.
 pub fn validate_candies(p: &Project) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for c in p.candies.values() {
         validate_candy(c, &p.ns(c.ns).vocab, &mut out);
+    }
+    for ns in &p.namespaces {
+        for b in ns.boxes.values() {
+            if let Some(e) = &b.def.eval {
+                crate::check::parse_checks(&e.0, &format!("box:{}", b.name), &mut out);
+            }
+        }
     }
     out
 }
@@ -57,6 +64,11 @@ pub fn validate_candy(c: &CandyEntry, vocab: &Vocab, out: &mut Vec<Diagnostic>) 
 
 fn check_candy(c: &CandyEntry, vocab: &Vocab, files: Files, out: &mut Vec<Diagnostic>) {
     let def = &c.def;
+    // Its checks, as `charly check` will read them: a typo in one is found
+    // now, not when a bed runs.
+    if let Some(e) = &def.eval {
+        crate::check::parse_checks(&e.0, &format!("candy:{}", c.name), out);
+    }
     // Section keys must name a distro (optionally `:version`) or a format.
     let mut known: Vec<&str> = vocab.distro.keys().map(String::as_str).collect();
     for d in vocab.distro.values() {

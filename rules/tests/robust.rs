@@ -130,16 +130,33 @@ fn require_cycle_names_the_whole_cycle() {
 }
 
 #[test]
-fn unknown_fields_and_distro_keys_warn_with_the_nearest_name() {
+fn unknown_fields_are_errors_and_distro_keys_warn_with_the_nearest_name() {
     let t = project(&[
         ("box/b/charly.yml", BOX),
         ("candy/a/charly.yml", b"candy:\n  version: 1.0.0\n  pakage: [x]\n  distro:\n    fedroa:\n      package: [y]\n"),
     ]);
     let (p, d) = all_diags(t.path());
     let (w, line) = find(&p, &d, "unknown field `pakage`");
-    assert!(!w.is_error());
+    assert!(w.is_error(), "a misspelt field is an error by default");
     assert!(line.starts_with("candy/a/charly.yml:3:3:"), "{line}");
-    assert_eq!(w.hint.as_deref(), Some("did you mean `package`?"));
+    let hint = w.hint.as_deref().unwrap_or_default();
+    assert!(hint.starts_with("did you mean `package`?"), "{hint}");
+    assert!(hint.contains("--allow-unknown-fields"), "{hint}");
+    // Allowed, the same field is a warning that says it is ignored.
+    let opts = LoadOptions {
+        allow_unknown_fields: true,
+        ..LoadOptions::default()
+    };
+    let p = load::load(t.path(), &opts).expect("loads");
+    let w = p
+        .diags
+        .iter()
+        .find(|x| x.message.contains("unknown field `pakage`"))
+        .expect("still said");
+    assert!(
+        !w.is_error() && w.message.contains("it is ignored"),
+        "{w:?}"
+    );
     let (w, _) = find(&p, &d, "distro key `fedroa`");
     assert_eq!(w.hint.as_deref(), Some("did you mean `fedora`?"));
 }

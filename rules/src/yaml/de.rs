@@ -706,10 +706,9 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
                     } else {
                         format!(" in {}", self.struct_name)
                     };
-                    let mut d = Diagnostic::warning(
-                        k.span,
-                        format!("unknown field `{name}`{what}; it is ignored"),
-                    );
+                    let mut d =
+                        Diagnostic::warning(k.span, format!("unknown field `{name}`{what}"))
+                            .with_code(crate::diag::UNKNOWN_FIELD);
                     if let Some(n) = nearest(name, fields.iter().copied()) {
                         d = d.with_hint(format!("did you mean `{n}`?"));
                     } else {
