@@ -5,8 +5,12 @@
 //!   bar weighted by expected work — each node counts for its last recorded
 //!   duration, or a default for its kind — with an elapsed time that ticks.
 //! * **plain** (CI logs, pipes): one line when a node starts (with why),
-//!   one when it ends (state, duration); a failure's error carries the
-//!   command's last lines.
+//!   one when it ends (state, duration), and for a node running longer, a
+//!   heartbeat every 15 seconds (`CHARLY_HEARTBEAT_SECS`) with the last line
+//!   its command printed; nodes too quick to list (fragments, build
+//!   directories) are counted in one line at the end, so the lines add up
+//!   to the summary. A failure's error carries the command's last lines and
+//!   the path of its whole log.
 //! * **quiet**: nothing.
 //!
 //! Cache hits are counted, not listed: a no-op build prints no node lines.
@@ -68,6 +72,32 @@ struct Running {
     log: VecDeque<String>,
 }
 
+/// A node running in plain mode: when it started, when its last line was
+/// printed, and the last line its command wrote.
+struct Beat {
+    started: Instant,
+    said: Instant,
+    last: String,
+}
+
+/// Plain mode's running nodes, and the thread that prints their
+/// heartbeats (stopped when the progress finishes).
+#[derive(Default)]
+struct Heartbeat {
+    beats: std::sync::Arc<Mutex<HashMap<String, Beat>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// How often a long-running node says it is still running (plain mode).
+fn heartbeat_every() -> Duration {
+    std::env::var("CHARLY_HEARTBEAT_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map_or(Duration::from_secs(15), Duration::from_secs_f64)
+}
+
 /// Draws progress for a schedule.
 pub struct Progress {
     mode: ProgressMode,
@@ -80,6 +110,9 @@ pub struct Progress {
     width: usize,
     all_reasons: bool,
     explain: HashMap<String, Vec<String>>,
+    heartbeat: Heartbeat,
+    /// Quick nodes (not listed one by one) that ran, by kind.
+    quick: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Progress {
@@ -125,9 +158,48 @@ impl Progress {
             total.enable_steady_tick(Duration::from_millis(250));
         }
         let width = terminal_width().unwrap_or(100).clamp(40, 200);
+        let t0 = Instant::now();
+        let heartbeat = Heartbeat::default();
+        if mode == ProgressMode::Plain {
+            let beats = std::sync::Arc::clone(&heartbeat.beats);
+            let stop = std::sync::Arc::clone(&heartbeat.stop);
+            let every = heartbeat_every();
+            let tick = every.min(Duration::from_millis(250));
+            let thread = std::thread::Builder::new()
+                .name("charly-heartbeat".into())
+                .spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        let Ok(mut b) = beats.lock() else { return };
+                        let mut due: Vec<(&String, &mut Beat)> = b
+                            .iter_mut()
+                            .filter(|(_, beat)| beat.said.elapsed() >= every)
+                            .collect();
+                        due.sort_by_key(|(id, _)| id.as_str());
+                        for (id, beat) in due {
+                            beat.said = Instant::now();
+                            let t = t0.elapsed().as_secs_f64();
+                            let last = if beat.last.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {}", beat.last)
+                            };
+                            let _ = writeln!(
+                                std::io::stderr().lock(),
+                                "[{t:>7.1}s] ...    {id} (running {}){last}",
+                                secs(beat.started.elapsed().as_millis() as u64)
+                            );
+                        }
+                    }
+                })
+                .ok();
+            if let Ok(mut t) = heartbeat.thread.lock() {
+                *t = thread;
+            }
+        }
         Progress {
             mode,
-            t0: Instant::now(),
+            t0,
             multi,
             total,
             weights,
@@ -136,6 +208,8 @@ impl Progress {
             width,
             all_reasons,
             explain: HashMap::new(),
+            heartbeat,
+            quick: Mutex::new(std::collections::BTreeMap::new()),
         }
     }
 
@@ -147,7 +221,8 @@ impl Progress {
         self
     }
 
-    /// Clears the bars.
+    /// Clears the bars, stops the heartbeats, and (plain mode) counts the
+    /// quick nodes that ran.
     pub fn finish(&self) {
         if let Ok(r) = self.running.lock() {
             for b in r.values() {
@@ -155,6 +230,24 @@ impl Progress {
             }
         }
         self.total.finish_and_clear();
+        self.heartbeat
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.heartbeat.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+        if self.mode == ProgressMode::Plain
+            && let Ok(q) = self.quick.lock()
+            && !q.is_empty()
+        {
+            let n: u64 = q.values().sum();
+            let kinds: Vec<String> = q.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            self.plain(&format!(
+                "done   {n} quick node{} ({})",
+                if n == 1 { "" } else { "s" },
+                kinds.join(", ")
+            ));
+        }
     }
 
     fn plain(&self, line: &str) {
@@ -211,7 +304,20 @@ impl Observer for Progress {
             format!(" ({reason})")
         };
         match self.mode {
-            ProgressMode::Plain => self.plain(&format!("start  {id}{why}")),
+            ProgressMode::Plain => {
+                self.plain(&format!("start  {id}{why}"));
+                if let Ok(mut b) = self.heartbeat.beats.lock() {
+                    let now = Instant::now();
+                    b.insert(
+                        id.to_string(),
+                        Beat {
+                            started: now,
+                            said: now,
+                            last: String::new(),
+                        },
+                    );
+                }
+            }
             ProgressMode::Tty => {
                 let b = self
                     .multi
@@ -244,7 +350,18 @@ impl Observer for Progress {
             .split('\r')
             .rfind(|s| !s.trim().is_empty())
             .unwrap_or("");
-        if self.mode != ProgressMode::Tty || line.is_empty() {
+        if line.is_empty() {
+            return;
+        }
+        if self.mode == ProgressMode::Plain {
+            if let Ok(mut b) = self.heartbeat.beats.lock()
+                && let Some(beat) = b.get_mut(id)
+            {
+                beat.last = self.cut(line.trim(), 40);
+            }
+            return;
+        }
+        if self.mode != ProgressMode::Tty {
             return;
         }
         if let Ok(mut r) = self.running.lock()
@@ -268,6 +385,15 @@ impl Observer for Progress {
             && let Some(run) = r.remove(&report.id)
         {
             run.bar.finish_and_clear();
+        }
+        if let Ok(mut b) = self.heartbeat.beats.lock() {
+            b.remove(&report.id);
+        }
+        if report.state == State::Ran
+            && !shown(report.kind)
+            && let Ok(mut q) = self.quick.lock()
+        {
+            *q.entry(report.kind.as_str()).or_default() += 1;
         }
         let ran = match report.state {
             State::Ran | State::Pulled => shown(report.kind),

@@ -79,6 +79,10 @@ pub enum ExecError {
         /// Output name.
         output: String,
     },
+    /// A node failed, and its whole log is kept in this file (the error
+    /// shows only its last lines).
+    #[error("{}\n  full log: {}", .0, .1.display())]
+    Logged(Box<ExecError>, std::path::PathBuf),
 }
 
 /// Spec errors are the errors the engine raised when it computed the

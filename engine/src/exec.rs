@@ -156,7 +156,14 @@ fn execute_as(
     }
     started(&|| crate::why::reason(ctx.store, graph, i));
     let t = Instant::now();
-    let outputs = work(ctx, graph, i)?;
+    let log = NodeLog::new(ctx.store.dir(), &n.key.to_hex());
+    let outputs = match work(ctx, graph, i, &log) {
+        Ok(o) => {
+            log.discard();
+            o
+        }
+        Err(e) => return Err(log.keep(e)),
+    };
     let mut rec_outputs = BTreeMap::new();
     let keep = outputs.keep;
     let outputs_cleanup = outputs.cleanup;
@@ -373,10 +380,68 @@ pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptio
     o
 }
 
-fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<Outputs, ExecError> {
+/// A running node's whole log: `<store>/logs/<key>.log`, written line by
+/// line as the runner reports them (made at the first line). Kept when the
+/// node fails (the error names it: errors show only the last lines),
+/// removed when it succeeds.
+struct NodeLog {
+    path: PathBuf,
+    file: std::sync::Mutex<Option<std::io::LineWriter<std::fs::File>>>,
+}
+
+impl NodeLog {
+    fn new(store: &Path, key: &str) -> NodeLog {
+        NodeLog {
+            path: store.join("logs").join(format!("{key}.log")),
+            file: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn line(&self, l: &str) {
+        use std::io::Write;
+        let Ok(mut f) = self.file.lock() else { return };
+        if f.is_none() {
+            let made = self
+                .path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::File::create(&self.path));
+            match made {
+                Ok(file) => *f = Some(std::io::LineWriter::new(file)),
+                // A log that cannot be written costs the log, not the build.
+                Err(_) => return,
+            }
+        }
+        if let Some(w) = f.as_mut() {
+            let _ = writeln!(w, "{l}");
+        }
+    }
+
+    fn written(&self) -> bool {
+        self.file.lock().is_ok_and(|f| f.is_some())
+    }
+
+    fn discard(&self) {
+        if self.written() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// `e`, naming the log when the node wrote one.
+    fn keep(&self, e: ExecError) -> ExecError {
+        if self.written() {
+            ExecError::Logged(Box::new(e), self.path.clone())
+        } else {
+            e
+        }
+    }
+}
+
+fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Outputs, ExecError> {
     let n = &graph.g[i];
     let mut out = Outputs::default();
     let log_line = |l: &str| {
+        file.line(l);
         if let Some(o) = ctx.obs {
             o.log(&n.id, l)
         }

@@ -170,6 +170,7 @@ impl Runner for FakeRunner {
     }
 
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
+        req.log.line(&format!("fake runner: stage {}", req.node));
         self.record("stage", &req.node, &req.key)?;
         // A real artifact tar, as the podman runner writes it: each export
         // path as a directory holding one deterministic file, owned by the
@@ -203,6 +204,7 @@ impl Runner for FakeRunner {
     }
 
     fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
+        req.log.line(&format!("fake runner: layer {}", req.node));
         self.record("layer", &req.node, &req.key)?;
         if let Some(p) = &req.parent
             && !self.has_image(p)
@@ -302,11 +304,14 @@ impl Runner for FakeRunner {
     }
 
     fn build_local_pkg(&self, req: &LocalPkgRequest) -> Result<(), RunError> {
+        req.log
+            .line(&format!("fake runner: local-pkg {}", req.node));
         self.record("local-pkg", &req.node, &req.key)?;
         write_fake(&req.out.join(format!("fake.{}", req.format)), &req.key)
     }
 
     fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
+        req.log.line(&format!("fake runner: rootfs {}", req.node));
         self.record("rootfs", &req.node, &req.key)?;
         write_fake(&req.out, &req.key)
     }

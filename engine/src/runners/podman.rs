@@ -211,28 +211,30 @@ impl PodmanRunner {
         c: &mut Command,
         log: LogSink<'_>,
     ) -> Result<Output, RunError> {
-        let mut child = c
+        // One pipe for both streams: the log keeps the order the command
+        // wrote its lines in (an error after the output that led to it).
+        let program = c.get_program().to_string_lossy().into_owned();
+        let cannot =
+            |e: std::io::Error| RunError::new(format!("{what}: cannot run {program}: {e}"));
+        let (reader, writer) = std::io::pipe().map_err(cannot)?;
+        let writer2 = writer.try_clone().map_err(cannot)?;
+        let spawned = c
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                let program = c.get_program().to_string_lossy().into_owned();
-                RunError::new(format!("{what}: cannot run {program}: {e}"))
-            })?;
-        let (so, se) = (child.stdout.take(), child.stderr.take());
-        let (stdout, stderr) = std::thread::scope(|s| {
-            let err = s.spawn(move || pump(se, log));
-            let out = pump(so, log);
-            (out, err.join().unwrap_or_default())
-        });
+            .stdout(writer)
+            .stderr(writer2)
+            .spawn();
+        // The Command holds our copies of the write end: dropped now, so
+        // the read ends when the command (and what it started) closes its.
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = spawned.map_err(cannot)?;
+        let stdout = pump(Some(reader), log);
         let status = child
             .wait()
             .map_err(|e| RunError::new(format!("{what}: {e}")))?;
         let out = Output {
             status,
             stdout,
-            stderr,
+            stderr: Vec::new(),
         };
         if !out.status.success() {
             return Err(build_failure(what, &out));
@@ -1137,16 +1139,16 @@ mod tests {
         let mut c = Command::new("sh");
         c.args([
             "-c",
-            "echo one; echo '--> Using cache 1'; echo two >&2; exit 3",
+            "echo one; echo '--> Using cache 1'; echo two >&2; echo three; echo four >&2; exit 3",
         ]);
         let e = runner
             .run_logged("sh", &mut c, LogSink::new(&f))
             .expect_err("exit 3");
-        let mut got = seen.lock().unwrap().clone();
-        got.sort();
-        assert_eq!(got, vec!["one".to_string(), "two".to_string()]);
+        // Both streams, in the order they were written.
+        let order = ["one", "two", "three", "four"].map(String::from).to_vec();
+        assert_eq!(*seen.lock().unwrap(), order);
         assert_eq!(e.step, None);
-        assert_eq!(e.output, vec!["one".to_string(), "two".to_string()]);
+        assert_eq!(e.output, order);
         assert!(e.message.starts_with("sh failed: "), "{}", e.message);
     }
 
