@@ -59,6 +59,9 @@ pub struct PushArgs {
     /// plain HTTP only for loopback registries).
     #[arg(value_name = "REF")]
     pub reference: String,
+    /// Write what was pushed as JSON to FILE (see `box build --metadata-file`).
+    #[arg(long, value_name = "FILE")]
+    pub metadata_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub dev_local_pkg: crate::session::DevLocalPkg,
     #[command(flatten)]
@@ -192,6 +195,7 @@ pub fn run(cli: &Cli, c: &BoxCommand) -> anyhow::Result<ExitCode> {
                 load: false,
                 output: None,
                 push: Some(a.reference.clone()),
+                metadata_file: a.metadata_file.clone(),
                 run: a.run.clone(),
                 runner: a.runner.clone(),
             },

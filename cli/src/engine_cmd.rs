@@ -96,6 +96,13 @@ pub struct BuildArgs {
     /// (each box under the reference `<box>-<version>`).
     #[arg(long, value_name = "oci:DIR", value_parser = parse_output)]
     pub output: Option<PathBuf>,
+    /// Write what the build made as JSON to FILE, for the next step of a
+    /// pipeline: per box its reference, the image node's key, its
+    /// configuration digest (the image id podman shows), its manifest
+    /// digest (the `Digest` podman and a registry show), whether podman has
+    /// it, and with `--push` the pushed `REF@sha256:…`.
+    #[arg(long, value_name = "FILE")]
+    pub metadata_file: Option<PathBuf>,
     /// Push the built image to a registry: `--push [oci://]HOST[:PORT]/REPO[:TAG]`
     /// (TAG defaults to the box's version). Layers the registry has are not
     /// sent again. One box only.
@@ -514,6 +521,8 @@ fn build_journal_off(cli: &Cli, a: &BuildArgs) -> Option<&'static str> {
         Some("--output")
     } else if a.load {
         Some("--load")
+    } else if a.metadata_file.is_some() {
+        Some("--metadata-file")
     } else if a.runner.remote_exec.remote_exec.is_some() {
         Some("--remote-exec")
     } else if cli.remote.as_deref().is_some_and(|r| !r.is_empty()) {
@@ -724,6 +733,7 @@ fn build_full(
     } else {
         engine.name_images(&graph, &names, a.load)?
     };
+    let mut pushed = std::collections::BTreeMap::new();
     if let Some(reference) = &a.push
         && !a.dry_run
     {
@@ -738,14 +748,23 @@ fn build_full(
         let (url, tag) = split_push_ref(reference, &version);
         let remote = charly_cache::Remote::open(charly_cache::RemoteConfig::new(url.clone()))?;
         let sent = engine.push_image(&graph, name, &remote, &tag)?;
+        // The registry serves the manifest charly assembled, byte for byte.
+        let (_, digest) = engine.image_digests(&graph, name)?;
+        let at = format!("{}:{tag}@{digest}", url.trim_start_matches("oci://"));
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{url}:{tag}")?;
+        writeln!(out, "{at}")?;
         if !a.run.quiet {
             output::note(&format!(
                 "pushed {name} to {url}:{tag} ({} sent)",
                 charly_cache::human_bytes(sent)
             ));
         }
+        pushed.insert(name.clone(), at);
+    }
+    if let Some(file) = &a.metadata_file
+        && !a.dry_run
+    {
+        write_metadata(&o, &engine, &graph, &names, &in_runner, &pushed, file)?;
     }
     if let Some(dir) = &a.output
         && !a.dry_run
@@ -819,6 +838,41 @@ fn build_full(
         .map(|n| (n.id.clone(), n.key.to_hex()))
         .collect();
     Ok((ExitCode::SUCCESS, Some((outcome, covered))))
+}
+
+/// `--metadata-file`: what the build made, per box (see [`BuildArgs`]).
+fn write_metadata(
+    o: &project::Opened,
+    engine: &charly_engine::api::Engine<'_>,
+    graph: &charly_engine::graph::Graph,
+    names: &[String],
+    in_runner: &[charly_engine::api::NamedImage],
+    pushed: &std::collections::BTreeMap<String, String>,
+    file: &Path,
+) -> anyhow::Result<()> {
+    let mut boxes = serde_json::Map::new();
+    for name in names {
+        let (config, manifest) = engine.image_digests(graph, name)?;
+        let key = graph
+            .node(&format!("image:{name}"))
+            .map(|n| n.key.to_hex())
+            .unwrap_or_default();
+        boxes.insert(
+            name.clone(),
+            serde_json::json!({
+                "image": charly_rules::naming::box_image_ref(&o.resolution, name),
+                "image_key": key,
+                "config_digest": config,
+                "manifest_digest": manifest,
+                "in_podman": in_runner.iter().any(|i| i.box_name == *name),
+                "pushed": pushed.get(name),
+            }),
+        );
+    }
+    let mut text = Vec::new();
+    output::json_to(&mut text, &serde_json::json!({ "boxes": boxes }))?;
+    std::fs::write(file, text).with_context(|| format!("--metadata-file {}", file.display()))?;
+    Ok(())
 }
 
 /// `[oci://]HOST[:PORT]/REPO[:TAG]` → (`HOST[:PORT]/REPO` with its

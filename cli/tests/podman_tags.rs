@@ -123,3 +123,82 @@ fn after_a_revert_the_box_reference_names_the_reverted_image() {
     );
     assert_eq!(w.x(), "v1");
 }
+
+mod registry;
+
+/// Issue 44, item 6: `--metadata-file` gives each box's digests, which
+/// podman (the loaded image) and the registry (the pushed one) agree with;
+/// a push prints `REF@sha256:…`.
+#[test]
+fn metadata_names_digests_that_podman_and_the_registry_agree_with() {
+    if !charly_testutil::podman_available() {
+        return;
+    }
+    let Some(reg) = registry::Registry::start() else {
+        return;
+    };
+    let w = World::new();
+    w.set("v1");
+    let meta = w._t.path().join("meta.json");
+    let pushed = format!("127.0.0.1:{}/charly/tiny:t1", reg.port);
+    let out = w
+        .cmd()
+        .args(["box", "push", "tiny", &pushed, "--podman-root"])
+        .arg(&w.podman.dir)
+        .arg("--metadata-file")
+        .arg(&meta)
+        .output()
+        .expect("push");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta).expect("metadata")).expect("json");
+    let tiny = &m["boxes"]["tiny"];
+    let manifest = tiny["manifest_digest"].as_str().expect("manifest digest");
+    let config = tiny["config_digest"].as_str().expect("config digest");
+    assert_eq!(printed, format!("{pushed}@{manifest}"));
+    assert_eq!(tiny["pushed"], printed.as_str());
+    assert_eq!(tiny["image"], "localhost/tiny:1.2.3");
+    // The registry serves that manifest.
+    let out = std::process::Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{pushed}"))
+        .output()
+        .expect("skopeo");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        format!(
+            "sha256:{}",
+            <sha2::Sha256 as sha2::Digest>::digest(&out.stdout)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ),
+        manifest
+    );
+    // podman has the image (a build leaves it named) with that id.
+    w.build(&["--metadata-file", meta.to_str().expect("utf8")]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta).expect("metadata")).expect("json");
+    assert_eq!(m["boxes"]["tiny"]["in_podman"], true);
+    assert_eq!(m["boxes"]["tiny"]["config_digest"], config);
+    let out = w.podman.run(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{.Id}} {{.Digest}}",
+        "localhost/tiny:1.2.3",
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let mut parts = said.split_whitespace();
+    assert_eq!(
+        parts.next().map(|id| format!("sha256:{id}")).as_deref(),
+        Some(config)
+    );
+    assert_eq!(parts.next(), Some(manifest), "{said}");
+}

@@ -364,6 +364,19 @@ impl<'a> Engine<'a> {
         Ok(crate::layers::push_image(&ctx, graph, i, remote, tag)?)
     }
 
+    /// The configuration and manifest digests of `box_name`'s built image
+    /// (`sha256:…` each; see [`crate::layers::image_digests`]).
+    pub fn image_digests(
+        &self,
+        graph: &Graph,
+        box_name: &str,
+    ) -> Result<(String, String), EngineError> {
+        let ctx = self.ctx(&self.project.root);
+        let i = crate::layers::image_node(graph, box_name)
+            .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
+        Ok(crate::layers::image_digests(&ctx, graph, i)?)
+    }
+
     /// Makes the built images of `boxes` present in the runner (loading
     /// them from the store where it lacks them); returns their tags.
     pub fn ensure_images(

@@ -787,6 +787,27 @@ pub fn push_image(
     })
 }
 
+/// The digests of box image node `i`'s image: its configuration's (the
+/// image id podman shows) and its manifest's (what a registry serves it
+/// by, and `podman inspect`'s `Digest` of the image charly loaded).
+pub fn image_digests(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    i: NodeIndex,
+) -> Result<(String, String), ExecError> {
+    let n = &graph.g[i];
+    read_node(ctx, graph, i, |rec| {
+        let image = crate::oci::Assembled {
+            config: record_bytes(ctx, &n.id, rec, outputs::CONFIG)?,
+            manifest: record_bytes(ctx, &n.id, rec, outputs::MANIFEST)?,
+        };
+        Ok((
+            image.id().as_str().to_string(),
+            image.digest().as_str().to_string(),
+        ))
+    })
+}
+
 /// The node id of a box's image (for callers that hold box names).
 pub fn image_node(graph: &Graph, box_name: &str) -> Option<NodeIndex> {
     graph.index(&NodeId::image(box_name))
