@@ -21,7 +21,8 @@ pub enum CandyCommand {
     /// Create `candy/NAME/charly.yml`: a skeleton with a package, a task
     /// and a check, to edit and add to a box's `candy:` list.
     New {
-        /// The candy's name (lowercase letters, digits, `-`, `_`, `.`).
+        /// The candy's name: lowercase letters and digits in words joined
+        /// by `-` (`my-tools`).
         name: String,
     },
 }

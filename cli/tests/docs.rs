@@ -164,3 +164,120 @@ fn every_documented_setting_is_read() {
         assert!(!err.contains("unknown field"), "{f}: {err}");
     }
 }
+
+/// Every combination of the alternatives of a subcommand path
+/// (`cache stats|gc` → `cache stats`, `cache gc`).
+fn combinations(path: &[Vec<String>]) -> Vec<Vec<String>> {
+    let mut combos: Vec<Vec<String>> = vec![Vec::new()];
+    for choices in path {
+        combos = combos
+            .iter()
+            .flat_map(|c| {
+                choices.iter().map(move |x| {
+                    let mut c = c.clone();
+                    c.push(x.clone());
+                    c
+                })
+            })
+            .collect();
+    }
+    combos
+}
+
+/// `charly ARGS --help`, which must succeed.
+fn help(args: &[String]) -> String {
+    let out = assert_cmd::Command::cargo_bin("charly")
+        .expect("binary")
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "`charly {} --help`: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The README's Commands block is the binary's: every command line of it
+/// (each ` | ` alternative on its own) names a subcommand whose `--help`
+/// works, and every `--flag` the line shows is taken by that subcommand
+/// (one of them, for `build|generate|check`) or by charly itself. A usage
+/// error in a command a newcomer copies fails here first.
+#[test]
+fn readme_commands_match_the_binary() {
+    let readme = std::fs::read_to_string(charly_testutil::workspace().join("README.md"))
+        .expect("README.md");
+    let block = readme
+        .split("## Commands")
+        .nth(1)
+        .and_then(|r| r.split("```sh\n").nth(1))
+        .and_then(|r| r.split("```").next())
+        .expect("a ```sh block under ## Commands");
+    // Continuation lines (indented) belong to the line above.
+    let mut lines: Vec<String> = Vec::new();
+    for l in block.lines() {
+        let l = l.split(" # ").next().unwrap_or("").trim_end();
+        if l.starts_with(' ') {
+            if let Some(last) = lines.last_mut() {
+                last.push(' ');
+                last.push_str(l.trim());
+            }
+        } else if !l.is_empty() {
+            lines.push(l.to_string());
+        }
+    }
+    let top = help(&[]);
+    let mut checked = 0;
+    for line in &lines {
+        let line = line.strip_prefix("charly ").expect("a charly command line");
+        for alt in line.split(" | ") {
+            let mut words = alt.split_whitespace();
+            let mut path: Vec<Vec<String>> = Vec::new();
+            while let Some(w) = words.next() {
+                // Global options before the subcommand: `[-C DIR]`, `--remote URL`.
+                if w.starts_with('[') {
+                    let mut w = w;
+                    while !w.contains(']') {
+                        w = words.next().unwrap_or("]");
+                    }
+                    continue;
+                }
+                if w.starts_with('-') {
+                    words.next();
+                    continue;
+                }
+                path.push(w.split('|').map(String::from).collect());
+                // `box`, `candy`, `cache` and `bundle` take one more word.
+                let group = matches!(path[0][0].as_str(), "box" | "candy" | "cache" | "bundle");
+                if !group || path.len() == 2 {
+                    break;
+                }
+            }
+            assert!(!path.is_empty(), "no subcommand in `{alt}`");
+            let flags: Vec<&str> = alt
+                .split(|c: char| c.is_whitespace() || matches!(c, '[' | ']' | '|'))
+                .filter(|w| w.starts_with("--") && w.len() > 2)
+                .map(|w| w.split('=').next().unwrap_or(w))
+                .collect();
+            let helps: Vec<(Vec<String>, String)> = combinations(&path)
+                .into_iter()
+                .map(|c| {
+                    let h = help(&c);
+                    (c, h)
+                })
+                .collect();
+            for f in &flags {
+                assert!(
+                    top.contains(f) || helps.iter().any(|(_, h)| h.contains(f)),
+                    "no `charly {}` takes {f} (README: `{alt}`)",
+                    helps.iter().map(|(c, _)| c.join(" ")).collect::<Vec<_>>().join("` or `")
+                );
+            }
+            checked += helps.len();
+        }
+    }
+    assert!(checked >= 20, "the block's commands were read: {checked}");
+}
