@@ -208,8 +208,8 @@ fn help(args: &[String]) -> String {
 /// error in a command a newcomer copies fails here first.
 #[test]
 fn readme_commands_match_the_binary() {
-    let readme = std::fs::read_to_string(charly_testutil::workspace().join("README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(charly_testutil::workspace().join("README.md")).expect("README.md");
     let block = readme
         .split("## Commands")
         .nth(1)
@@ -273,7 +273,11 @@ fn readme_commands_match_the_binary() {
                 assert!(
                     top.contains(f) || helps.iter().any(|(_, h)| h.contains(f)),
                     "no `charly {}` takes {f} (README: `{alt}`)",
-                    helps.iter().map(|(c, _)| c.join(" ")).collect::<Vec<_>>().join("` or `")
+                    helps
+                        .iter()
+                        .map(|(c, _)| c.join(" "))
+                        .collect::<Vec<_>>()
+                        .join("` or `")
                 );
             }
             checked += helps.len();

@@ -45,11 +45,56 @@ impl std::fmt::Display for RunError {
         for l in &self.output {
             write!(f, "\n  | {l}")?;
         }
+        if let Some(h) = hint(&self.output) {
+            write!(f, "\n  hint: {h}")?;
+        }
         Ok(())
     }
 }
 
+/// What to do about a failure whose cause the command's output names,
+/// when the fix is known.
+fn hint(output: &[String]) -> Option<&'static str> {
+    let says = |needles: &[&str]| output.iter().any(|l| needles.iter().any(|n| l.contains(n)));
+    if says(&[
+        "SSL certificate problem",
+        "certificate verify failed",
+        "self-signed certificate in certificate chain",
+        "self signed certificate in certificate chain",
+        "unable to get local issuer certificate",
+        "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+        "SELF_SIGNED_CERT_IN_CHAIN",
+        "x509: certificate signed by unknown authority",
+    ]) {
+        return Some(
+            "the step does not trust the HTTPS certificate it was shown (an intercepting \
+             proxy?): `--ca-bundle /etc/ssl/certs/ca-certificates.crt` (or `ca_bundle:` in \
+             .charly/settings.yml) gives build steps this machine's CA bundle",
+        );
+    }
+    None
+}
+
 impl std::error::Error for RunError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_failure_names_the_ca_bundle_flag() {
+        let mut e = RunError::new("podman build failed at step 3 (`RUN curl …`): exit status 60");
+        e.output = vec![
+            "curl: (60) SSL certificate problem: self-signed certificate in certificate chain"
+                .into(),
+        ];
+        assert!(e.to_string().contains("hint: ") && e.to_string().contains("--ca-bundle"));
+        e.output = vec!["npm ERR! code SELF_SIGNED_CERT_IN_CHAIN".into()];
+        assert!(e.to_string().contains("--ca-bundle"));
+        e.output = vec!["E: Unable to locate package jqq".into()];
+        assert!(!e.to_string().contains("hint"));
+    }
+}
 
 /// Where a runner sends the output of the command it runs for a node, line
 /// by line, as it comes (progress shows it; nothing else depends on it).

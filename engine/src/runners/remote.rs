@@ -590,11 +590,27 @@ impl Runner for RemoteRunner<'_> {
 
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
         match self.stage_mode() {
-            Some(mode) => self.remote_or_local(
-                &req.node,
-                || self.remote_stage(req, mode),
-                || self.local.build_stage(req),
-            ),
+            Some(mode) => self
+                .remote_or_local(
+                    &req.node,
+                    || self.remote_stage(req, mode),
+                    || self.local.build_stage(req),
+                )
+                .map_err(|mut e| {
+                    // An engine pulls `container-image` from a registry: an
+                    // image only this machine has (`localhost/…`) is not there.
+                    if mode == StageMode::ImageProperty
+                        && req.builder_image.starts_with("localhost/")
+                    {
+                        e.message.push_str(&format!(
+                            "\n  hint: the engine was asked to run it in docker://{}, an image only \
+                             this machine has; --remote-stage-rootfs uploads the image's files \
+                             instead, or --remote-fallback runs what the engine cannot here",
+                            req.builder_image
+                        ));
+                    }
+                    e
+                }),
             None => self.local_kind(&req.node, || self.local.build_stage(req)),
         }
     }

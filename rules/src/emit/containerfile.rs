@@ -1529,14 +1529,23 @@ impl Emitter<'_> {
                             .join(" ")
                     )
                 };
+                // An archive is unpacked into `to`, made first (as the
+                // original does: `tar -C` needs it to exist).
+                let into = |cmd: String| format!("mkdir -p {} && {cmd}", sh::quote(&to));
                 let mut x = match extract.as_str() {
-                    "tar.gz" => format!("tar -xzf \"$__c\"{strip} -C {}{include}", sh::quote(&to)),
-                    "tar.xz" => format!("tar -xJf \"$__c\"{strip} -C {}{include}", sh::quote(&to)),
-                    "tar.zst" => format!(
+                    "tar.gz" => into(format!(
+                        "tar -xzf \"$__c\"{strip} -C {}{include}",
+                        sh::quote(&to)
+                    )),
+                    "tar.xz" => into(format!(
+                        "tar -xJf \"$__c\"{strip} -C {}{include}",
+                        sh::quote(&to)
+                    )),
+                    "tar.zst" => into(format!(
                         "tar --zstd -xf \"$__c\"{strip} -C {}{include}",
                         sh::quote(&to)
-                    ),
-                    "zip" => format!("unzip -o \"$__c\" -d {}", sh::quote(&to)),
+                    )),
+                    "zip" => into(format!("unzip -o \"$__c\" -d {}", sh::quote(&to))),
                     "sh" => {
                         let envs: String = o
                             .env

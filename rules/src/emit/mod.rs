@@ -8,8 +8,9 @@ pub mod containerfile;
 /// when the same inputs come to render different text the revision is
 /// bumped: it is part of those keys, and text an older charly stored is not
 /// served again. 2: at most one locked cache mount per `RUN`
-/// ([`cache_lock`]).
-pub const REVISION: u32 = 2;
+/// ([`cache_lock`]). 3: a `download:` unpacked into `to:` makes that
+/// directory first.
+pub const REVISION: u32 = 3;
 pub mod kustomize;
 pub mod quadlet;
 
