@@ -32,7 +32,7 @@ pub enum EngineError {
     #[error("no node `{0}` (see `charly graph --format json` for node ids)")]
     UnknownNode(String),
     /// Several nodes match.
-    #[error("`{0}` matches several nodes: {1}")]
+    #[error("`{0}` matches several nodes; name one of them: {1}")]
     Ambiguous(String, String),
 }
 
@@ -481,7 +481,7 @@ impl<'a> Engine<'a> {
         let Some(i) = graph.find(id) else {
             return Explanation::never_built(id, key);
         };
-        let (recorded, changes) = match crate::why::since_last(self.store, graph, i) {
+        let (recorded, changes) = match crate::why::since_in_use(self.store, graph, i) {
             crate::why::Since::NeverBuilt => return Explanation::never_built(id, key),
             crate::why::Since::Changed {
                 recorded_unix,
@@ -652,15 +652,14 @@ pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
     match hits.as_slice() {
         [one] => Ok((*one).clone()),
         [] => Err(EngineError::UnknownNode(query.into())),
+        // A short name that several nodes have (`hello`: the box's image,
+        // its layers, the candy's source…) is not guessed: every one is
+        // listed, to be named in full.
         many => {
-            // Prefer an exact `kind:query` match.
-            if let Some(exact) = many
-                .iter()
-                .find(|id| id.split_once(':').is_some_and(|(_, rest)| rest == query))
-            {
-                return Ok((*exact).clone());
+            let mut list: Vec<&str> = many.iter().take(20).map(|s| s.as_str()).collect();
+            if many.len() > list.len() {
+                list.push("…");
             }
-            let list: Vec<&str> = many.iter().take(8).map(|s| s.as_str()).collect();
             Err(EngineError::Ambiguous(query.into(), list.join(", ")))
         }
     }

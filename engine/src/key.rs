@@ -122,7 +122,7 @@ pub fn text_digest(text: &str) -> String {
 }
 
 /// Texts up to this size keep their content for explanations.
-const CONTENT_MAX: usize = 64 * 1024;
+pub(crate) const CONTENT_MAX: usize = 64 * 1024;
 
 impl KeyInputs {
     /// Inputs of a kind, with the schema version set.
@@ -483,6 +483,16 @@ impl std::fmt::Display for Change {
             Change::Value { name, old, new } => {
                 write!(f, "{name} changed: {} -> {}", val(old), val(new))
             }
+            Change::Dep {
+                id,
+                old: Some(o),
+                new: None,
+            } => write!(f, "{id} is no longer a dependency (was {})", &o[..12.min(o.len())]),
+            Change::Dep {
+                id,
+                old: None,
+                new: Some(n),
+            } => write!(f, "{id} is a new dependency ({})", &n[..12.min(n.len())]),
             Change::Dep { id, old, new } => write!(
                 f,
                 "dependency {id} rebuilt: {} -> {}",
@@ -557,7 +567,48 @@ pub fn diff(old: &KeyInputs, new: &KeyInputs) -> Vec<Change> {
     for (path, old, new) in maps(&old.files, &new.files) {
         out.push(Change::File { path, old, new });
     }
-    for (name, old_d, new_d) in maps(&old.texts, &new.texts) {
+    let mut texts = maps(&old.texts, &new.texts);
+    // A staged file is named by its content's digest (`…/_inline/<candy>/
+    // <digest>`): an edit of it is one file gone and one come in the same
+    // directory. Paired, it is one change with the lines that changed.
+    let staged_dir = |name: &str| {
+        name.strip_prefix("file:")
+            .and_then(|p| p.rsplit_once('/'))
+            .map(|(d, _)| d.to_string())
+    };
+    let mut paired = Vec::new();
+    let gone: Vec<usize> = (0..texts.len())
+        .filter(|i| texts[*i].2.is_none() && old.contents.contains_key(&texts[*i].0))
+        .collect();
+    for g in gone {
+        let dir = staged_dir(&texts[g].0);
+        let came: Vec<usize> = (0..texts.len())
+            .filter(|i| {
+                texts[*i].1.is_none()
+                    && staged_dir(&texts[*i].0) == dir
+                    && new.contents.contains_key(&texts[*i].0)
+            })
+            .collect();
+        // Only one for one: two files edited at once cannot be told apart.
+        if let ([c], Some(d)) = (came.as_slice(), &dir) {
+            let changed = Change::Text {
+                name: format!("a file written into {d}"),
+                old: texts[g].1.clone(),
+                new: texts[*c].2.clone(),
+                lines: line_diff(&old.contents[&texts[g].0], &new.contents[&texts[*c].0]),
+            };
+            paired.push((g, *c, changed));
+        }
+    }
+    let drop: std::collections::BTreeSet<usize> =
+        paired.iter().flat_map(|(g, c, _)| [*g, *c]).collect();
+    let mut i = 0;
+    texts.retain(|_| {
+        i += 1;
+        !drop.contains(&(i - 1))
+    });
+    out.extend(paired.into_iter().map(|(_, _, c)| c));
+    for (name, old_d, new_d) in texts {
         let lines = match (old.contents.get(&name), new.contents.get(&name)) {
             (Some(a), Some(b)) => line_diff(a, b),
             _ => Vec::new(),
@@ -729,7 +780,7 @@ mod tests {
             vec![
                 "file candy/a/charly.yml changed: abababababab -> efefefefefef",
                 "formats changed: (unset) -> \"rpm\"",
-                "dependency source:candy/a rebuilt: cdcdcdcdcdcd -> (none)",
+                "source:candy/a is no longer a dependency (was cdcdcdcdcdcd)",
             ]
         );
         assert!(diff(&old, &old).is_empty());

@@ -337,28 +337,39 @@ fn present_image(
             // it may have been removed while the content tag kept the image
             // (`podman rmi REF` only untags an image that has another name),
             // or name the image of other keys (built before a revert).
-            match runner.image_id(&tag) {
-                None => {
-                    let stale = !meta.tag.is_empty() && runner.has_image(&meta.tag);
-                    if !load_missing && !stale {
-                        return Ok(None);
+            if !runner.has_image(&tag) {
+                let stale = !meta.tag.is_empty() && runner.has_image(&meta.tag);
+                if !load_missing && !stale {
+                    return Ok(None);
+                }
+                load_assembled(
+                    ctx,
+                    &n.id,
+                    &meta,
+                    &image,
+                    &[meta.tag.clone(), tag.clone()],
+                    false,
+                )?;
+            } else if !meta.tag.is_empty() {
+                match (runner.image_id(&tag), runner.image_id(&meta.tag)) {
+                    // The reference names another image: moved onto this one.
+                    (Some(id), named) if named.as_deref() != Some(id.as_str()) => {
+                        runner.tag_image(&tag, std::slice::from_ref(&meta.tag))?;
                     }
-                    load_assembled(
-                        ctx,
-                        &n.id,
-                        &meta,
-                        &image,
-                        &[meta.tag.clone(), tag.clone()],
-                        false,
-                    )?;
+                    // A runner that cannot tell ids: the reference is made
+                    // when it is missing.
+                    (None, _) if !runner.has_image(&meta.tag) => {
+                        load_assembled(
+                            ctx,
+                            &n.id,
+                            &meta,
+                            &image,
+                            &[meta.tag.clone(), tag.clone()],
+                            false,
+                        )?;
+                    }
+                    _ => {}
                 }
-                Some(id)
-                    if !meta.tag.is_empty()
-                        && runner.image_id(&meta.tag).as_deref() != Some(id.as_str()) =>
-                {
-                    runner.tag_image(&tag, std::slice::from_ref(&meta.tag))?;
-                }
-                Some(_) => {}
             }
             return Ok(Some(tag));
         }

@@ -32,13 +32,63 @@ fn recorded_inputs(rec: &charly_cache::Record) -> Option<KeyInputs> {
 
 /// What changed for node `i` since its last record.
 pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
-    let n = &graph.g[i];
     let last = graph
         .ids_of(i)
         .into_iter()
         .filter_map(|id| store.last_record_for(id).ok().flatten())
         .max_by_key(|(_, r)| r.created_unix);
-    let Some((_, last)) = last else {
+    since(graph, i, last.map(|(_, r)| r))
+}
+
+/// What changed for node `i` since the record the last build of a box
+/// used for it (found from the box's GC root, `box:<name>`, through the
+/// recorded dependencies): after a revert that found everything cached,
+/// that is the reverted state, not the newer record the revert left
+/// behind. A node no build root reaches falls back to [`since_last`].
+pub fn since_in_use(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
+    match in_use(store, graph, i) {
+        Some(rec) => since(graph, i, Some(rec)),
+        None => since_last(store, graph, i),
+    }
+}
+
+/// The record of node `i` that the last build of a box used: a walk from
+/// each `box:<name>` root down the recorded dependencies.
+fn in_use(store: &Store, graph: &Graph, i: NodeIndex) -> Option<charly_cache::Record> {
+    let ids: Vec<&str> = graph.ids_of(i);
+    let roots = store.roots().ok()?;
+    let mut seen = std::collections::HashSet::new();
+    let mut queue: std::collections::VecDeque<charly_cache::NodeKey> = roots
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("box:") && !name.contains('#'))
+        .map(|(_, key)| key)
+        .collect();
+    while let Some(key) = queue.pop_front() {
+        if !seen.insert(key) || seen.len() > 10_000 {
+            continue;
+        }
+        let Ok(Some(rec)) = store.get_record(&key) else {
+            continue;
+        };
+        if ids.contains(&rec.node_id.as_str()) {
+            return Some(rec);
+        }
+        if let Some(inputs) = recorded_inputs(&rec) {
+            queue.extend(
+                inputs
+                    .deps
+                    .values()
+                    .filter_map(|k| k.parse::<charly_cache::NodeKey>().ok()),
+            );
+        }
+    }
+    None
+}
+
+/// What changed for node `i` since `last` (none: never built).
+fn since(graph: &Graph, i: NodeIndex, last: Option<charly_cache::Record>) -> Since {
+    let n = &graph.g[i];
+    let Some(last) = last else {
         return Since::NeverBuilt;
     };
     let changes = match recorded_inputs(&last) {

@@ -255,6 +255,13 @@ impl Builder<'_> {
             for (path, staged) in &t.files {
                 let d = match staged {
                     charly_rules::emit::Staged::Bytes(bytes) => {
+                        // Kept (not keyed) so `explain` can show the lines
+                        // of a written file that changed.
+                        if bytes.len() <= crate::key::CONTENT_MAX
+                            && let Ok(text) = std::str::from_utf8(bytes)
+                        {
+                            k.contents.insert(format!("file:{path}"), text.to_string());
+                        }
                         blake3::hash(bytes).to_hex().to_string()
                     }
                     charly_rules::emit::Staged::CopyOf(src) => {
