@@ -13,6 +13,32 @@ use serde::Serialize;
 use std::io::Write;
 use std::process::ExitCode;
 
+/// `cache gc --podman`: prunes charly's images from podman's storage,
+/// saying what it removed (nothing without `--podman`).
+fn prune_podman(
+    store: &Store,
+    podman: bool,
+    root: &Option<std::path::PathBuf>,
+) -> anyhow::Result<(usize, usize)> {
+    if !podman {
+        return Ok((0, 0));
+    }
+    let runner = charly_engine::runners::podman::PodmanRunner::new(
+        charly_engine::runners::podman::PodmanOptions {
+            root: root.clone(),
+            conf_dir: store.dir().to_path_buf(),
+            ca_bundle: None,
+            offline: true,
+            jobs: 1,
+        },
+    )?;
+    let (names, images) = runner.prune_charly_images()?;
+    output::note(&format!(
+        "podman: removed {names} charly names and {images} images only they named"
+    ));
+    Ok((names, images))
+}
+
 /// Cache subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum CacheCommand {
@@ -33,11 +59,21 @@ pub enum CacheCommand {
     /// Fetch the records of a project's graph from the remote cache
     /// (--remote) into the local store, verified, without building anything.
     Pull(PullArgs),
-    /// Remove least-recently-used entries down to a size budget (roots are kept).
+    /// Remove least-recently-used entries down to a size budget (roots are
+    /// kept); with --podman, charly's own images from podman's storage.
     Gc {
         /// Budget, e.g. `10G`, `500M`, `0` (everything but roots).
-        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-        max_size: u64,
+        #[arg(long, value_name = "SIZE", value_parser = parse_size, required_unless_present = "podman")]
+        max_size: Option<u64>,
+        /// Also remove charly's own names from podman's storage (the
+        /// `localhost/charly-layer:…` and `charly-image:…` tags that speed up
+        /// the next build) and the images nothing else names; box
+        /// references stay. The next build loads what it needs from the store.
+        #[arg(long)]
+        podman: bool,
+        /// The podman storage (as `box build --podman-root`).
+        #[arg(long, value_name = "DIR", env = "CHARLY_PODMAN_ROOT")]
+        podman_root: Option<std::path::PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -245,14 +281,37 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
             }
         }
         CacheCommand::Pull(a) => return pull(cli, &store, a),
-        CacheCommand::Gc { max_size, json } => {
+        CacheCommand::Gc {
+            max_size: None,
+            podman,
+            podman_root,
+            json,
+        } => {
+            let (names, images) = prune_podman(&store, *podman, podman_root)?;
+            if *json {
+                output::json(&serde_json::json!({"podman_names_removed": names,
+                    "podman_images_removed": images}))?;
+            }
+        }
+        CacheCommand::Gc {
+            max_size: Some(max_size),
+            podman,
+            podman_root,
+            json,
+        } => {
+            let (names, images) = prune_podman(&store, *podman, podman_root)?;
             let r = store.gc(*max_size)?;
             // The stat cache forgets files that no longer exist.
             if let Err(e) = stat_cache(&store).prune() {
                 output::note(&format!("could not prune the stat cache: {e}"));
             }
             if *json {
-                output::json(&r)?;
+                let mut v = serde_json::to_value(&r)?;
+                if *podman && let Some(m) = v.as_object_mut() {
+                    m.insert("podman_names_removed".into(), names.into());
+                    m.insert("podman_images_removed".into(), images.into());
+                }
+                output::json(&v)?;
             } else {
                 writeln!(
                     std::io::stdout().lock(),

@@ -202,3 +202,51 @@ fn metadata_names_digests_that_podman_and_the_registry_agree_with() {
     );
     assert_eq!(parts.next(), Some(manifest), "{said}");
 }
+
+/// Issue 44, item 11: `cache gc --podman` removes charly's own names from
+/// podman's storage; the box's reference stays and runs, and the next
+/// build brings back what it needs.
+#[test]
+fn cache_gc_podman_prunes_charlys_names_and_keeps_the_boxes() {
+    if !charly_testutil::podman_available() {
+        return;
+    }
+    let w = World::new();
+    w.set("v1");
+    w.build(&[]);
+    let charly_names = || {
+        let out = w
+            .podman
+            .run(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| {
+                [
+                    "localhost/charly-layer:",
+                    "localhost/charly-image:",
+                    "localhost/charly-build:",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+            })
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert!(!charly_names().is_empty(), "a build leaves content tags");
+    let out = w
+        .cmd()
+        .args(["cache", "gc", "--podman", "--podman-root"])
+        .arg(&w.podman.dir)
+        .output()
+        .expect("gc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(charly_names(), Vec::<String>::new());
+    assert_eq!(w.x(), "v1", "the box's reference still runs");
+    w.set("v2");
+    w.build(&[]);
+    assert_eq!(w.x(), "v2");
+}

@@ -422,6 +422,81 @@ struct BuildCall<'a> {
     log: LogSink<'a>,
 }
 
+impl PodmanRunner {
+    /// `cache gc --podman`: removes charly's own names from podman's
+    /// storage (`localhost/charly-layer:*`, `charly-image:*`, and
+    /// `charly-build:*` a killed build left), and the images that had no
+    /// other name (an image a box reference, or anything of yours, names
+    /// stays; an image a container uses stays too). The next build loads
+    /// from the store what it needs again. Returns (names removed, images
+    /// removed).
+    pub fn prune_charly_images(&self) -> Result<(usize, usize), RunError> {
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            #[serde(rename = "Id", default)]
+            id: String,
+            #[serde(rename = "Names", default)]
+            names: Option<Vec<String>>,
+        }
+        let listed = self.run(
+            "list images",
+            self.cmd()
+                .args(["images", "--all", "--no-trunc", "--format", "json"]),
+        )?;
+        let list: Vec<Listed> = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+        let ours = |n: &str| {
+            [
+                "localhost/charly-layer:",
+                "localhost/charly-image:",
+                "localhost/charly-build:",
+            ]
+            .iter()
+            .any(|p| n.starts_with(p))
+        };
+        let mut names = 0;
+        let mut only_ours = Vec::new();
+        for l in list {
+            let all = l.names.unwrap_or_default();
+            let mine: Vec<&String> = all.iter().filter(|n| ours(n)).collect();
+            if mine.is_empty() || l.id.is_empty() {
+                continue;
+            }
+            // `untag IMAGE NAME`: only that name (IMAGE alone would take
+            // every name it has). One gone already (listed twice) is fine.
+            for n in &mine {
+                if self
+                    .cmd()
+                    .args(["untag", &l.id, n.as_str()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+                {
+                    names += 1;
+                }
+            }
+            if mine.len() == all.len() {
+                only_ours.push(l.id);
+            }
+        }
+        let mut images = 0;
+        for id in &only_ours {
+            // In use (a container, a child image): kept.
+            if self
+                .cmd()
+                .args(["rmi", id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                images += 1;
+            }
+        }
+        Ok((names, images))
+    }
+}
+
 impl crate::check::BedHost for PodmanRunner {
     fn start(&self, image: &str, name: &str, user: &str, cmd: &[String]) -> Result<String, String> {
         let mut c = self.cmd();
