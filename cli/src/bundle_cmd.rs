@@ -79,6 +79,10 @@ pub enum BundleCommand {
         /// Print what would be undone and applied; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Also write over files changed since the deploy (without it, such
+        /// files stop the apply and are named, as `del` keeps them).
+        #[arg(long)]
+        force: bool,
         /// Per-command time limit in seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
@@ -298,10 +302,11 @@ pub fn run(cli: &Cli, c: &BundleCommand) -> anyhow::Result<ExitCode> {
         BundleCommand::Apply {
             name,
             dry_run,
+            force,
             timeout,
             json,
             become_pass,
-        } => reapply(cli, name, *dry_run, *timeout, *json, become_pass),
+        } => reapply(cli, name, *dry_run, *force, *timeout, *json, become_pass),
         BundleCommand::Status {
             name,
             json,
@@ -508,7 +513,17 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         state: BundleState::Applying,
         plan: serde_json::to_value(&plan)?,
         options: {
-            let mut o = bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, &emit);
+            let mut opts =
+                bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, &emit);
+            // Where the project is, so `status` can compare the plan from
+            // anywhere.
+            if let Some(map) = opts.as_object_mut() {
+                map.insert(
+                    "project".into(),
+                    o.project.root.display().to_string().into(),
+                );
+            }
+            let mut o = opts;
             if let (Some(ov), Some(map)) = (&overlay, o.as_object_mut()) {
                 map.insert("overlay_image".into(), ov.clone().into());
                 map.insert("keep_image".into(), a.keep_image.into());
@@ -603,10 +618,12 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn reapply(
     cli: &Cli,
     name: &str,
     dry_run: bool,
+    force: bool,
     timeout: u64,
     json: bool,
     become_pass: &BecomeArgs,
@@ -703,6 +720,7 @@ fn reapply(
         &opts,
         &mut progress,
         &mut undo_progress,
+        force,
     ) {
         Ok(r) => {
             if json {
@@ -1026,10 +1044,22 @@ fn status(cli: &Cli, name: &str, json: bool, become_pass: &BecomeArgs) -> anyhow
         .ok_or_else(|| anyhow::anyhow!("no bundle named `{name}` (see `charly bundle list`)"))?;
     let mut host = bundle::host_for(&rec.connection)?;
     become_pass.apply(host.as_mut())?;
-    // Config drift needs the project; without it only ledger and disk are
-    // compared, and the report says why.
-    let current = match project::open(cli) {
-        Err(_) => Err("no project here".to_string()),
+    // Config drift needs the project: the one here, else the one the
+    // bundle was added from; without it only ledger and disk are compared,
+    // and the report says why.
+    let remembered = rec
+        .options
+        .get("project")
+        .and_then(|p| p.as_str())
+        .map(std::path::PathBuf::from);
+    let opened = match (cli.dir.is_some(), project::open(cli), remembered) {
+        (false, Err(_), Some(dir)) if dir.join("charly.yml").is_file() => {
+            project::open_at(cli, dir)
+        }
+        (_, opened, _) => opened,
+    };
+    let current = match opened {
+        Err(_) => Err("no project here, and the bundle's project is gone".to_string()),
         Ok(o) => match crate::project::resolved(&o, &rec.box_name) {
             Err(e) => Err(format!("box {} does not resolve: {e}", rec.box_name)),
             Ok(b) => bundle::host_os(host.as_mut())

@@ -465,7 +465,8 @@ fn k8s_writes_the_kustomize_tree_and_del_removes_it() {
 
 /// Small things a new user meets: a dry run into a directory that does not
 /// exist yet previews it and creates nothing; `bundle status` outside the
-/// project says that only the disk was compared, never that the
+/// project compares with the project the bundle was added from, and when
+/// that is gone says that only the disk was compared, never that the
 /// configuration matches.
 #[test]
 fn dry_run_into_a_new_root_and_status_outside_the_project() {
@@ -492,24 +493,36 @@ fn dry_run_into_a_new_root_and_status_outside_the_project() {
         String::from_utf8_lossy(&out.stderr)
     );
     let elsewhere = tempfile::tempdir().expect("tmp");
-    let out = Command::cargo_bin("charly")
-        .expect("binary")
-        .env("NO_COLOR", "1")
-        .env("CHARLY_CACHE_DIR", &w.cache)
-        .env_remove("CHARLY_PROJECT_DIR")
-        .current_dir(elsewhere.path())
-        .args(["bundle", "status", "s"])
-        .output()
-        .expect("status");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}");
+    let status = || {
+        let out = Command::cargo_bin("charly")
+            .expect("binary")
+            .env("NO_COLOR", "1")
+            .env("CHARLY_CACHE_DIR", &w.cache)
+            .env_remove("CHARLY_PROJECT_DIR")
+            .current_dir(elsewhere.path())
+            .args(["bundle", "status", "s"])
+            .output()
+            .expect("status");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let said = status();
+    assert!(
+        said.contains("clean: disk and configuration match"),
+        "{said}"
+    );
+    // The project moved away: only the disk is compared, and it says so.
+    std::fs::rename(&w.project, w.project.with_extension("moved")).expect("move");
+    let said = status();
     assert!(
         said.contains(
-            "clean: the disk matches the ledger (configuration not compared: no project here)"
+            "clean: the disk matches the ledger (configuration not compared: no project here"
         ),
         "{said}"
     );
     assert!(!said.contains("disk and configuration match"), "{said}");
+    std::fs::rename(w.project.with_extension("moved"), &w.project).expect("back");
 }
 
 /// A target that runs another distro than the box is made for is refused
@@ -670,7 +683,27 @@ fn apply_converges_disk_and_configuration_drift() {
 
     std::fs::write(&motd, "tampered\n").expect("tamper");
     assert_eq!(status(&w).0, Some(3));
-    let said = apply(&w);
+    // A changed file is the user's (as for `del`): apply stops, naming it,
+    // and leaves it; --force writes over it.
+    let out = w
+        .cmd()
+        .args(["bundle", "apply", "a"])
+        .output()
+        .expect("apply");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("/opt/hello/motd.txt") && said.contains("--force"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read_to_string(&motd).expect("motd"), "tampered\n");
+    let out = w
+        .cmd()
+        .args(["bundle", "apply", "a", "--force"])
+        .output()
+        .expect("apply");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
     assert!(said.contains("converged"), "{said}");
     assert_eq!(std::fs::read_to_string(&motd).expect("motd"), deployed);
     let (code, said) = status(&w);

@@ -186,9 +186,10 @@ pub struct ReapplyReport {
 /// Converges bundle `record.name` to `plan` (`bundle apply`): the steps
 /// before the first one that changed in the plan, drifted on disk, or did
 /// not complete are kept; from there on, what the recorded steps did is
-/// undone (changed files too: converging means putting back what the plan
-/// says) and the plan's steps are applied, under the same ledger rules as
-/// `bundle add`. `record` carries the new plan and deploy id.
+/// undone and the plan's steps are applied, under the same ledger rules as
+/// `bundle add`. A file changed since the deploy that this would write over
+/// stops it first, named, unless `force` (as `del` keeps such files).
+/// `record` carries the new plan and deploy id.
 #[allow(clippy::too_many_arguments)]
 pub fn reapply(
     host: &mut dyn Host,
@@ -200,6 +201,7 @@ pub fn reapply(
     o: &Options,
     progress: &mut dyn FnMut(&StepReport),
     undo_progress: &mut dyn FnMut(&UndoReport),
+    force: bool,
 ) -> Result<ReapplyReport, WalkError> {
     let name = record.name.as_str();
     let rooted = host.root().is_some();
@@ -213,10 +215,8 @@ pub fn reapply(
         .transpose()?;
     let _lock = (!o.dry_run).then(|| ledger.lock(name)).transpose()?;
     let steps = ledger.steps(name)?;
-    let drifted: BTreeSet<u32> = super::drift(host, ledger, name, None)?
-        .into_iter()
-        .filter_map(|d| d.seq)
-        .collect();
+    let drift = super::drift(host, ledger, name, None)?;
+    let drifted: BTreeSet<u32> = drift.iter().filter_map(|d| d.seq).collect();
     let from = (0..plan.steps.len().max(steps.len()))
         .find(|&i| {
             let (Some(now), Some(was)) = (
@@ -236,6 +236,34 @@ pub fn reapply(
         })
         .unwrap_or(plan.steps.len());
     let from_seq = from as u32;
+    // Files changed since the deploy are the user's, as for `del`: the
+    // walk would write over them, so without `force` it stops first,
+    // naming them.
+    let changed: Vec<String> = drift
+        .iter()
+        .filter(|d| {
+            d.kind == "disk"
+                && d.seq.is_some_and(|q| q >= from_seq)
+                && matches!(
+                    d.detail.as_str(),
+                    "content changed" | "managed block edited" | "no longer a regular file"
+                )
+        })
+        .map(|d| format!("{} ({})", d.subject, d.detail))
+        .collect();
+    if !force && !changed.is_empty() {
+        return Err(WalkError::Setup(format!(
+            "bundle {name}: {} changed since the deploy and would be written over:\n  {}\n\
+             (`charly bundle apply {name} --force` puts back what the plan says; your changes \
+             are then lost)",
+            if changed.len() == 1 {
+                "this file was"
+            } else {
+                "these files were"
+            },
+            changed.join("\n  ")
+        )));
+    }
     let opts = super::undo::DelOptions {
         dry_run: o.dry_run,
         force: true,

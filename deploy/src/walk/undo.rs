@@ -830,8 +830,9 @@ fn undo_one(
             }
             if matches!(st, Some(PathKind::File { .. })) && cx.keeps(host, path, *privileged)? {
                 return Ok(Some(format!(
-                    "{path} was changed since the deploy; kept as it is now \
-                     (`bundle del --force` removes changed files)"
+                    "{path} was changed since the deploy; kept as it is now: it is yours \
+                     (remove it by hand if you do not want it; a `del --force` removes such \
+                     files with the bundle)"
                 )));
             }
             host.remove(path, *privileged).map_err(e)?;
@@ -854,8 +855,9 @@ fn undo_one(
         } => {
             if cx.keeps(host, path, *privileged)? {
                 return Ok(Some(format!(
-                    "{path} was changed since the deploy; kept as it is now \
-                     (`bundle del --force` puts back what was there before)"
+                    "{path} was changed since the deploy; kept as it is now: it is yours \
+                     (what the deploy replaced is not put back; a `del --force` puts it back \
+                     over such changes)"
                 )));
             }
             let data = ledger
