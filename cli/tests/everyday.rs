@@ -239,3 +239,51 @@ fn a_box_repository_outside_its_library_uses_import_repo() {
         "{unresolved:?}"
     );
 }
+
+/// `charly init` writes today's format (issue 44, item 12): the node form
+/// of schema 2026.174, which validates as written, and `candy new` adds a
+/// candy in the project's own form; `--format 2026.160` writes the
+/// classic form.
+#[test]
+fn init_writes_the_node_form_unless_asked_for_the_classic_one() {
+    let t = tempfile::tempdir().expect("tmp");
+    let home = t.path().join("home");
+    for (format, marker) in [
+        (None, "version: 2026.174."),
+        (Some("2026.160"), "version: 2026.160."),
+    ] {
+        let dir = t.path().join(format.unwrap_or("default"));
+        let mut c = Command::cargo_bin("charly").expect("binary");
+        c.env("NO_COLOR", "1").arg("init").arg(&dir);
+        if let Some(f) = format {
+            c.args(["--format", f]);
+        }
+        let out = c.output().expect("init");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let root = std::fs::read_to_string(dir.join("charly.yml")).expect("root");
+        assert!(root.contains(marker), "{root}");
+        stdout(charly(&dir, &home).args(["candy", "new", "extra-tools"]));
+        let candy =
+            std::fs::read_to_string(dir.join("candy/extra-tools/charly.yml")).expect("candy");
+        let node = candy.starts_with("extra-tools:\n");
+        assert_eq!(
+            node,
+            format.is_none(),
+            "candy new writes the project's form: {candy}"
+        );
+        let out = charly(&dir, &home)
+            .args(["validate", "--strict"])
+            .output()
+            .expect("validate");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{format:?}: {said}");
+        assert!(
+            said.contains("2 candies, 2 boxes (2 resolve): 0 errors, 0 warnings"),
+            "{said}"
+        );
+    }
+}
