@@ -1,4 +1,4 @@
-//! The crate graph is the one DESIGN.md and the README draw:
+//! The crate graph is the one docs/architecture.md and the README draw:
 //! `cli → deploy → engine → {rules, cache}`, `engine → reapi → cache`,
 //! `{engine, deploy} → plugin` (plugin depends on no charly crate)
 //! (each crate may use what lies below it, never what lies above), and no

@@ -1,4 +1,13 @@
-//! charly-cache: the local content-addressed store (DESIGN.md §4).
+//! charly-cache: the local content-addressed store (`docs/architecture.md`,
+//! "The store and the remotes").
+//!
+//! Modules: `store` the [`Store`] and its SQLite index, `blob` and `frames`
+//! blob I/O and its zstd frames, `digest` the [`BlobDigest`] and
+//! [`NodeKey`] newtypes, `record` what a node produced, `gc` eviction to a
+//! budget, `verify` checking and repairing a store, `lock` cross-process
+//! locks, `epoch` the deletion epoch, `error` its errors, [`remote`] the OCI
+//! registry as a shared cache and `remote_cache` the seam both remotes
+//! implement.
 //!
 //! The engine memoizes build-graph nodes here and keeps their artifacts (tars
 //! of builder outputs, rendered Containerfiles, OCI layers). Two halves:

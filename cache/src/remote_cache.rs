@@ -1,4 +1,4 @@
-//! The one seam to a shared remote cache (DESIGN.md §4, "Remote"), used by
+//! The one seam to a shared remote cache (docs/architecture.md, "The store and the remotes"), used by
 //! the engine and implemented by both backends.
 //!
 //! The engine knows a remote only through [`RemoteCache`]: on a local

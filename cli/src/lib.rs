@@ -5,8 +5,22 @@
 //! Thin by design: it parses arguments (clap), calls into `charly-engine` /
 //! `charly-rules`, and prints. stdout carries data only (lists, JSON,
 //! Containerfiles); everything meant for people goes to stderr. Exit codes:
-//! 0 success, 1 a user or configuration error, 2 a usage error, 101 an
-//! internal error (a bug).
+//! 0 success, 1 a user or configuration error, 2 a usage error, 3 drift
+//! (`bundle status`), 101 an internal error (a bug). The crates below it:
+//! `docs/architecture.md`.
+//!
+//! Commands: `box_cmd` (`box list|plan|generate|build|push`), `engine_cmd`
+//! (what runs or inspects the graph: generate, build, graph, explain),
+//! `candy_cmd`, `check_cmd` (check beds), `bundle_cmd` (deploys),
+//! `cache_cmd` (the store and remotes), `validate_cmd`, `init_cmd` (`init`
+//! and `candy new`), `migrate_cmd`.
+//!
+//! Around them: `project` opens the project (and refuses what cannot be
+//! used), `session` the store, runner and remotes of a run, `settings` the
+//! settings files' flag defaults, `plugins` the plugins one command needs,
+//! `journaled` the no-op journal of print-only commands, `progress`
+//! progress on stderr, `report` summary lines and reports, `output`
+//! printing for people and programs.
 
 mod box_cmd;
 mod bundle_cmd;

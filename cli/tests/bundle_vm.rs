@@ -185,10 +185,21 @@ fn vm_over_ssh_add_status_drift_del_and_wrong_host_key() {
                 && d["subject"].as_str().unwrap_or("").ends_with("vmt.conf")),
         "{st}"
     );
-    // `bundle apply` converges over SSH: the file is as deployed again and
+    // `bundle apply` keeps a changed file unless --force (as `del` does);
+    // with it, it converges over SSH: the file is as deployed again and
     // status is clean; then del restores both trees exactly.
     let out = cmd()
         .args(["bundle", "apply", "v"])
+        .output()
+        .expect("apply");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cmd()
+        .args(["bundle", "apply", "v", "--force"])
         .output()
         .expect("apply");
     assert!(
@@ -539,7 +550,7 @@ fn vm_over_ssh_installs_and_removes_a_package_on_the_guest() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    ok(&p, &["bundle", "apply", "app"]);
+    ok(&p, &["bundle", "apply", "app", "--force"]);
     assert_eq!(
         std::fs::read_to_string(guest.join("etc/app.conf")).expect("conf"),
         "setting = 1\n"

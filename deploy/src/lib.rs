@@ -11,7 +11,12 @@
 //! * [`ssh`] — a machine over SSH (russh);
 //! * [`source`] — builder artifacts and local packages from the store;
 //! * [`bundle`] — what `charly bundle` deploys: the plan per target (pod and
-//!   k8s as rendered files), a target's identity, reaching a recorded host.
+//!   k8s as rendered files), a target's identity, reaching a recorded host;
+//! * [`pkg`] — package managers' queries and removals, [`shellops`] — file
+//!   operations as shell for hosts reached by commands, [`plugin_host`] —
+//!   plugin steps executed on a host.
+//!
+//! Where the crate sits: `docs/architecture.md`.
 
 pub mod bundle;
 pub mod host;

@@ -1,7 +1,7 @@
 //! charly-engine: the build graph, its keys, and running it.
 //!
 //! * [`graph`]: a loaded, resolved project (from `charly-rules`) as a DAG of
-//!   nodes named by [`id::NodeId`]; [`graph::inputs`] says what enters each
+//!   nodes named by [`id`] (`NodeId`); [`graph::inputs`] says what enters each
 //!   kind of node's key, [`key`] encodes and hashes those inputs, [`hash`]
 //!   digests files behind a stat cache.
 //! * [`sched`] runs ready nodes in parallel; [`exec`] runs one node against
@@ -15,7 +15,15 @@
 //! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
 //!   kept in the store, so a load reads only what changed.
 //! * [`layers`]: a box image is a chain of layer nodes that sibling boxes
-//!   share; [`oci`] assembles images from them and writes OCI layouts.
+//!   share; [`oci`] assembles images from them and writes OCI layouts;
+//!   [`artifact`] writes reproducible tars.
+//! * Around them: [`ctx`] what running a node needs and how it fails,
+//!   [`why`] why a node runs, [`canon`] canonical JSON, [`carry`] boxes
+//!   carried over from the last run, [`pure`] the journal of print-only
+//!   commands, [`resolved`] the resolution kept in the store, [`timings`]
+//!   where a run's time went.
+//!
+//! Where the crate sits and how a build flows: `docs/architecture.md`.
 
 pub use charly_cache as cache;
 pub use charly_reapi as reapi;

@@ -26,6 +26,14 @@
 //!
 //! With the `serve` feature (default), [`serve`] is the plugin side for plugins
 //! written in Rust (the example and fault plugins of the tests use it).
+//!
+//! Modules: [`proto`] the generated messages and stubs, `handshake` the
+//! handshake line, `net` dialing a socket or TCP endpoint, `tls` AutoMTLS,
+//! `host` starting, calling and stopping a plugin, `pdeathsig` a plugin
+//! never outliving charly, `caps` what a plugin serves, `executor` and
+//! `checkctx` the services served back to it, [`reply`] the JSON its
+//! replies carry, `error` what can go wrong. Where the crate sits:
+//! `docs/architecture.md`.
 
 pub mod proto {
     //! Messages and tonic stubs generated from the vendored `.proto` files.

@@ -23,7 +23,8 @@
 //! command nodes onto this crate; this crate depends on `charly-cache` only.
 //!
 //! The protobuf messages and stubs come pre-generated from the
-//! `bazel-remote-apis` crate (no protoc at build time).
+//! `bazel-remote-apis` crate (no protoc at build time). Where the crate
+//! sits: `docs/architecture.md`.
 
 pub mod action;
 pub mod cache;

@@ -3,7 +3,28 @@
 //! This crate is pure: apart from reading the project's files in the loader it
 //! does no I/O. It owns the YAML schema and loader (with diagnostics that point
 //! at file:line:col), the distro cascade, the InstallPlan IR and its compiler,
-//! and the text emitters (Containerfile, quadlet, kustomize).
+//! and the text emitters (Containerfile, quadlet, kustomize). Where it sits
+//! among the crates, and how a build flows through it:
+//! `docs/architecture.md`.
+//!
+//! Reading (the bottom): [`source`] files and positions, [`diag`]
+//! diagnostics at file:line:col, [`yaml`] the spanned YAML tree and its
+//! serde Deserializer, [`model`] the schema types, [`names`] the identifier
+//! rules, [`home`] `~` and `${HOME}`, [`sh`] shell quoting.
+//!
+//! Loading: [`load`] a project from disk (both eras), [`walk`] its
+//! directory walk, [`plugin`] the plugins a project declares, [`migrate`]
+//! the classic form as node-form files.
+//!
+//! Resolving and checking: [`resolve`] boxes ready to build, [`cascade`]
+//! the distro cascade, [`validate`] candy checks, [`check`] the typed
+//! `eval:` entries.
+//!
+//! Planning and rendering: [`plan`] the InstallPlan IR and its compiler,
+//! [`template`] Go `text/template` for the vocabulary, [`emit`] the
+//! Containerfile, quadlet and kustomize emitters, [`naming`] names built
+//! from names, [`spec`] what command-running nodes are asked to do,
+//! [`origin`] from a failed build step back to the candy file.
 
 pub mod cascade;
 pub mod check;

@@ -737,8 +737,13 @@ impl Loader<'_> {
             let key = k.as_str().unwrap_or("");
             if let Some((_, new)) = LEGACY_KEYS.iter().find(|(old, _)| *old == key) {
                 self.diag(
-                    Diagnostic::error(k.span, format!("`{key}:` is a legacy key this charly does not read"))
-                        .with_hint(format!("use `{new}:` (see FORMAT.md; the original's `charly migrate` converts old files)")),
+                    Diagnostic::error(
+                        k.span,
+                        format!("`{key}:` is a legacy key this charly does not read"),
+                    )
+                    .with_hint(format!(
+                        "use `{new}:` (see docs/format.md; `charly migrate` converts old files)"
+                    )),
                 );
                 return None;
             }

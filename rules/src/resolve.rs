@@ -15,7 +15,7 @@
 //!   global order filtered to its install set. Cycles are errors naming the
 //!   whole cycle; conflicting authored orders are warnings (the original's
 //!   result here depends on Go map order; charly's on box name order).
-//! * **Distro, formats, user, version, builders** follow FORMAT.md §3–§4.
+//! * **Distro, formats, user, version, builders** follow the original tool (docs/format.md, "Boxes").
 
 use crate::cascade;
 use crate::diag::{Diagnostic, Diagnostics, nearest_n};

@@ -1,5 +1,5 @@
 //! Candy validation: everything about a candy that can be checked without a
-//! box (FORMAT.md §10). Every problem is collected, each pointing at the
+//! box (as the original validates them). Every problem is collected, each pointing at the
 //! exact value.
 
 use crate::diag::{Diagnostic, nearest};

@@ -1,7 +1,7 @@
 //! The shared remote cache: an OCI Distribution registry (GHCR, GitLab,
 //! Harbor, ECR, Zot, Docker Distribution, …) holding action records and
 //! blobs, so CI runners building the same boxes share results
-//! (DESIGN.md §4, "Remote").
+//! (docs/architecture.md, "The store and the remotes").
 //!
 //! **Layering.** The local [`Store`] comes first. [`Remote::get_record`]
 //! asks the registry only on a local miss; what it fetches is verified

@@ -1,6 +1,6 @@
 //! The candy schema (`candy/<name>/charly.yml`, root key `candy:`).
 //!
-//! Field names and shapes follow the real format (see FORMAT.md §2, §5–§7).
+//! Field names and shapes follow the real format (docs/format.md).
 //! Everything the engine acts on is typed; fields it only carries along
 //! (eval, env_accept, route, security, …) are kept as [`Yaml`] so they can
 //! become labels and are never rejected.

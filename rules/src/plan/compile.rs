@@ -557,7 +557,7 @@ impl Cx<'_> {
     }
 
     /// The format used for localpkg: the primary format if it has `local_pkg`,
-    /// else any of the box's formats that does (FORMAT.md §7).
+    /// else any of the box's formats that does (as the original does).
     fn local_pkg_format(&self) -> Option<String> {
         let d = self
             .b

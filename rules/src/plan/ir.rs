@@ -665,7 +665,7 @@ pub const SYSTEM_PREFIXES: [&str; 11] = [
     "/etc", "/usr", "/var", "/opt", "/root", "/boot", "/srv", "/run", "/lib", "/sbin", "/bin",
 ];
 
-/// Whether a destination path is system-owned (FORMAT.md §9).
+/// Whether a destination path is system-owned (as the original decides it).
 pub fn is_system_path(p: &str) -> bool {
     SYSTEM_PREFIXES
         .iter()

@@ -2,7 +2,7 @@
 //! `text/template` does not have. They live in their own table, apart from
 //! the port of Go's builtins (`funcs.rs`), and resolve after them.
 //!
-//! Verified against the original (FORMAT.md §4, §6):
+//! Verified against the original (the original's functions, as its generated files show them):
 //!
 //! * `cacheMounts LIST` — per entry `--mount=type=cache,id=charly-<safe>,`
 //!   `dst=<dst>,sharing=<sharing|locked>`, where `<safe>` is `dst` without its
@@ -29,7 +29,7 @@
 //!   below), `systemdStdout S` (`file:P` → `append:P`, else `S`),
 //!   `supervisordLog S` (`file:P` → `P`, `none` → `/dev/null`, else
 //!   `/dev/fd/1`), `supervisordLogMaxbytes S` (`10MB` for `file:…`, else `0`).
-//! * Not pinned by FORMAT.md, chosen to agree with the verified service
+//! * Not pinned by the original's outputs, chosen to agree with the verified service
 //!   templates: `systemdRestart R` gives the systemd `Restart=` value:
 //!   `always`, `on-failure`, `no` and other systemd values unchanged, and ""
 //!   (omit the line) for unset and `unless-stopped`; `supervisordRestart R`
