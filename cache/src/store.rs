@@ -204,7 +204,7 @@ static BUSY_WAITS: AtomicU64 = AtomicU64::new(0);
 
 /// How many times, so far, this process waited for the index's lock held
 /// by another connection (its own, when two threads write at once without
-/// [`Store::begin_write`], or another process's).
+/// `Store::begin_write`, or another process's).
 pub fn busy_waits() -> u64 {
     BUSY_WAITS.load(Ordering::Relaxed)
 }
@@ -405,7 +405,7 @@ fn moved_aside_note(db_path: &Path, aside: &Path, e: &CacheError) -> String {
 /// do; a blob removed after it was seen is met by its reader, which runs
 /// the node again.
 ///
-/// A blob directory (`blobs/ab/`) asked about more than [`LIST_AFTER`]
+/// A blob directory (`blobs/ab/`) asked about more than `LIST_AFTER`
 /// times is listed once and answered from the listing: a full run at
 /// 10,000 candies looked for ~43,000 blobs, one `statat` each, where
 /// listing all 256 directories reads a few hundred blocks. A listing is

@@ -122,23 +122,8 @@ pub fn print_with(
 /// The journal of `key` in the store at `store_dir`.
 pub(crate) fn open_journal(store_dir: &std::path::Path, key: &str) -> Journal {
     let mut journal = Journal::new(store_dir, key);
-    if let Some(ns) = racy_ns_for_tests() {
+    if let Some(ns) = project::racy_ns_for_tests() {
         journal.racy_ns = ns;
     }
     journal
-}
-
-/// Test hook (test builds only, `CHARLY_JOURNAL_RACY_MS`): how recent an
-/// input may be and still be trusted by stat, for the journal and the
-/// loader's directory listings (tests shrink it instead of waiting out the
-/// clock). `None` in a release build.
-pub(crate) fn racy_ns_for_tests() -> Option<i64> {
-    #[cfg(feature = "testing")]
-    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
-        .ok()
-        .and_then(|v| v.parse::<i64>().ok())
-    {
-        return Some(ms.saturating_mul(1_000_000));
-    }
-    None
 }

@@ -13,7 +13,7 @@ pub struct Opened {
     /// Its resolution.
     pub resolution: Resolution,
     /// What its plugins answered for the build leg
-    /// ([`crate::plugins::prepare_build`]; empty until then).
+    /// (`plugins::prepare_build`; empty until then).
     pub plugin_build: charly_engine::graph::PluginBuild,
     /// Where the store keeps its nodes' own key inputs for this project
     /// state (`None` without a store).
@@ -102,8 +102,7 @@ fn load_at(cli: &Cli, root: std::path::PathBuf) -> anyhow::Result<Opened> {
             let (t, d) = rayon::join(
                 || charly_engine::trees::TreeFile::open(s, canonical),
                 || {
-                    let racy = crate::journaled::racy_ns_for_tests()
-                        .unwrap_or(charly_engine::hash::RACY_NS);
+                    let racy = racy_ns_for_tests().unwrap_or(charly_engine::hash::RACY_NS);
                     charly_engine::dirs::DirFile::open(s, canonical, racy)
                 },
             );
@@ -334,4 +333,19 @@ pub fn select_warning(
         resolved(o, n)?;
     }
     Ok((names.to_vec(), warnings))
+}
+
+/// Test hook (test builds only, `CHARLY_JOURNAL_RACY_MS`): how recent an
+/// input may be and still be trusted by stat, for the journal and the
+/// loader's directory listings (tests shrink it instead of waiting out the
+/// clock). `None` in a release build.
+pub(crate) fn racy_ns_for_tests() -> Option<i64> {
+    #[cfg(feature = "testing")]
+    if let Some(ms) = std::env::var("CHARLY_JOURNAL_RACY_MS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        return Some(ms.saturating_mul(1_000_000));
+    }
+    None
 }

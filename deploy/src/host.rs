@@ -4,9 +4,9 @@
 //! binaries. Walkers speak in **target paths** (`/etc/x`, `/home/user/.bashrc`);
 //! a host rooted at a directory maps them below its root for file
 //! operations, and [`Host::real`] gives the mapped path for command
-//! arguments. Three implementations: [`crate::local::LocalHost`] (optionally
+//! arguments. Three implementations: `local::LocalHost` (optionally
 //! rooted, so tests and `--root DIR` never touch the real system),
-//! [`crate::ssh::SshHost`] (russh) and `crate::mem::MemHost` (in memory,
+//! `ssh::SshHost` (russh) and `mem::MemHost` (in memory,
 //! scriptable failures, for unit tests).
 //!
 //! **Commands never inherit an environment.** [`Cmd::argv_for`] builds the

@@ -530,7 +530,7 @@ pub struct BundleRecord {
     /// Where it was deployed (`local`, `vm`, `pod` or `k8s`).
     pub target: Target,
     /// Identity of the target (host and root; see
-    /// [`crate::bundle::target_key`]): a target takes a deploy id once.
+    /// `bundle::target_key`): a target takes a deploy id once.
     pub target_key: String,
     /// How to reach the host again.
     pub connection: Connection,

@@ -108,7 +108,7 @@ impl<'a> Engine<'a> {
             runner: self.runner,
             runner_name: self.opts.runner.clone(),
             out_root: out_root.to_path_buf(),
-            emit: crate::layers::base_emit_options(self.resolution, &self.opts),
+            emit: crate::graph::layers::base_emit_options(self.resolution, &self.opts),
             arch: self.opts.arch.clone(),
             remote: self.remote,
             obs: None,
@@ -284,7 +284,7 @@ impl<'a> Engine<'a> {
             written.push(out_root.join(&dir).join("Containerfile"));
             if self_contained && out_root != self.project.root {
                 for (src, rel) in self.context_candies(&graph.g[i]) {
-                    copy_dir(src, &out_root.join(rel))
+                    crate::generate::copy_dir(src, &out_root.join(rel))
                         .map_err(|e| exec::ExecError::Io(format!("{rel}: {e}")))?;
                 }
             }
@@ -344,9 +344,11 @@ impl<'a> Engine<'a> {
         reference: &str,
     ) -> Result<crate::oci::Exported, EngineError> {
         let ctx = self.ctx(&self.project.root);
-        let i = crate::layers::image_node(graph, box_name)
+        let i = crate::graph::layers::image_node(graph, box_name)
             .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
-        Ok(crate::layers::export_image(&ctx, graph, i, dir, reference)?)
+        Ok(crate::exec::layers::export_image(
+            &ctx, graph, i, dir, reference,
+        )?)
     }
 
     /// Pushes a built box's image to `remote`'s repository as `tag`; returns
@@ -359,22 +361,24 @@ impl<'a> Engine<'a> {
         tag: &str,
     ) -> Result<u64, EngineError> {
         let ctx = self.ctx(&self.project.root);
-        let i = crate::layers::image_node(graph, box_name)
+        let i = crate::graph::layers::image_node(graph, box_name)
             .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
-        Ok(crate::layers::push_image(&ctx, graph, i, remote, tag)?)
+        Ok(crate::exec::layers::push_image(
+            &ctx, graph, i, remote, tag,
+        )?)
     }
 
     /// The configuration and manifest digests of `box_name`'s built image
-    /// (`sha256:…` each; see [`crate::layers::image_digests`]).
+    /// (`sha256:…` each; see [`crate::exec::layers::image_digests`]).
     pub fn image_digests(
         &self,
         graph: &Graph,
         box_name: &str,
     ) -> Result<(String, String), EngineError> {
         let ctx = self.ctx(&self.project.root);
-        let i = crate::layers::image_node(graph, box_name)
+        let i = crate::graph::layers::image_node(graph, box_name)
             .ok_or_else(|| EngineError::UnknownNode(format!("image:{box_name}")))?;
-        Ok(crate::layers::image_digests(&ctx, graph, i)?)
+        Ok(crate::exec::layers::image_digests(&ctx, graph, i)?)
     }
 
     /// Makes the built images of `boxes` present in the runner (loading
@@ -387,15 +391,15 @@ impl<'a> Engine<'a> {
         let ctx = self.ctx(&self.project.root);
         let mut tags = Vec::new();
         for b in boxes {
-            let i = crate::layers::image_node(graph, b)
+            let i = crate::graph::layers::image_node(graph, b)
                 .ok_or_else(|| EngineError::UnknownNode(format!("image:{b}")))?;
-            tags.push(crate::layers::ensure_image(&ctx, graph, i)?);
+            tags.push(crate::exec::layers::ensure_image(&ctx, graph, i)?);
         }
         Ok(tags)
     }
 
     /// After a build of `boxes`: each box's reference names the image of
-    /// the keys just reported (see [`crate::layers::name_image`]; `load`
+    /// the keys just reported (see [`crate::exec::layers::name_image`]; `load`
     /// loads images the runner lacks). Returns the boxes whose image is in
     /// the runner now.
     pub fn name_images(
@@ -407,13 +411,13 @@ impl<'a> Engine<'a> {
         let ctx = self.ctx(&self.project.root);
         let mut present = Vec::new();
         for b in boxes {
-            let i = crate::layers::image_node(graph, b)
+            let i = crate::graph::layers::image_node(graph, b)
                 .ok_or_else(|| EngineError::UnknownNode(format!("image:{b}")))?;
-            if let Some(tag) = crate::layers::name_image(&ctx, graph, i, load)? {
+            if let Some(tag) = crate::exec::layers::name_image(&ctx, graph, i, load)? {
                 present.push(NamedImage {
                     box_name: b.clone(),
                     tag,
-                    has_command: crate::layers::image_has_command(&ctx, graph, i)?,
+                    has_command: crate::exec::layers::image_has_command(&ctx, graph, i)?,
                 });
             }
         }
@@ -663,23 +667,6 @@ pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
             Err(EngineError::Ambiguous(query.into(), list.join(", ")))
         }
     }
-}
-
-/// Copies a directory's regular files and directories (links are left out:
-/// a build would refuse links out of its context).
-pub(crate) fn copy_dir(src: &Path, dest: &Path) -> std::io::Result<()> {
-    for e in walkdir::WalkDir::new(src).sort_by_file_name() {
-        let e = e.map_err(std::io::Error::other)?;
-        let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
-        let t = dest.join(rel);
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&t)?;
-        } else if e.file_type().is_file() {
-            let bytes = std::fs::read(e.path())?;
-            crate::generate::write_if_changed(&t, &bytes)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub struct Ctx<'a> {
     pub remote: Option<&'a dyn charly_cache::RemoteCache>,
     /// Who hears how the run goes: nodes starting and ending, what their
     /// commands print.
-    pub obs: Option<&'a dyn crate::sched::Observer>,
+    pub obs: Option<&'a dyn crate::report::Observer>,
     /// The stat cache: build-directory files are verified through it (a
     /// stat instead of a read per unchanged file).
     pub hasher: &'a crate::hash::FileHasher,

@@ -132,7 +132,7 @@ pub fn target_rel(target: &str) -> io::Result<PathBuf> {
 
 /// Whether a file name is one of charly's locked temp files (a crashed
 /// writer's leftover once nobody holds its lock): exactly the form
-/// [`temp_name`] makes, `.charly-tmp-<pid>-<digits>`. Nothing else is ever
+/// `temp_name` makes, `.charly-tmp-<pid>-<digits>`. Nothing else is ever
 /// swept where other programs write too (a deploy's `$HOME`, a project
 /// root): their `.tmpXXXXXX` files hold no lock charly could test.
 pub fn is_temp_name(name: &OsStr) -> bool {

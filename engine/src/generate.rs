@@ -55,7 +55,7 @@ pub fn render(p: &Project, b: &ResolvedBox, opts: &EmitOptions) -> Result<BuildD
 
 /// Name of the marker that records which key a build directory holds
 /// (the executor writes it when it materializes a build directory from the
-/// store; [`write`] keeps it when it prunes the directory).
+/// store; [`write()`] keeps it when it prunes the directory).
 pub const KEY_MARKER: &str = ".charly-key";
 
 /// Writes a build directory under `out` (the project root by default: paths
@@ -72,7 +72,7 @@ pub fn write(out: &Path, d: &BuildDir) -> Result<Vec<PathBuf>, GenerateError> {
     write_keeping(out, d, &BTreeSet::new())
 }
 
-/// [`write`], leaving the files `in_place` (paths relative to `out`, as
+/// [`write()`], leaving the files `in_place` (paths relative to `out`, as
 /// `d.files` names them) untouched and not pruned: the caller found them
 /// holding what `d` would write there, and left them out of `d.files`.
 pub fn write_keeping(
@@ -215,6 +215,23 @@ pub fn write_ignore_files(p: &Project) -> Result<(), GenerateError> {
         let body = text.replace(".containerignore", name);
         write_if_changed(&path, body.as_bytes())
             .map_err(|source| GenerateError::Io { path, source })?;
+    }
+    Ok(())
+}
+
+/// Copies a directory's regular files and directories (links are left out:
+/// a build would refuse links out of its context).
+pub(crate) fn copy_dir(src: &Path, dest: &Path) -> std::io::Result<()> {
+    for e in walkdir::WalkDir::new(src).sort_by_file_name() {
+        let e = e.map_err(std::io::Error::other)?;
+        let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;
+        let t = dest.join(rel);
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&t)?;
+        } else if e.file_type().is_file() {
+            let bytes = std::fs::read(e.path())?;
+            write_if_changed(&t, &bytes)?;
+        }
     }
     Ok(())
 }

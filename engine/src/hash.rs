@@ -12,7 +12,7 @@
 //! `cp -p`, `tar x`, an editor restoring it), so a same-size edit with the old
 //! mtime restored would keep a stale digest. ctime cannot be set from user
 //! space and changes on every write and every mtime change, so it is part of
-//! the stat, as in the no-op journal ([`crate::journal`]).
+//! the stat, as in the no-op journal (`journal`).
 //!
 //! Timestamps are coarse (a kernel tick), so a file changed in the same tick
 //! as it was hashed could keep its stat ("racy git"). Like the journal, the

@@ -23,7 +23,7 @@
 //!
 //! A layer shared by several boxes (same parent, same text, same inputs:
 //! the same key) is one node named after the first of them; the others'
-//! ids are aliases of it ([`crate::graph::Graph::node`]).
+//! ids are aliases of it (`Graph::node`).
 //!
 //! Box names never contain `/`, `@` or `~`; formats and builders are plain
 //! words; a candy key may contain `/` (remote candies) but never `@` or `~`.

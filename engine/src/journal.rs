@@ -393,7 +393,7 @@ pub struct Outcome {
     #[serde(default)]
     pub boxes: Vec<BoxEntry>,
     /// Exactly what a command whose stdout is not a list of lines printed
-    /// (`box plan`, `graph`, …: [`Journal::run_pure`]), byte for byte.
+    /// (`box plan`, `graph`, …: the `pure` module), byte for byte.
     #[serde(default)]
     pub raw: Option<Vec<u8>>,
     /// Nodes the run reported as not in the store (`would run`): id, key

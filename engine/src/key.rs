@@ -514,7 +514,7 @@ impl std::fmt::Display for Change {
 }
 
 /// Lines of `b` that differ from `a`, as `- old` / `+ new` with one line of
-/// context (`@@` between hunks), at most [`DIFF_LINES`] of them.
+/// context (`@@` between hunks), at most `DIFF_LINES` of them.
 pub fn line_diff(a: &str, b: &str) -> Vec<String> {
     let diff = similar::TextDiff::from_lines(a, b);
     let mut out = Vec::new();

@@ -5,7 +5,9 @@
 //!   kind of node's key, [`key`] encodes and hashes those inputs, [`hash`]
 //!   digests files behind a stat cache.
 //! * [`sched`] runs ready nodes in parallel; [`exec`] runs one node against
-//!   the store (local, then the remote cache) and records its [`outputs`].
+//!   the store (local, then the remote cache) and records its [`outputs`];
+//!   [`report`] what a run tells as it goes (each node's state, the
+//!   observer that hears it).
 //! * [`runners`]: what runs command nodes (podman; remote execution over
 //!   `charly-reapi`; a fake only with the `testing` feature), [`stage`] the
 //!   requests they get.
@@ -14,8 +16,9 @@
 //!   check beds; [`api`] is the entry point the CLI and the deploy crate use.
 //! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
 //!   kept in the store, so a load reads only what changed.
-//! * [`layers`]: a box image is a chain of layer nodes that sibling boxes
-//!   share; [`oci`] assembles images from them and writes OCI layouts;
+//! * A box image is a chain of layer nodes that sibling boxes share
+//!   ([`graph::layers`] what the chain is, [`exec::layers`] building it);
+//!   [`oci`] assembles images from them and writes OCI layouts;
 //!   [`artifact`] writes reproducible tars.
 //! * Around them: [`ctx`] what running a node needs and how it fails,
 //!   [`why`] why a node runs, [`canon`] canonical JSON, [`carry`] boxes
@@ -44,10 +47,10 @@ pub mod hash;
 pub mod id;
 pub mod journal;
 pub mod key;
-pub mod layers;
 pub mod oci;
 pub mod outputs;
 pub mod pure;
+pub mod report;
 pub mod resolved;
 pub mod runners;
 pub mod sched;

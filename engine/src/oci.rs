@@ -1,7 +1,7 @@
 //! OCI images: assembled from stored layers, written as image layouts.
 //!
 //! A box image is not built as a whole: its layers are (see
-//! [`crate::layers`]), and the image is assembled from them here —
+//! the layer executors), and the image is assembled from them here —
 //! config (the last layer's configuration with the box's labels and final
 //! user, the chain's diff ids, one history entry per layer, timestamps at
 //! the epoch) and manifest — deterministically, without a runner. The same
@@ -19,7 +19,6 @@
 //! against its digest.
 
 use crate::outputs::LayerDesc;
-use crate::runners::LayerFile;
 use oci_spec::image::{ImageIndex, ImageIndexBuilder, OciLayoutBuilder};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -27,6 +26,15 @@ use std::path::{Path, PathBuf};
 
 /// The annotation naming an image in a layout.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// A layer blob on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerFile {
+    /// The blob.
+    pub path: PathBuf,
+    /// Its OCI description (`blob` left empty: the store fills it).
+    pub desc: LayerDesc,
+}
 
 /// An OCI content digest (`sha256:<hex>`), distinct from charly's blake3 digests.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

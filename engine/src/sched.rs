@@ -11,7 +11,6 @@
 
 use crate::exec::{self, Ctx};
 use crate::graph::Graph;
-use crate::key::NodeKind;
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 use serde::Serialize;
@@ -19,81 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// What happened to a node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum State {
-    /// It ran.
-    Ran,
-    /// Its result came from the local store.
-    Cached,
-    /// Its result came from the remote cache (verified, now also local).
-    Pulled,
-    /// It failed.
-    Failed,
-    /// It was not started (a failure stopped the schedule).
-    NotAttempted,
-    /// `--dry-run`: it would run.
-    WouldRun,
-}
-
-/// One node in the summary.
-#[derive(Clone, Debug, Serialize)]
-pub struct NodeReport {
-    /// Node id.
-    pub id: String,
-    /// Kind.
-    pub kind: NodeKind,
-    /// Key (hex in JSON).
-    pub key: charly_cache::NodeKey,
-    /// What happened.
-    pub state: State,
-    /// Wall time spent on it.
-    pub duration_ms: u64,
-    /// Why it failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Why it ran (nodes that ran): `never built`, or what changed since
-    /// its last record.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The candy a layer installs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub candy: Option<String>,
-    /// For layers, bases and images: every requested box whose image contains it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub boxes: Vec<String>,
-    /// Start, in microseconds since the schedule began (trace).
-    #[serde(skip)]
-    pub start_us: u64,
-    /// Worker thread (trace).
-    #[serde(skip)]
-    pub thread: usize,
-    /// Duration in microseconds (trace).
-    #[serde(skip)]
-    pub duration_us: u64,
-}
-
-impl NodeReport {
-    /// A node cached under a key an earlier run recorded (the journal's
-    /// replay, a box carried over).
-    pub fn cached(id: String, kind: NodeKind, key: charly_cache::NodeKey) -> NodeReport {
-        NodeReport {
-            id,
-            kind,
-            key,
-            state: State::Cached,
-            duration_ms: 0,
-            error: None,
-            reason: None,
-            start_us: 0,
-            thread: 0,
-            duration_us: 0,
-            candy: None,
-            boxes: Vec::new(),
-        }
-    }
-}
+pub use crate::report::{NodeReport, Observer, Quiet, State};
 
 /// Counts per state.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -205,27 +130,6 @@ impl Summary {
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
     }
 }
-
-/// Receives progress events (the CLI draws bars from them; the engine never prints).
-pub trait Observer: Sync {
-    /// A node started running (not called for cache hits), for `reason`
-    /// ([`crate::why::reason`]; empty unless [`Observer::wants_reason`]).
-    fn started(&self, _id: &str, _kind: NodeKind, _reason: &str) {}
-    /// Whether [`Observer::started`] should get the reasons of nodes of
-    /// `kind` (they cost a store lookup per node that runs); the summary
-    /// carries them when it does.
-    fn wants_reason(&self, _kind: NodeKind) -> bool {
-        false
-    }
-    /// A node finished in some state.
-    fn finished(&self, _report: &NodeReport) {}
-    /// A running node's command printed a line.
-    fn log(&self, _id: &str, _line: &str) {}
-}
-
-/// An observer that ignores everything.
-pub struct Quiet;
-impl Observer for Quiet {}
 
 /// Nodes whose records the store is asked about together.
 const LOOKUP_CHUNK: usize = 256;
@@ -536,6 +440,7 @@ fn summarize(reports: Reports, wall: Duration) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::NodeKind;
 
     fn report(id: &str, state: State) -> NodeReport {
         NodeReport {

@@ -728,7 +728,7 @@ fn a_keyed_graph_releases_fragment_steps_and_runs_render_them_again() {
             candy,
             &steps,
             charly_rules::emit::containerfile::fragment_is_last(&p, b, *index),
-            &charly_engine::layers::base_emit_options(&r, &Default::default()),
+            &charly_engine::graph::layers::base_emit_options(&r, &Default::default()),
         )
         .expect("renders")
         .text;

@@ -81,7 +81,7 @@ pub struct PluginOptions {
     /// go-plugin's AutoMTLS (default on, as the original charly's host
     /// sets it): a fresh client certificate in `PLUGIN_CLIENT_CERT`, and
     /// mutual TLS with a plugin that answers with its own certificate (see
-    /// [`crate::tls`]). A plugin that answers without one is spoken to in
+    /// the `tls` module). A plugin that answers without one is spoken to in
     /// plaintext. Off: no `PLUGIN_CLIENT_CERT`, and a plugin that sends a
     /// certificate anyway is [`PluginError::Unsupported`].
     pub auto_mtls: bool,

@@ -112,7 +112,7 @@ pub enum Step {
     Env(Vec<(String, String)>),
     /// `WORKDIR` (a shell word).
     Workdir(String),
-    /// `USER` user[:group].
+    /// `USER` user\[:group\].
     User(String),
     /// `COPY` (also `COPY --from=<layer stage>`).
     Copy {
@@ -348,7 +348,7 @@ fn layer_dir(image: &str, steps: &[Step]) -> Option<String> {
 /// Reads a stage Containerfile. Errors name the line.
 ///
 /// The last stage is the one that runs. Earlier stages may only be layer
-/// stages (see [`layer_dir`]); `COPY --from=` and `RUN --mount=type=bind,from=`
+/// stages (see `layer_dir`); `COPY --from=` and `RUN --mount=type=bind,from=`
 /// of the last stage read the context directory they hold.
 pub fn parse(containerfile: &str) -> Result<Stage, String> {
     let mut from: Option<(usize, String, Option<String>)> = None;

@@ -559,7 +559,7 @@ pub fn expand_user_vars(s: &str, user: &str, home: &str) -> String {
 
 /// Variables only a deployment can fill (`${HOST_PORT:…}`, `${VOLUME_CONTAINER_PATH:…}`, …).
 pub fn deploy_only_var(s: &str) -> Option<String> {
-    crate::validate::vars_in(s)
+    crate::names::vars_in(s)
         .into_iter()
         .find(|v| !matches!(v.as_str(), "HOME" | "USER" | "UID" | "GID"))
 }
@@ -646,13 +646,13 @@ pub fn definition_digest(text: &str, checks: &[&Option<crate::yaml::Yaml>]) -> S
 }
 
 /// [`definition_digest`] of a candy's definition file (`eval:` left out).
-pub fn candy_definition_digest(text: &str, c: &crate::load::CandyEntry) -> String {
+pub fn candy_definition_digest(text: &str, c: &crate::project::CandyEntry) -> String {
     definition_digest(text, &[&c.def.eval])
 }
 
 /// [`definition_digest`] of a box's definition file (`eval:` and
 /// `deploy_eval:` left out).
-pub fn box_definition_digest(text: &str, b: &crate::load::BoxEntry) -> String {
+pub fn box_definition_digest(text: &str, b: &crate::project::BoxEntry) -> String {
     definition_digest(text, &[&b.def.eval, &b.def.deploy_eval])
 }
 

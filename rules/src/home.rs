@@ -2,7 +2,7 @@
 //! and `$HOME`.
 //!
 //! **Why one function.** The emitters (Containerfile, quadlet), the plan
-//! compiler (which expands to [`crate::plan::HOME_TOKEN`] and resolves it
+//! compiler (which expands to [`crate::ir::HOME_TOKEN`] and resolves it
 //! later) and the check beds all expand the same spellings; one copy per
 //! caller drifted once already (checks leave a lone `~` alone). The one
 //! difference that exists is explicit: a [`Tilde`] argument says whether a
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn the_token_home_expands_like_a_real_one() {
-        let t = crate::plan::HOME_TOKEN;
+        let t = crate::ir::HOME_TOKEN;
         assert_eq!(expand_home("~/x", t), format!("{t}/x"));
         assert_eq!(expand_home("$HOME", t), t);
     }

@@ -7,30 +7,34 @@
 //! among the crates, and how a build flows through it:
 //! `docs/architecture.md`.
 //!
-//! Reading (the bottom): [`source`] files and positions, [`diag`]
-//! diagnostics at file:line:col, [`yaml`] the spanned YAML tree and its
-//! serde Deserializer, [`model`] the schema types, [`names`] the identifier
-//! rules, [`home`] `~` and `${HOME}`, [`sh`] shell quoting.
+//! Its modules form layers, listed here bottom first; each names (through
+//! `crate::`) only modules listed before it (`tests/module_graph.rs` keeps
+//! the modules acyclic):
 //!
-//! Loading: [`load`] a project from disk (both eras), [`walk`] its
-//! directory walk, [`plugin`] the plugins a project declares, [`migrate`]
-//! the classic form as node-form files.
-//!
-//! Resolving and checking: [`resolve`] boxes ready to build, [`cascade`]
-//! the distro cascade, [`validate`] candy checks, [`check`] the typed
-//! `eval:` entries.
-//!
-//! Planning and rendering: [`plan`] the InstallPlan IR and its compiler,
-//! [`template`] Go `text/template` for the vocabulary, [`emit`] the
-//! Containerfile, quadlet and kustomize emitters, [`naming`] names built
-//! from names, [`spec`] what command-running nodes are asked to do,
-//! [`origin`] from a failed build step back to the candy file.
+//! 1. Text and data with no project in them: [`source`] files and
+//!    positions, [`diag`] diagnostics at file:line:col, [`yaml`] the
+//!    spanned YAML tree and its serde Deserializer, [`sh`] shell quoting,
+//!    [`walk`] a directory walk, [`ir`] the InstallPlan IR (steps, scope,
+//!    venue, phase, gate, reverse ops), [`home`] `~` and `${HOME}`.
+//! 2. The schema: [`model`] the YAML types, [`cascade`] the distro
+//!    cascade, [`template`] Go `text/template` for the vocabulary,
+//!    [`plugin`] the plugins a project declares.
+//! 3. A loaded project: [`project`] its types (namespaces, boxes, candies),
+//!    [`names`] the identifier rules, [`resolve`] boxes ready to build,
+//!    [`naming`] names built from names, [`check`] the typed `eval:`
+//!    entries, [`load`] reading a project from disk (both eras).
+//! 4. Planning and rendering: [`plan`] the IR's compiler, [`emit`] the
+//!    Containerfile, quadlet and kustomize emitters, [`validate`] candy
+//!    checks, [`migrate`] the classic form as node-form files, [`spec`]
+//!    what command-running nodes are asked to do, [`origin`] from a failed
+//!    build step back to the candy file.
 
 pub mod cascade;
 pub mod check;
 pub mod diag;
 pub mod emit;
 pub mod home;
+pub mod ir;
 pub mod load;
 pub mod migrate;
 pub mod model;
@@ -39,6 +43,7 @@ pub mod naming;
 pub mod origin;
 pub mod plan;
 pub mod plugin;
+pub mod project;
 pub mod resolve;
 pub mod sh;
 pub mod source;

@@ -18,10 +18,10 @@
 
 use crate::check::SUBJECTS;
 use crate::diag::Diagnostic;
-use crate::load::Project;
 use crate::load::nodeform::{
     BOX_FIELDS, BOX_UNSUPPORTED, CANDY_FIELDS, NODE_KINDS, NODEFORM_SCHEMA_VERSION,
 };
+use crate::project::Project;
 use crate::source::{FileId, Span};
 use crate::yaml::{Node, Style, Value, parse_stream};
 

@@ -35,15 +35,15 @@
 //!
 //! Free text that is meant to span lines (`cmd:`, `content:`, shell `init:`)
 //! is not an identifier: the emitters stage it as a file or escape it for the
-//! syntax it lands in (see [`crate::emit::containerfile`]).
+//! syntax it lands in (see the Containerfile emitter).
 //!
 //! A reference (`ns.box`, `@github.com/org/repo/candy/x:v1`) is not a
 //! definition: its parts are checked, so a reference can never carry `..`,
 //! `/` into a path, or a line break into an instruction.
 
 use crate::diag::Diagnostic;
-use crate::load::{CandyEntry, Namespace, Project};
 use crate::model::{BoxDef, Task};
+use crate::project::{CandyEntry, Namespace, Project};
 use crate::source::Span;
 use crate::yaml::{Node, Spanned};
 
@@ -255,11 +255,11 @@ pub fn token(s: &str) -> Result<(), Why> {
     }
 }
 
-/// A candy port: `N` or `proto:N` ([`crate::validate::parse_port`]). Checked
+/// A candy port: `N` or `proto:N` ([`parse_port`]). Checked
 /// at load, not only by `validate`: a port the emitters cannot read would
 /// otherwise drop its `EXPOSE` without a word.
 pub fn port(s: &str) -> Result<(), Why> {
-    match crate::validate::parse_port(s) {
+    match parse_port(s) {
         Some(_) => Ok(()),
         None => Err(
             "must be a number 1-65535, optionally with a protocol (`tcp:2222`, `udp:53`, `https+insecure:3000`)",
@@ -714,6 +714,43 @@ fn shown(s: &str) -> String {
             out.extend(c.escape_default());
         } else {
             out.push(c);
+        }
+    }
+    out
+}
+
+/// Parses `8080` or `proto:2222` into (protocol, port), with the original
+/// schema's syntax: a port 1-65535, the protocol `[a-z+-]+`
+/// (`https+insecure:3000`). Whether the protocol is known is
+/// `validate`'s `PORT_PROTOCOLS`' business: an unknown one parses (the original
+/// accepts it) and `validate` warns.
+pub fn parse_port(s: &str) -> Option<(String, u16)> {
+    let (proto, num) = match s.split_once(':') {
+        Some((p, n)) => (p.to_string(), n),
+        None => ("tcp".to_string(), s),
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u16 = num.parse().ok()?;
+    (n > 0
+        && !proto.is_empty()
+        && proto
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b'+' || b == b'-'))
+    .then_some((proto, n))
+}
+
+/// Names used as `${NAME}` in a string (`${HOST_PORT:x}` forms included by name).
+pub fn vars_in(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        rest = &rest[i + 2..];
+        let end = rest.find(['}', ':']).unwrap_or(rest.len());
+        let name = &rest[..end];
+        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            out.push(name.to_string());
         }
     }
     out

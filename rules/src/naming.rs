@@ -11,7 +11,7 @@
 //! Checking the parts (that a candy name is an entity, a box name a
 //! qualified box) is [`crate::names`]' business, done once at load.
 
-use crate::load::CandyEntry;
+use crate::project::CandyEntry;
 use crate::resolve::Resolution;
 use std::collections::BTreeMap;
 
@@ -133,7 +133,7 @@ mod tests {
             name: "c".into(),
             dir: "/elsewhere/c".into(),
             rel_dir: None,
-            ns: crate::load::NsId(0),
+            ns: crate::project::NsId(0),
             file: crate::source::FileId(0),
             span: crate::source::Span::default(),
             def: Default::default(),

@@ -3,7 +3,7 @@
 //! package or section of which candy wrote it ([`Origin`]), at file:line:col.
 
 use crate::emit::containerfile::Origin;
-use crate::load::Project;
+use crate::project::Project;
 use crate::source::Span;
 
 /// The byte offset of instruction `step` (1-based; 1 is the `FROM`) of

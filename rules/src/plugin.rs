@@ -15,7 +15,7 @@
 //! Nothing here starts a plugin: this crate is pure.
 
 use crate::diag::{Diagnostic, nearest};
-use crate::plan::{Gate, Scope, Venue};
+use crate::ir::{Gate, Scope, Venue};
 use crate::source::Span;
 use crate::yaml::node::Node;
 use serde::{Deserialize, Serialize};

@@ -19,8 +19,8 @@
 
 use crate::cascade;
 use crate::diag::{Diagnostic, Diagnostics, nearest_n};
-use crate::load::{BoxEntry, CandyEntry, ImportBinding, NsId, Project};
 use crate::model::{Builder, Vocab};
+use crate::project::{BoxEntry, CandyEntry, ImportBinding, NsId, Project};
 use crate::source::Span;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -585,7 +585,7 @@ impl<'p> Resolver<'p> {
                 for k in install.iter().chain(provided.iter()) {
                     if let Some(v) = &p.candies[k].def.version
                         && best.as_ref().is_none_or(|b| {
-                            crate::load::compare_calver(&v.value, b)
+                            crate::project::compare_calver(&v.value, b)
                                 == Some(std::cmp::Ordering::Greater)
                         })
                     {

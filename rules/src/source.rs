@@ -127,3 +127,22 @@ impl<'a> LineIndex<'a> {
             .map_or(self.text.len(), |(i, _)| start + i)
     }
 }
+
+/// `path` relative to `base` with `/` separators, using `..` when it is
+/// outside (both are absolute); reports never show absolute paths.
+pub fn relative(path: &Path, base: &Path) -> String {
+    let p: Vec<_> = path.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut parts: Vec<String> = std::iter::repeat_n("..".to_string(), b.len() - common).collect();
+    parts.extend(
+        p[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}

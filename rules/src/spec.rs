@@ -16,8 +16,8 @@
 
 use crate::emit::EmitError;
 use crate::emit::containerfile::builder_stage_text;
-use crate::load::{CandyEntry, Project};
 use crate::naming;
+use crate::project::{CandyEntry, Project};
 use crate::resolve::{BaseRef, Resolution, ResolvedBox, User, effective_distro};
 use crate::template::TemplateError;
 use std::path::PathBuf;
@@ -71,7 +71,7 @@ pub fn builder_stage(
     let mut export: Vec<String> = def
         .copy_artifact
         .iter()
-        .map(|a| a.src.replace(crate::plan::HOME_TOKEN, &user.home))
+        .map(|a| a.src.replace(crate::ir::HOME_TOKEN, &user.home))
         .collect();
     if let Some(bin) = &def.copy_binary {
         export.push(bin.src.clone());

@@ -3,9 +3,9 @@
 //! exact value.
 
 use crate::diag::{Diagnostic, nearest};
-use crate::load::{CandyEntry, Project};
 use crate::model::candy::TASK_VERBS;
 use crate::model::{Task, Vocab};
+use crate::project::{CandyEntry, Project};
 use crate::yaml::Spanned;
 
 /// Variables the generator or the shell always provides.
@@ -441,28 +441,6 @@ pub const PORT_PROTOCOLS: &[&str] = &[
     "smb",
 ];
 
-/// Parses `8080` or `proto:2222` into (protocol, port), with the original
-/// schema's syntax: a port 1-65535, the protocol `[a-z+-]+`
-/// (`https+insecure:3000`). Whether the protocol is known is
-/// [`PORT_PROTOCOLS`]' business: an unknown one parses (the original
-/// accepts it) and `validate` warns.
-pub fn parse_port(s: &str) -> Option<(String, u16)> {
-    let (proto, num) = match s.split_once(':') {
-        Some((p, n)) => (p.to_string(), n),
-        None => ("tcp".to_string(), s),
-    };
-    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u16 = num.parse().ok()?;
-    (n > 0
-        && !proto.is_empty()
-        && proto
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b == b'+' || b == b'-'))
-    .then_some((proto, n))
-}
-
 /// Valid `user:` values: root, ${USER}, ${UID}:${GID}, N:M, a name, a number.
 pub fn is_valid_user(u: &str) -> bool {
     if matches!(u, "root" | "${USER}" | "${UID}:${GID}" | "${UID}") {
@@ -497,20 +475,7 @@ fn is_abs_path(p: &str) -> bool {
         || p.starts_with("$HOME")
 }
 
-/// Names used as `${NAME}` in a string (`${HOST_PORT:x}` forms included by name).
-pub fn vars_in(s: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while let Some(i) = rest.find("${") {
-        rest = &rest[i + 2..];
-        let end = rest.find(['}', ':']).unwrap_or(rest.len());
-        let name = &rest[..end];
-        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            out.push(name.to_string());
-        }
-    }
-    out
-}
+pub use crate::names::{parse_port, vars_in};
 
 #[cfg(test)]
 mod tests {

@@ -4,11 +4,11 @@
 //! * projects ([`project`], re-exported here): [`example`], [`corpus`],
 //!   fixtures, [`open`], private copies ([`copy_project`], [`Sandbox`] with
 //!   a store and the command that runs charly on them), tree snapshots
-//!   ([`tree`]); [`workspace`], [`write`], [`free_port`], [`hold_lock`];
+//!   ([`tree`]); [`workspace`], [`write()`], [`free_port`], [`hold_lock`];
 //! * podman: [`Podman`] (isolated storage), [`podman_available`], root
 //!   filesystem tars ([`busybox_rootfs_tar`], [`stub_rootfs_tar`]);
 //! * [`casd`]: a real REAPI engine (buildbox-casd + buildbox-run);
-//!   [`casd::podman_with_image`] with the `engine` feature;
+//!   `casd::podman_with_image` with the `engine` feature;
 //! * [`sshd`]: a real sshd on 127.0.0.1 with generated keys.
 //!
 //! A fixture whose tool is missing fails under CI (`CI` set) and is

@@ -24,7 +24,7 @@
 //! **Poisoning defence.** [`RemoteConfig::read_only`] never writes (for
 //! untrusted jobs such as pull requests). Only complete local records (all
 //! outputs present and verified while being read for upload) of clean
-//! executions are pushed (see [`push`]); nothing fetched is used before it
+//! executions are pushed (see `push`); nothing fetched is used before it
 //! verified.
 //!
 //! **Layout in the registry**: see [`manifest`]. In short, one OCI manifest

@@ -243,7 +243,7 @@ impl Builder<'_> {
         // A layer that does not render (a local package without
         // --dev-local-pkg…) still gets a key: `graph` and `explain` work,
         // and the node fails with the same message when it runs.
-        let text = match crate::layers::render(self.p, b, part, self.emit()) {
+        let text = match super::layers::render(self.p, b, part, self.emit()) {
             Ok(t) => t,
             Err(e) => {
                 k.value("render-error", e.to_string());

@@ -10,6 +10,7 @@
 //! else enters each kind of node's key is in [`inputs`].
 
 pub mod inputs;
+pub mod layers;
 pub mod own;
 
 use crate::hash::FileHasher;
@@ -546,7 +547,7 @@ impl<'a> Builder<'a> {
     /// The emitter options of this run (as `Engine::ctx` gives nodes).
     fn emit(&self) -> &charly_rules::emit::EmitOptions {
         self.emit
-            .get_or_init(|| crate::layers::base_emit_options(self.r, &self.opts))
+            .get_or_init(|| layers::base_emit_options(self.r, &self.opts))
     }
 
     fn rbox(&self, name: &str) -> Result<&'a ResolvedBox, GraphError> {
@@ -899,7 +900,7 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        if crate::layers::has_init(self.p, b) {
+        if layers::has_init(self.p, b) {
             push(self, LayerSlot::Init, LayerWork::Init);
         }
         below.ok_or_else(|| GraphError::Canonical {

@@ -219,14 +219,8 @@ pub struct LayerRequest<'a> {
     pub out: PathBuf,
 }
 
-/// A layer blob on disk.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LayerFile {
-    /// The blob.
-    pub path: PathBuf,
-    /// Its OCI description (`blob` left empty: the store fills it).
-    pub desc: LayerDesc,
-}
+/// A layer blob on disk (defined with the OCI code that reads it).
+pub use crate::oci::LayerFile;
 
 /// What a layer build made.
 #[derive(Clone, Debug, PartialEq, Eq)]

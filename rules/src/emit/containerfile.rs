@@ -25,7 +25,7 @@
 //! package names, keys) are checked at load by [`crate::names`] (no
 //! whitespace, no control character, no Unicode line break, no backslash);
 //! `ENV`/`LABEL` values are double-quoted with every control character and
-//! line break escaped ([`dq`]), JSON labels are single-quoted JSON (which
+//! line break escaped (`dq`), JSON labels are single-quoted JSON (which
 //! escapes them itself); multi-line text (`cmd:`, `content:`, shell snippets)
 //! is staged as a file, never written inline; comments have control
 //! characters replaced by spaces. A line continuation is never produced from
@@ -35,13 +35,14 @@
 
 use crate::cascade;
 use crate::home::expand_home;
-use crate::load::{CandyEntry, Project, relative};
+use crate::ir::{FileStep, InstallPlan, InstallStep, OpStep, StepData};
 use crate::model::vocab::CacheMount;
 use crate::model::{Distro, Format, Vocab};
 use crate::naming::stage_name;
-use crate::plan::{FileStep, InstallPlan, InstallStep, OpStep, StepData};
+use crate::project::{CandyEntry, Project};
 use crate::resolve::{BaseRef, ResolvedBox, effective_distro};
 use crate::sh;
+use crate::source::relative;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -443,7 +444,7 @@ impl LayerText {
 }
 
 /// What part of a candy wrote a stretch of Containerfile text (for errors
-/// that point at the candy file, [`crate::origin`]).
+/// that point at the candy file, the `origin` module).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {
     /// The candy's environment, ports, artifacts and data.
@@ -820,7 +821,7 @@ impl Emitter<'_> {
                 .filter(|s| s.exec.is_some() && s.applies_to(&self.b.tags))
             {
                 let Some(exec) = &s.exec else { continue };
-                let scope = crate::plan::Scope::System;
+                let scope = crate::ir::Scope::System;
                 let data = crate::plan::compile::service_data(k, &s.name.value, exec, s, scope);
                 parts.push(self.tmpl(
                     &format!("init/{init_name}/service_template"),
@@ -1002,7 +1003,7 @@ impl Emitter<'_> {
         let mut ports: BTreeSet<String> = BTreeSet::new();
         for k in keys {
             for pt in &self.candy(k).def.port {
-                if let Some((proto, n)) = crate::validate::parse_port(&pt.value) {
+                if let Some((proto, n)) = crate::names::parse_port(&pt.value) {
                     ports.insert(if proto == "udp" {
                         format!("{n}/udp")
                     } else {
@@ -1142,7 +1143,7 @@ impl Emitter<'_> {
         }
         // Packages: prepare + install render as one RUN from the format's template.
         let install = steps.iter().find_map(|s| match &s.data {
-            StepData::SystemPackages(p) if s.phase == Some(crate::plan::Phase::Install) => {
+            StepData::SystemPackages(p) if s.phase == Some(crate::ir::Phase::Install) => {
                 Some(p.clone())
             }
             _ => None,
@@ -1187,7 +1188,7 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    fn packages(&mut self, key: &str, set: &crate::plan::SystemPackages) -> Result<(), EmitError> {
+    fn packages(&mut self, key: &str, set: &crate::ir::SystemPackages) -> Result<(), EmitError> {
         let b = self.b;
         let Some(fmt) = self.format_def(&set.format).cloned() else {
             return Err(self.err(format!(
@@ -1256,7 +1257,7 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    fn local_pkg(&mut self, key: &str, l: &crate::plan::LocalPkgStep) -> Result<(), EmitError> {
+    fn local_pkg(&mut self, key: &str, l: &crate::ir::LocalPkgStep) -> Result<(), EmitError> {
         let c = self.candy(key).clone();
         let Some(lp) = self.format_def(&l.format).and_then(|f| f.local_pkg.clone()) else {
             return Ok(());
@@ -1361,7 +1362,7 @@ impl Emitter<'_> {
             .iter()
             .filter(|s| match &s.data {
                 StepData::Op(_) | StepData::File(_) => true,
-                StepData::External(_) => s.venue != crate::plan::Venue::Skip,
+                StepData::External(_) => s.venue != crate::ir::Venue::Skip,
                 _ => false,
             })
             .collect();
@@ -1416,7 +1417,7 @@ impl Emitter<'_> {
         &mut self,
         key: &str,
         s: &InstallStep,
-        e: &crate::plan::ExternalStep,
+        e: &crate::ir::ExternalStep,
         running: &mut String,
     ) -> Result<(), EmitError> {
         let word = e.data["word"].as_str().unwrap_or("?");

@@ -56,8 +56,8 @@
 
 use super::EmitError;
 use super::quadlet::{Protocol, container_name, parse_size, runtime_spec};
-use crate::load::Project;
-use crate::plan::InstallPlan;
+use crate::ir::InstallPlan;
+use crate::project::Project;
 use crate::resolve::ResolvedBox;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};

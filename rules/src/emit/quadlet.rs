@@ -70,8 +70,8 @@
 
 use super::EmitError;
 use crate::home::expand_home;
-use crate::load::{BoxEntry, Project};
-use crate::plan::{InstallPlan, StepData};
+use crate::ir::{InstallPlan, StepData};
+use crate::project::{BoxEntry, Project};
 use crate::resolve::ResolvedBox;
 use crate::source::Span;
 use crate::yaml::{Node, Yaml};
@@ -260,7 +260,7 @@ pub fn runtime_spec(
             ports.iter().map(|m| (m.container, m.protocol)).collect();
         for k in &image_candies {
             for s in &p.candies[*k].def.port {
-                let (proto, n) = crate::validate::parse_port(&s.value).ok_or_else(|| {
+                let (proto, n) = crate::names::parse_port(&s.value).ok_or_else(|| {
                     err(format!(
                         "{}: candy `{k}` port `{}` is not `N` or `proto:N`",
                         at(p, s.span),

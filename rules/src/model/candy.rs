@@ -224,7 +224,7 @@ pub struct Task {
     /// A comment emitted before the step.
     pub comment: Option<String>,
     /// A plugin capability serving the task (`plugin: <word>`: a `step:`
-    /// or `verb:` word a plugin candy declares); see [`crate::plugin`].
+    /// or `verb:` word a plugin candy declares); see the `plugin` module.
     pub plugin: Option<Box<Spanned<String>>>,
     /// What the plugin gets as its input (`plugin_input:`, any YAML,
     /// carried to it as JSON).

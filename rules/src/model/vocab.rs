@@ -1,6 +1,6 @@
 //! The build vocabulary (`build.yml`): builders, distros with their package
 //! formats, and init systems. Templates are Go text/template source strings,
-//! rendered by [`crate::template`].
+//! rendered by the `template` module.
 
 use crate::yaml::{OneOrMany, OrderedMap, Spanned, Yaml};
 use serde::Deserialize;

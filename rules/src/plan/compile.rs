@@ -7,11 +7,11 @@
 //! order (write/copy become File steps, the rest Op steps), builder steps per
 //! triggered builder, services, shell snippets, Android packages, reboot.
 
-use super::ir::*;
 use crate::cascade;
 use crate::home::{Tilde, expand_home, expand_tilde};
-use crate::load::{CandyEntry, Project};
+use crate::ir::*;
 use crate::model::{Candy, Service, Vocab};
+use crate::project::{CandyEntry, Project};
 use crate::resolve::{ResolvedBox, User, effective_distro};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -137,7 +137,7 @@ pub fn resolve_task_user(raw: &str, u: &User) -> String {
 /// outside it), and not a symlink leading out of the project (a build
 /// never reads one). `validate` and every plan compile ask this one
 /// function.
-pub fn copy_problem(c: &crate::load::CandyEntry, src: &str) -> Option<String> {
+pub fn copy_problem(c: &crate::project::CandyEntry, src: &str) -> Option<String> {
     if src.starts_with('/') || src.split('/').any(|s| s == "..") {
         return Some("the source must be a path inside the candy directory".into());
     }
@@ -230,7 +230,7 @@ fn meta(b: &ResolvedBox, ctx: &HostContext) -> BTreeMap<String, String> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompileContext {
     /// The box's namespace (whose vocabulary the candy compiles with).
-    pub ns: crate::load::NsId,
+    pub ns: crate::project::NsId,
     /// The box's distro definition.
     pub distro_def: Option<String>,
     /// The box's package formats, primary first.

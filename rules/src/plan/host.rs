@@ -6,7 +6,7 @@
 //! and version).
 
 use crate::cascade;
-use crate::load::Project;
+use crate::project::Project;
 use crate::resolve::{ResolvedBox, effective_distro, expand_tags, pick_distro};
 
 /// What a host says it runs (`/etc/os-release`).

@@ -1,15 +1,6 @@
-//! Layers: a box image as a chain of layer nodes, assembled, never built whole.
-//!
-//! A box's chain is its base (the parent box's image, an external image
-//! taken into the store layer by layer, or nothing under a bootstrapped
-//! root filesystem), a setup layer on non-box bases, one layer per candy in
-//! the box's (global) order, and an init layer when its services need one
-//! (`graph::Builder::layer_chain`). Each layer's text is rendered by
-//! [`charly_rules::emit::containerfile::layer_containerfile`] without the
-//! box's name in it, and its key covers its parent's key by role
-//! (`parent`), so sibling boxes with a common candy prefix get the same
-//! keys and the graph merges their layers into one node: built once,
-//! stored once.
+//! Building a box's layers and assembling its image: a box image is a
+//! chain of layer nodes (what the chain is: `graph::layers`), assembled,
+//! never built whole.
 //!
 //! Building a layer ([`work_layer`]): the parent is made present in the
 //! runner (loaded from the store when it is not there), the layer's context
@@ -28,98 +19,22 @@
 //! later only when something needs it there ([`ensure_image`]): a no-op
 //! build calls no runner at all.
 
-use crate::exec::{Ctx, ExecError, Out, Outputs, read_node};
-use crate::graph::{Graph, LayerWork, Work};
-use crate::id::NodeId;
+use super::{Ctx, ExecError, Out, Outputs, read_node};
+use crate::graph::layers::{artifact_path, render};
+use crate::graph::{Graph, Work};
 use crate::key::NodeKind;
 use crate::outputs::{self, ImageMeta, LayerDesc, LayerMeta};
 use crate::runners::LayerRequest;
 use charly_cache::{BlobDigest, Output, Record};
-use charly_rules::emit::containerfile::{LAYER_DIR, LayerPart, LayerText, layer_containerfile};
-use charly_rules::emit::{EmitError, EmitOptions, Staged};
-use charly_rules::load::Project;
+use charly_rules::emit::Staged;
+use charly_rules::emit::containerfile::{LAYER_DIR, LayerText};
 use charly_rules::naming;
-use charly_rules::resolve::{BaseRef, Resolution, ResolvedBox};
+use charly_rules::resolve::{BaseRef, ResolvedBox};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::BTreeMap;
 use std::path::Path;
-
 fn io(what: impl std::fmt::Display) -> impl Fn(std::io::Error) -> ExecError {
     move |e| ExecError::Io(format!("{what}: {e}"))
-}
-
-/// The emitter options of a box's layers: `base` (image references,
-/// `--dev-local-pkg`) with builder stages as prebuilt artifact tars under
-/// [`LAYER_DIR`].
-pub fn emit_options(base: &EmitOptions, p: &Project, b: &ResolvedBox) -> EmitOptions {
-    let mut o = base.clone();
-    o.dir = Some(LAYER_DIR.to_string());
-    for stage in prebuilt_stages(p, b) {
-        o.artifacts.insert(stage.clone(), artifact_path(&stage));
-    }
-    o
-}
-
-/// The builder stages of a box that run as their own nodes (and reach its
-/// image as artifact tars): every candy of a non-inline builder with a
-/// stage template and a builder box.
-pub fn prebuilt_stages(p: &Project, b: &ResolvedBox) -> Vec<String> {
-    let vocab = &p.ns(b.ns).vocab;
-    let mut out = Vec::new();
-    for u in &b.builders {
-        let Some(def) = vocab.builder.get(&u.builder) else {
-            continue;
-        };
-        if def.inline || def.stage_template.is_none() || u.image.is_none() {
-            continue;
-        }
-        for k in &u.candies {
-            out.push(naming::stage_name(&p.candies[k].name, &u.builder));
-        }
-    }
-    out
-}
-
-/// Where a builder stage's artifact tar sits in a layer's context.
-fn artifact_path(stage: &str) -> String {
-    format!("{LAYER_DIR}/_artifacts/{stage}.tar")
-}
-
-/// The emitter options of a run: every box's image reference,
-/// `--dev-local-pkg` and the plugins' fragments (what `Engine::ctx` gives nodes, and what the graph
-/// keys layers and images with).
-pub fn base_emit_options(r: &Resolution, opts: &crate::graph::GraphOptions) -> EmitOptions {
-    EmitOptions {
-        dev_local_pkg: opts.dev_local_pkg,
-        image_refs: naming::box_image_refs(r),
-        plugin_fragments: opts.plugins.fragments.clone(),
-        deploy_only_plugins: opts.plugins.deploy_only.clone(),
-        ..EmitOptions::default()
-    }
-}
-
-fn part_of(part: &LayerWork) -> LayerPart<'_> {
-    match part {
-        LayerWork::Setup => LayerPart::Setup,
-        LayerWork::Candy { candy, steps } => LayerPart::Candy { key: candy, steps },
-        LayerWork::Init => LayerPart::Init,
-    }
-}
-
-/// Renders a layer of box `b` with the run's options `base` (`None`:
-/// empty for this box).
-pub fn render(
-    p: &Project,
-    b: &ResolvedBox,
-    part: &LayerWork,
-    base: &EmitOptions,
-) -> Result<Option<LayerText>, EmitError> {
-    layer_containerfile(p, b, part_of(part), &emit_options(base, p, b))
-}
-
-/// Whether a box's chain ends with an init layer.
-pub fn has_init(p: &Project, b: &ResolvedBox) -> bool {
-    layer_containerfile(p, b, LayerPart::Init, &EmitOptions::default()).is_ok_and(|t| t.is_some())
 }
 
 /// The runner's tag of the image a layer (base, root filesystem) tops,
@@ -607,7 +522,7 @@ fn write_context(
     let root = crate::fsroot::Root::open(dir).map_err(io(dir.display()))?;
     let prepare = |rel: &str| root.prepare(Path::new(rel)).map_err(io(rel));
     for (rel, src) in &text.dirs {
-        crate::api::copy_dir(src, &prepare(rel)?).map_err(io(src.display()))?;
+        crate::generate::copy_dir(src, &prepare(rel)?).map_err(io(src.display()))?;
     }
     for (rel, staged) in &text.files {
         let dest = prepare(rel)?;
@@ -817,11 +732,6 @@ pub fn image_digests(
             image.digest().as_str().to_string(),
         ))
     })
-}
-
-/// The node id of a box's image (for callers that hold box names).
-pub fn image_node(graph: &Graph, box_name: &str) -> Option<NodeIndex> {
-    graph.index(&NodeId::image(box_name))
 }
 
 #[cfg(test)]

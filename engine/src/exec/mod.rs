@@ -17,6 +17,8 @@
 //! and committed to the local store and the node is `pulled`, never run. A
 //! node that ran is queued for upload once its record is committed.
 
+pub mod layers;
+
 pub use crate::ctx::{Ctx, ExecError};
 use crate::generate::KEY_MARKER;
 use crate::graph::{Graph, Node, Work};
@@ -132,7 +134,7 @@ fn execute_as(
         return Ok(Done::Ran);
     }
     // A cached image is not loaded into the runner here: whatever needs
-    // it there loads it (crate::layers::ensure_image), so a no-op build
+    // it there loads it (layers::ensure_image), so a no-op build
     // calls no runner.
     if ctx.store.has_record(&n.key)? {
         return Ok(Done::Cached);
@@ -370,7 +372,7 @@ fn record_output(
 pub fn emit_options(ctx: &Ctx<'_>, b: &ResolvedBox, prebuilt: bool) -> EmitOptions {
     let mut o = ctx.emit.clone();
     if prebuilt {
-        for stage in crate::layers::prebuilt_stages(ctx.project, b) {
+        for stage in crate::graph::layers::prebuilt_stages(ctx.project, b) {
             o.artifacts.insert(
                 stage.clone(),
                 format!("{}/_artifacts/{stage}.tar", naming::build_dir(&b.name)),
@@ -590,18 +592,18 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
                 ..req
             };
             ctx.runner(&n.id)?.build_rootfs(&req)?;
-            crate::layers::store_rootfs(ctx, &req.out, &mut out)?;
+            layers::store_rootfs(ctx, &req.out, &mut out)?;
             out.keep.push(scratch);
         }
-        Work::Image { .. } => crate::layers::work_image(ctx, graph, i, &mut out)?,
+        Work::Image { .. } => layers::work_image(ctx, graph, i, &mut out)?,
         Work::Layer { .. } => {
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
-            crate::layers::work_layer(ctx, graph, i, scratch.path(), log, &mut out)?;
+            layers::work_layer(ctx, graph, i, scratch.path(), log, &mut out)?;
             out.keep.push(scratch);
         }
         Work::Base { reference } => {
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
-            crate::layers::work_base(ctx, &n.id, reference, scratch.path(), &mut out)?;
+            layers::work_base(ctx, &n.id, reference, scratch.path(), &mut out)?;
             out.keep.push(scratch);
         }
         Work::Plan { box_name, target } => {
@@ -623,7 +625,7 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
 fn ensure_dep_images(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex) -> Result<(), ExecError> {
     for d in graph.deps(i) {
         if graph.g[d].kind == NodeKind::Image {
-            crate::layers::ensure_image(ctx, graph, d)?;
+            layers::ensure_image(ctx, graph, d)?;
         }
     }
     Ok(())
