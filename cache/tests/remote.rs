@@ -12,7 +12,7 @@ use charly_cache::remote::manifest::{
 use charly_cache::{
     BlobDigest, NodeKey, Output, PullOutcome, Record, Remote, RemoteAuth, RemoteConfig, Store,
 };
-use remote_common::{Auth, Registry, TokenService, content, http_get};
+use remote_common::{Auth, Registry, TokenService, content, http, http_get};
 
 fn key(label: &str) -> NodeKey {
     NodeKey::from_bytes(*blake3::hash(label.as_bytes()).as_bytes())
@@ -334,12 +334,29 @@ fn corrupt_or_truncated_registry_blobs_are_misses_never_used() {
     assert_eq!(s.corrupt, 3, "{s:?}");
     assert_eq!(s.hits, 0);
     assert!(!s.unavailable, "corruption must not switch the remote off");
+    // Each refusal names the blob (or record) of the node's tag and the
+    // check that failed (the registry client's sha256 check here: charly's
+    // own blake3 check has its own test below).
     let text = s.errors.join("\n");
-    assert!(
-        text.contains("sha256 mismatch") || text.contains("digest"),
-        "{text}"
-    );
-    assert!(text.contains("truncated"), "{text}");
+    for want in [
+        format!(
+            "blob {} of {}: digest check failed after {n} of {n} bytes",
+            BlobDigest::of(&flipped),
+            tag_for(&key("flipped")),
+            n = flipped.len()
+        ),
+        format!(
+            "blob {} of {}: truncated: ",
+            BlobDigest::of(&cut),
+            tag_for(&key("cut"))
+        ),
+        format!(
+            "record of {}: digest check failed",
+            tag_for(&key("bad-record"))
+        ),
+    ] {
+        assert!(text.contains(&want), "{want:?} in {text}");
+    }
 
     // Undamaged records still come through; get_record reports a miss for
     // the damaged ones without failing, even with --remote-required.
@@ -353,6 +370,141 @@ fn corrupt_or_truncated_registry_blobs_are_misses_never_used() {
     cfg.required = true;
     let strict = Remote::open(cfg).expect("open");
     assert_eq!(strict.get_record(&b, &key("cut")).expect("a miss"), None);
+}
+
+/// Uploads `bytes` as a blob of `repo` (raw HTTP, no charly code):
+/// POST an upload, PUT it whole with its digest.
+fn upload_blob(reg: &Registry, repo: &str, bytes: &[u8]) -> String {
+    let digest = sha256_hex(bytes);
+    let (status, headers, body) = http(
+        reg.port,
+        "POST",
+        &format!("/v2/{repo}/blobs/uploads/"),
+        &[],
+        &[],
+    )
+    .expect("POST upload");
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let loc = headers
+        .iter()
+        .find(|(k, _)| k == "location")
+        .map(|(_, v)| v.clone())
+        .expect("Location");
+    let path = loc
+        .strip_prefix(&format!("http://127.0.0.1:{}", reg.port))
+        .unwrap_or(&loc);
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, _, body) = http(
+        reg.port,
+        "PUT",
+        &format!("{path}{sep}digest={digest}"),
+        &[("Content-Type", "application/octet-stream")],
+        bytes,
+    )
+    .expect("PUT blob");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    digest
+}
+
+/// Replaces the manifest under `key`'s tag (raw HTTP).
+fn put_manifest(reg: &Registry, repo: &str, key: &NodeKey, m: &serde_json::Value) {
+    let (status, _, body) = http(
+        reg.port,
+        "PUT",
+        &format!("/v2/{repo}/manifests/{}", tag_for(key)),
+        &[("Content-Type", "application/vnd.oci.image.manifest.v1+json")],
+        &serde_json::to_vec(m).expect("json"),
+    )
+    .expect("PUT manifest");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+}
+
+/// A registry serving a blob whose sha256 matches (the registry checks that
+/// itself) but whose blake3 is not the one the record and the manifest
+/// name: charly's blake3 check on the way into the store refuses it, and
+/// says so. A manifest cut short is refused too, by name.
+#[test]
+fn a_blob_whose_sha256_matches_but_blake3_does_not_is_refused_by_blake3() {
+    let Some(reg) = Registry::start() else { return };
+    let repo = "charly/b3";
+    let dir_a = tempfile::tempdir().expect("tempdir");
+    let a = Store::open(dir_a.path()).expect("store A");
+    let real = content(21, 4096);
+    let claimed = content(22, real.len());
+    put(&a, &key("b3"), "b3", &[&real]);
+    let r = open(reg.url(repo))
+        .push_all(&a, &|_, _| true)
+        .expect("push");
+    assert!(r.ok(), "{r:?}");
+
+    // The record and the manifest now claim `claimed`'s blake3 for the
+    // blob whose bytes (and sha256) are `real`'s.
+    let mut m = registry_manifest(&reg, repo, &key("b3")).expect("manifest");
+    let config = m["config"]["digest"].as_str().expect("config").to_string();
+    let (status, rec) =
+        http_get(reg.port, &format!("/v2/{repo}/blobs/{config}"), &[]).expect("GET record");
+    assert_eq!(status, 200);
+    let mut rec: serde_json::Value = serde_json::from_slice(&rec).expect("record JSON");
+    let b3_real = BlobDigest::of(&real).to_hex();
+    let b3_claimed = BlobDigest::of(&claimed).to_hex();
+    assert_eq!(rec["outputs"]["out0"]["digest"], b3_real.as_str());
+    rec["outputs"]["out0"]["digest"] = b3_claimed.clone().into();
+    let rec = serde_json::to_vec(&rec).expect("json");
+    m["config"]["digest"] = upload_blob(&reg, repo, &rec).into();
+    m["config"]["size"] = rec.len().into();
+    let layer = &mut m["layers"][0];
+    assert_eq!(layer["digest"], sha256_hex(&real).as_str());
+    layer["annotations"][ANNOTATION_BLAKE3] = b3_claimed.clone().into();
+    put_manifest(&reg, repo, &key("b3"), &m);
+
+    let dir_b = tempfile::tempdir().expect("tempdir");
+    let b = Store::open(dir_b.path()).expect("store B");
+    let remote_b = open(reg.url(repo));
+    let out = remote_b
+        .pull_record(&b, &key("b3"))
+        .expect("pull never errors");
+    let PullOutcome::Corrupt(why) = out else {
+        panic!("expected a refused pull, got {out:?}")
+    };
+    assert!(
+        why.contains(&format!(
+            "blake3 mismatch: expected {b3_claimed}, got {b3_real}"
+        )),
+        "{why}"
+    );
+    assert!(why.contains(&tag_for(&key("b3"))), "the node's tag: {why}");
+    assert_eq!(b.get_record(&key("b3")).expect("local"), None);
+    assert!(!b.has_blob(&BlobDigest::of(&real)) && !b.has_blob(&BlobDigest::of(&claimed)));
+    assert_eq!(remote_b.stats().corrupt, 1);
+
+    // A manifest cut short (the registry's stored copy, truncated).
+    let m = registry_manifest(&reg, repo, &key("b3")).expect("manifest");
+    let body = serde_json::to_vec(&m).expect("json");
+    let path = reg.blob_file(&sha256_hex(&body));
+    assert!(
+        path.exists(),
+        "the registry keeps the manifest we put as it was"
+    );
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.set_len(body.len() as u64 / 2).expect("truncate");
+        let out = open(reg.url(repo))
+            .pull_record(&b, &key("b3"))
+            .expect("pull never errors");
+        match out {
+            PullOutcome::Corrupt(why) => assert!(why.contains("manifest"), "{why}"),
+            // The registry may notice the short file itself and answer
+            // with an error: a miss all the same, never a record.
+            other => assert!(
+                !matches!(other, PullOutcome::Pulled(_) | PullOutcome::Local(_)),
+                "a truncated manifest was used: {other:?}"
+            ),
+        }
+        assert_eq!(b.get_record(&key("b3")).expect("local"), None);
+    }
 }
 
 /// An engine-like loop: look up (local, then remote), else "build" the
