@@ -163,13 +163,7 @@ fn built(s: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn example_builds_for_real_and_rebuilds_only_what_changed() {
-    if Command::new("podman").arg("--version").output().is_err() {
-        assert_eq!(
-            std::env::var("CHARLY_SKIP_PODMAN").as_deref(),
-            Ok("1"),
-            "podman is not installed"
-        );
-        eprintln!("SKIPPED: podman not installed and CHARLY_SKIP_PODMAN=1");
+    if !charly_testutil::podman_available() {
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");

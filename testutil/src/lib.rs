@@ -163,6 +163,38 @@ impl Podman {
     }
 }
 
+/// Whether the tests run under CI: `CI` is set (`.ci/run` sets it) to
+/// anything but `false`, `0` or nothing.
+pub fn under_ci() -> bool {
+    ci_means_ci(std::env::var("CI").ok().as_deref())
+}
+
+fn ci_means_ci(v: Option<&str>) -> bool {
+    v.is_some_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// What a test does when a tool it needs is missing: under CI it fails
+/// (nothing is skipped there, whatever variable is set); elsewhere it skips,
+/// loudly, only when `skip_var=1` says so, and fails otherwise. Returns
+/// `false` when the test is to skip.
+pub fn missing_tool(what: &str, skip_var: &str, how: &str) -> bool {
+    assert!(
+        !under_ci(),
+        "{what} is missing under CI (CI is set, so nothing is skipped): {how}"
+    );
+    assert!(
+        std::env::var(skip_var).as_deref() == Ok("1"),
+        "{what} is missing: {how} (or set {skip_var}=1 outside CI to skip these tests)"
+    );
+    // Written past the test harness's output capture, so a skip is seen.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!! SKIPPED: {what} is missing and {skip_var}=1: these tests did not run\n"
+    );
+    false
+}
+
 /// Whether podman is installed; tests that need it fail without it unless
 /// `CHARLY_SKIP_PODMAN=1` says to skip (never silently, never under CI).
 pub fn podman_available() -> bool {
@@ -170,18 +202,7 @@ pub fn podman_available() -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("CHARLY_SKIP_PODMAN").as_deref() == Ok("1")
-            && std::env::var_os("CI").is_none()
-        {
-            eprintln!("SKIPPED: podman is not installed and CHARLY_SKIP_PODMAN=1");
-            return false;
-        }
-        panic!(
-            "podman is not installed (run .ci/install, or set CHARLY_SKIP_PODMAN=1 outside CI to skip podman tests)"
-        );
-    }
-    true
+    ok || missing_tool("podman", "CHARLY_SKIP_PODMAN", "run .ci/install")
 }
 
 /// Builds a root filesystem tar of busybox-static plus stub tools, so that
@@ -436,12 +457,9 @@ pub fn debian_mirror() -> String {
 /// installed: a failure under CI (`.ci/install` installs it), a loud skip
 /// elsewhere.
 pub fn debootstrap_bookworm(dir: &Path) -> Option<PathBuf> {
-    if !Path::new("/usr/sbin/debootstrap").exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "debootstrap is not installed (.ci/install)"
-        );
-        eprintln!("skipped: debootstrap is not installed");
+    if !Path::new("/usr/sbin/debootstrap").exists()
+        && !missing_tool("debootstrap", "CHARLY_SKIP_DEBOOTSTRAP", "run .ci/install")
+    {
         return None;
     }
     let out = Command::new("/usr/sbin/debootstrap")
@@ -461,6 +479,16 @@ pub fn debootstrap_bookworm(dir: &Path) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ci_is_any_value_but_false_zero_or_nothing() {
+        for v in ["true", "1", "yes", "github"] {
+            assert!(super::ci_means_ci(Some(v)), "{v}");
+        }
+        for v in [None, Some(""), Some("0"), Some("false")] {
+            assert!(!super::ci_means_ci(v), "{v:?}");
+        }
+    }
+
     #[test]
     fn listens_is_true_only_while_a_server_listens() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
