@@ -631,7 +631,7 @@ impl Checker {
         }
         for v in &d.volume {
             self.spanned(&v.name, "volume name", entity);
-            self.check(v.name.span, "volume path", &v.path, path);
+            self.spanned(&v.path, "volume path", path);
         }
         if let Some(lp) = &d.localpkg {
             for (k, v) in lp.value.0.iter() {

@@ -149,7 +149,8 @@ fn manifests(field: &str, v: &str) -> (String, String) {
 /// What a project turned into: refused at load, or its outputs.
 #[derive(Debug)]
 enum Outcome {
-    Refused,
+    /// Refused: where each error points (project-relative file, line).
+    Refused(Vec<(String, u32)>),
     Emitted {
         containerfile: String,
         quadlet: String,
@@ -175,7 +176,13 @@ fn run(dir: &Path, field: &str, v: &str) -> Outcome {
     }
     let p = load::load(dir, &LoadOptions::default()).expect("loads");
     if p.diags.iter().any(|d| d.is_error()) {
-        return Outcome::Refused;
+        return Outcome::Refused(
+            p.diags
+                .iter()
+                .filter(|d| d.is_error())
+                .filter_map(|d| d.span.map(|s| (p.sources.rel(s.file).to_string(), s.line)))
+                .collect(),
+        );
     }
     let r = resolve::resolve(&p);
     let b = r
@@ -336,15 +343,44 @@ fn plain_like(s: &str) -> String {
         .collect()
 }
 
+/// The manifest `field` is in, and its text with `v` in the field.
+fn field_file(field: &str, v: &str) -> (&'static str, String) {
+    let (candy, bx) = manifests(field, v);
+    match FIELDS.iter().find(|(f, _)| *f == field) {
+        Some((_, "box")) => ("box/b/charly.yml", bx),
+        _ => ("candy/c/charly.yml", candy),
+    }
+}
+
 fn same_structure(dir: &Path, field: &str, v: &str) -> Result<bool, TestCaseError> {
     let hostile = run(dir, field, v);
-    let Outcome::Emitted {
-        containerfile,
-        quadlet,
-        kustomize,
-    } = hostile
-    else {
-        return Ok(false);
+    let (containerfile, quadlet, kustomize) = match hostile {
+        Outcome::Emitted {
+            containerfile,
+            quadlet,
+            kustomize,
+        } => (containerfile, quadlet, kustomize),
+        Outcome::Refused(errors) => {
+            // A refusal is an error at the value's line, in its file.
+            let (file, text) = field_file(field, v);
+            let inner = yq(v);
+            let inner = &inner[1..inner.len() - 1];
+            let lines: Vec<u32> = (1..)
+                .zip(text.lines())
+                .filter(|(_, l)| l.contains(inner))
+                .map(|(n, _)| n)
+                .collect();
+            prop_assert!(
+                errors.iter().any(|(f, l)| f == file && lines.contains(l)),
+                "{}={:?} was refused without an error at its line ({} {:?}): {:?}",
+                field,
+                v,
+                file,
+                lines,
+                errors
+            );
+            return Ok(false);
+        }
     };
     let plain = plain_like(v);
     let Outcome::Emitted {
@@ -481,7 +517,7 @@ fn tokens_with_line_breaks_are_refused() {
     ] {
         let v = "/opt/x\nRUN touch /pwned";
         assert!(
-            matches!(run(&dir, field, v), Outcome::Refused),
+            !same_structure(&dir, field, v).expect("refused at the value's line"),
             "{field}={v:?} was accepted"
         );
     }

@@ -196,7 +196,7 @@ fn shape(c: &CandyEntry) -> String {
         "volume {:?}\n",
         d.volume
             .iter()
-            .map(|v| (&v.name.value, &v.path))
+            .map(|v| (&v.name.value, &v.path.value))
             .collect::<Vec<_>>()
     );
     s

@@ -249,23 +249,81 @@ fn wrong_root_shapes() {
     );
 }
 
+/// A diagnostic about `text` (file 0) points into it: a line that exists
+/// (or the one just past the end, for an unexpected end of input) and a
+/// column within that line.
+fn located_in(d: &Diagnostic, text: &str) -> Result<(), String> {
+    let s = d
+        .span
+        .ok_or_else(|| format!("no location: {}", d.message))?;
+    let lines: Vec<&str> = text.split('\n').collect();
+    let line = s.line as usize;
+    if s.file != charly_rules::FileId(0) || line == 0 || line > lines.len() + 1 {
+        return Err(format!(
+            "{}:{}: outside the text's {} lines: {}",
+            s.line,
+            s.col,
+            lines.len(),
+            d.message
+        ));
+    }
+    let width = lines.get(line - 1).map_or(0, |l| l.chars().count());
+    if s.col == 0 || s.col as usize > width + 1 {
+        return Err(format!(
+            "{}:{}: past the line's {width} characters: {}",
+            s.line, s.col, d.message
+        ));
+    }
+    Ok(())
+}
+
+/// Parses and types `text` as candy documents (and root documents); every
+/// diagnostic on the way, error or warning, must be located in the text.
+fn every_diagnostic_is_located(text: &str, body_of: Option<&str>) -> Result<(), String> {
+    let docs = match charly_rules::yaml::parse_stream(charly_rules::FileId(0), text) {
+        Ok(docs) => docs,
+        Err(e) => return located_in(&e, text),
+    };
+    for doc in docs {
+        let body = match body_of {
+            Some(key) => match doc.get(key) {
+                Some(b) => b.clone(),
+                None => continue,
+            },
+            None => doc.clone(),
+        };
+        let mut w = Vec::new();
+        if let Err(e) = charly_rules::yaml::from_node::<charly_rules::model::Candy>(&body, &mut w) {
+            located_in(&e, text)?;
+        }
+        if body_of.is_none()
+            && let Err(e) =
+                charly_rules::yaml::from_node::<charly_rules::model::RootDoc>(&body, &mut w)
+        {
+            located_in(&e, text)?;
+        }
+        for d in &w {
+            located_in(d, text)?;
+        }
+    }
+    Ok(())
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
-    /// Any text: parsing and typing a candy either works or gives a diagnostic.
+    /// Any text: parsing and typing a candy either works or gives a
+    /// diagnostic located in the text, never a panic.
     #[test]
-    fn candy_parser_never_panics(text in "\\PC{0,400}") {
-        if let Ok(docs) = charly_rules::yaml::parse_stream(charly_rules::FileId(0), &text) {
-            for doc in docs {
-                let mut w = Vec::new();
-                let _ = charly_rules::yaml::from_node::<charly_rules::model::Candy>(&doc, &mut w);
-                let _ = charly_rules::yaml::from_node::<charly_rules::model::RootDoc>(&doc, &mut w);
-            }
+    fn candy_parser_never_panics_and_locates_its_diagnostics(text in "\\PC{0,400}") {
+        if let Err(e) = every_diagnostic_is_located(&text, None) {
+            proptest::prop_assert!(false, "{:?}: {}", text, e);
         }
     }
 
-    /// Structured-ish YAML built from candy vocabulary.
+    /// Structured-ish YAML built from candy vocabulary: every wrong type or
+    /// shape is a diagnostic at its line and column.
     #[test]
-    fn candy_like_yaml_never_panics(
+    fn candy_like_yaml_is_located(
         keys in proptest::collection::vec(proptest::sample::select(vec!["version", "package", "task", "distro", "require", "env", "service", "shell", "reboot", "port", "localpkg", "var", "cmd", "user", "mode", "fedora", "aur", "repo"]), 1..12),
         vals in proptest::collection::vec(proptest::sample::select(vec!["x", "[a, b]", "{a: 1}", "~", "0755", "true", "- y", "\"q\"", "{cmd: x, user: root}", "[{name: n}]"]), 1..12),
     ) {
@@ -273,15 +331,32 @@ proptest::proptest! {
         for (k, v) in keys.iter().zip(vals.iter().cycle()) {
             text.push_str(&format!("  {k}: {v}\n"));
         }
-        if let Ok(docs) = charly_rules::yaml::parse_stream(charly_rules::FileId(0), &text) {
-            for doc in docs {
-                if let Some(body) = doc.get("candy") {
-                    let mut w = Vec::new();
-                    let _ = charly_rules::yaml::from_node::<charly_rules::model::Candy>(body, &mut w);
-                }
-            }
+        if let Err(e) = every_diagnostic_is_located(&text, Some("candy")) {
+            proptest::prop_assert!(false, "{:?}: {}", text, e);
         }
     }
+}
+
+/// The located check itself: it must refuse what is not located.
+#[test]
+fn the_located_check_refuses_what_is_not_located() {
+    let text = "candy:\n  version: x\n";
+    let at = |line, col| {
+        Diagnostic::error(
+            charly_rules::source::Span {
+                file: charly_rules::FileId(0),
+                line,
+                col,
+                ..Default::default()
+            },
+            "m",
+        )
+    };
+    assert!(located_in(&at(2, 3), text).is_ok());
+    assert!(located_in(&at(0, 1), text).is_err());
+    assert!(located_in(&at(9, 1), text).is_err());
+    assert!(located_in(&at(2, 40), text).is_err());
+    assert!(located_in(&Diagnostic::error(None, "m"), text).is_err());
 }
 
 #[test]

@@ -1825,7 +1825,7 @@ impl Emitter<'_> {
             for v in &self.candy(k).def.volume {
                 volumes
                     .entry(v.name.value.clone())
-                    .or_insert_with(|| expand_home(&v.path, &b.user.home));
+                    .or_insert_with(|| expand_home(&v.path.value, &b.user.home));
             }
         }
         if !volumes.is_empty() {

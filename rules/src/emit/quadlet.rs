@@ -300,13 +300,13 @@ pub fn runtime_spec(
             if volumes.contains_key(&v.name.value) {
                 continue;
             }
-            let path = expand_home(&v.path, &b.user.home);
+            let path = expand_home(&v.path.value, &b.user.home);
             if !path.starts_with('/') {
                 return Err(err(format!(
                     "{}: candy `{k}` volume `{}` has path `{}`, which is not absolute",
-                    at(p, v.name.span),
+                    at(p, v.path.span),
                     v.name.value,
-                    v.path
+                    v.path.value
                 )));
             }
             volumes.insert(

@@ -356,7 +356,7 @@ pub struct Volume {
     /// Name (`^[a-z0-9]+(-[a-z0-9]+)*$`).
     pub name: Spanned<String>,
     /// Path inside the box.
-    pub path: String,
+    pub path: Spanned<String>,
 }
 
 /// `localpkg:` — a map from format to source directory (a scalar is rejected).
