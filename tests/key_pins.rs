@@ -357,3 +357,93 @@ fn keys_do_not_follow_the_location() {
         key_lines(&graph(&b.root, &b.store, opts()))
     );
 }
+
+/// A local package is made of its source files, its recipe (the candy's
+/// `localpkg:` entry, the format's `local_pkg` definition) and the image it
+/// is built in (issue 46): an edit elsewhere in its candy keeps its key,
+/// an edit of the recipe or of a source file moves it.
+#[test]
+fn a_local_package_follows_its_recipe_not_the_rest_of_its_candy() {
+    let c = copy(&example());
+    let local_pkgs = |g: &Graph| -> BTreeMap<String, String> {
+        g.g.node_weights()
+            .filter(|n| n.kind == NodeKind::LocalPkg)
+            .map(|n| (n.id.clone(), n.key.to_hex().to_string()))
+            .collect()
+    };
+    let base = local_pkgs(&graph(&c.root, &c.store, example_opts()));
+    assert!(!base.is_empty(), "the example builds a local package");
+    let candy = c.root.join("candy/hello-deb/charly.yml");
+    let text = std::fs::read_to_string(&candy).expect("read");
+
+    // Unrelated: the description and a check. The candy's layer moves (its
+    // labels), the package does not.
+    std::fs::write(
+        &candy,
+        text.replace("description: A local", "description: Another local")
+            .replace("contains: hello from", "contains: hello"),
+    )
+    .expect("edit");
+    let g = graph(&c.root, &c.store, example_opts());
+    assert_eq!(
+        local_pkgs(&g),
+        base,
+        "an unrelated edit kept the package's key"
+    );
+
+    // The recipe: the directory the candy names (same files, another name).
+    std::fs::rename(
+        c.root.join("candy/hello-deb/pkg"),
+        c.root.join("candy/hello-deb/pkg2"),
+    )
+    .expect("rename");
+    std::fs::write(&candy, text.replace("deb: pkg", "deb: pkg2")).expect("edit");
+    let moved = local_pkgs(&graph(&c.root, &c.store, example_opts()));
+    assert!(
+        moved.iter().all(|(id, k)| base.get(id) != Some(k)),
+        "the candy's localpkg entry is part of the recipe"
+    );
+    std::fs::rename(
+        c.root.join("candy/hello-deb/pkg2"),
+        c.root.join("candy/hello-deb/pkg"),
+    )
+    .expect("rename back");
+    std::fs::write(&candy, &text).expect("restore");
+    assert_eq!(local_pkgs(&graph(&c.root, &c.store, example_opts())), base);
+
+    // The format's build template (the vocabulary's `local_pkg`): the
+    // example uses the embedded vocabulary; a project copy overrides it.
+    let vocab = c.root.join("charly/build.yml");
+    assert!(!vocab.exists(), "the example has no vocabulary of its own");
+    let embedded = charly_rules::load::DEFAULT_VOCAB;
+    let line = "command -v dpkg-buildpackage >/dev/null";
+    assert!(embedded.contains(line), "deb's build template");
+    std::fs::create_dir_all(vocab.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&vocab, embedded.replacen(line, &format!("{line} "), 1)).expect("vocabulary");
+    let after = local_pkgs(&graph(&c.root, &c.store, example_opts()));
+    assert!(
+        after.iter().all(|(id, k)| base.get(id) != Some(k)),
+        "the format's build template is part of the recipe: {after:?}"
+    );
+    std::fs::write(&vocab, embedded).expect("the embedded vocabulary, as it is");
+    assert_eq!(
+        local_pkgs(&graph(&c.root, &c.store, example_opts())),
+        base,
+        "a project copy of the embedded vocabulary is the same recipe"
+    );
+
+    // A source file.
+    let src = walkdir::WalkDir::new(c.root.join("candy/hello-deb/pkg"))
+        .into_iter()
+        .flatten()
+        .find(|e| e.file_type().is_file())
+        .expect("a source file");
+    let mut bytes = std::fs::read(src.path()).expect("read");
+    bytes.extend_from_slice(b"\n");
+    std::fs::write(src.path(), bytes).expect("edit source");
+    let after = local_pkgs(&graph(&c.root, &c.store, example_opts()));
+    assert!(
+        after.iter().all(|(id, k)| base.get(id) != Some(k)),
+        "a source file is part of the package"
+    );
+}

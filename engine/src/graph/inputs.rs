@@ -158,8 +158,10 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// A local package: the format's `local_pkg` definition, the candy, the
-    /// runner, the distro it is built for and the image it is built in.
+    /// A local package: its recipe (the format's `local_pkg` definition and
+    /// the candy's `localpkg:` entry; its source files come in as a
+    /// dependency, the rest of the candy does not enter), the runner, the
+    /// distro it is built for and the image it is built in.
     fn local_pkg_inputs(
         &self,
         k: &mut KeyInputs,
@@ -182,6 +184,16 @@ impl Builder<'_> {
         }
         k.value("format", format);
         k.value("candy", candy);
+        // The candy's part of the recipe: which directory it names for the
+        // format (its files are the source node's).
+        let entry = self.p.candies[candy].def.localpkg.as_ref().and_then(|m| {
+            m.value
+                .0
+                .iter()
+                .find(|(f, _)| f.value == format)
+                .map(|(_, dir)| dir.value.clone())
+        });
+        k.value("localpkg", entry.unwrap_or_default());
         k.value("runner", self.opts.runner.clone());
         k.value("distro", b.tags.join(","));
         // The image it is built in (its identity's last part).

@@ -924,8 +924,10 @@ impl<'a> Builder<'a> {
                 for_box: b.name.clone(),
             },
         );
-        let sc = self.source_candy(k);
-        self.edge(sc, lp);
+        // Not the whole candy: a package is made of its source directory
+        // (this source node), its recipe (key inputs: the candy's
+        // `localpkg:` entry and the format's `local_pkg`) and the image it
+        // is built in. An edit elsewhere in the candy leaves it as it is.
         let ls = add_node(
             &mut self.graph,
             NodeId::Source(SourceId::LocalPkg {
