@@ -4,8 +4,8 @@
 
 use crate::project::{self, Unresolved, select, select_warning};
 use crate::report::{
-    remote_exec_line, report_failures, report_remote, report_remote_unless_quiet, summary_line,
-    write_remote_exec_reports, write_reports,
+    critical_line, remote_exec_line, report_failures, report_remote, report_remote_unless_quiet,
+    summary_line, write_remote_exec_reports, write_reports,
 };
 use crate::session::{
     RUNNERS, RunArgs, RunnerArgs, StoreNotes, Using, engine, host_arch, jobs, make_runner,
@@ -692,16 +692,18 @@ fn build_full(
     }
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
     progress.finish();
-    match &remote_exec {
-        Some(r) => {
-            let stats = r.stats();
-            write_remote_exec_reports(&a.run, &summary, &stats)?;
+    let exec_stats = remote_exec.as_ref().map(|r| r.stats());
+    match &exec_stats {
+        Some(stats) => {
+            write_remote_exec_reports(&a.run, &summary, stats)?;
             if !a.run.quiet && !a.dry_run {
-                output::note(&remote_exec_line(&stats));
+                output::note(&remote_exec_line(stats));
             }
         }
         None => write_reports(&a.run, &summary)?,
     }
+    // Not a replayed note: it is about this run's work.
+    let critical = critical_line(&summary, exec_stats.as_ref()).filter(|_| !a.run.quiet);
     let mut lines = Vec::new();
     if a.dry_run {
         let mut out = std::io::stdout().lock();
@@ -723,6 +725,9 @@ fn build_full(
     if !summary.ok() {
         report_failures(&summary);
         output::note(&summary_line("build", &summary));
+        if let Some(c) = &critical {
+            output::note(c);
+        }
         report_remote(&summary);
         return Ok((ExitCode::from(1), None));
     }
@@ -821,8 +826,13 @@ fn build_full(
         }
     }
     if !a.run.quiet {
-        for n in &notes {
+        for (i, n) in notes.iter().enumerate() {
             output::note(n);
+            if i == 0
+                && let Some(c) = &critical
+            {
+                output::note(c);
+            }
         }
     }
     report_remote_unless_quiet(&summary, a.run.quiet);

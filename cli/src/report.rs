@@ -33,6 +33,49 @@ pub fn summary_line(verb: &str, s: &Summary) -> String {
     line
 }
 
+/// `critical path: N nodes, S s (a → b → … → z); work S s in S s wall,
+/// F× parallel[, S s of it on the engine]`, when something ran: no number
+/// of workers makes the run shorter than its critical path, and the factor
+/// says how many nodes ran at once on average.
+pub fn critical_line(s: &Summary, remote: Option<&RemoteStats>) -> Option<String> {
+    let c = s.critical.as_ref()?;
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let path = if c.path.len() > 6 {
+        format!(
+            "{} → … → {}",
+            c.path[..3].join(" → "),
+            c.path[c.path.len() - 2..].join(" → ")
+        )
+    } else {
+        c.path.join(" → ")
+    };
+    let wall = s.totals.wall_ms.max(1);
+    let mut line = format!(
+        "critical path: {} node{}, {} ({path}); work {} in {} wall, {:.1}× parallel",
+        c.path.len(),
+        if c.path.len() == 1 { "" } else { "s" },
+        secs(c.path_ms),
+        secs(c.work_ms),
+        secs(wall),
+        c.work_ms as f64 / wall as f64
+    );
+    if let Some(stats) = remote {
+        let on_engine: u64 = s
+            .nodes
+            .iter()
+            .filter(|n| n.state == State::Ran)
+            .filter(|n| {
+                stats
+                    .get(&n.id)
+                    .is_some_and(|r| matches!(r.place, Place::Remote | Place::RemoteCached))
+            })
+            .map(|n| n.duration_ms)
+            .sum();
+        line.push_str(&format!(", {} of it on the engine", secs(on_engine)));
+    }
+    Some(line)
+}
+
 /// Names every failed node with its error, on stderr.
 pub fn report_failed(summary: &Summary) {
     for n in &summary.nodes {

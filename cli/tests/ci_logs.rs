@@ -121,3 +121,88 @@ fn a_failed_step_keeps_its_whole_log_and_names_it() {
     );
     assert!(!Path::new(path).exists(), "the successful run removed it");
 }
+
+/// The summary names the run's critical path (issue 46, item 5): a chain
+/// of nodes each depending on the one before (through cached nodes at
+/// most), no longer than the run's work; stderr says it with the
+/// parallelism; a run where nothing ran has none.
+#[test]
+fn the_summary_names_the_critical_path_and_the_parallelism() {
+    let (t, project, cache) = setup();
+    let summary = t.path().join("summary.json");
+    let out = charly(&project, &cache)
+        .args(["box", "build", "--all", "--runner", "fake", "-j", "4"])
+        .arg("--summary-json")
+        .arg(&summary)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    let c = &s["critical"];
+    let path: Vec<&str> = c["path"]
+        .as_array()
+        .expect("a critical path")
+        .iter()
+        .map(|v| v.as_str().expect("id"))
+        .collect();
+    assert!(path.len() >= 2, "{path:?}");
+    assert!(c["path_ms"].as_u64() <= c["work_ms"].as_u64(), "{c}");
+    assert!(
+        err.contains(&format!("critical path: {} nodes", path.len())) && err.contains("× parallel"),
+        "{err}"
+    );
+    // Each node depends on the one before it, directly or through nodes
+    // that took no time (the graph's edges, from `charly graph`).
+    let g = charly(&project, &cache)
+        .args(["graph", "--format", "json", "--runner", "fake"])
+        .output()
+        .expect("graph");
+    let g: serde_json::Value = serde_json::from_slice(&g.stdout).expect("graph json");
+    let deps: std::collections::HashMap<&str, Vec<&str>> = g["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().expect("id"),
+                n["deps"]
+                    .as_array()
+                    .expect("deps")
+                    .iter()
+                    .map(|d| d.as_str().expect("dep"))
+                    .collect(),
+            )
+        })
+        .collect();
+    let reaches = |from: &str, to: &str| {
+        let mut stack = vec![to];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(x) = stack.pop() {
+            if x == from {
+                return true;
+            }
+            if seen.insert(x) {
+                stack.extend(deps.get(x).into_iter().flatten().copied());
+            }
+        }
+        false
+    };
+    for w in path.windows(2) {
+        assert!(reaches(w[0], w[1]), "{} does not lead to {}", w[0], w[1]);
+    }
+    // A no-op: nothing ran, no critical path.
+    let out = charly(&project, &cache)
+        .args(["box", "build", "--all", "--runner", "fake"])
+        .arg("--summary-json")
+        .arg(&summary)
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("critical path"));
+}

@@ -51,6 +51,74 @@ pub struct Summary {
     /// What the remote cache did (when there is one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<charly_cache::RemoteReport>,
+    /// The run's critical path and how much of its work overlapped (when
+    /// something ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical: Option<Critical>,
+}
+
+/// The chain of dependent nodes that took longest, and the parallelism of
+/// the run: no number of workers makes a run shorter than its critical
+/// path, and `work / wall` says how many nodes ran at once on average.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Critical {
+    /// The nodes that ran on the longest chain, first to last (cached
+    /// nodes on it took no time and are left out).
+    pub path: Vec<String>,
+    /// Their durations added up.
+    pub path_ms: u64,
+    /// Every node that ran (or failed), durations added up.
+    pub work_ms: u64,
+}
+
+impl Critical {
+    /// The longest chain through `graph` by the durations in `nodes` (by
+    /// id), `order` being the graph's topological order; `None` when
+    /// nothing ran.
+    pub fn of(graph: &Graph, order: &[NodeIndex], nodes: &[NodeReport]) -> Option<Critical> {
+        let by_id: std::collections::HashMap<&str, &NodeReport> =
+            nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+        let cost = |i: NodeIndex| -> u64 {
+            by_id
+                .get(graph.g[i].id.as_str())
+                .filter(|r| matches!(r.state, State::Ran | State::Failed))
+                .map_or(0, |r| r.duration_us)
+        };
+        let work_us: u64 = order.iter().map(|&i| cost(i)).sum();
+        if work_us == 0 {
+            return None;
+        }
+        // finish[i]: the longest chain ending at i; from[i]: its previous node.
+        let mut finish: std::collections::HashMap<NodeIndex, (u64, Option<NodeIndex>)> =
+            std::collections::HashMap::with_capacity(order.len());
+        let mut end = (0u64, None);
+        for &i in order {
+            let best = graph
+                .g
+                .neighbors_directed(i, Direction::Incoming)
+                .filter_map(|d| finish.get(&d).map(|(f, _)| (*f, d)))
+                .max_by_key(|(f, d)| (*f, std::cmp::Reverse(graph.g[*d].id.clone())));
+            let f = cost(i) + best.map_or(0, |(f, _)| f);
+            finish.insert(i, (f, best.map(|(_, d)| d)));
+            if f > end.0 {
+                end = (f, Some(i));
+            }
+        }
+        let mut path = Vec::new();
+        let mut at = end.1;
+        while let Some(i) = at {
+            if cost(i) > 0 {
+                path.push(graph.g[i].id.clone());
+            }
+            at = finish.get(&i).and_then(|(_, from)| *from);
+        }
+        path.reverse();
+        Some(Critical {
+            path,
+            path_ms: end.0 / 1000,
+            work_ms: work_us / 1000,
+        })
+    }
 }
 
 impl Summary {
@@ -82,6 +150,7 @@ impl Summary {
             },
             nodes,
             remote: None,
+            critical: None,
         }
     }
 
@@ -348,7 +417,9 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
             },
         );
     }
-    summarize(reports, t0.elapsed())
+    let mut summary = summarize(reports, t0.elapsed());
+    summary.critical = Critical::of(graph, &order, &summary.nodes);
+    summary
 }
 
 /// The reports of a run, each in its node's place in the run's order, so
@@ -434,6 +505,7 @@ fn summarize(reports: Reports, wall: Duration) -> Summary {
         nodes,
         totals: t,
         remote: None,
+        critical: None,
     }
 }
 
@@ -481,5 +553,52 @@ mod tests {
             (3, 1, 1, 1)
         );
         assert_eq!(s.nodes.as_ptr() as usize, storage);
+    }
+
+    /// A diamond with a slow branch: the critical path takes it, leaves
+    /// cached nodes out, and the work is every node that ran.
+    #[test]
+    fn the_critical_path_is_the_longest_chain_of_nodes_that_ran() {
+        use crate::graph::{Graph, Work, add_node};
+        use crate::id::NodeId;
+        let mut g = Graph {
+            g: Default::default(),
+            by_id: Default::default(),
+            goals: Vec::new(),
+            aliases: Default::default(),
+            own_inputs_reused: 0,
+        };
+        let n = |g: &mut Graph, name: &str| add_node(g, NodeId::image(name), Work::Source);
+        let (a, b, c, cached, d) = (
+            n(&mut g, "a"),
+            n(&mut g, "b"),
+            n(&mut g, "c"),
+            n(&mut g, "cached"),
+            n(&mut g, "d"),
+        );
+        for (x, y) in [(a, b), (a, c), (b, d), (c, cached), (cached, d)] {
+            g.g.add_edge(x, y, ());
+        }
+        let ran = |i: NodeIndex, ms: u64| NodeReport {
+            duration_us: ms * 1000,
+            ..report(&g.g[i].id, State::Ran)
+        };
+        let nodes = vec![
+            ran(a, 10),
+            ran(b, 5),
+            ran(c, 20),
+            report(&g.g[cached].id, State::Cached),
+            ran(d, 1),
+        ];
+        let order = [a, b, c, cached, d];
+        let got = Critical::of(&g, &order, &nodes).expect("something ran");
+        assert_eq!(got.path, ["image:a", "image:c", "image:d"]);
+        assert_eq!((got.path_ms, got.work_ms), (31, 36));
+        // Nothing ran: no critical path.
+        let idle: Vec<NodeReport> = order
+            .iter()
+            .map(|&i| report(&g.g[i].id, State::Cached))
+            .collect();
+        assert_eq!(Critical::of(&g, &order, &idle), None);
     }
 }

@@ -469,7 +469,7 @@ pub(crate) fn local_pkg_image(b: &ResolvedBox) -> &str {
     }
 }
 
-fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
+pub(crate) fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
     let id = nid.to_string();
     // One search of the index, found or not.
     let slot = match graph.by_id.entry(id) {
