@@ -3,28 +3,9 @@
 //! `docs/architecture.md`, the map of the crates, which exists and names
 //! every crate. A new module without a line in its crate's map fails here.
 
-const CRATES: &[&str] = &[
-    "rules", "cache", "reapi", "engine", "deploy", "plugin", "cli", "testutil",
-];
+mod common;
 
-/// The top-level modules `lib.rs` declares (`mod x;`, `pub mod x;`,
-/// `pub mod x {`).
-fn modules(lib: &str) -> Vec<String> {
-    lib.lines()
-        .filter(|l| !l.starts_with("//") && !l.starts_with(' '))
-        .filter_map(|l| {
-            let l = l
-                .trim_start_matches("pub ")
-                .trim_start_matches("pub(crate) ");
-            let rest = l.strip_prefix("mod ")?;
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            (!name.is_empty() && name != "tests").then_some(name)
-        })
-        .collect()
-}
+use common::{CRATES, lib_doc, modules};
 
 #[test]
 fn every_lib_rs_names_its_modules_and_the_architecture_page() {
@@ -33,11 +14,7 @@ fn every_lib_rs_names_its_modules_and_the_architecture_page() {
         .expect("docs/architecture.md exists");
     for c in CRATES {
         let lib = std::fs::read_to_string(root.join(c).join("src/lib.rs")).expect("lib.rs");
-        let doc: String = lib
-            .lines()
-            .filter(|l| l.starts_with("//!"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let doc = lib_doc(&lib);
         if *c != "testutil" {
             assert!(
                 doc.contains("docs/architecture.md"),
@@ -50,6 +27,7 @@ fn every_lib_rs_names_its_modules_and_the_architecture_page() {
         }
         let missing: Vec<String> = modules(&lib)
             .into_iter()
+            .map(|m| m.name)
             .filter(|m| !doc.contains(&format!("`{m}`")) && !doc.contains(&format!("[`{m}`]")))
             .collect();
         assert!(

@@ -8,28 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const CRATES: &[&str] = &[
-    "rules", "cache", "reapi", "engine", "deploy", "plugin", "cli", "testutil",
-];
+mod common;
 
-/// The file-backed top-level modules `lib.rs` declares.
-fn modules(lib: &str) -> Vec<String> {
-    lib.lines()
-        .filter(|l| !l.starts_with("//") && !l.starts_with(' '))
-        .filter_map(|l| {
-            let l = l
-                .trim_start_matches("pub ")
-                .trim_start_matches("pub(crate) ");
-            let rest = l.strip_prefix("mod ")?;
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            let file_backed = rest[name.len()..].trim_start().starts_with(';');
-            (file_backed && !name.is_empty()).then_some(name)
-        })
-        .collect()
-}
+use common::{CRATES, lib_doc, modules};
 
 /// The module's files: `m.rs` and everything under `m/`.
 fn files(src: &Path, m: &str) -> Vec<PathBuf> {
@@ -202,7 +183,11 @@ fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
     let src = charly_testutil::workspace().join(krate).join("src");
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
-    let mods = modules(&lib);
+    let mods: Vec<String> = modules(&lib)
+        .into_iter()
+        .filter(|m| m.file_backed)
+        .map(|m| m.name)
+        .collect();
     let known: BTreeSet<&str> = mods.iter().map(String::as_str).collect();
     let mut g = BTreeMap::new();
     for m in &mods {
@@ -291,11 +276,7 @@ fn a_bottom_first_module_map_is_in_dependency_order() {
     for c in CRATES {
         let lib = std::fs::read_to_string(charly_testutil::workspace().join(c).join("src/lib.rs"))
             .expect("lib.rs");
-        let doc: String = lib
-            .lines()
-            .filter(|l| l.starts_with("//!"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let doc = lib_doc(&lib);
         if !doc.contains("bottom first") {
             continue;
         }

@@ -249,22 +249,12 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
             let n = &graph.g[*i];
             let cached = deps_cached(graph, *i, &reports) && in_store[i.index()];
             let r = NodeReport {
-                id: n.id.clone(),
-                kind: n.kind,
-                key: n.key,
                 state: if cached {
                     State::Cached
                 } else {
                     State::WouldRun
                 },
-                duration_ms: 0,
-                error: None,
-                reason: None,
-                start_us: 0,
-                thread: 0,
-                duration_us: 0,
-                candy: None,
-                boxes: Vec::new(),
+                ..NodeReport::cached(n.id.clone(), n.kind, n.key)
             };
             obs.finished(&r);
             reports.insert(*i, r);
