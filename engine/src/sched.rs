@@ -392,18 +392,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
         reports.insert(
             *i,
             NodeReport {
-                id: n.id.clone(),
-                kind: n.kind,
-                key: n.key,
                 state: State::NotAttempted,
-                duration_ms: 0,
-                error: None,
-                reason: None,
-                start_us: 0,
-                thread: 0,
-                duration_us: 0,
-                candy: None,
-                boxes: Vec::new(),
+                ..NodeReport::cached(n.id.clone(), n.kind, n.key)
             },
         );
     }
