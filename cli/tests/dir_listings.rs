@@ -15,9 +15,9 @@ fn write(p: &Path, text: &str) {
     std::fs::write(p, text).expect("write");
 }
 
-/// What a run said (the project's path and the summary line left out: a
-/// fresh store runs what a warm one finds cached), and every file under
-/// `.build` with the digest of its bytes.
+/// What a run said (the project's path, the summary line and the tally of
+/// quick nodes left out: a fresh store runs what a warm one finds cached),
+/// and every file under `.build` with the digest of its bytes.
 type Seen = (Option<i32>, String, String, Vec<(String, String)>);
 
 fn run(sb: &Sandbox, store: &Path, args: &[&str]) -> Seen {
@@ -32,7 +32,7 @@ fn run(sb: &Sandbox, store: &Path, args: &[&str]) -> Seen {
         String::from_utf8_lossy(b)
             .replace(&p, "<P>")
             .lines()
-            .filter(|l| !l.starts_with("generate: "))
+            .filter(|l| !l.starts_with("generate: ") && !l.contains(" quick nodes ("))
             .map(|l| format!("{l}\n"))
             .collect::<String>()
     };

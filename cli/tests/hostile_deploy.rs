@@ -272,6 +272,12 @@ fn copy_source_symlinked_out_of_the_candy_is_refused() {
         w.project.join("candy/evil/leak"),
     )
     .expect("ln");
-    refused(&w, &["leak", "leads out of"]);
+    refused(
+        &w,
+        &[
+            "candy/evil/charly.yml:6",
+            "`leak` is a symlink leading outside",
+        ],
+    );
     assert!(!w.root.join("opt/leak").exists());
 }

@@ -20,29 +20,48 @@ impl std::ops::Deref for Env {
 impl Env {
     fn new() -> Env {
         let sb = Sandbox::new(assert_cmd::cargo::cargo_bin("charly"), &graph_fixture());
-        // An unknown key (a near miss of `version`) warns with its place
-        // and a suggestion; a parse error in a box file is an error.
+        // An unknown key (a near miss of `description`) warns with its
+        // place and a suggestion (the project allows unknown fields, so it
+        // is a warning, not an error); a parse error in a box file is an
+        // error.
         let candy = sb.project.join("candy/common/charly.yml");
         let text = std::fs::read_to_string(&candy).expect("read");
         std::fs::write(
             &candy,
-            text.replace("    version: 1.0.0\n", "    versoin: 1.0.0\n"),
+            text.replace(
+                "    version: 1.0.0\n",
+                "    version: 1.0.0\n    descriptoin: common things\n",
+            ),
         )
         .expect("write");
+        std::fs::create_dir_all(sb.project.join(".charly")).expect("mkdir");
+        std::fs::write(
+            sb.project.join(".charly/settings.yml"),
+            "allow_unknown_fields: true\n",
+        )
+        .expect("settings");
         // The cache is only written into a store that exists.
         std::fs::create_dir_all(&sb.store).expect("store");
         Env(sb)
     }
 
+    /// Every run loads the project (the journal would replay an unchanged
+    /// `validate` without reading a tree; here the trees are the point).
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.command(args);
+        c.env("CHARLY_NO_JOURNAL", "true");
+        c
+    }
+
     fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("charly runs")
+        self.cmd(args).output().expect("charly runs")
     }
 
     /// `n` runs of `args` at the same time: what each said.
     fn run_together(&self, n: usize, args: &[&str]) -> Vec<Output> {
         let children: Vec<std::process::Child> = (0..n)
             .map(|_| {
-                self.command(args)
+                self.cmd(args)
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
@@ -124,7 +143,7 @@ fn a_cached_tree_warns_and_loads_like_a_parsed_one() {
     let env = Env::new();
     let cold = said(&env.run(&["validate"]));
     assert!(
-        cold.1.contains("versoin") || cold.2.contains("versoin"),
+        cold.1.contains("descriptoin") || cold.2.contains("descriptoin"),
         "the unknown key is reported: {cold:?}"
     );
     let file = env.cache_file().expect("the first run fills the cache");

@@ -30,7 +30,7 @@ impl World {
         );
         w(
             "candy/baked/charly.yml",
-            "candy:\n  name: baked\n  task:\n    - plugin: examplestepkind\n      plugin_input: {marker: HELLO-PLUGIN}\n",
+            "candy:\n  name: baked\n  version: 2026.1.1\n  task:\n    - plugin: examplestepkind\n      plugin_input: {marker: HELLO-PLUGIN}\n",
         );
         w(
             "box/plug/charly.yml",
@@ -132,7 +132,7 @@ fn generate_splices_the_plugins_fragment_and_caches_its_answers() {
     charly_testutil::write(
         &w.project,
         "candy/baked/charly.yml",
-        "candy:\n  name: baked\n  task:\n    - plugin: examplestepkin\n",
+        "candy:\n  name: baked\n  version: 2026.1.1\n  task:\n    - plugin: examplestepkin\n",
     );
     let out = w
         .cmd()
@@ -142,7 +142,7 @@ fn generate_splices_the_plugins_fragment_and_caches_its_answers() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        said.contains("candy/baked/charly.yml:4:15") && said.contains("examplestepkin"),
+        said.contains("candy/baked/charly.yml:5:15") && said.contains("examplestepkin"),
         "{said}"
     );
 }
