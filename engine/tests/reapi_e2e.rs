@@ -327,6 +327,42 @@ fn remote_failures_name_node_and_action_and_store_nothing() {
     assert!(err.message.contains("unreachable"), "{}", err.message);
 }
 
+/// An engine asked to run a local package in `container-image=docker://
+/// localhost/…` (an image only this machine has) fails to pull it; the
+/// failure names the image and the flags that fix it (issue 44, item 8).
+/// buildbox-casd here does exactly that, as the issue's try did.
+#[test]
+fn a_local_image_the_engine_cannot_pull_is_named_with_the_flags_that_fix_it() {
+    if !common_reapi::available() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let root = t.path().join("project");
+    project(&root, 1, "0", None);
+    let casd = common_reapi::start(1);
+    let fake = FakeRunner::new();
+    let opts = RemoteOptions {
+        image_property: true,
+        ..remote_opts(1)
+    };
+    let remote = RemoteRunner::connect(&casd.url, &fake, opts).expect("connects");
+    let (s, _) = run(&root, &t.path().join("store"), &remote, 1);
+    let failed: Vec<_> = s
+        .nodes
+        .iter()
+        .filter(|n| n.state == State::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", s.nodes);
+    let e = failed[0].error.clone().unwrap_or_default();
+    assert!(
+        e.contains(&format!(
+            "hint: the engine was asked to run it in docker://{BASE}"
+        )) && e.contains("--remote-no-image-property")
+            && e.contains("--remote-fallback"),
+        "{e}"
+    );
+}
+
 /// The numbers for the issue note: `cargo test -p charly-engine --test reapi_e2e -- --ignored --nocapture`.
 #[test]
 #[ignore]

@@ -546,6 +546,19 @@ impl<'a> RemoteRunner<'a> {
 
 /// An action that could not be built, so was never sent: like an
 /// unreachable engine, `--remote-fallback` runs the node locally.
+/// An engine pulls `container-image` from a registry: when the action named
+/// an image only this machine has (`localhost/…`), the failure says so and
+/// which flags fix it (`instead`: this node kind's way around it).
+fn local_image_hint(mut e: RunError, image: Option<&str>, instead: &str) -> RunError {
+    if let Some(image) = image.filter(|i| i.starts_with("localhost/")) {
+        e.message.push_str(&format!(
+            "\n  hint: the engine was asked to run it in docker://{image}, an image only this \
+             machine has; {instead}, or --remote-fallback runs what the engine cannot here"
+        ));
+    }
+    e
+}
+
 fn unsent(e: RemoteError) -> ActionError {
     ActionError {
         message: e.message,
@@ -596,20 +609,12 @@ impl Runner for RemoteRunner<'_> {
                     || self.remote_stage(req, mode),
                     || self.local.build_stage(req),
                 )
-                .map_err(|mut e| {
-                    // An engine pulls `container-image` from a registry: an
-                    // image only this machine has (`localhost/…`) is not there.
-                    if mode == StageMode::ImageProperty
-                        && req.builder_image.starts_with("localhost/")
-                    {
-                        e.message.push_str(&format!(
-                            "\n  hint: the engine was asked to run it in docker://{}, an image only \
-                             this machine has; --remote-stage-rootfs uploads the image's files \
-                             instead, or --remote-fallback runs what the engine cannot here",
-                            req.builder_image
-                        ));
-                    }
-                    e
+                .map_err(|e| {
+                    local_image_hint(
+                        e,
+                        (mode == StageMode::ImageProperty).then_some(req.builder_image.as_str()),
+                        "--remote-stage-rootfs uploads the image's files instead",
+                    )
                 }),
             None => self.local_kind(&req.node, || self.local.build_stage(req)),
         }
@@ -649,6 +654,13 @@ impl Runner for RemoteRunner<'_> {
             || self.remote_local_pkg(req),
             || self.local.build_local_pkg(req),
         )
+        .map_err(|e| {
+            local_image_hint(
+                e,
+                self.opts.image_property.then_some(req.image.as_str()),
+                "--remote-no-image-property builds it with the engine's own tools instead",
+            )
+        })
     }
 
     fn build_rootfs(&self, req: &RootfsRequest) -> Result<(), RunError> {
