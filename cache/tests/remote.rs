@@ -372,6 +372,64 @@ fn corrupt_or_truncated_registry_blobs_are_misses_never_used() {
     assert_eq!(strict.get_record(&b, &key("cut")).expect("a miss"), None);
 }
 
+/// A blob the registry damaged is refused, then repaired by the next push
+/// of a machine that has it (uploaded again with a declared trailer, so it
+/// gets a new sha256); a fresh machine then pulls the repaired copy, byte
+/// for byte, the trailer hashed for sha256 and never passed on.
+#[test]
+fn a_damaged_blob_is_repaired_by_the_next_push_and_pulls_whole() {
+    let Some(reg) = Registry::start() else { return };
+    let repo = "charly/repair";
+    let dir_a = tempfile::tempdir().expect("tempdir");
+    let a = Store::open(dir_a.path()).expect("store A");
+    let blob = content(31, 100_000);
+    put(&a, &key("repair"), "repair", &[&blob]);
+    let r = open(reg.url(repo))
+        .push_all(&a, &|_, _| true)
+        .expect("push");
+    assert!(r.ok(), "{r:?}");
+    let path = reg.blob_file(&sha256_hex(&blob));
+    let mut bytes = std::fs::read(&path).expect("registry blob");
+    bytes[500] ^= 0x01;
+    std::fs::write(&path, bytes).expect("damage");
+
+    // B is refused, and remembers the broken blob for its next push.
+    let dir_b = tempfile::tempdir().expect("tempdir");
+    let b = Store::open(dir_b.path()).expect("store B");
+    let remote = open(reg.url(repo));
+    assert!(matches!(
+        remote.pull_record(&b, &key("repair")).expect("pull"),
+        PullOutcome::Corrupt(_)
+    ));
+    remote.push(&a, &key("repair"));
+    let r = remote.finish();
+    assert!(r.ok(), "{r:?}");
+    let m = registry_manifest(&reg, repo, &key("repair")).expect("manifest");
+    let layer = &m["layers"][0];
+    let trailer: u64 = layer["annotations"][charly_cache::remote::manifest::ANNOTATION_TRAILER]
+        .as_str()
+        .expect("a repaired copy declares its trailer")
+        .parse()
+        .expect("number");
+    assert!(trailer > 0);
+    assert_eq!(layer["size"].as_u64(), Some(blob.len() as u64 + trailer));
+
+    let dir_c = tempfile::tempdir().expect("tempdir");
+    let c = Store::open(dir_c.path()).expect("store C");
+    let out = open(reg.url(repo))
+        .pull_record(&c, &key("repair"))
+        .expect("pull");
+    assert!(matches!(out, PullOutcome::Pulled(_)), "{out:?}");
+    assert_eq!(
+        c.get_blob(&BlobDigest::of(&blob))
+            .expect("read")
+            .expect("present")
+            .into_vec(),
+        blob,
+        "the repaired copy's bytes, without its trailer"
+    );
+}
+
 /// Uploads `bytes` as a blob of `repo` (raw HTTP, no charly code):
 /// POST an upload, PUT it whole with its digest.
 fn upload_blob(reg: &Registry, repo: &str, bytes: &[u8]) -> String {

@@ -360,9 +360,15 @@ fn key(label: &str) -> NodeKey {
 /// A store with one record naming one blob.
 fn store_with(dir: &std::path::Path, k: &NodeKey, blob: &[u8]) -> Store {
     let s = Store::open(dir).expect("store");
+    put_record(&s, k, blob, "builder-stage:x/npm@node-builder");
+    s
+}
+
+/// Puts `blob` and a record naming it (`node_id`) under `k`.
+fn put_record(s: &Store, k: &NodeKey, blob: &[u8], node_id: &str) -> Record {
     let digest = s.put_blob(blob).expect("blob");
     let rec = Record {
-        node_id: "builder-stage:x/npm@node-builder".into(),
+        node_id: node_id.into(),
         kind: "builder-stage".into(),
         outputs: [(
             "artifact.tar".to_string(),
@@ -380,7 +386,7 @@ fn store_with(dir: &std::path::Path, k: &NodeKey, blob: &[u8]) -> Store {
         meta: serde_json::json!({}),
     };
     assert!(s.put_record(k, &rec).expect("record"));
-    s
+    rec
 }
 
 /// The gRPC remote cache, pushing from `a` (an honest engine), then pulling
@@ -447,4 +453,84 @@ fn the_grpc_cache_refuses_a_blob_whose_engine_digest_matches_but_blake3_does_not
         text.contains("refused, nothing used") && text.contains("(blake3), not"),
         "{text}"
     );
+}
+
+/// An honest engine: two keys, two records, each pulled as it was pushed
+/// (an entry per key: the action names the key), with the counts a report
+/// shows; a key nobody pushed is a miss; an entry whose blob the CAS lost
+/// is refused as corrupt; once the engine is gone, lookups are skipped
+/// and counted, not attempted again.
+#[test]
+fn the_grpc_cache_pulls_what_was_pushed_per_key_and_counts_it() {
+    let e = start();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let a = Store::open(&tmp.path().join("a")).expect("store");
+    let (k1, k2) = (key("one"), key("two"));
+    let (b1, b2) = (bytes(1, 3000), bytes(2, 4000));
+    let r1 = put_record(&a, &k1, &b1, "local-pkg:one/deb@base");
+    let r2 = put_record(&a, &k2, &b2, "local-pkg:two/deb@base");
+    let push = GrpcCache::open(&e.url, false, false).expect("open");
+    push.push(&a, &k1);
+    push.push(&a, &k2);
+    let r = push.finish();
+    assert_eq!((r.stats.pushed, r.stats.already_present), (2, 0), "{r:?}");
+
+    let b = Store::open(&tmp.path().join("b")).expect("store");
+    let pull = GrpcCache::open(&e.url, true, false).expect("open");
+    assert_eq!(pull.fetch(&b, &k1).expect("pull"), Some(r1.clone()));
+    assert_eq!(pull.fetch(&b, &k2).expect("pull"), Some(r2));
+    assert_eq!(
+        b.get_blob(&r1.outputs["artifact.tar"].digest)
+            .expect("read")
+            .expect("stored")
+            .into_vec(),
+        b1
+    );
+    assert_eq!(pull.fetch(&b, &key("nobody")).expect("miss"), None);
+    let s = pull.stats();
+    assert_eq!((s.hits, s.misses, s.corrupt), (2, 1, 0), "{s:?}");
+    let records: u64 = [&k1, &k2]
+        .iter()
+        .map(|k| {
+            serde_json::to_vec(&b.get_record(k).expect("read").expect("stored"))
+                .expect("json")
+                .len() as u64
+        })
+        .sum();
+    assert_eq!(
+        s.bytes_down,
+        records + (b1.len() + b2.len()) as u64,
+        "records and blobs, counted once each"
+    );
+
+    // The CAS lost k1's blob: its entry is unusable, counted corrupt.
+    let c = Store::open(&tmp.path().join("c")).expect("store");
+    let lost = sha256(&b1).hash;
+    e.state.cas.lock().expect("lock").remove(&lost);
+    let pull = GrpcCache::open(&e.url, true, false).expect("open");
+    assert_eq!(pull.fetch(&c, &k1).expect("a miss"), None);
+    let s = pull.stats();
+    assert_eq!((s.corrupt, s.misses, s.unavailable), (1, 1, false), "{s:?}");
+
+    // The engine goes away: the first lookup fails and switches it off;
+    // the next is skipped, not attempted.
+    let url = e.url.clone();
+    drop(e);
+    let gone = GrpcCache::open(&url, true, false);
+    if let Ok(gone) = gone {
+        assert_eq!(gone.fetch(&c, &k2).expect("a miss"), None);
+        assert_eq!(gone.fetch(&c, &k2).expect("a miss"), None);
+        let s = gone.stats();
+        assert!(s.unavailable, "{s:?}");
+        assert!(s.skipped_unavailable >= 1, "{s:?}");
+    }
+    // Opened while it was up, then gone.
+    let e = start();
+    let up = GrpcCache::open(&e.url, true, false).expect("open");
+    drop(e);
+    assert_eq!(up.fetch(&c, &k2).expect("a miss"), None);
+    assert_eq!(up.fetch(&c, &k2).expect("a miss"), None);
+    let s = up.stats();
+    assert!(s.unavailable, "{s:?}");
+    assert_eq!(s.skipped_unavailable, 1, "{s:?}");
 }
