@@ -48,7 +48,16 @@ impl RemoteError {
     }
 
     fn status(call: &str, url: &str, s: &tonic::Status) -> Self {
-        let what = if s.code() == tonic::Code::Unavailable {
+        // A connection that breaks under a call surfaces as UNKNOWN
+        // "transport error", not as the engine's answer: the engine is
+        // gone, as unreachable as when it refuses connections.
+        let code = if s.code() == tonic::Code::Unknown && s.message().starts_with("transport error")
+        {
+            tonic::Code::Unavailable
+        } else {
+            s.code()
+        };
+        let what = if code == tonic::Code::Unavailable {
             format!(
                 "remote execution engine {url} is unreachable ({call}): {}",
                 s.message()
@@ -58,7 +67,7 @@ impl RemoteError {
         };
         RemoteError {
             message: what,
-            code: Some(s.code() as i32),
+            code: Some(code as i32),
         }
     }
 }

@@ -37,11 +37,14 @@ struct State {
     flip: AtomicBool,
     /// Entries' `blobs/…` outputs name this digest instead.
     swap_to: Mutex<Option<re::Digest>>,
+    /// Blob bytes served.
+    served: std::sync::atomic::AtomicUsize,
 }
 
 impl State {
     fn read(&self, hash: &str) -> Option<Vec<u8>> {
         let mut data = self.cas.lock().expect("lock").get(hash).cloned()?;
+        self.served.fetch_add(data.len(), Ordering::SeqCst);
         if self.flip.load(Ordering::SeqCst) && !data.is_empty() {
             let mid = data.len() / 2;
             data[mid] ^= 0x20;
@@ -60,6 +63,9 @@ fn sha256(data: &[u8]) -> re::Digest {
     }
 }
 
+/// The batch limit the stand-in announces and enforces.
+const MAX_BATCH: i64 = 128 << 10;
+
 #[derive(Clone)]
 struct Engine(Arc<State>);
 
@@ -76,7 +82,7 @@ impl Capabilities for Engine {
                     update_enabled: true,
                 }),
                 // Small batches, so large blobs go through ByteStream.
-                max_batch_total_size_bytes: 128 << 10,
+                max_batch_total_size_bytes: MAX_BATCH,
                 ..Default::default()
             }),
             ..Default::default()
@@ -167,8 +173,16 @@ impl ContentAddressableStorage for Engine {
         &self,
         r: Request<re::BatchReadBlobsRequest>,
     ) -> Result<Response<re::BatchReadBlobsResponse>, Status> {
+        let digests = r.into_inner().digests;
+        // The limit the capabilities announce, enforced as engines do.
+        let total: i64 = digests.iter().map(|d| d.size_bytes).sum();
+        if total > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "batch of {total} bytes exceeds {MAX_BATCH}"
+            )));
+        }
         let mut responses = Vec::new();
-        for d in r.into_inner().digests {
+        for d in digests {
             let data = self.0.read(&d.hash);
             responses.push(re::batch_read_blobs_response::Response {
                 status: Some(bazel_remote_apis::google::rpc::Status {
@@ -533,4 +547,30 @@ fn the_grpc_cache_pulls_what_was_pushed_per_key_and_counts_it() {
     let s = up.stats();
     assert!(s.unavailable, "{s:?}");
     assert_eq!(s.skipped_unavailable, 1, "{s:?}");
+}
+
+/// Many small blobs: the client splits them into batches the engine
+/// accepts (it refuses a batch over the limit it announced), and gets each
+/// one once, verified.
+#[test]
+fn downloads_stay_within_the_engines_batch_limit() {
+    let e = start();
+    let c = Client::connect(&e.url).expect("connects");
+    let blobs: Vec<Vec<u8>> = (0..8u8).map(|i| bytes(i, 30 << 10)).collect();
+    let digests: Vec<_> = blobs.iter().map(|b| c.digest_fn().digest(b)).collect();
+    c.upload(digests.iter().cloned().zip(blobs.iter().cloned()).collect())
+        .expect("upload");
+    // Each asked twice: fetched once.
+    let mut asked = digests.clone();
+    asked.extend(digests.iter().cloned());
+    let got = c.download(&asked).expect("batched within the limit");
+    assert_eq!(got.len(), blobs.len());
+    assert_eq!(
+        e.state.served.load(Ordering::SeqCst),
+        blobs.iter().map(Vec::len).sum::<usize>(),
+        "each blob fetched once"
+    );
+    for (d, b) in digests.iter().zip(&blobs) {
+        assert_eq!(&got[&d.hash], b);
+    }
 }
