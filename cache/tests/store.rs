@@ -709,6 +709,9 @@ fn verify_finds_and_repairs_damage() {
 
     let repaired = store.verify(true).expect("repair");
     assert_eq!(repaired.broken_records.len(), 2);
+    // A corrupt blob set aside by the repair is corrupt, not also missing.
+    assert_eq!(repaired.corrupt_blobs, vec![victim_d]);
+    assert_eq!(repaired.missing_blobs, vec![gone_d]);
     let after = store.verify(false).expect("verify");
     assert!(after.is_clean(), "{after:?}");
     assert!(!dead.exists() && !stray.exists());
@@ -721,6 +724,121 @@ fn verify_finds_and_repairs_damage() {
         Some(foreign)
     );
     assert!(store.has_blob(&orphan));
+}
+
+/// Each kind of problem alone makes a report unclean (a clean verdict must
+/// not hide one kind behind another); orphans and stale temp files alone
+/// do not.
+#[test]
+fn any_one_problem_makes_a_report_unclean() {
+    use charly_cache::VerifyReport;
+    let p = std::path::PathBuf::from("x");
+    let d = charly_cache::BlobDigest::of(b"x");
+    let cases: Vec<(&str, VerifyReport)> = vec![
+        (
+            "corrupt blob",
+            VerifyReport {
+                corrupt_blobs: vec![d],
+                ..Default::default()
+            },
+        ),
+        (
+            "unindexed blob",
+            VerifyReport {
+                unindexed_blobs: vec![d],
+                ..Default::default()
+            },
+        ),
+        (
+            "missing blob",
+            VerifyReport {
+                missing_blobs: vec![d],
+                ..Default::default()
+            },
+        ),
+        (
+            "broken record",
+            VerifyReport {
+                broken_records: vec![key("b")],
+                ..Default::default()
+            },
+        ),
+        (
+            "stray file",
+            VerifyReport {
+                stray_files: vec![p.clone()],
+                ..Default::default()
+            },
+        ),
+        (
+            "index problem",
+            VerifyReport {
+                index_problems: vec!["x".into()],
+                ..Default::default()
+            },
+        ),
+    ];
+    for (what, r) in cases {
+        assert!(!r.is_clean(), "{what} alone");
+    }
+    let fine = VerifyReport {
+        orphan_blobs: 3,
+        stale_temp_files: vec![p],
+        ..Default::default()
+    };
+    assert!(fine.is_clean());
+}
+
+/// verify says whether it repaired; a store whose blob directory is gone
+/// is checked (nothing to list), one whose blob directory is not a
+/// directory is an error, not a clean report.
+#[test]
+fn verify_reports_what_it_could_not_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(tmp.path()).expect("open");
+    assert!(store.verify(true).expect("verify").repaired);
+    assert!(!store.verify(false).expect("verify").repaired);
+
+    fs::remove_dir_all(tmp.path().join("blobs")).expect("rm");
+    let r = store
+        .verify(false)
+        .expect("no blob directory: nothing to list");
+    assert_eq!(r.blobs_checked, 0);
+    fs::write(tmp.path().join("blobs"), b"not a directory").expect("file");
+    assert!(
+        store.verify(false).is_err(),
+        "an unreadable blob directory is an error"
+    );
+    fs::remove_file(tmp.path().join("blobs")).expect("rm");
+}
+
+/// Only blob files where blobs live count as blobs: a directory under
+/// `blobs/` that is not a two-hex-digit shard, and a blob file in another
+/// blob's shard, are strays (never read as blobs, removed by repair).
+#[test]
+fn misplaced_files_under_blobs_are_strays() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(tmp.path()).expect("open");
+    let d = store.put_blob(b"a blob in its place").expect("put");
+    let hex = d.to_hex();
+    let blobs = tmp.path().join("blobs");
+    let other_shard = if &hex[..2] == "00" { "01" } else { "00" };
+    let misplaced = blobs.join(other_shard).join(&hex);
+    fs::create_dir_all(misplaced.parent().expect("parent")).expect("mkdir");
+    fs::copy(blob_file(&store, &d), &misplaced).expect("copy");
+    let mut strays = vec![misplaced];
+    for name in ["zz", "abc", "a"] {
+        let dir = blobs.join(name);
+        fs::create_dir_all(&dir).expect("mkdir");
+        strays.push(dir);
+    }
+    strays.sort();
+    let r = store.verify(false).expect("verify");
+    let mut found = r.stray_files.clone();
+    found.sort();
+    assert_eq!(found, strays, "{r:?}");
+    assert_eq!(r.blobs_checked, 1, "only the blob in its place is read");
+    assert!(!r.is_clean());
 }
 
 #[test]
