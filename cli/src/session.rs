@@ -145,11 +145,11 @@ pub struct RemoteExecArgs {
     /// of pulling the image, e.g. buildbox-run with bubblewrap and no registry).
     #[arg(long, requires = "remote_exec")]
     pub remote_no_image_property: bool,
-    /// Send builder stages with the builder image's root filesystem as the
-    /// action's input root instead of naming the image: for engines that
-    /// only sandbox commands (buildbox-run with bubblewrap) and must not
-    /// bind host directories over it. The image's files are uploaded once
-    /// per engine.
+    /// Send builder stages and local-package builds with their image's
+    /// root filesystem as the action's input root instead of naming the
+    /// image: for engines that only sandbox commands (buildbox-run with
+    /// bubblewrap) and must not bind host directories over it. The image's
+    /// files are uploaded once per engine.
     #[arg(long, requires = "remote_exec")]
     pub remote_stage_rootfs: bool,
     /// An extra platform property of every action, `KEY=VALUE`

@@ -17,8 +17,8 @@ use charly_engine::runners::fake::FakeRunner;
 use charly_engine::runners::podman::PodmanRunner;
 use charly_engine::runners::remote::{Place, RemoteOptions, RemoteRunner};
 use charly_engine::runners::{
-    ExportedImage, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest, RunError, Runner,
-    StageRequest,
+    ExportedImage, ImageConfig, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest,
+    RunError, Runner, StageRequest,
 };
 use charly_engine::sched::{Quiet, State, Summary};
 use charly_rules::load::{self, LoadOptions};
@@ -131,6 +131,9 @@ impl Runner for LocalPkgsWithPodman<'_> {
     }
     fn build_rootfs(&self, r: &RootfsRequest) -> Result<(), RunError> {
         self.fake.build_rootfs(r)
+    }
+    fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
+        self.podman.export_image(image, rootfs)
     }
 }
 
@@ -283,6 +286,91 @@ fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
             Some(Place::RemoteCached),
             "{id}"
         );
+    }
+}
+
+/// An engine that only sandboxes commands and lends them no tools (no
+/// host directory bind-mounted: the action sees its input root alone) runs
+/// a local package with `--remote-stage-rootfs` in its build image's files,
+/// sent as the input root; the packages are byte for byte podman's.
+/// Without the flag the same engine cannot even start `sh` (issue 46).
+#[test]
+fn local_packages_run_in_their_images_files_on_an_engine_without_tools() {
+    if !common_reapi::available() || !charly_testutil::podman_available() {
+        return;
+    }
+    let t = tempfile::tempdir().expect("tmp");
+    let root = t.path().join("project");
+    project(&root, 2, "0", None);
+    let podman = podman_runner(t.path());
+    let local = LocalPkgsWithPodman {
+        fake: FakeRunner::new(),
+        podman: &podman,
+    };
+    let (ls, local_pkgs) = run(&root, &t.path().join("store-local"), &local, 2);
+    assert!(ls.ok(), "{:?}", ls.nodes);
+    assert_eq!(local_pkgs.len(), 2);
+
+    let casd = common_reapi::start_with(2, &[]);
+    // Without the image's files: nothing to run the script with.
+    let bare = RemoteRunner::connect(&casd.url, &local, remote_opts(2)).expect("connects");
+    let (s, _) = run(&root, &t.path().join("store-bare"), &bare, 2);
+    let errors: Vec<String> = s.nodes.iter().filter_map(|n| n.error.clone()).collect();
+    assert_eq!(errors.len(), 2, "{:?}", s.nodes);
+    assert!(
+        errors.iter().all(|e| e.contains("remote execution of")),
+        "{errors:?}"
+    );
+
+    let opts = RemoteOptions {
+        stage_rootfs: true,
+        image_property: true,
+        ..remote_opts(2)
+    };
+    let remote = RemoteRunner::connect(&casd.url, &local, opts).expect("connects");
+    let (rs, remote_pkgs) = run(&root, &t.path().join("store-remote"), &remote, 2);
+    assert!(
+        rs.ok(),
+        "{:?}",
+        rs.nodes
+            .iter()
+            .filter_map(|n| n.error.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        remote_pkgs, local_pkgs,
+        "the packages are podman's, byte for byte"
+    );
+    let stats = remote.stats();
+    for id in local_pkg_nodes(&rs) {
+        assert_eq!(
+            stats.get(&id).map(|r| r.place.clone()),
+            Some(Place::Remote),
+            "{id}"
+        );
+    }
+    // The image's files travel in the input root: no image is named
+    // (the engine would try to pull it).
+    let req = LocalPkgRequest {
+        log: charly_engine::runners::LogSink::new(&|_| {}),
+        node: "local-pkg:x".into(),
+        key: "0".into(),
+        format: "deb".into(),
+        source: root.join("candy/pkg0/src"),
+        image: BASE.into(),
+        script: "true".into(),
+        glob: "*.deb".into(),
+        out: t.path().join("unused"),
+    };
+    let (cmd, input) = remote.local_pkg_action(&req).expect("action");
+    assert!(
+        !cmd.platform.contains_key("container-image"),
+        "{:?}",
+        cmd.platform
+    );
+    let paths = input.paths();
+    for p in ["bin/sh", "src/NAME", "out"] {
+        assert!(paths.iter().any(|x| x == p), "{p} in the input root");
     }
 }
 

@@ -127,6 +127,32 @@ impl InputRoot {
         }
     }
 
+    /// Every path in the tree (directories, files and symlinks, relative to
+    /// the root), sorted.
+    pub fn paths(&self) -> Vec<String> {
+        fn walk(d: &Dir, at: &str, out: &mut Vec<String>) {
+            let join = |n: &str| {
+                if at.is_empty() {
+                    n.to_string()
+                } else {
+                    format!("{at}/{n}")
+                }
+            };
+            for n in d.files.keys().chain(d.symlinks.keys()) {
+                out.push(join(n));
+            }
+            for (n, sub) in &d.dirs {
+                let p = join(n);
+                out.push(p.clone());
+                walk(sub, &p, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, "", &mut out);
+        out.sort();
+        out
+    }
+
     /// Adds a file with these bytes at `path` (relative to the root).
     pub fn add_bytes(&mut self, path: &str, data: Vec<u8>, exec: bool) -> Result<(), RemoteError> {
         let parts = components(path)?;

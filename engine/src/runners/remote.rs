@@ -28,9 +28,19 @@
 //!   `--remote-no-image-property`): buildbox would otherwise fail the action
 //!   trying to pull the image.
 //!
-//! Why not the image's root filesystem in the input root: it would add
+//! With `--remote-stage-rootfs` ([`RemoteOptions::stage_rootfs`]), for an
+//! engine that only sandboxes commands and has no tools of its own to lend
+//! (bubblewrap with nothing bind-mounted: the action sees only its input
+//! root, so not even `sh`), the build image's root filesystem is the input
+//! root, as for a builder stage, with `src/` and `out/` in it; the
+//! environment is then the image's, as `podman run` gives it, and no image
+//! is named. The image's files cost one upload per engine (the CAS keeps
+//! them once) and enter the action key, which the image reference already
+//! does for the node key.
+//!
+//! Otherwise the image's files stay out of the input root: they would add
 //! hundreds of megabytes (tens of thousands of blobs) to every action's
-//! Merkle tree and make the image part of every action key. The image
+//! Merkle tree where an engine can bring the image itself. The image
 //! reference already enters the node key, so its digest identifies the
 //! toolchain; a container-based engine pulls it once and caches it.
 //!
@@ -346,17 +356,26 @@ impl<'a> RemoteRunner<'a> {
         &self,
         req: &LocalPkgRequest,
     ) -> Result<(RemoteCommand, InputRoot), RemoteError> {
-        let mut input = InputRoot::new(self.client.digest_fn());
+        let (mut input, env) = match self.stage_mode() {
+            // The build image's files are the action's `/`, its
+            // environment the action's, as `podman run` gives them.
+            Some(StageMode::Rootfs) => {
+                let base = self.builder_base(&req.image, StageMode::Rootfs)?;
+                (base.input.clone(), stage::environment(&base.cfg.env))
+            }
+            _ => {
+                let mut env = BTreeMap::new();
+                env.insert(
+                    "PATH".to_string(),
+                    "/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+                );
+                env.insert("LC_ALL".to_string(), "C.UTF-8".to_string());
+                (InputRoot::new(self.client.digest_fn()), env)
+            }
+        };
         input.add_dir("src", &req.source)?;
         input.add_empty_dir("out")?;
-        let image = self.opts.image_property.then_some(req.image.as_str());
-        let platform = self.platform(image);
-        let mut env = BTreeMap::new();
-        env.insert(
-            "PATH".to_string(),
-            "/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        );
-        env.insert("LC_ALL".to_string(), "C.UTF-8".to_string());
+        let platform = self.platform(self.pkg_image_property(req));
         let cmd = RemoteCommand {
             args: vec!["sh".into(), "-c".into(), req.script.clone()],
             env,
@@ -378,6 +397,12 @@ impl<'a> RemoteRunner<'a> {
             engine_error: false,
         })?;
         Ok(node_of(out))
+    }
+
+    /// The image a local-package action names as `container-image`: only
+    /// when it does not carry the image's files itself.
+    fn pkg_image_property<'r>(&self, req: &'r LocalPkgRequest) -> Option<&'r str> {
+        (self.opts.image_property && !self.opts.stage_rootfs).then_some(req.image.as_str())
     }
 
     /// How builder stages are sent, or `None` if they stay local.
@@ -657,8 +682,9 @@ impl Runner for RemoteRunner<'_> {
         .map_err(|e| {
             local_image_hint(
                 e,
-                self.opts.image_property.then_some(req.image.as_str()),
-                "--remote-no-image-property builds it with the engine's own tools instead",
+                self.pkg_image_property(req),
+                "--remote-stage-rootfs uploads the image's files instead, \
+                 --remote-no-image-property builds it with the engine's own tools",
             )
         })
     }
