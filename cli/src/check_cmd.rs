@@ -131,7 +131,12 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
     let hasher = stat_cache(&store);
     let jobs = jobs(&a.run);
     let podman = podman_runner(&a.runner, &store, jobs)?;
-    let remote_exec = remote_exec_runner(&a.runner.remote_exec, &podman, &host_arch())?;
+    let remote_exec = remote_exec_runner(
+        &a.runner.remote_exec,
+        a.runner.ca_bundle.as_deref(),
+        &podman,
+        &host_arch(),
+    )?;
     // Beds share the remote cache like builds do (CI's main use of it).
     let remote = open_remote_cache(cli)?;
     let runner: &dyn charly_engine::runners::Runner = match &remote_exec {

@@ -660,7 +660,12 @@ fn build_full(
     let hasher = stat_cache(&store);
     let j = jobs(&a.run);
     let runner = make_runner(&a.runner, &store, j)?;
-    let remote_exec = remote_exec_runner(&a.runner.remote_exec, runner.as_ref(), &host_arch())?;
+    let remote_exec = remote_exec_runner(
+        &a.runner.remote_exec,
+        a.runner.ca_bundle.as_deref(),
+        runner.as_ref(),
+        &host_arch(),
+    )?;
     let runner: &dyn Runner = match &remote_exec {
         Some(r) => r,
         None => runner.as_ref(),

@@ -15,7 +15,7 @@ use charly_engine::reapi::GrpcCache;
 use charly_engine::runners::Runner;
 use charly_engine::runners::podman::{PodmanOptions, PodmanRunner};
 use charly_engine::runners::remote::{RemoteOptions, RemoteRunner};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Options shared by commands that run the graph.
@@ -106,7 +106,9 @@ pub struct RunnerArgs {
     /// A CA bundle builds trust for HTTPS (e.g. behind an intercepting proxy);
     /// mounted read-only over the system bundle of every build step, except
     /// in builds that install `ca-certificates` themselves (dpkg could not
-    /// replace a mounted file).
+    /// replace a mounted file). With --remote-exec it travels in the input
+    /// root of actions that carry their image's files
+    /// (--remote-stage-rootfs) or run with the engine's own tools.
     #[arg(long, value_name = "FILE", env = "CHARLY_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
     /// Never pull: an external base image (`base: docker.io/…`) that podman
@@ -179,6 +181,7 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 /// `--remote-fallback`, an unreachable engine means a local run with a note.
 pub fn remote_exec_runner<'a>(
     a: &RemoteExecArgs,
+    ca_bundle: Option<&Path>,
     local: &'a dyn Runner,
     arch: &str,
 ) -> anyhow::Result<Option<RemoteRunner<'a>>> {
@@ -196,6 +199,7 @@ pub fn remote_exec_runner<'a>(
         platform: a.remote_platform.iter().cloned().collect(),
         isa: charly_engine::runners::remote::isa_of(arch).to_string(),
         timeout: Some(Duration::from_secs(a.remote_timeout.max(1))),
+        ca_bundle: ca_bundle.map(Path::to_path_buf),
     };
     match RemoteRunner::connect(url, local, opts) {
         Ok(r) => Ok(Some(r)),

@@ -1193,4 +1193,60 @@ fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
         err.contains(&format!("] done   base:{pushed} in ")),
         "{err}"
     );
+
+    // The example on the REAPI engine CI has (buildbox-casd + buildbox-run,
+    // bubblewrap, nothing of the host bound in) with README's flags: after
+    // an edit of the npm candy and of the local package's source, the npm
+    // stage and the package run on the engine — in their images' files,
+    // the stage's chown of its home left to the artifact's owner, the proxy
+    // CA carried in (issue 46) — and the box runs.
+    if !charly_testutil::casd::available() {
+        return;
+    }
+    let casd = charly_testutil::casd::start_with(2, &[]);
+    let pj = env.project.join("candy/cowsay/package.json");
+    let text = std::fs::read_to_string(&pj).expect("read");
+    std::fs::write(
+        &pj,
+        text.replacen('{', "{\n  \"description\": \"built remotely\",", 1),
+    )
+    .expect("edit");
+    let tool = env.project.join("candy/hello-deb/pkg/usr/bin/hello-charly");
+    let text = std::fs::read_to_string(&tool).expect("read");
+    std::fs::write(&tool, format!("{text}# built on the engine\n")).expect("edit");
+    let (remote, _) = env.build_with(
+        "remote-exec",
+        &["hello"],
+        &[
+            "-q",
+            "--remote-exec",
+            &casd.url,
+            "--remote-stage-rootfs",
+            "--remote-platform",
+            "network=on",
+        ],
+    );
+    let place = |id: &str| {
+        remote["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .find(|n| n["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {remote}"))["remote"]["place"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert_eq!(
+        place("builder-stage:cowsay/npm@node-builder").as_deref(),
+        Some("remote")
+    );
+    assert_eq!(
+        place("local-pkg:hello-deb/deb@base").as_deref(),
+        Some("remote")
+    );
+    assert_eq!(env.sh("cowsay remote | grep -c remote"), "1");
+    assert_eq!(
+        env.sh("tail -n 1 /usr/bin/hello-charly"),
+        "# built on the engine"
+    );
 }

@@ -58,8 +58,9 @@ distro:
                         sleep {sleep}
                         test ! -e {{{{.SrcDir}}}}/FAIL || {{ echo "package refuses to build" >&2; exit 7; }}
                         name=$(cat {{{{.SrcDir}}}}/NAME)
-                        for f in $(cd {{{{.SrcDir}}}} && ls); do echo "== $f"; cat "{{{{.SrcDir}}}}/$f"; done > {{{{.PkgDest}}}}/$name.deb
+                        for f in $(cd {{{{.SrcDir}}}} && ls); do [ -f "{{{{.SrcDir}}}}/$f" ] || continue; echo "== $f"; cat "{{{{.SrcDir}}}}/$f"; done > {{{{.PkgDest}}}}/$name.deb
                         echo "built $name" | tr a-z A-Z >> {{{{.PkgDest}}}}/$name.deb
+                        stat -c '%a %n' {{{{.SrcDir}}}} {{{{.SrcDir}}}}/* {{{{.SrcDir}}}}/sub/* >> {{{{.PkgDest}}}}/$name.deb
                     install_template: |
                         true {{{{.StageDir}}}}/{{{{.Glob}}}}
 "#
@@ -91,6 +92,12 @@ distro:
             &format!("candy/{c}/src/data.txt"),
             &format!("payload of {c}\n{}\n", "z".repeat(i * 100)),
         );
+        // A directory and an executable: their modes are part of a
+        // package (the script records them).
+        charly_testutil::write(root, &format!("candy/{c}/src/sub/run.sh"), "#!/bin/sh\n");
+        let run = root.join(format!("candy/{c}/src/sub/run.sh"));
+        std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
         if fail == Some(i) {
             charly_testutil::write(root, &format!("candy/{c}/src/FAIL"), "");
         }
@@ -369,7 +376,7 @@ fn local_packages_run_in_their_images_files_on_an_engine_without_tools() {
         cmd.platform
     );
     let paths = input.paths();
-    for p in ["bin/sh", "src/NAME", "out"] {
+    for p in ["bin/sh", "charly-src/NAME", "out"] {
         assert!(paths.iter().any(|x| x == p), "{p} in the input root");
     }
 }

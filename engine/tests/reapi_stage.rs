@@ -34,6 +34,10 @@ ENV OUT=/tmp/out CACHE=/tmp/demo-cache
 COPY --chown=1000:1000 candy/demo/package.json /tmp/charly-demo/package.json
 COPY candy/demo/data ./data/
 COPY candy/demo/tool /usr/local/bin/
+# Give the output to the box user first, as the npm stage gives its home:
+# a sandbox that cannot chown leaves owners alone (shims), the artifact's
+# owner is set when it is written.
+RUN mkdir -p /tmp/out/owned && chown -R 1000:1000 /tmp/out && chgrp 1000 /tmp/out
 # Build as the box user, like the npm and pixi stages.
 USER 1000
 RUN --mount=type=cache,dst=/tmp/demo-cache,uid=1000,gid=1000 mkdir -p "$OUT/bin" && \
@@ -250,6 +254,59 @@ fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
         stats["remote"].uploaded_bytes,
         stats["remote"].downloaded_bytes,
         again.stats()["again"].ms
+    );
+}
+
+/// `--ca-bundle` reaches a stage sent with its image's files, where a
+/// local build mounts it: over the image's bundle, and named by the
+/// variables npm, OpenSSL, curl and pip read.
+#[test]
+fn a_ca_bundle_reaches_a_remote_stage() {
+    let Some(World {
+        dir,
+        ctx,
+        podman,
+        casd,
+        _tmp,
+    }) = world()
+    else {
+        return;
+    };
+    let ca = dir.join("proxy-ca.pem");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\nproxy\n-----END CERTIFICATE-----\n",
+    )
+    .expect("ca");
+    let text = format!(
+        "FROM {BUILDER} AS stage-ca\nUSER root\n\
+         RUN mkdir -p /tmp/out && cp \"$SSL_CERT_FILE\" /tmp/out/ca && \
+         cp /etc/ssl/certs/ca-certificates.crt /tmp/out/bundle && \
+         echo \"$NODE_EXTRA_CA_CERTS $npm_config_cafile\" > /tmp/out/env\n"
+    );
+    let remote = RemoteRunner::connect(
+        &casd.url,
+        &podman,
+        RemoteOptions {
+            ca_bundle: Some(ca.clone()),
+            ..opts(false)
+        },
+    )
+    .expect("connects");
+    let req = request(&dir, &ctx, "ca", text);
+    remote.build_stage(&req).expect("runs remotely");
+    let entries =
+        charly_engine::artifact::read_tar(&std::fs::read(&req.out).expect("tar"), "").expect("tar");
+    let file = |p: &str| match &entries.iter().find(|e| e.path == p).expect(p).kind {
+        charly_engine::artifact::Kind::File(b) => String::from_utf8_lossy(b).into_owned(),
+        k => panic!("{p}: {k:?}"),
+    };
+    let want = std::fs::read_to_string(&ca).expect("ca");
+    assert_eq!(file("tmp/out/ca"), want);
+    assert_eq!(file("tmp/out/bundle"), want);
+    assert_eq!(
+        file("tmp/out/env"),
+        "/etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
     );
 }
 

@@ -25,14 +25,18 @@
 //!   without that privilege (bubblewrap, as in CI here), the step runs as
 //!   the sandbox's user and a note goes to the action's stderr. Ownership
 //!   of the artifact never depends on it: every file is given the box
-//!   user's uid:gid when the tar is written. A `RUN` that itself needs
-//!   root's privileges (`install -o`, `chown` to another user, a package
-//!   manager) fails in such a sandbox, as the default npm stage's first
-//!   `RUN` does on buildbox-run: those stages need an engine that runs
-//!   actions in containers. The failure is the command's, so it is reported
-//!   and never retried locally; to keep stages local on such an engine,
-//!   leave out `--remote-stage-rootfs` (with `--remote-no-image-property`,
-//!   stages are not sent).
+//!   user's uid:gid when the tar is written. For the same reason, where the
+//!   sandbox cannot give files to other users (bubblewrap maps one uid),
+//!   `chown`, `chgrp` and `install -o/-g` leave owners alone with a note
+//!   (shell functions before each `RUN`'s command, and the same as
+//!   commands first on `PATH` for the programs it starts), so a stage that
+//!   hands its work directory to the box user, as the npm stage does,
+//!   runs. What needs root's other privileges (a package manager) still
+//!   fails in such a sandbox: the failure is the command's, so it is
+//!   reported and never retried locally; those stages need an engine that
+//!   runs actions in containers or as root, and to keep stages local on
+//!   such an engine, leave out `--remote-stage-rootfs` (with
+//!   `--remote-no-image-property`, stages are not sent).
 //! * `COPY [--chown=u:g] src… dst`: the sources (files or directories
 //!   relative to the build context) travel in the input root under
 //!   `charly-ctx/` and are copied with Docker's rules (a directory's
@@ -541,6 +545,42 @@ charly_chown() { # owner path...
     charly_og="$1:$2"; shift 3
     chown -R "$charly_og" "$@" 2>/dev/null || echo "charly: could not chown $* to $charly_og in this sandbox (the artifact's owner is set when it is written)" >&2
 }
+# A sandbox that cannot give files to other users (one uid mapped, as
+# bubblewrap maps it) gets chown, chgrp and install -o/-g that leave owners
+# alone, with a note: a stage's artifact is given the box user's owner when
+# it is written, so no owner set inside reaches it. They are functions
+# defined before each RUN's command (busybox sh runs its applets before
+# anything on PATH) and, for the programs a RUN starts, the same functions
+# as commands first on PATH.
+charly_shims=
+charly_tool() { # how the shims call the real tool: its path, or busybox's applet
+    charly_t=$(command -v "$1" 2>/dev/null || :)
+    case $charly_t in /*) echo "'$charly_t'";; *) echo "command $1";; esac
+}
+charly_shim_funcs="chown() { $(charly_tool chown) \"\$@\" 2>/dev/null || echo \"charly: chown \$* left as it is in this sandbox (the artifact owner is set when it is written)\" >&2; }
+chgrp() { $(charly_tool chgrp) \"\$@\" 2>/dev/null || echo \"charly: chgrp \$* left as it is in this sandbox (the artifact owner is set when it is written)\" >&2; }
+install() {
+    charly_skip=
+    for charly_a do
+        shift
+        if [ -n \"\$charly_skip\" ]; then charly_skip=; continue; fi
+        case \$charly_a in
+        -o|-g|--owner|--group) charly_skip=1; continue;;
+        --owner=*|--group=*|-o?*|-g?*) continue;;
+        esac
+        set -- \"\$@\" \"\$charly_a\"
+    done
+    $(charly_tool install) \"\$@\"
+}"
+if ! { : > "$charly_root/charly-probe" && chown 1:1 "$charly_root/charly-probe"; } 2>/dev/null; then
+    charly_shims="$charly_root/charly-shims"
+    mkdir -p "$charly_shims"
+    for charly_c in chown chgrp install; do
+        printf '#!/bin/sh\n%s\n%s "$@"\n' "$charly_shim_funcs" "$charly_c" > "$charly_shims/$charly_c"
+        chmod 0755 "$charly_shims/$charly_c"
+    done
+fi
+rm -f "$charly_root/charly-probe"
 charly_modes() { # source-dir dest-dir: 0755/0644 for what was copied
     for charly_p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
         charly_q="$2/${charly_p##*/}"
@@ -551,6 +591,11 @@ charly_modes() { # source-dir dest-dir: 0755/0644 for what was copied
 charly_run() { # command
     (
         cd "$charly_wd"
+        if [ -n "$charly_shims" ]; then
+            PATH="$charly_shims:$PATH"; export PATH
+            set -- "$charly_shim_funcs
+$1"
+        fi
         charly_me=$(id -u)
         if [ -n "$charly_user" ]; then
             set -- "$1" $(charly_ids "$charly_user")
@@ -1038,6 +1083,94 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
             std::fs::read_to_string(root.join("vars")).expect("vars"),
             "mine ours 7 /h l q\n"
         );
+    }
+
+    /// Where the sandbox refuses to give files to other users, `chown`,
+    /// `chgrp` and `install -o/-g` leave owners alone and the step goes
+    /// on; everything else `install` was asked reaches it unchanged.
+    #[test]
+    fn a_sandbox_that_cannot_chown_gets_shims_that_leave_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tmp");
+        let root = tmp.path().join("root");
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        std::fs::create_dir_all(&bin).expect("mkdir");
+        let log = tmp.path().join("install.log");
+        for (name, body) in [
+            (
+                "chown",
+                "echo \"chown: $*: Invalid argument\" >&2; exit 1".to_string(),
+            ),
+            ("chgrp", "exit 1".to_string()),
+            (
+                "install",
+                format!(
+                    "printf '%s|' \"$@\" >> {}; echo >> {}",
+                    log.display(),
+                    log.display()
+                ),
+            ),
+        ] {
+            let p = bin.join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write");
+            std::fs::set_permissions(&p, PermissionsExt::from_mode(0o755)).expect("chmod");
+        }
+        let stage = parse(&format!(
+            "FROM x\nUSER root\n\
+             RUN install -d -o 1000 -g 1000 -m 0750 /home/user && install --owner=u --group=g a b && install -ou -gg c d\n\
+             RUN chown -R 1000:1000 /nonexistent && chgrp 1000 /x && echo went on > {}\n",
+            root.join("went-on").display()
+        ))
+        .expect("parses");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script(&stage, &[]))
+            .current_dir(&root)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .output()
+            .expect("sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(
+            std::fs::read_to_string(&log).expect("install ran"),
+            "-d|-m|0750|/home/user|\na|b|\nc|d|\n"
+        );
+        assert!(root.join("went-on").exists());
+        assert!(
+            stderr.contains("charly: chown -R 1000:1000 /nonexistent left as it is"),
+            "{stderr}"
+        );
+    }
+
+    /// Where the sandbox can chown (a root engine), nothing is shimmed.
+    #[test]
+    fn a_sandbox_that_can_chown_runs_the_real_tools() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let which = tmp.path().join("which");
+        let stage = parse(&format!(
+            "FROM x\nRUN command -v chown > {}\n",
+            which.display()
+        ))
+        .expect("parses");
+        let sh = script(&stage, &[]).replace("chown 1:1", "true");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(sh)
+            .current_dir(tmp.path())
+            .output()
+            .expect("sh");
+        assert!(out.status.success());
+        let which = std::fs::read_to_string(&which).expect("which");
+        assert!(!which.contains("charly-shims"), "{which}");
+        assert!(!tmp.path().join("charly-shims").exists());
     }
 
     #[test]

@@ -242,6 +242,21 @@ pub struct ExportedImage {
 
 pub use crate::outputs::LayerDesc;
 
+/// Where a `--ca-bundle` appears inside build containers and actions (over
+/// the image's own bundle).
+pub const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The variables that point a command at [`CA_TARGET`] (npm/node, OpenSSL
+/// and curl, Python requests, pip, npm's own setting).
+pub const CA_ENV: &[&str] = &[
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "CURL_CA_BUNDLE",
+    "npm_config_cafile",
+];
+
 /// Executes command-running nodes.
 pub trait Runner: Send + Sync {
     /// A short name recorded as the producer (part of image keys).

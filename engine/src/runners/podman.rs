@@ -19,8 +19,8 @@
 //!   usual system path in every RUN and points npm/node, pip and curl at it.
 
 use super::{
-    ExportedImage, ImageConfig, LayerDesc, LayerFile, LayerRequest, LayerResult, LocalPkgRequest,
-    LogSink, RootfsRequest, RunError, Runner, StageRequest,
+    CA_ENV, CA_TARGET, ExportedImage, ImageConfig, LayerDesc, LayerFile, LayerRequest, LayerResult,
+    LocalPkgRequest, LogSink, RootfsRequest, RunError, Runner, StageRequest,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -106,9 +106,6 @@ fn installs_ca_certificates(text: &str) -> bool {
     text.split(|c: char| c.is_whitespace() || matches!(c, ';' | '&' | '|' | '\'' | '"'))
         .any(|w| w == "ca-certificates" || w == "update-ca-certificates")
 }
-
-/// Where the CA bundle is mounted inside build containers.
-const CA_TARGET: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 impl PodmanRunner {
     /// Checks podman is installed and prepares its configuration.
@@ -249,23 +246,15 @@ impl PodmanRunner {
         }
     }
 
-    /// The environment a build RUN needs to trust the CA bundle (npm/node,
-    /// pip, curl, git all honour one of these).
+    /// The environment a build RUN needs to trust the CA bundle.
     fn ca_env(&self) -> Vec<(String, String)> {
         if self.opts.ca_bundle.is_none() {
             return Vec::new();
         }
-        [
-            "NODE_EXTRA_CA_CERTS",
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "PIP_CERT",
-            "CURL_CA_BUNDLE",
-            "npm_config_cafile",
-        ]
-        .iter()
-        .map(|k| (k.to_string(), CA_TARGET.to_string()))
-        .collect()
+        CA_ENV
+            .iter()
+            .map(|k| (k.to_string(), CA_TARGET.to_string()))
+            .collect()
     }
 
     fn build(&self, b: &BuildCall<'_>) -> Result<String, RunError> {

@@ -13,9 +13,12 @@
 //!
 //! ## The action of a local-package build
 //!
-//! * input root: the package source at `src/`, an empty `out/`;
+//! * input root: the package source at `charly-src/`, an empty `out/`;
 //! * command: `sh -c <rendered build_template>` (which reads `/src` and
-//!   writes `/out`), working directory the root, environment
+//!   writes `/out`) after the source is copied to `/src` with a checkout's
+//!   modes (0755 directories and executables, 0644 other files: REAPI
+//!   carries only the executable bit, and engines stage files read-only or
+//!   directories world-writable), working directory the root, environment
 //!   `PATH=/usr/sbin:/usr/bin:/sbin:/bin` and `LC_ALL=C.UTF-8` (sorted);
 //! * output: `out` (a directory);
 //! * platform: `OSFamily=linux`, `ISA=x86-64`/`aarch64` and
@@ -78,9 +81,10 @@
 //! (`--remote-platform KEY=VALUE`), added to every action: buildbox-run
 //! shares the host's network only with `network=on` (then the image needs
 //! its own `/etc/resolv.conf`) and runs the action as another user with
-//! `unixUID`/`unixGID`; BuildBuddy reads `dockerNetwork`, and so on. Not
-//! carried: `--ca-bundle` (a remote worker trusts what its own image and
-//! host trust).
+//! `unixUID`/`unixGID`; BuildBuddy reads `dockerNetwork`, and so on.
+//! `--ca-bundle` travels in the input root of actions whose input root is
+//! their `/` (image files sent, or the engine's own tools), where a local
+//! build would mount it; an image the engine provides trusts what it trusts.
 //!
 //! A stage whose Containerfile uses an instruction the interpreter does not
 //! carry out (`ARG`, `ADD`, a second real stage, …) is never sent: it fails
@@ -106,9 +110,21 @@ use charly_reapi::stage::{self, StageMode, Step};
 use charly_reapi::tree::InputRoot;
 
 use super::{
-    ExportedImage, ImageConfig, LayerRequest, LayerResult, LocalPkgRequest, RootfsRequest,
-    RunError, Runner, StageRequest,
+    CA_ENV, CA_TARGET, ExportedImage, ImageConfig, LayerRequest, LayerResult, LocalPkgRequest,
+    RootfsRequest, RunError, Runner, StageRequest,
 };
+
+/// Where a local package's source travels in its action's input root
+/// (copied to `/src` with canonical modes before the build).
+const PKG_SRC_STAGED: &str = "charly-src";
+
+/// The first line of a local package's action: the source copied to `/src`
+/// with a checkout's modes.
+fn pkg_src_prep() -> String {
+    format!(
+        "mkdir -p /src && cp -R /{PKG_SRC_STAGED}/. /src/ && chmod -R u=rwX,go=rX /src || exit 70"
+    )
+}
 
 /// A builder image as stage actions need it, made once per image.
 struct BuilderImage {
@@ -147,6 +163,9 @@ pub struct RemoteOptions {
     pub platform: BTreeMap<String, String>,
     /// Per-action timeout.
     pub timeout: Option<Duration>,
+    /// `--ca-bundle`: carried into actions whose input root is their `/`
+    /// (see [`RemoteRunner::add_ca`]).
+    pub ca_bundle: Option<std::path::PathBuf>,
 }
 
 impl Default for RemoteOptions {
@@ -159,6 +178,7 @@ impl Default for RemoteOptions {
             platform: BTreeMap::new(),
             isa: isa_of(std::env::consts::ARCH).to_string(),
             timeout: Some(Duration::from_secs(3600)),
+            ca_bundle: None,
         }
     }
 }
@@ -373,11 +393,22 @@ impl<'a> RemoteRunner<'a> {
                 (InputRoot::new(self.client.digest_fn()), env)
             }
         };
-        input.add_dir("src", &req.source)?;
+        input.add_dir(PKG_SRC_STAGED, &req.source)?;
         input.add_empty_dir("out")?;
-        let platform = self.platform(self.pkg_image_property(req));
+        let image = self.pkg_image_property(req);
+        let mut env = env;
+        if image.is_none() {
+            self.add_ca(&mut input, &mut env)?;
+        }
+        let platform = self.platform(image);
+        // The engine stages files with its own modes (read-only, or
+        // directories world-writable: dpkg-deb refuses those), and REAPI
+        // carries only the executable bit: the source is copied to `/src`
+        // with the modes a checkout has (0755 directories and executables,
+        // 0644 other files), as podman's bind mount shows it.
+        let script = format!("{}\n{}", pkg_src_prep(), req.script);
         let cmd = RemoteCommand {
-            args: vec!["sh".into(), "-c".into(), req.script.clone()],
+            args: vec!["sh".into(), "-c".into(), script],
             env,
             workdir: String::new(),
             outputs: vec!["out/".into()],
@@ -397,6 +428,30 @@ impl<'a> RemoteRunner<'a> {
             engine_error: false,
         })?;
         Ok(node_of(out))
+    }
+
+    /// With `--ca-bundle`, an action whose input root is its `/` (the
+    /// image's files, or the engine's own tools around an input root) gets
+    /// the bundle at [`CA_TARGET`], over the image's own, and the
+    /// variables that point commands at it ([`CA_ENV`]), as a local build
+    /// does. An action run in an image the engine provides
+    /// (`container-image`) cannot be given it: its input root is a working
+    /// directory, not `/`.
+    fn add_ca(
+        &self,
+        input: &mut InputRoot,
+        env: &mut BTreeMap<String, String>,
+    ) -> Result<(), RemoteError> {
+        let Some(ca) = &self.opts.ca_bundle else {
+            return Ok(());
+        };
+        let bytes = std::fs::read(ca)
+            .map_err(|e| RemoteError::new(format!("CA bundle {}: {e}", ca.display())))?;
+        input.add_bytes(CA_TARGET.trim_start_matches('/'), bytes, false)?;
+        for k in CA_ENV {
+            env.insert((*k).to_string(), CA_TARGET.to_string());
+        }
+        Ok(())
     }
 
     /// The image a local-package action names as `container-image`: only
@@ -486,6 +541,10 @@ impl<'a> RemoteRunner<'a> {
         let mut input = root.clone();
         stage::add_sources(&parsed, &req.context, &mut input)?;
         let image = (mode == StageMode::ImageProperty).then_some(req.builder_image.as_str());
+        let mut env = stage::environment(&cfg.env);
+        if mode == StageMode::Rootfs {
+            self.add_ca(&mut input, &mut env)?;
+        }
         let platform = self.platform(image);
         let cmd = RemoteCommand {
             args: vec![
@@ -493,7 +552,7 @@ impl<'a> RemoteRunner<'a> {
                 "-c".into(),
                 stage::script(&parsed, &req.export),
             ],
-            env: stage::environment(&cfg.env),
+            env,
             workdir: String::new(),
             outputs: vec![format!("{}/", stage::OUT_DIR)],
             platform,
