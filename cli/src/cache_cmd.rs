@@ -1,12 +1,11 @@
 //! `charly cache stats|gc|verify|push|pull`.
 
 use crate::project::{self, Unresolved, select};
-use crate::session::{RUNNERS, StoreNotes, Using, engine, open_remote, open_store, stat_cache};
+use crate::session::{RUNNERS, StoreNotes, open_remote, open_store, planned_graph, stat_cache};
 use crate::{Cli, output};
 use anyhow::Context;
 use charly_cache::human_bytes as human;
 use charly_cache::{PullOutcome, Remote, RemoteStats, Store};
-use charly_engine::graph::Goal;
 use charly_engine::key::NodeKind;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -387,22 +386,7 @@ fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::Warn)?;
     crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
-    let hasher = stat_cache(store);
-    let engine = engine(
-        &o,
-        store,
-        Using::Named(&a.runner),
-        &hasher,
-        a.dev_local_pkg.on,
-        None,
-    );
-    let goal = if a.generate {
-        Goal::Generate
-    } else {
-        Goal::Build
-    };
-    let g = engine.graph(&goal, &names)?;
-    let _ = hasher.save();
+    let g = planned_graph(&o, store, &a.runner, a.dev_local_pkg.on, a.generate, &names)?;
     let keys: Vec<_> =
         g.g.node_indices()
             .map(|i| &g.g[i])

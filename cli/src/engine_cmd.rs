@@ -9,7 +9,7 @@ use crate::report::{
 };
 use crate::session::{
     RUNNERS, RunArgs, RunnerArgs, StoreNotes, Using, engine, host_arch, jobs, make_runner,
-    open_remote_cache, open_store, remote_exec_runner, stat_cache,
+    open_remote_cache, open_store, planned_graph, remote_exec_runner, stat_cache,
 };
 use crate::{Cli, output};
 use anyhow::Context;
@@ -209,14 +209,16 @@ fn journal_off_reason(cli: &Cli, a: &GenerateArgs) -> &'static str {
     }
 }
 
-/// Prints what a replayed `box generate` printed the first time.
-fn replay_generate(
-    a: &GenerateArgs,
+/// Prints what a replayed run printed the first time (its reports,
+/// warnings and stdout); returns its summary, the last line left to the
+/// caller.
+fn replay(
+    run: &RunArgs,
     outcome: &charly_engine::journal::Outcome,
     started: Instant,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Summary> {
     let summary = Summary::replayed(outcome, started.elapsed().as_millis() as u64);
-    write_reports(&a.run, &summary)?;
+    write_reports(run, &summary)?;
     for w in &outcome.warnings {
         output::note(w);
     }
@@ -224,6 +226,16 @@ fn replay_generate(
     for line in &outcome.stdout {
         writeln!(stdout, "{line}")?;
     }
+    Ok(summary)
+}
+
+/// Prints what a replayed `box generate` printed the first time.
+fn replay_generate(
+    a: &GenerateArgs,
+    outcome: &charly_engine::journal::Outcome,
+    started: Instant,
+) -> anyhow::Result<ExitCode> {
+    let summary = replay(&a.run, outcome, started)?;
     if !a.run.quiet {
         output::note(&format!(
             "{} (nothing changed since the last run)",
@@ -621,15 +633,7 @@ fn replay_build(
     outcome: &charly_engine::journal::Outcome,
     started: Instant,
 ) -> anyhow::Result<ExitCode> {
-    let summary = Summary::replayed(outcome, started.elapsed().as_millis() as u64);
-    write_reports(&a.run, &summary)?;
-    for w in &outcome.warnings {
-        output::note(w);
-    }
-    let mut stdout = std::io::stdout().lock();
-    for line in &outcome.stdout {
-        writeln!(stdout, "{line}")?;
-    }
+    let summary = replay(&a.run, outcome, started)?;
     if !a.run.quiet {
         // A dry run's line counts what would run; a build's, now, nothing.
         let line = match outcome.notes.first() {
@@ -959,22 +963,14 @@ fn graph_full(cli: &Cli, scope: &Scope, a: &GraphArgs) -> anyhow::Result<Printed
         said,
         ..Printed::default()
     };
-    let hasher = stat_cache(&store);
-    let engine = engine(
+    let g = planned_graph(
         &o,
         &store,
-        Using::Named(&a.runner),
-        &hasher,
+        &a.runner,
         a.dev_local_pkg.on,
-        None,
-    );
-    let goal = if a.generate {
-        Goal::Generate
-    } else {
-        Goal::Build
-    };
-    let g = engine.graph(&goal, &names)?;
-    let _ = hasher.save();
+        a.generate,
+        &names,
+    )?;
     let order = g.topo()?;
     let states: std::collections::HashMap<_, &str> = order
         .iter()

@@ -348,6 +348,28 @@ pub(crate) fn engine<'a>(
     }
 }
 
+/// The graph of `names` keyed as `runner` would build it, run nothing
+/// (`graph`, `cache pull`): the build goal, or the generate goal.
+pub(crate) fn planned_graph(
+    o: &project::Opened,
+    store: &Store,
+    runner: &str,
+    dev_local_pkg: bool,
+    generate: bool,
+    names: &[String],
+) -> anyhow::Result<charly_engine::graph::Graph> {
+    let hasher = stat_cache(store);
+    let engine = engine(o, store, Using::Named(runner), &hasher, dev_local_pkg, None);
+    let goal = if generate {
+        charly_engine::graph::Goal::Generate
+    } else {
+        charly_engine::graph::Goal::Build
+    };
+    let g = engine.graph(&goal, names)?;
+    let _ = hasher.save();
+    Ok(g)
+}
+
 /// What runs command nodes: a runner, or only a runner's name for commands
 /// that plan, generate or explain (keys of built nodes carry the name).
 #[derive(Clone, Copy)]

@@ -190,6 +190,18 @@ fn run(
     (summary, pkgs)
 }
 
+/// Every node succeeded; else their errors.
+fn assert_ok(s: &Summary) {
+    assert!(
+        s.ok(),
+        "{:?}",
+        s.nodes
+            .iter()
+            .filter_map(|n| n.error.clone())
+            .collect::<Vec<_>>()
+    );
+}
+
 fn local_pkg_nodes(s: &Summary) -> Vec<String> {
     s.nodes
         .iter()
@@ -227,14 +239,7 @@ fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
         podman: &podman,
     };
     let (ls, local_pkgs) = run(&root, &t.path().join("store-local"), &local, 4);
-    assert!(
-        ls.ok(),
-        "{:?}",
-        ls.nodes
-            .iter()
-            .filter_map(|n| n.error.clone())
-            .collect::<Vec<_>>()
-    );
+    assert_ok(&ls);
     assert_eq!(local_pkg_nodes(&ls).len(), 4);
     assert_eq!(local_pkgs.len(), 4);
 
@@ -243,14 +248,7 @@ fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
     let fake = FakeRunner::new();
     let remote = RemoteRunner::connect(&casd.url, &fake, remote_opts(4)).expect("connects");
     let (rs, remote_pkgs) = run(&root, &t.path().join("store-remote"), &remote, 4);
-    assert!(
-        rs.ok(),
-        "{:?}",
-        rs.nodes
-            .iter()
-            .filter_map(|n| n.error.clone())
-            .collect::<Vec<_>>()
-    );
+    assert_ok(&rs);
     assert_eq!(
         remote_pkgs, local_pkgs,
         "remote outputs are byte-for-byte the local ones"
@@ -315,7 +313,7 @@ fn local_packages_run_in_their_images_files_on_an_engine_without_tools() {
         podman: &podman,
     };
     let (ls, local_pkgs) = run(&root, &t.path().join("store-local"), &local, 2);
-    assert!(ls.ok(), "{:?}", ls.nodes);
+    assert_ok(&ls);
     assert_eq!(local_pkgs.len(), 2);
 
     let casd = common_reapi::start_with(2, &[]);
@@ -336,14 +334,7 @@ fn local_packages_run_in_their_images_files_on_an_engine_without_tools() {
     };
     let remote = RemoteRunner::connect(&casd.url, &local, opts).expect("connects");
     let (rs, remote_pkgs) = run(&root, &t.path().join("store-remote"), &remote, 2);
-    assert!(
-        rs.ok(),
-        "{:?}",
-        rs.nodes
-            .iter()
-            .filter_map(|n| n.error.clone())
-            .collect::<Vec<_>>()
-    );
+    assert_ok(&rs);
     assert_eq!(
         remote_pkgs, local_pkgs,
         "the packages are podman's, byte for byte"
