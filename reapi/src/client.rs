@@ -49,10 +49,16 @@ impl RemoteError {
 
     fn status(call: &str, url: &str, s: &tonic::Status) -> Self {
         // A connection that breaks under a call surfaces as UNKNOWN
-        // "transport error", not as the engine's answer: the engine is
-        // gone, as unreachable as when it refuses connections.
-        let code = if s.code() == tonic::Code::Unknown && s.message().starts_with("transport error")
-        {
+        // "transport error", or as CANCELLED "operation was canceled" when
+        // it closes mid-call (charly never cancels its own calls), not as
+        // the engine's answer: the engine is gone, as unreachable as when
+        // it refuses connections.
+        let broken = match s.code() {
+            tonic::Code::Unknown => s.message().starts_with("transport error"),
+            tonic::Code::Cancelled => s.message().starts_with("operation was canceled"),
+            _ => false,
+        };
+        let code = if broken {
             tonic::Code::Unavailable
         } else {
             s.code()
@@ -840,6 +846,29 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    /// A connection broken under a call means the engine is gone; the
+    /// engine's own answers keep their code.
+    #[test]
+    fn a_broken_connection_is_an_unreachable_engine() {
+        let unavailable = Some(tonic::Code::Unavailable as i32);
+        for s in [
+            tonic::Status::unknown("transport error"),
+            tonic::Status::cancelled("operation was canceled: connection closed"),
+        ] {
+            let e = RemoteError::status("GetActionResult", "grpc://h:1", &s);
+            assert_eq!(e.code, unavailable, "{s:?}");
+            assert!(e.message.contains("is unreachable"), "{}", e.message);
+        }
+        for s in [
+            tonic::Status::cancelled("the engine cancelled the action"),
+            tonic::Status::unknown("boom"),
+        ] {
+            let e = RemoteError::status("Execute", "grpc://h:1", &s);
+            assert_eq!(e.code, Some(s.code() as i32), "{s:?}");
+        }
+    }
+
     use super::*;
 
     #[test]
