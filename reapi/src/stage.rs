@@ -553,6 +553,7 @@ charly_chown() { # owner path...
 # anything on PATH) and, for the programs a RUN starts, the same functions
 # as commands first on PATH.
 charly_shims=
+if ! { : > "$charly_root/charly-probe" && chown 1:1 "$charly_root/charly-probe"; } 2>/dev/null; then
 charly_tool() { # how the shims call the real tool: its path, or busybox's applet
     charly_t=$(command -v "$1" 2>/dev/null || :)
     case $charly_t in /*) echo "'$charly_t'";; *) echo "command $1";; esac
@@ -572,7 +573,6 @@ install() {
     done
     $(charly_tool install) \"\$@\"
 }"
-if ! { : > "$charly_root/charly-probe" && chown 1:1 "$charly_root/charly-probe"; } 2>/dev/null; then
     charly_shims="$charly_root/charly-shims"
     mkdir -p "$charly_shims"
     for charly_c in chown chgrp install; do

@@ -376,7 +376,7 @@ impl<'a> RemoteRunner<'a> {
         &self,
         req: &LocalPkgRequest,
     ) -> Result<(RemoteCommand, InputRoot), RemoteError> {
-        let (mut input, env) = match self.stage_mode() {
+        let (mut input, mut env) = match self.stage_mode() {
             // The build image's files are the action's `/`, its
             // environment the action's, as `podman run` gives them.
             Some(StageMode::Rootfs) => {
@@ -396,7 +396,6 @@ impl<'a> RemoteRunner<'a> {
         input.add_dir(PKG_SRC_STAGED, &req.source)?;
         input.add_empty_dir("out")?;
         let image = self.pkg_image_property(req);
-        let mut env = env;
         if image.is_none() {
             self.add_ca(&mut input, &mut env)?;
         }
@@ -628,8 +627,6 @@ impl<'a> RemoteRunner<'a> {
     }
 }
 
-/// An action that could not be built, so was never sent: like an
-/// unreachable engine, `--remote-fallback` runs the node locally.
 /// An engine pulls `container-image` from a registry: when the action named
 /// an image only this machine has (`localhost/…`), the failure says so and
 /// which flags fix it (`instead`: this node kind's way around it).
@@ -643,6 +640,8 @@ fn local_image_hint(mut e: RunError, image: Option<&str>, instead: &str) -> RunE
     e
 }
 
+/// An action that could not be built, so was never sent: like an
+/// unreachable engine, `--remote-fallback` runs the node locally.
 fn unsent(e: RemoteError) -> ActionError {
     ActionError {
         message: e.message,
