@@ -105,12 +105,22 @@ distro:
 }
 
 /// Local packages with podman, everything else fake: the local reference.
-struct LocalPkgsWithPodman<'a> {
+struct LocalPkgsWithPodman {
     fake: FakeRunner,
-    podman: &'a PodmanRunner,
+    podman: PodmanRunner,
 }
 
-impl Runner for LocalPkgsWithPodman<'_> {
+impl LocalPkgsWithPodman {
+    /// Podman in a busybox image, its storage under `dir`.
+    fn new(dir: &Path) -> Self {
+        LocalPkgsWithPodman {
+            fake: FakeRunner::new(),
+            podman: podman_runner(dir),
+        }
+    }
+}
+
+impl Runner for LocalPkgsWithPodman {
     fn name(&self) -> &str {
         self.fake.name()
     }
@@ -233,11 +243,7 @@ fn command_nodes_run_remotely_match_local_and_hit_the_action_cache() {
     project(&root, 4, "0", None);
 
     // Local reference: podman in a busybox image.
-    let podman = podman_runner(t.path());
-    let local = LocalPkgsWithPodman {
-        fake: FakeRunner::new(),
-        podman: &podman,
-    };
+    let local = LocalPkgsWithPodman::new(t.path());
     let (ls, local_pkgs) = run(&root, &t.path().join("store-local"), &local, 4);
     assert_ok(&ls);
     assert_eq!(local_pkg_nodes(&ls).len(), 4);
@@ -307,11 +313,7 @@ fn local_packages_run_in_their_images_files_on_an_engine_without_tools() {
     let t = tempfile::tempdir().expect("tmp");
     let root = t.path().join("project");
     project(&root, 2, "0", None);
-    let podman = podman_runner(t.path());
-    let local = LocalPkgsWithPodman {
-        fake: FakeRunner::new(),
-        podman: &podman,
-    };
+    let local = LocalPkgsWithPodman::new(t.path());
     let (ls, local_pkgs) = run(&root, &t.path().join("store-local"), &local, 2);
     assert_ok(&ls);
     assert_eq!(local_pkgs.len(), 2);
