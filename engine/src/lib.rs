@@ -1,9 +1,10 @@
 //! charly-engine: the build graph, its keys, and running it.
 //!
 //! * [`graph`]: a loaded, resolved project (from `charly-rules`) as a DAG of
-//!   nodes named by [`id`] (`NodeId`); [`graph::inputs`] says what enters each
-//!   kind of node's key, [`key`] encodes and hashes those inputs, [`hash`]
-//!   digests files behind a stat cache.
+//!   nodes named by [`id`] (`NodeId`); [`graph::inputs`] fills each kind of
+//!   node's typed key inputs ([`key::OwnInputs`], one struct per kind),
+//!   [`key`] encodes and hashes them, [`hash`] digests files behind a stat
+//!   cache.
 //! * [`sched`] runs ready nodes in parallel; [`exec`] runs one node against
 //!   the store (local, then the remote cache) and records its [`outputs`];
 //!   [`report`] what a run tells as it goes (each node's state, the

@@ -10,12 +10,17 @@
 use super::{Builder, GraphError, Work, image_ref};
 use crate::hash::FileHasher;
 use crate::id::SourceId;
-use crate::key::{KeyInputs, NodeKind};
+use crate::key::{
+    BaseInputs, BuilderStageInputs, ContainerfileInputs, FragmentInputs, ImageInputs, KeyInputs,
+    LayerInputs, LocalPkgInputs, OwnInputs, PlanInputs, PluginInputs, RootfsInputs, SourceInputs,
+    text_digest,
+};
 use charly_rules::emit::containerfile::fragment_is_last;
 use charly_rules::load::{CandyEntry, Project};
 use charly_rules::plan::{HostContext, InstallStep, Target, build_merged_plan, deploy_plan_header};
 use charly_rules::resolve::{BaseRef, ResolvedBox, User, effective_distro};
 use petgraph::stable_graph::NodeIndex;
+use std::collections::BTreeMap;
 
 impl Builder<'_> {
     /// Non-dependency inputs of a node; `steps_json`, for a fragment, is
@@ -27,17 +32,21 @@ impl Builder<'_> {
         steps_json: Option<&str>,
     ) -> Result<KeyInputs, GraphError> {
         let n = &self.graph.g[i];
-        let mut k = KeyInputs::new(n.kind);
-        match &n.work {
-            Work::Source => {}
+        // Texts of staged files kept (not keyed) so `explain` can show the
+        // lines of a written file that changed.
+        let mut contents = BTreeMap::new();
+        let own = match &n.work {
+            Work::Source => OwnInputs::Source(SourceInputs::default()),
             Work::Fragment {
                 box_name,
                 candy,
                 index,
                 steps,
-            } => self.fragment_inputs(&mut k, box_name, candy, *index, steps, steps_json)?,
+            } => OwnInputs::Fragment(
+                self.fragment_inputs(box_name, candy, *index, steps, steps_json)?,
+            ),
             Work::Containerfile { box_name, prebuilt } => {
-                self.containerfile_inputs(&mut k, box_name, *prebuilt)?
+                OwnInputs::Containerfile(self.containerfile_inputs(box_name, *prebuilt)?)
             }
             Work::BuilderStage {
                 candy,
@@ -45,24 +54,31 @@ impl Builder<'_> {
                 image_box: _,
                 user,
                 for_box,
-            } => self.builder_stage_inputs(&mut k, candy, builder, user, for_box)?,
+            } => OwnInputs::BuilderStage(self.builder_stage_inputs(candy, builder, user, for_box)?),
             Work::LocalPkg {
                 candy,
                 format,
                 for_box,
-            } => self.local_pkg_inputs(&mut k, candy, format, for_box)?,
-            Work::Rootfs { box_name, builder } => self.rootfs_inputs(&mut k, box_name, builder)?,
-            Work::Image { box_name } => self.image_inputs(&mut k, box_name)?,
-            Work::Plan { box_name, target } => self.plan_inputs(&mut k, box_name, *target)?,
+            } => OwnInputs::LocalPkg(self.local_pkg_inputs(candy, format, for_box)?),
+            Work::Rootfs { box_name, builder } => {
+                OwnInputs::Rootfs(self.rootfs_inputs(box_name, builder)?)
+            }
+            Work::Image { box_name } => OwnInputs::Image(self.image_inputs(box_name)?),
+            Work::Plan { box_name, target } => {
+                OwnInputs::Plan(self.plan_inputs(box_name, *target)?)
+            }
             Work::Layer { box_name, part, .. } => {
-                self.layer_inputs(&mut k, box_name, part, hasher)?
+                OwnInputs::Layer(self.layer_inputs(box_name, part, hasher, &mut contents)?)
             }
-            Work::Base { reference } => {
-                k.base = Some(reference.clone());
-                k.value("runner", self.opts.runner.clone());
-                k.value("arch", self.opts.arch.clone());
-            }
-        }
+            Work::Base { reference } => OwnInputs::Base(BaseInputs {
+                reference: reference.clone(),
+                runner: self.opts.runner.clone(),
+                arch: self.opts.arch.clone(),
+            }),
+        };
+        debug_assert_eq!(own.kind(), n.kind);
+        let mut k = own.to_key_inputs();
+        k.contents.extend(contents);
         Ok(k)
     }
 
@@ -70,13 +86,12 @@ impl Builder<'_> {
     /// tags, its position, its variables and the vocabulary it renders with.
     fn fragment_inputs(
         &self,
-        k: &mut KeyInputs,
         box_name: &str,
         candy: &str,
         index: usize,
         steps: &super::FragmentSteps,
         steps_json: Option<&str>,
-    ) -> Result<(), GraphError> {
+    ) -> Result<FragmentInputs, GraphError> {
         let b = self.rbox(box_name)?;
         let steps = steps.get(self.p, b, candy)?;
         let steps = steps.as_slice();
@@ -91,71 +106,75 @@ impl Builder<'_> {
                 &charly_rules::plan::DeployPlanRef { steps, ..header },
             )?,
         };
-        k.text("plan", &plan);
-        k.value("emitter", charly_rules::emit::REVISION.to_string());
-        plugin_values(k, steps, &self.opts.plugins);
-        user_values(k, &b.user);
-        k.value("formats", b.formats.join(","));
-        k.value("tags", b.tags.join(","));
-        k.value("last", fragment_is_last(self.p, b, index).to_string());
-        k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
         let c = &self.p.candies[candy];
-        for (name, v) in c.def.var.iter() {
-            k.value(format!("var:{}", name.value), v.value.clone());
-        }
-        vocab_texts(k, self.p, b, Some(c), &self.vocab_digests)
+        Ok(FragmentInputs {
+            plan: text_digest(&plan),
+            emitter: charly_rules::emit::REVISION.to_string(),
+            plugins: plugin_inputs(steps, &self.opts.plugins),
+            user: user_value(&b.user),
+            formats: b.formats.join(","),
+            tags: b.tags.join(","),
+            last: fragment_is_last(self.p, b, index),
+            dev_local_pkg: self.opts.dev_local_pkg,
+            vars: c
+                .def
+                .var
+                .iter()
+                .map(|(name, v)| (name.value.clone(), v.value.clone()))
+                .collect(),
+            vocab: vocab_texts(self.p, b, Some(c), &self.vocab_digests)?,
+        })
     }
 
     /// A box's build directory: its facts, base, builder images and vocabulary.
     fn containerfile_inputs(
         &self,
-        k: &mut KeyInputs,
         box_name: &str,
         prebuilt: bool,
-    ) -> Result<(), GraphError> {
+    ) -> Result<ContainerfileInputs, GraphError> {
         let b = self.rbox(box_name)?;
-        box_facts(k, b)?;
-        k.value("emitter", charly_rules::emit::REVISION.to_string());
-        k.value("prebuilt-artifacts", prebuilt.to_string());
-        vocab_texts(k, self.p, b, None, &self.vocab_digests)?;
-        k.base = Some(b.root_image.clone());
-        if let BaseRef::Box(parent) = &b.base {
-            k.value("base-ref", image_ref(self.r, parent));
-        }
-        for u in &b.builders {
-            if let Some(img) = &u.image {
-                k.value(format!("builder-ref:{}", u.builder), image_ref(self.r, img));
-            }
-        }
-        k.value("dev-local-pkg", self.opts.dev_local_pkg.to_string());
-        Ok(())
+        Ok(ContainerfileInputs {
+            facts: box_facts(b)?,
+            emitter: charly_rules::emit::REVISION.to_string(),
+            prebuilt_artifacts: prebuilt,
+            vocab: vocab_texts(self.p, b, None, &self.vocab_digests)?,
+            root_image: b.root_image.clone(),
+            base_ref: match &b.base {
+                BaseRef::Box(parent) => Some(image_ref(self.r, parent)),
+                _ => None,
+            },
+            builder_refs: b
+                .builders
+                .iter()
+                .filter_map(|u| Some((u.builder.clone(), image_ref(self.r, u.image.as_ref()?))))
+                .collect(),
+            dev_local_pkg: self.opts.dev_local_pkg,
+        })
     }
 
     /// A builder stage: the builder's definition, the account, the candy,
-    /// the runner and the builder image's key.
+    /// the runner (the builder image's key, another node's, is set where
+    /// keys are chained: `Builder::compute_keys`).
     fn builder_stage_inputs(
         &self,
-        k: &mut KeyInputs,
         candy: &str,
         builder: &str,
         user: &User,
         for_box: &str,
-    ) -> Result<(), GraphError> {
+    ) -> Result<BuilderStageInputs, GraphError> {
         let b = self.rbox(for_box)?;
         let vocab = &self.p.ns(b.ns).vocab;
-        if let Some(def) = vocab.builder.get(builder) {
-            k.text(
-                format!("builder/{builder}"),
-                &canonical("the builder definition", def)?,
-            );
-        }
-        user_values(k, user);
-        k.value("builder", builder);
-        k.value("candy", candy);
-        k.value("runner", self.opts.runner.clone());
-        // The builder image's key (`builder_image`) is another node's: set
-        // where keys are chained (`Builder::compute_keys`), not here.
-        Ok(())
+        Ok(BuilderStageInputs {
+            definition: vocab
+                .builder
+                .get(builder)
+                .map(|def| canonical("the builder definition", def).map(|t| text_digest(&t)))
+                .transpose()?,
+            user: user_value(user),
+            builder: builder.to_string(),
+            candy: candy.to_string(),
+            runner: self.opts.runner.clone(),
+        })
     }
 
     /// A local package: its recipe (the format's `local_pkg` definition and
@@ -164,26 +183,22 @@ impl Builder<'_> {
     /// distro it is built for and the image it is built in.
     fn local_pkg_inputs(
         &self,
-        k: &mut KeyInputs,
         candy: &str,
         format: &str,
         for_box: &str,
-    ) -> Result<(), GraphError> {
+    ) -> Result<LocalPkgInputs, GraphError> {
         let b = self.rbox(for_box)?;
         let vocab = &self.p.ns(b.ns).vocab;
-        if let Some(d) = b
+        let recipe = b
             .distro_def
             .as_deref()
             .and_then(|d| effective_distro(vocab, d))
-            && let Some(f) = d.format.get(format)
-        {
-            k.text(
-                format!("format/{format}/local_pkg"),
-                &canonical("the format's local_pkg", &f.local_pkg)?,
-            );
-        }
-        k.value("format", format);
-        k.value("candy", candy);
+            .and_then(|d| {
+                let f = d.format.get(format)?;
+                Some(canonical("the format's local_pkg", &f.local_pkg))
+            })
+            .transpose()?
+            .map(|t| text_digest(&t));
         // The candy's part of the recipe: which directory it names for the
         // format (its files are the source node's).
         let entry = self.p.candies[candy].def.localpkg.as_ref().and_then(|m| {
@@ -193,114 +208,109 @@ impl Builder<'_> {
                 .find(|(f, _)| f.value == format)
                 .map(|(_, dir)| dir.value.clone())
         });
-        k.value("localpkg", entry.unwrap_or_default());
-        k.value("runner", self.opts.runner.clone());
-        k.value("distro", b.tags.join(","));
-        // The image it is built in (its identity's last part).
-        k.value("built-in", super::local_pkg_image(b));
-        Ok(())
+        Ok(LocalPkgInputs {
+            recipe,
+            format: format.to_string(),
+            candy: candy.to_string(),
+            localpkg: entry.unwrap_or_default(),
+            runner: self.opts.runner.clone(),
+            distro: b.tags.join(","),
+            // The image it is built in (its identity's last part).
+            built_in: super::local_pkg_image(b).to_string(),
+        })
     }
 
     /// A root filesystem: the distro definition, the bootstrap builder, the
     /// runner and the architecture.
-    fn rootfs_inputs(
-        &self,
-        k: &mut KeyInputs,
-        box_name: &str,
-        builder: &str,
-    ) -> Result<(), GraphError> {
+    fn rootfs_inputs(&self, box_name: &str, builder: &str) -> Result<RootfsInputs, GraphError> {
         let b = self.rbox(box_name)?;
         let vocab = &self.p.ns(b.ns).vocab;
-        if let Some(d) = b
+        let distro = match b
             .distro_def
             .as_deref()
             .and_then(|d| effective_distro(vocab, d))
         {
-            k.text("distro", &canonical("the distro definition", &d)?);
-        }
-        k.value("builder", builder);
-        // Recorded as a layer (the chain's first) since layers are nodes.
-        k.value("output", "layer");
-        k.value("tags", b.tags.join(","));
-        k.value("runner", self.opts.runner.clone());
-        k.value("arch", self.opts.arch.clone());
-        Ok(())
+            Some(d) => Some(text_digest(&canonical("the distro definition", &d)?)),
+            None => None,
+        };
+        Ok(RootfsInputs {
+            distro,
+            builder: builder.to_string(),
+            tags: b.tags.join(","),
+            runner: self.opts.runner.clone(),
+            arch: self.opts.arch.clone(),
+        })
     }
 
     /// An image: its tag, labels, final user, runner and architecture
     /// (its layers come in as the top layer's key).
-    fn image_inputs(&self, k: &mut KeyInputs, box_name: &str) -> Result<(), GraphError> {
+    fn image_inputs(&self, box_name: &str) -> Result<ImageInputs, GraphError> {
         let b = self.rbox(box_name)?;
-        k.base = Some(b.root_image.clone());
-        k.value("tag", image_ref(self.r, box_name));
-        k.value("runner", self.opts.runner.clone());
-        k.value("arch", self.opts.arch.clone());
         let facts = charly_rules::emit::containerfile::image_facts(self.p, b, self.emit());
-        k.text("labels", &canonical("the image labels", &facts.labels)?);
-        k.value("user", facts.user.unwrap_or_default());
-        Ok(())
+        Ok(ImageInputs {
+            root_image: b.root_image.clone(),
+            tag: image_ref(self.r, box_name),
+            runner: self.opts.runner.clone(),
+            arch: self.opts.arch.clone(),
+            labels: text_digest(&canonical("the image labels", &facts.labels)?),
+            user: facts.user.unwrap_or_default(),
+        })
     }
 
     /// A layer: its Containerfile text and the files it stages (the
     /// candy's directory, builder artifacts, local packages and the root
     /// filesystem come in as dependencies), the runner and architecture.
+    /// Small written files' texts go to `contents`, for explanations.
     fn layer_inputs(
         &self,
-        k: &mut KeyInputs,
         box_name: &str,
         part: &super::LayerWork,
         hasher: &FileHasher,
-    ) -> Result<(), GraphError> {
+        contents: &mut BTreeMap<String, String>,
+    ) -> Result<LayerInputs, GraphError> {
         let b = self.rbox(box_name)?;
+        let mut own = LayerInputs {
+            runner: self.opts.runner.clone(),
+            arch: self.opts.arch.clone(),
+            ..LayerInputs::default()
+        };
         // A layer that does not render (a local package without
         // --dev-local-pkg…) still gets a key: `graph` and `explain` work,
         // and the node fails with the same message when it runs.
-        let text = match super::layers::render(self.p, b, part, self.emit()) {
-            Ok(t) => t,
-            Err(e) => {
-                k.value("render-error", e.to_string());
-                None
-            }
-        };
-        if let Some(t) = text {
-            k.text_with_content("containerfile", &t.containerfile);
-            for (path, staged) in &t.files {
-                let d = match staged {
-                    charly_rules::emit::Staged::Bytes(bytes) => {
-                        // Kept (not keyed) so `explain` can show the lines
-                        // of a written file that changed.
-                        if bytes.len() <= crate::key::CONTENT_MAX
-                            && let Ok(text) = std::str::from_utf8(bytes)
-                        {
-                            k.contents.insert(format!("file:{path}"), text.to_string());
+        match super::layers::render(self.p, b, part, self.emit()) {
+            Ok(Some(t)) => {
+                for (path, staged) in &t.files {
+                    let d = match staged {
+                        charly_rules::emit::Staged::Bytes(bytes) => {
+                            if bytes.len() <= crate::key::CONTENT_MAX
+                                && let Ok(text) = std::str::from_utf8(bytes)
+                            {
+                                contents.insert(format!("file:{path}"), text.to_string());
+                            }
+                            blake3::hash(bytes).to_hex().to_string()
                         }
-                        blake3::hash(bytes).to_hex().to_string()
-                    }
-                    charly_rules::emit::Staged::CopyOf(src) => {
-                        hasher.digest(src).map_err(|source| GraphError::Io {
-                            path: src.display().to_string(),
-                            source,
-                        })?
-                    }
-                };
-                k.texts.insert(format!("file:{path}"), d);
+                        charly_rules::emit::Staged::CopyOf(src) => {
+                            hasher.digest(src).map_err(|source| GraphError::Io {
+                                path: src.display().to_string(),
+                                source,
+                            })?
+                        }
+                    };
+                    own.files.insert(path.clone(), d);
+                }
+                own.containerfile = Some(t.containerfile);
             }
+            Ok(None) => {}
+            Err(e) => own.render_error = Some(e.to_string()),
         }
         if let super::LayerWork::Candy { steps, .. } = part {
-            plugin_values(k, steps, &self.opts.plugins);
+            own.plugins = plugin_inputs(steps, &self.opts.plugins);
         }
-        k.value("runner", self.opts.runner.clone());
-        k.value("arch", self.opts.arch.clone());
-        Ok(())
+        Ok(own)
     }
 
     /// A deploy plan: the merged plan for the target.
-    fn plan_inputs(
-        &self,
-        k: &mut KeyInputs,
-        box_name: &str,
-        target: Target,
-    ) -> Result<(), GraphError> {
+    fn plan_inputs(&self, box_name: &str, target: Target) -> Result<PlanInputs, GraphError> {
         let b = self.rbox(box_name)?;
         let plan = build_merged_plan(
             self.p,
@@ -311,38 +321,42 @@ impl Builder<'_> {
             },
             &[],
         )?;
-        k.text("plan", &canonical("the merged plan", &plan)?);
-        k.value("target", target.as_str());
-        Ok(())
+        Ok(PlanInputs {
+            plan: text_digest(&canonical("the merged plan", &plan)?),
+            target: target.as_str().to_string(),
+        })
     }
 }
 
 /// The plugins a candy's plan uses: each one's identity, and the fragment
 /// it emitted for each of the candy's tasks (a new plugin build, or a new
 /// answer, rebuilds what uses it; `explain` names the word).
-fn plugin_values(k: &mut KeyInputs, steps: &[InstallStep], pb: &super::PluginBuild) {
+fn plugin_inputs(steps: &[InstallStep], pb: &super::PluginBuild) -> PluginInputs {
+    let mut own = PluginInputs::default();
     for s in steps {
         let charly_rules::plan::StepData::External(e) = &s.data else {
             continue;
         };
         let word = e.data["word"].as_str().unwrap_or_default();
         let id = pb.ids.get(word).map_or("not found", String::as_str);
-        k.value(format!("plugin:{word}"), id);
+        own.ids.insert(word.to_string(), id.to_string());
         if let Some(t) = e.data["task"].as_u64()
             && let Some(f) = pb.fragments.get(&(s.candy.clone(), t as usize))
         {
-            k.text(format!("plugin-fragment:{t}"), f);
+            own.fragments.insert(t.to_string(), text_digest(f));
         }
     }
+    own
 }
 
-fn user_values(k: &mut KeyInputs, u: &User) {
-    k.value("user", format!("{}:{}:{}:{}", u.name, u.uid, u.gid, u.home));
+/// A user as it enters keys: `name:uid:gid:home`.
+fn user_value(u: &User) -> String {
+    format!("{}:{}:{}:{}", u.name, u.uid, u.gid, u.home)
 }
 
 /// A box's resolved facts, one value per fact: `fact:<field>` → the
 /// field's text (strings as they are, everything else as canonical JSON).
-fn box_facts(k: &mut KeyInputs, b: &ResolvedBox) -> Result<(), GraphError> {
+fn box_facts(b: &ResolvedBox) -> Result<BTreeMap<String, String>, GraphError> {
     let value = serde_json::to_value(b).map_err(|e| GraphError::Canonical {
         what: format!("the facts of box {}", b.name),
         message: e.to_string(),
@@ -353,14 +367,16 @@ fn box_facts(k: &mut KeyInputs, b: &ResolvedBox) -> Result<(), GraphError> {
             message: "not a map of fields".into(),
         });
     };
-    for (field, v) in fields {
-        let text = match v {
-            serde_json::Value::String(s) => s,
-            other => other.to_string(),
-        };
-        k.value(format!("fact:{field}"), text);
-    }
-    Ok(())
+    Ok(fields
+        .into_iter()
+        .map(|(field, v)| {
+            let text = match v {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (field, text)
+        })
+        .collect())
 }
 
 /// Digests of vocabulary entries' canonical texts by namespace and entry
@@ -371,7 +387,7 @@ pub(super) type VocabDigests = std::sync::Mutex<std::collections::HashMap<String
 /// Adds the text `name` (a vocabulary entry of namespace `ns`) by its
 /// digest, encoding it with `text` only the first time (`None`: no entry).
 fn cached_text(
-    k: &mut KeyInputs,
+    k: &mut BTreeMap<String, String>,
     digests: &VocabDigests,
     ns: usize,
     name: String,
@@ -379,7 +395,7 @@ fn cached_text(
 ) -> Result<(), GraphError> {
     let id = format!("{ns}\0{name}");
     if let Some(d) = digests.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
-        k.texts.insert(name, d.clone());
+        k.insert(name, d.clone());
         return Ok(());
     }
     if let Some(text) = text()? {
@@ -388,19 +404,20 @@ fn cached_text(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, d.clone());
-        k.texts.insert(name, d);
+        k.insert(name, d);
     }
     Ok(())
 }
 
 /// Vocabulary entries a box (or one of its candies) renders with.
 fn vocab_texts(
-    k: &mut KeyInputs,
     p: &Project,
     b: &ResolvedBox,
     candy: Option<&CandyEntry>,
     digests: &VocabDigests,
-) -> Result<(), GraphError> {
+) -> Result<BTreeMap<String, String>, GraphError> {
+    let mut texts = BTreeMap::new();
+    let k = &mut texts;
     let vocab = &p.ns(b.ns).vocab;
     if let Some(name) = b.distro_def.as_deref() {
         cached_text(k, digests, b.ns.0, format!("vocab:distro/{name}"), || {
@@ -436,7 +453,7 @@ fn vocab_texts(
             })?;
         }
     }
-    Ok(())
+    Ok(texts)
 }
 
 /// Canonical JSON of a key input: compact, every object's members (struct
@@ -476,13 +493,14 @@ pub(super) fn source_inputs(
     id: &SourceId,
     hasher: &FileHasher,
 ) -> Result<KeyInputs, GraphError> {
-    let mut k = KeyInputs::new(NodeKind::Source);
+    let mut own = SourceInputs::default();
+    let files = &mut own.files;
     match id {
-        SourceId::Candy(candy) => source_candy(p, &p.candies[candy], hasher, &mut k)?,
-        SourceId::LocalPkg { candy, format } => source_localpkg(p, candy, format, hasher, &mut k)?,
-        SourceId::Box(name) => source_box(p, name, &mut k),
+        SourceId::Candy(candy) => source_candy(p, &p.candies[candy], hasher, files)?,
+        SourceId::LocalPkg { candy, format } => source_localpkg(p, candy, format, hasher, files)?,
+        SourceId::Box(name) => source_box(p, name, files),
     }
-    Ok(k)
+    Ok(OwnInputs::Source(own).to_key_inputs())
 }
 
 /// A candy directory: every file, the definition without its checks.
@@ -490,7 +508,7 @@ fn source_candy(
     p: &Project,
     c: &CandyEntry,
     hasher: &FileHasher,
-    k: &mut KeyInputs,
+    k: &mut BTreeMap<String, String>,
 ) -> Result<(), GraphError> {
     let prefix = charly_rules::naming::candy_key_dir(c);
     let def_file = p.sources.get(c.file);
@@ -505,7 +523,7 @@ fn source_candy(
                 source,
             })?,
         };
-        k.files.insert(format!("{prefix}/{f}"), d);
+        k.insert(format!("{prefix}/{f}"), d);
     }
     Ok(())
 }
@@ -516,7 +534,7 @@ fn source_localpkg(
     candy: &str,
     fmt: &str,
     hasher: &FileHasher,
-    k: &mut KeyInputs,
+    k: &mut BTreeMap<String, String>,
 ) -> Result<(), GraphError> {
     if let Some((dir, files)) = p
         .candies
@@ -531,14 +549,14 @@ fn source_localpkg(
                     path: format!("{prefix}/{f}"),
                     source,
                 })?;
-            k.files.insert(format!("{prefix}/{f}"), d);
+            k.insert(format!("{prefix}/{f}"), d);
         }
     }
     Ok(())
 }
 
 /// A box's definition, without its checks.
-fn source_box(p: &Project, name: &str, k: &mut KeyInputs) {
+fn source_box(p: &Project, name: &str, k: &mut BTreeMap<String, String>) {
     // Look the box up by its namespace prefix and short name (a scan of
     // every box here made the graph quadratic in the number of boxes).
     for n in &p.namespaces {
@@ -552,7 +570,7 @@ fn source_box(p: &Project, name: &str, k: &mut KeyInputs) {
             && n.qualify(&b.name) == name
             && let Some(src) = p.sources.get(b.file)
         {
-            k.files.insert(
+            k.insert(
                 src.rel.clone(),
                 charly_rules::check::box_definition_digest(&src.text, b),
             );

@@ -1,7 +1,9 @@
 //! Node keys: what a node's output depends on, canonically encoded and hashed.
 //!
-//! Every node lists its inputs in one typed struct, [`KeyInputs`], grouped by
-//! what they are so `charly explain` can say *which* input changed: files
+//! A node's own inputs are one struct per kind ([`OwnInputs`], module
+//! `kinds`: every input a named field), written into [`KeyInputs`], whose
+//! maps group them by what they are so `charly explain` can say *which*
+//! input changed: files
 //! (project-relative path → content digest), texts (templates, rendered plans:
 //! name → digest), values (user, formats, flags: name → value), dependency
 //! keys (node id → key), the base image and the builder image.
@@ -13,6 +15,10 @@
 //! Keys never contain absolute paths, mtimes, user or host names or time.
 //! Changing the encoding means bumping [`KEY_SCHEMA_VERSION`]; golden tests
 //! pin exact key hex.
+
+mod kinds;
+
+pub use kinds::*;
 
 use charly_cache::NodeKey;
 use serde::{Deserialize, Serialize};
@@ -49,6 +55,20 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
+    /// Every kind, in tag order.
+    pub const ALL: [NodeKind; 10] = [
+        NodeKind::Source,
+        NodeKind::Fragment,
+        NodeKind::BuilderStage,
+        NodeKind::LocalPkg,
+        NodeKind::Containerfile,
+        NodeKind::Rootfs,
+        NodeKind::Image,
+        NodeKind::Plan,
+        NodeKind::Layer,
+        NodeKind::Base,
+    ];
+
     /// The fixed tag byte of the kind in the encoding.
     fn tag(self) -> u8 {
         match self {
