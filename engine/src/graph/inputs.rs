@@ -77,7 +77,7 @@ impl Builder<'_> {
             }),
         };
         debug_assert_eq!(own.kind(), n.kind);
-        let mut k = own.to_key_inputs();
+        let mut k = own.into_key_inputs();
         k.contents.extend(contents);
         Ok(k)
     }
@@ -500,7 +500,7 @@ pub(super) fn source_inputs(
         SourceId::LocalPkg { candy, format } => source_localpkg(p, candy, format, hasher, files)?,
         SourceId::Box(name) => source_box(p, name, files),
     }
-    Ok(OwnInputs::Source(own).to_key_inputs())
+    Ok(OwnInputs::Source(own).into_key_inputs())
 }
 
 /// A candy directory: every file, the definition without its checks.

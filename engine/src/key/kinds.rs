@@ -29,13 +29,13 @@ pub struct PluginInputs {
 }
 
 impl PluginInputs {
-    fn write(&self, k: &mut KeyInputs) {
+    fn write(self, k: &mut KeyInputs) {
         let PluginInputs { ids, fragments } = self;
         for (word, id) in ids {
-            k.value(format!("plugin:{word}"), id.clone());
+            k.value(format!("plugin:{word}"), id);
         }
         for (task, d) in fragments {
-            k.texts.insert(format!("plugin-fragment:{task}"), d.clone());
+            k.texts.insert(format!("plugin-fragment:{task}"), d);
         }
     }
 }
@@ -261,18 +261,17 @@ impl OwnInputs {
     }
 
     /// The key inputs they make: the kind, and every field under its name.
-    pub fn to_key_inputs(&self) -> KeyInputs {
+    pub fn into_key_inputs(self) -> KeyInputs {
         let mut k = KeyInputs::new(self.kind());
         self.write(&mut k);
         k
     }
 
     /// Writes every field into `k` under its name.
-    pub fn write(&self, k: &mut KeyInputs) {
+    pub fn write(self, k: &mut KeyInputs) {
         match self {
             OwnInputs::Source(SourceInputs { files }) => {
-                k.files
-                    .extend(files.iter().map(|(p, d)| (p.clone(), d.clone())));
+                k.files.extend(files);
             }
             OwnInputs::Fragment(FragmentInputs {
                 plan,
@@ -286,19 +285,18 @@ impl OwnInputs {
                 vars,
                 vocab,
             }) => {
-                k.texts.insert("plan".into(), plan.clone());
-                k.value("emitter", emitter.clone());
+                k.texts.insert("plan".into(), plan);
+                k.value("emitter", emitter);
                 plugins.write(k);
-                k.value("user", user.clone());
-                k.value("formats", formats.clone());
-                k.value("tags", tags.clone());
-                k.value("last", flag(*last));
-                k.value("dev-local-pkg", flag(*dev_local_pkg));
+                k.value("user", user);
+                k.value("formats", formats);
+                k.value("tags", tags);
+                k.value("last", flag(last));
+                k.value("dev-local-pkg", flag(dev_local_pkg));
                 for (name, v) in vars {
-                    k.value(format!("var:{name}"), v.clone());
+                    k.value(format!("var:{name}"), v);
                 }
-                k.texts
-                    .extend(vocab.iter().map(|(n, d)| (n.clone(), d.clone())));
+                k.texts.extend(vocab);
             }
             OwnInputs::Containerfile(ContainerfileInputs {
                 facts,
@@ -311,20 +309,19 @@ impl OwnInputs {
                 dev_local_pkg,
             }) => {
                 for (field, text) in facts {
-                    k.value(format!("fact:{field}"), text.clone());
+                    k.value(format!("fact:{field}"), text);
                 }
-                k.value("emitter", emitter.clone());
-                k.value("prebuilt-artifacts", flag(*prebuilt_artifacts));
-                k.texts
-                    .extend(vocab.iter().map(|(n, d)| (n.clone(), d.clone())));
-                k.base = Some(root_image.clone());
+                k.value("emitter", emitter);
+                k.value("prebuilt-artifacts", flag(prebuilt_artifacts));
+                k.texts.extend(vocab);
+                k.base = Some(root_image);
                 if let Some(r) = base_ref {
-                    k.value("base-ref", r.clone());
+                    k.value("base-ref", r);
                 }
                 for (builder, r) in builder_refs {
-                    k.value(format!("builder-ref:{builder}"), r.clone());
+                    k.value(format!("builder-ref:{builder}"), r);
                 }
-                k.value("dev-local-pkg", flag(*dev_local_pkg));
+                k.value("dev-local-pkg", flag(dev_local_pkg));
             }
             OwnInputs::BuilderStage(BuilderStageInputs {
                 definition,
@@ -334,12 +331,12 @@ impl OwnInputs {
                 runner,
             }) => {
                 if let Some(d) = definition {
-                    k.texts.insert(format!("builder/{builder}"), d.clone());
+                    k.texts.insert(format!("builder/{builder}"), d);
                 }
-                k.value("user", user.clone());
-                k.value("builder", builder.clone());
-                k.value("candy", candy.clone());
-                k.value("runner", runner.clone());
+                k.value("user", user);
+                k.value("builder", builder);
+                k.value("candy", candy);
+                k.value("runner", runner);
             }
             OwnInputs::LocalPkg(LocalPkgInputs {
                 recipe,
@@ -351,15 +348,14 @@ impl OwnInputs {
                 built_in,
             }) => {
                 if let Some(d) = recipe {
-                    k.texts
-                        .insert(format!("format/{format}/local_pkg"), d.clone());
+                    k.texts.insert(format!("format/{format}/local_pkg"), d);
                 }
-                k.value("format", format.clone());
-                k.value("candy", candy.clone());
-                k.value("localpkg", localpkg.clone());
-                k.value("runner", runner.clone());
-                k.value("distro", distro.clone());
-                k.value("built-in", built_in.clone());
+                k.value("format", format);
+                k.value("candy", candy);
+                k.value("localpkg", localpkg);
+                k.value("runner", runner);
+                k.value("distro", distro);
+                k.value("built-in", built_in);
             }
             OwnInputs::Rootfs(RootfsInputs {
                 distro,
@@ -369,15 +365,15 @@ impl OwnInputs {
                 arch,
             }) => {
                 if let Some(d) = distro {
-                    k.texts.insert("distro".into(), d.clone());
+                    k.texts.insert("distro".into(), d);
                 }
-                k.value("builder", builder.clone());
+                k.value("builder", builder);
                 // Recorded as a layer (the chain's first) since layers
                 // are nodes.
                 k.value("output", "layer");
-                k.value("tags", tags.clone());
-                k.value("runner", runner.clone());
-                k.value("arch", arch.clone());
+                k.value("tags", tags);
+                k.value("runner", runner);
+                k.value("arch", arch);
             }
             OwnInputs::Image(ImageInputs {
                 root_image,
@@ -387,12 +383,12 @@ impl OwnInputs {
                 labels,
                 user,
             }) => {
-                k.base = Some(root_image.clone());
-                k.value("tag", tag.clone());
-                k.value("runner", runner.clone());
-                k.value("arch", arch.clone());
-                k.texts.insert("labels".into(), labels.clone());
-                k.value("user", user.clone());
+                k.base = Some(root_image);
+                k.value("tag", tag);
+                k.value("runner", runner);
+                k.value("arch", arch);
+                k.texts.insert("labels".into(), labels);
+                k.value("user", user);
             }
             OwnInputs::Layer(LayerInputs {
                 containerfile,
@@ -403,30 +399,30 @@ impl OwnInputs {
                 arch,
             }) => {
                 if let Some(e) = render_error {
-                    k.value("render-error", e.clone());
+                    k.value("render-error", e);
                 }
                 if let Some(t) = containerfile {
-                    k.text_with_content("containerfile", t);
+                    k.text_with_content("containerfile", &t);
                 }
                 for (path, d) in files {
-                    k.texts.insert(format!("file:{path}"), d.clone());
+                    k.texts.insert(format!("file:{path}"), d);
                 }
                 plugins.write(k);
-                k.value("runner", runner.clone());
-                k.value("arch", arch.clone());
+                k.value("runner", runner);
+                k.value("arch", arch);
             }
             OwnInputs::Plan(PlanInputs { plan, target }) => {
-                k.texts.insert("plan".into(), plan.clone());
-                k.value("target", target.clone());
+                k.texts.insert("plan".into(), plan);
+                k.value("target", target);
             }
             OwnInputs::Base(BaseInputs {
                 reference,
                 runner,
                 arch,
             }) => {
-                k.base = Some(reference.clone());
-                k.value("runner", runner.clone());
-                k.value("arch", arch.clone());
+                k.base = Some(reference);
+                k.value("runner", runner);
+                k.value("arch", arch);
             }
         }
     }
@@ -496,7 +492,7 @@ mod tests {
     fn every_field_moves_the_key() {
         let mut changed_fields = 0;
         for own in defaults() {
-            let base = own.to_key_inputs().key();
+            let base = own.clone().into_key_inputs().key();
             let json = serde_json::to_value(&own).expect("serializes");
             let (variant, fields) = json
                 .as_object()
@@ -514,7 +510,7 @@ mod tests {
                 };
                 assert_ne!(other, own, "{path}");
                 assert_ne!(
-                    other.to_key_inputs().key(),
+                    other.clone().into_key_inputs().key(),
                     base,
                     "{variant}: changing {path} does not change the key"
                 );
@@ -537,7 +533,7 @@ mod tests {
     fn the_kind_is_keyed() {
         let keys: std::collections::BTreeSet<String> = defaults()
             .iter()
-            .map(|o| o.to_key_inputs().key().to_hex())
+            .map(|o| o.clone().into_key_inputs().key().to_hex())
             .collect();
         assert_eq!(keys.len(), NodeKind::ALL.len());
     }
