@@ -354,17 +354,54 @@ impl CmdOutput {
     }
 }
 
+/// A host's login, found once, and the sudo password given for it (kept
+/// when the host forgets the account, e.g. across a reconnect).
+#[derive(Clone, Debug, Default)]
+pub struct KeptLogin {
+    found: Option<Login>,
+    sudo_password: Option<Secret>,
+}
+
+impl KeptLogin {
+    /// Forgets the account (found again on next use); keeps the password.
+    pub fn forget(&mut self) {
+        self.found = None;
+    }
+}
+
 /// The one seam between walkers and targets.
 pub trait Host {
     /// `local`, `local (root /tmp/x)`, `ssh root@10.0.0.5:22`.
     fn describe(&self) -> String;
     /// The directory target paths are mapped below, if any.
     fn root(&self) -> Option<&str>;
-    /// The account the session runs as.
-    fn login(&mut self) -> Result<Login, HostError>;
+    /// Where the session's account is kept once found, with the sudo
+    /// password given for it.
+    fn kept_login(&mut self) -> &mut KeptLogin;
+    /// Finds the account the session runs as (once: [`Host::login`] keeps
+    /// it until the host forgets it, e.g. on reconnecting).
+    fn find_login(&mut self) -> Result<Login, HostError>;
+    /// The account the session runs as, with its sudo password.
+    fn login(&mut self) -> Result<Login, HostError> {
+        if let Some(l) = &self.kept_login().found {
+            return Ok(l.clone());
+        }
+        let mut l = self.find_login()?;
+        let kept = self.kept_login();
+        l.sudo_password = kept.sudo_password.clone();
+        kept.found = Some(l.clone());
+        Ok(l)
+    }
     /// Gives the login's sudo password for privileged commands (None:
     /// `sudo -n`, which fails when sudo wants one).
-    fn set_sudo_password(&mut self, pw: Option<Secret>) -> Result<(), HostError>;
+    fn set_sudo_password(&mut self, pw: Option<Secret>) -> Result<(), HostError> {
+        let kept = self.kept_login();
+        if let Some(l) = &mut kept.found {
+            l.sudo_password = pw.clone();
+        }
+        kept.sudo_password = pw;
+        Ok(())
+    }
     /// Runs a command (see [`Cmd::argv_for`]). A nonzero exit is an `Ok`
     /// output; only failing to run, or a timeout, is an error.
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError>;

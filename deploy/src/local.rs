@@ -12,7 +12,8 @@
 //! tree (`kill -KILL -PGID`), not just the wrapper.
 
 use crate::host::{
-    BASE_PATH, Cmd, CmdOutput, FileAttrs, Host, HostError, Login, PathKind, Stat, sha256_hex,
+    BASE_PATH, Cmd, CmdOutput, FileAttrs, Host, HostError, KeptLogin, Login, PathKind, Stat,
+    sha256_hex,
 };
 use crate::shellops;
 use std::io::{Read, Write};
@@ -41,7 +42,7 @@ pub struct LocalHost {
     /// The root, opened: every file operation of a rooted host goes
     /// through it, so no path leaves the root ([`charly_engine::fsroot`]).
     froot: Option<charly_engine::fsroot::Root>,
-    login: Option<Login>,
+    login: KeptLogin,
     /// Rooted at a directory that does not exist ([`LocalHost::preview`]):
     /// everything in it reads as absent and nothing can change.
     absent: bool,
@@ -53,7 +54,7 @@ impl LocalHost {
         LocalHost {
             root: None,
             froot: None,
-            login: None,
+            login: KeptLogin::default(),
             absent: false,
         }
     }
@@ -65,7 +66,7 @@ impl LocalHost {
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: Some(froot),
-            login: None,
+            login: KeptLogin::default(),
             absent: false,
         })
     }
@@ -82,7 +83,7 @@ impl LocalHost {
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: None,
-            login: None,
+            login: KeptLogin::default(),
             absent: true,
         })
     }
@@ -274,24 +275,16 @@ impl Host for LocalHost {
         self.root.as_deref()
     }
 
-    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
-        let mut l = self.login()?;
-        l.sudo_password = pw;
-        self.login = Some(l);
-        Ok(())
+    fn kept_login(&mut self) -> &mut KeptLogin {
+        &mut self.login
     }
 
-    fn login(&mut self) -> Result<Login, HostError> {
-        if let Some(l) = &self.login {
-            return Ok(l.clone());
-        }
+    fn find_login(&mut self) -> Result<Login, HostError> {
         let uid = current_uid();
         let name = user_name(uid)
             .or_else(|| std::env::var("USER").ok())
             .unwrap_or_else(|| uid.to_string());
-        let l = Login::new(name, uid);
-        self.login = Some(l.clone());
-        Ok(l)
+        Ok(Login::new(name, uid))
     }
 
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {

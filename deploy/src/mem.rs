@@ -8,7 +8,9 @@
 //! unmatched command exits 0 with no output. `getent passwd NAME` answers
 //! from the configured accounts. Every command and mutation is logged.
 
-use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Login, PathKind, Stat, sha256_hex};
+use crate::host::{
+    Cmd, CmdOutput, FileAttrs, Host, HostError, KeptLogin, Login, PathKind, Stat, sha256_hex,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -90,8 +92,9 @@ pub struct MemHost {
     pub passwd: Vec<String>,
     /// Everything that happened, in order.
     pub log: Vec<String>,
-    /// The login.
+    /// The login (what `login()` finds: set it before the first use).
     pub login: Login,
+    kept_login: KeptLogin,
     /// Name shown in messages.
     pub name: String,
     /// Boots so far: `reconnect` after a reboot command starts a new one
@@ -135,6 +138,7 @@ impl MemHost {
             ],
             log: Vec::new(),
             login: Login::new("root", 0),
+            kept_login: KeptLogin::default(),
             name: "mem".into(),
             boots: 1,
             reboot_pending: false,
@@ -460,17 +464,17 @@ impl Host for MemHost {
         None
     }
 
-    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
-        self.login.sudo_password = pw;
-        Ok(())
+    fn kept_login(&mut self) -> &mut KeptLogin {
+        &mut self.kept_login
     }
 
-    fn login(&mut self) -> Result<Login, HostError> {
+    fn find_login(&mut self) -> Result<Login, HostError> {
         Ok(self.login.clone())
     }
 
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
-        let line = cmd.display(&self.login, false);
+        let login = self.login()?;
+        let line = cmd.display(&login, false);
         self.log.push(format!("run {line}"));
         let script = cmd.argv.last().cloned().unwrap_or_default();
         self.trip();
@@ -662,6 +666,8 @@ impl Host for MemHost {
 
     fn reconnect(&mut self, _timeout: Duration) -> Result<(), HostError> {
         self.log.push("reconnect".into());
+        // A new session: its account is found again, as over SSH.
+        self.kept_login.forget();
         if std::mem::take(&mut self.reboot_pending) {
             self.boots += 1;
         }
@@ -776,6 +782,29 @@ fn words(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The login is found once, then kept; a sudo password given before or
+    /// after it is found goes with it, and stays across a reconnect (which
+    /// finds the account again).
+    #[test]
+    fn a_sudo_password_stays_with_the_login_across_a_reconnect() {
+        let mut h = MemHost::new("vm", 1);
+        h.login = Login::new("user", 1000);
+        let pw = crate::host::Secret::new("s3cret").expect("a password");
+        h.set_sudo_password(Some(pw.clone())).expect("set");
+        let l = h.login().expect("login");
+        assert_eq!((l.name.as_str(), l.uid), ("user", 1000));
+        assert!(l.sudo_password.is_some());
+        // Kept: a change of the account is not seen until a reconnect.
+        h.login = Login::new("other", 1001);
+        assert_eq!(h.login().expect("login").uid, 1000);
+        h.reconnect(Duration::from_secs(1)).expect("reconnect");
+        let l = h.login().expect("login");
+        assert_eq!((l.name.as_str(), l.uid), ("other", 1001));
+        assert!(l.sudo_password.is_some(), "the password was lost");
+        h.set_sudo_password(None).expect("unset");
+        assert!(h.login().expect("login").sudo_password.is_none());
+    }
 
     #[test]
     fn words_and_statements_split_as_a_shell_does() {

@@ -9,7 +9,7 @@
 //! (content on the channel's stdin, `mktemp` + `mv` for atomic writes);
 //! system-scope steps run under `sudo -n` unless the login is root.
 
-use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, Login, Stat};
+use crate::host::{Cmd, CmdOutput, FileAttrs, Host, HostError, KeptLogin, Login, Stat};
 use crate::shellops;
 use charly_rules::sh;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
@@ -133,7 +133,7 @@ pub struct SshHost {
     target: SshTarget,
     rt: tokio::runtime::Runtime,
     handle: client::Handle<Checker>,
-    login: Option<Login>,
+    login: KeptLogin,
     /// Exec channels opened so far (each command or file operation is one).
     channels: u64,
 }
@@ -213,7 +213,7 @@ impl SshHost {
             target: target.clone(),
             rt,
             handle,
-            login: None,
+            login: KeptLogin::default(),
         })
     }
 
@@ -408,17 +408,11 @@ impl Host for SshHost {
         None
     }
 
-    fn set_sudo_password(&mut self, pw: Option<crate::host::Secret>) -> Result<(), HostError> {
-        let mut l = self.login()?;
-        l.sudo_password = pw;
-        self.login = Some(l);
-        Ok(())
+    fn kept_login(&mut self) -> &mut KeptLogin {
+        &mut self.login
     }
 
-    fn login(&mut self) -> Result<Login, HostError> {
-        if let Some(l) = &self.login {
-            return Ok(l.clone());
-        }
+    fn find_login(&mut self) -> Result<Login, HostError> {
         // The session's own account (a forced command may run it as
         // another user than the one that logged in).
         self.channels += 1;
@@ -448,9 +442,7 @@ impl Host for SshHost {
             .next()
             .filter(|n| charly_rules::names::user_name(n).is_ok())
             .map_or_else(|| self.target.user.clone(), String::from);
-        let l = Login::new(name, uid);
-        self.login = Some(l.clone());
-        Ok(l)
+        Ok(Login::new(name, uid))
     }
 
     fn run(&mut self, cmd: &Cmd) -> Result<CmdOutput, HostError> {
@@ -551,7 +543,7 @@ impl Host for SshHost {
             {
                 Ok(h) => {
                     self.handle = h;
-                    self.login = None;
+                    self.login.forget();
                     return Ok(());
                 }
                 Err(Opened::Refused(e @ HostError::HostKey { .. })) => return Err(e),

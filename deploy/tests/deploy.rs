@@ -2074,11 +2074,13 @@ fn sudo_with_a_password_is_checked_once_up_front() {
         host.on("-c true", sudo_n);
         let given = charly_deploy::host::give_sudo_password(&mut host, secret()).expect("give");
         assert_eq!(given, used);
-        assert_eq!(host.login.sudo_password.is_some(), used);
+        let login = charly_deploy::host::Host::login(&mut host).expect("login");
+        assert_eq!(login.sudo_password.is_some(), used);
     }
     let mut root = MemHost::new("user", 1000);
     assert!(!charly_deploy::host::give_sudo_password(&mut root, secret()).expect("root"));
-    assert!(root.login.sudo_password.is_none());
+    let login = charly_deploy::host::Host::login(&mut root).expect("login");
+    assert!(login.sudo_password.is_none());
 }
 
 /// A `build:` task on a host does what it does in the image: nothing of
