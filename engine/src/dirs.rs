@@ -17,14 +17,14 @@
 //! not used, so it holds the directories the last load walked. A file of
 //! another format, truncated or damaged, is ignored.
 
+use crate::trees::Usage;
 use charly_rules::walk::{DirCache, Entry, Kind, read_sorted};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"chdirs\x00\x01";
 
@@ -119,9 +119,8 @@ pub struct DirFile {
     data: Vec<u8>,
     /// Directory → (stamp, its encoded listing's range in `data`, slot in `used`).
     known: HashMap<PathBuf, (Stamp, usize, usize, usize)>,
-    used: Vec<AtomicBool>,
-    /// Listings read by this load, to remember.
-    added: Mutex<Vec<Listed>>,
+    /// Listings used, and read by this load to remember.
+    usage: Usage<Listed>,
     /// A directory changed after this (unix ns) is not remembered.
     racy_after: i64,
 }
@@ -158,41 +157,21 @@ impl DirFile {
             Some(known) => (data, known),
             None => (Vec::new(), HashMap::new()),
         };
-        let used = (0..known.len()).map(|_| AtomicBool::new(false)).collect();
         DirFile {
             file,
             data,
+            usage: Usage::new(known.len()),
             known,
-            used,
-            added: Mutex::new(Vec::new()),
             racy_after,
         }
-    }
-
-    /// How many directories the file held when it was read.
-    pub fn len(&self) -> usize {
-        self.known.len()
-    }
-
-    /// Whether it held none.
-    pub fn is_empty(&self) -> bool {
-        self.known.is_empty()
-    }
-
-    /// How many directories this load read from the disk and remembers.
-    pub fn added(&self) -> usize {
-        self.added.lock().map_or(0, |a| a.len())
     }
 
     /// Writes the listings back when this load read a directory to
     /// remember or left one unused (changed, or not walked): the ones it
     /// used and the ones it read. Only into an existing `store_dir`.
     pub fn save(&self, store_dir: &Path) -> std::io::Result<()> {
-        let added = match self.added.lock() {
-            Ok(mut a) => std::mem::take(&mut *a),
-            Err(_) => return Ok(()),
-        };
-        let unused = self.used.iter().any(|u| !u.load(Ordering::Relaxed));
+        let added = self.usage.take_added();
+        let unused = self.usage.any_unused();
         if (added.is_empty() && !unused) || !store_dir.is_dir() {
             return Ok(());
         }
@@ -210,7 +189,7 @@ impl DirFile {
         let mut all: Vec<(&Path, Stamp, &[u8])> = self
             .known
             .iter()
-            .filter(|(_, (_, _, _, slot))| self.used[*slot].load(Ordering::Relaxed))
+            .filter(|(_, (_, _, _, slot))| self.usage.is_used(*slot))
             .map(|(p, &(s, start, end, _))| (p.as_path(), s, &self.data[start..end]))
             .chain(
                 added
@@ -271,14 +250,12 @@ impl DirCache for DirFile {
             && s == stamp
             && let Some(l) = decode(&self.data[start..end])
         {
-            self.used[slot].store(true, Ordering::Relaxed);
+            self.usage.mark(slot);
             return Ok(Arc::from(l));
         }
         let l: Arc<[Entry]> = Arc::from(read_sorted(dir)?);
-        if stamp.mtime_ns.max(stamp.ctime_ns) <= self.racy_after
-            && let Ok(mut a) = self.added.lock()
-        {
-            a.push((dir.to_path_buf(), stamp, l.clone()));
+        if stamp.mtime_ns.max(stamp.ctime_ns) <= self.racy_after {
+            self.usage.add((dir.to_path_buf(), stamp, l.clone()));
         }
         Ok(l)
     }
@@ -315,16 +292,16 @@ mod tests {
         age(&d);
 
         let f = DirFile::read(file.clone(), 0);
-        assert!(f.is_empty());
+        assert!(f.known.is_empty());
         assert_eq!(names(&f.list(&d).expect("list")), ["a:File", "sub:Dir"]);
-        assert_eq!(f.added(), 1);
+        assert_eq!(f.usage.added(), 1);
         f.save(store.path()).expect("save");
 
         // Read back: answered from the file, nothing read.
         let f = DirFile::read(file.clone(), 0);
-        assert_eq!(f.len(), 1);
+        assert_eq!(f.known.len(), 1);
         assert_eq!(names(&f.list(&d).expect("list")), ["a:File", "sub:Dir"]);
-        assert_eq!(f.added(), 0);
+        assert_eq!(f.usage.added(), 0);
         // Nothing read and everything used: not written again.
         let before = std::fs::metadata(&file).expect("m").modified().expect("t");
         f.save(store.path()).expect("save");
@@ -340,7 +317,7 @@ mod tests {
             names(&f.list(&d).expect("list")),
             ["a:File", "b:File", "sub:Dir"]
         );
-        assert_eq!(f.added(), 1);
+        assert_eq!(f.usage.added(), 1);
         // So does a removal, and a rename.
         f.save(store.path()).expect("save");
         std::fs::rename(d.join("a"), d.join("c")).expect("rename");
@@ -367,7 +344,7 @@ mod tests {
         // remembered (and with nothing to remember, no file is written).
         let f = DirFile::read(file.clone(), crate::hash::RACY_NS);
         assert_eq!(names(&f.list(d).expect("list")), ["a:File"]);
-        assert_eq!(f.added(), 0, "racy: not remembered");
+        assert_eq!(f.usage.added(), 0, "racy: not remembered");
         f.save(store.path()).expect("save");
         assert!(!file.exists());
 
@@ -405,13 +382,13 @@ mod tests {
         f.list(&a).expect("a");
         f.list(&b).expect("b");
         f.save(store.path()).expect("save");
-        assert_eq!(DirFile::read(file.clone(), 0).len(), 2);
+        assert_eq!(DirFile::read(file.clone(), 0).known.len(), 2);
 
         // A load that walks only `a` keeps only `a`.
         let f = DirFile::read(file.clone(), 0);
         f.list(&a).expect("a");
         f.save(store.path()).expect("save");
-        assert_eq!(DirFile::read(file.clone(), 0).len(), 1);
+        assert_eq!(DirFile::read(file.clone(), 0).known.len(), 1);
 
         // Damaged: one byte of the body flipped; truncated; another magic.
         let good = std::fs::read(&file).expect("read");
@@ -424,7 +401,7 @@ mod tests {
             m
         }] {
             std::fs::write(&file, data).expect("write");
-            assert!(DirFile::read(file.clone(), 0).is_empty());
+            assert!(DirFile::read(file.clone(), 0).known.is_empty());
         }
     }
 }

@@ -30,8 +30,63 @@ pub struct TreeFile {
     data: Vec<u8>,
     /// Key → (start, end) of its trees in `data`, and whether this load used them.
     index: HashMap<TreeKey, (usize, usize, usize)>,
+    usage: Usage<(TreeKey, Vec<u8>)>,
+}
+
+/// What one load of a file kept in the store (parse cache, directory
+/// listings) did with it: which of its entries it used (by slot) and which
+/// it added. Saving writes back the used and the added ones, so entries no
+/// load needs any more go.
+#[derive(Debug, Default)]
+pub(crate) struct Usage<A> {
     used: Vec<AtomicBool>,
-    added: Mutex<Vec<(TreeKey, Vec<u8>)>>,
+    added: Mutex<Vec<A>>,
+}
+
+impl<A> Usage<A> {
+    /// The usage of a file of `entries` entries, none used yet.
+    pub(crate) fn new(entries: usize) -> Usage<A> {
+        Usage {
+            used: (0..entries).map(|_| AtomicBool::new(false)).collect(),
+            added: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// How many entries this load added.
+    #[cfg(test)]
+    pub(crate) fn added(&self) -> usize {
+        self.added.lock().map_or(0, |a| a.len())
+    }
+
+    /// Marks the entry in `slot` used.
+    pub(crate) fn mark(&self, slot: usize) {
+        self.used[slot].store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the entry in `slot` was used.
+    pub(crate) fn is_used(&self, slot: usize) -> bool {
+        self.used[slot].load(Ordering::Relaxed)
+    }
+
+    /// Whether some entry was not used.
+    pub(crate) fn any_unused(&self) -> bool {
+        self.used.iter().any(|u| !u.load(Ordering::Relaxed))
+    }
+
+    /// Adds an entry.
+    pub(crate) fn add(&self, a: A) {
+        if let Ok(mut v) = self.added.lock() {
+            v.push(a);
+        }
+    }
+
+    /// Takes what was added (nothing after a panic while adding).
+    pub(crate) fn take_added(&self) -> Vec<A> {
+        self.added
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default()
+    }
 }
 
 impl std::fmt::Debug for TreeFile {
@@ -89,42 +144,23 @@ impl TreeFile {
             context,
             data: Vec::new(),
             index: HashMap::new(),
-            used: Vec::new(),
-            added: Mutex::new(Vec::new()),
+            usage: Usage::new(0),
         };
         if let Ok(data) = std::fs::read(&t.file)
             && let Some(index) = parse_index(&data, &context)
         {
-            t.used = (0..index.len()).map(|_| AtomicBool::new(false)).collect();
+            t.usage = Usage::new(index.len());
             t.index = index;
             t.data = data;
         }
         t
     }
 
-    /// How many files' trees the cache held when it was read.
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    /// Whether it held none.
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
-
-    /// How many files' trees this load added (parsed, not answered).
-    pub fn added(&self) -> usize {
-        self.added.lock().map_or(0, |a| a.len())
-    }
-
     /// Writes the cache back when this load parsed anything new: the trees
     /// it used and the ones it added. Only into an existing `store_dir`
     /// (a run never creates a store just for this).
     pub fn save(&self, store_dir: &Path) -> std::io::Result<()> {
-        let added = match self.added.lock() {
-            Ok(mut a) => std::mem::take(&mut *a),
-            Err(_) => return Ok(()),
-        };
+        let added = self.usage.take_added();
         if added.is_empty() || !store_dir.is_dir() {
             return Ok(());
         }
@@ -133,7 +169,7 @@ impl TreeFile {
         let mut entries: Vec<(&TreeKey, &[u8])> = self
             .index
             .iter()
-            .filter(|(_, (_, _, slot))| self.used[*slot].load(Ordering::Relaxed))
+            .filter(|(_, (_, _, slot))| self.usage.is_used(*slot))
             .map(|(k, &(start, end, _))| (k, &self.data[start..end]))
             .chain(added.iter().map(|(k, b)| (k, b.as_slice())))
             .collect();
@@ -214,14 +250,12 @@ fn parse_index(data: &[u8], context: &[u8; 32]) -> Option<HashMap<TreeKey, (usiz
 impl TreeCache for TreeFile {
     fn get(&self, key: &TreeKey) -> Option<&[u8]> {
         let &(start, end, slot) = self.index.get(key)?;
-        self.used[slot].store(true, Ordering::Relaxed);
+        self.usage.mark(slot);
         Some(&self.data[start..end])
     }
 
     fn put(&self, key: TreeKey, encoded: Vec<u8>) {
-        if let Ok(mut a) = self.added.lock() {
-            a.push((key, encoded));
-        }
+        self.usage.add((key, encoded));
     }
 }
 
@@ -248,15 +282,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let file = dir.path().join("trees").join("x.bin");
         let t = TreeFile::read(file.clone());
-        assert!(t.is_empty());
+        assert!(t.index.is_empty());
         load(&t, &[A, B]);
-        assert_eq!(t.added(), 2);
+        assert_eq!(t.usage.added(), 2);
         t.save(dir.path()).expect("save");
 
         let t = TreeFile::read(file.clone());
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.index.len(), 2);
         load(&t, &[A, B]);
-        assert_eq!(t.added(), 0, "both answered");
+        assert_eq!(t.usage.added(), 0, "both answered");
         // Nothing new: not written again.
         let before = std::fs::metadata(&file)
             .expect("meta")
@@ -275,10 +309,10 @@ mod tests {
         let t = TreeFile::read(file.clone());
         let b2 = "name: b2\n";
         load(&t, &[A, b2]);
-        assert_eq!(t.added(), 1);
+        assert_eq!(t.usage.added(), 1);
         t.save(dir.path()).expect("save");
         let t = TreeFile::read(file);
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.index.len(), 2);
         assert!(t.get(&charly_rules::yaml::cache::key_of(B)).is_none());
     }
 
@@ -290,27 +324,33 @@ mod tests {
         load(&t, &[A, B]);
         t.save(dir.path()).expect("save");
         let good = std::fs::read(&file).expect("read");
-        assert_eq!(TreeFile::read(file.clone()).len(), 2);
+        assert_eq!(TreeFile::read(file.clone()).index.len(), 2);
         for cut in [0, 7, HEADER, HEADER + 10, good.len() - 1] {
             std::fs::write(&file, &good[..cut]).expect("write");
-            assert!(TreeFile::read(file.clone()).is_empty(), "cut at {cut}");
+            assert!(
+                TreeFile::read(file.clone()).index.is_empty(),
+                "cut at {cut}"
+            );
         }
         for at in [3, 20, 50, HEADER + 5, good.len() - 2] {
             let mut bad = good.clone();
             bad[at] ^= 0x40;
             std::fs::write(&file, &bad).expect("write");
-            assert!(TreeFile::read(file.clone()).is_empty(), "flipped at {at}");
+            assert!(
+                TreeFile::read(file.clone()).index.is_empty(),
+                "flipped at {at}"
+            );
         }
         // Another binary or tree format: a different context.
         let mut other = good.clone();
         other[8] ^= 1;
         std::fs::write(&file, &other).expect("write");
-        assert!(TreeFile::read(file.clone()).is_empty());
+        assert!(TreeFile::read(file.clone()).index.is_empty());
         // Ignored, then rewritten by the next load.
         let t = TreeFile::read(file.clone());
         load(&t, &[A]);
         t.save(dir.path()).expect("save");
-        assert_eq!(TreeFile::read(file).len(), 1);
+        assert_eq!(TreeFile::read(file).index.len(), 1);
     }
 
     #[test]
