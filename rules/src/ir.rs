@@ -687,24 +687,53 @@ fn file_reverse(path: &str, scope: Scope) -> ReverseOp {
 }
 
 impl InstallStep {
-    fn new(
-        candy: &str,
-        kind: StepKind,
-        scope: Scope,
-        venue: Venue,
-        gate: Gate,
-        data: StepData,
-    ) -> Self {
+    /// A host-native, ungated step of `data`'s kind, undone by `reverse`;
+    /// [`InstallStep::at`], [`InstallStep::gated`] and
+    /// [`InstallStep::in_phase`] say otherwise.
+    fn host(candy: &str, scope: Scope, data: StepData, reverse: Vec<ReverseOp>) -> Self {
+        let kind = match &data {
+            StepData::SystemPackages(_) => StepKind::SystemPackages,
+            StepData::Builder(_) => StepKind::Builder,
+            StepData::Op(_) => StepKind::Op,
+            StepData::File(_) => StepKind::File,
+            StepData::ServicePackaged(_) => StepKind::ServicePackaged,
+            StepData::ServiceCustom(_) => StepKind::ServiceCustom,
+            StepData::ShellHook(_) => StepKind::ShellHook,
+            StepData::ShellSnippet(_) => StepKind::ShellSnippet,
+            StepData::RepoChange(_) => StepKind::RepoChange,
+            StepData::ApkInstall(_) => StepKind::ApkInstall,
+            StepData::LocalPkgInstall(_) => StepKind::LocalPkgInstall,
+            StepData::Reboot(_) => StepKind::Reboot,
+            StepData::External(_) => StepKind::ExternalPlugin,
+        };
         InstallStep {
             candy: candy.to_string(),
             kind,
             scope,
-            venue,
-            gate,
+            venue: Venue::HostNative,
+            gate: Gate::None,
             phase: None,
-            reverse: Vec::new(),
+            reverse,
             data,
         }
+    }
+
+    /// The step, run at `venue`.
+    fn at(mut self, venue: Venue) -> Self {
+        self.venue = venue;
+        self
+    }
+
+    /// The step, behind `gate`.
+    fn gated(mut self, gate: Gate) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// The step, in `phase`.
+    fn in_phase(mut self, phase: Phase) -> Self {
+        self.phase = Some(phase);
+        self
     }
 
     /// Packages: always system scope and host-native. The prepare phase
@@ -767,17 +796,14 @@ impl InstallStep {
             }
             _ => {}
         }
-        let mut s = Self::new(
+        Self::host(
             candy,
-            StepKind::SystemPackages,
             Scope::System,
-            Venue::HostNative,
-            gate,
             StepData::SystemPackages(data),
-        );
-        s.phase = Some(phase);
-        s.reverse = reverse;
-        s
+            reverse,
+        )
+        .gated(gate)
+        .in_phase(phase)
     }
 
     /// A builder: aur builds system packages (system scope), pixi/npm/cargo
@@ -828,16 +854,7 @@ impl InstallStep {
                     .with("layer", candy),
             );
         }
-        let mut s = Self::new(
-            candy,
-            StepKind::Builder,
-            scope,
-            Venue::ContainerBuilder,
-            Gate::None,
-            StepData::Builder(data),
-        );
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::Builder(data), reverse).at(Venue::ContainerBuilder)
     }
 
     /// A task operation: scope from the resolved user; a root `cmd` needs
@@ -874,17 +891,7 @@ impl InstallStep {
             )],
             _ => Vec::new(),
         };
-        let mut s = Self::new(
-            candy,
-            StepKind::Op,
-            scope,
-            Venue::HostNative,
-            Gate::None,
-            StepData::Op(data),
-        );
-        s.gate = gate;
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::Op(data), reverse).gated(gate)
     }
 
     /// A file: system scope when the destination is under a system directory.
@@ -895,16 +902,7 @@ impl InstallStep {
             Scope::User
         };
         let reverse = vec![file_reverse(&data.path, scope)];
-        let mut s = Self::new(
-            candy,
-            StepKind::File,
-            scope,
-            Venue::HostNative,
-            Gate::None,
-            StepData::File(data),
-        );
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::File(data), reverse)
     }
 
     /// A packaged service: the entry's scope, gated by `with-services`.
@@ -914,16 +912,7 @@ impl InstallStep {
             ReverseOp::new(ReverseKind::RestoreEnabled, vec![data.unit.clone()], scope),
             ReverseOp::new(ReverseKind::RemoveDropin, vec![data.unit.clone()], scope),
         ];
-        let mut s = Self::new(
-            candy,
-            StepKind::ServicePackaged,
-            scope,
-            Venue::HostNative,
-            Gate::WithServices,
-            StepData::ServicePackaged(data),
-        );
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::ServicePackaged(data), reverse).gated(Gate::WithServices)
     }
 
     /// A generated service: the entry's scope, gated by `with-services`.
@@ -940,16 +929,7 @@ impl InstallStep {
                 scope,
             ));
         }
-        let mut s = Self::new(
-            candy,
-            StepKind::ServiceCustom,
-            scope,
-            Venue::HostNative,
-            Gate::WithServices,
-            StepData::ServiceCustom(data),
-        );
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::ServiceCustom(data), reverse).gated(Gate::WithServices)
     }
 
     /// Env and PATH: always the user's profile.
@@ -968,16 +948,12 @@ impl InstallStep {
             .with("layer", candy)
             .with("marker", &format!("charly-env:{candy}")),
         ];
-        let mut s = Self::new(
+        Self::host(
             candy,
-            StepKind::ShellHook,
             Scope::UserProfile,
-            Venue::HostNative,
-            Gate::None,
             StepData::ShellHook(data),
-        );
-        s.reverse = reverse;
-        s
+            reverse,
+        )
     }
 
     /// A shell snippet: system scope for a system drop-in, else the user's profile.
@@ -1012,16 +988,7 @@ impl InstallStep {
                 .with("shell", &data.shell),
             ]
         };
-        let mut s = Self::new(
-            candy,
-            StepKind::ShellSnippet,
-            scope,
-            Venue::HostNative,
-            Gate::None,
-            StepData::ShellSnippet(data),
-        );
-        s.reverse = reverse;
-        s
+        Self::host(candy, scope, StepData::ShellSnippet(data), reverse)
     }
 
     /// A repository change: system scope, gated by `allow-repo-changes`.
@@ -1043,29 +1010,14 @@ impl InstallStep {
                 );
             }
         }
-        let mut s = Self::new(
-            candy,
-            StepKind::RepoChange,
-            Scope::System,
-            Venue::HostNative,
-            Gate::AllowRepoChanges,
-            StepData::RepoChange(data),
-        );
-        s.phase = Some(Phase::Prepare);
-        s.reverse = reverse;
-        s
+        Self::host(candy, Scope::System, StepData::RepoChange(data), reverse)
+            .gated(Gate::AllowRepoChanges)
+            .in_phase(Phase::Prepare)
     }
 
     /// Android packages: system scope, no gate.
     pub fn apk(candy: &str, data: ApkStep) -> Self {
-        Self::new(
-            candy,
-            StepKind::ApkInstall,
-            Scope::System,
-            Venue::HostNative,
-            Gate::None,
-            StepData::ApkInstall(data),
-        )
+        Self::host(candy, Scope::System, StepData::ApkInstall(data), Vec::new())
     }
 
     /// A local package: system scope, no gate; reverses to removing the
@@ -1074,27 +1026,21 @@ impl InstallStep {
     pub fn local_pkg(candy: &str, data: LocalPkgStep) -> Self {
         let mut op = ReverseOp::new(ReverseKind::PackageRemove, Vec::new(), Scope::System);
         op.format = Some(data.format.clone());
-        let mut s = Self::new(
+        Self::host(
             candy,
-            StepKind::LocalPkgInstall,
             Scope::System,
-            Venue::HostNative,
-            Gate::None,
             StepData::LocalPkgInstall(data),
-        );
-        s.reverse = vec![op];
-        s
+            vec![op],
+        )
     }
 
     /// A reboot: system scope, no gate, nothing to undo.
     pub fn reboot(candy: &str) -> Self {
-        Self::new(
+        Self::host(
             candy,
-            StepKind::Reboot,
             Scope::System,
-            Venue::HostNative,
-            Gate::None,
             StepData::Reboot(RebootStep {}),
+            Vec::new(),
         )
     }
 
@@ -1107,7 +1053,12 @@ impl InstallStep {
         gate: Gate,
         data: ExternalStep,
     ) -> Self {
-        Self::new(candy, kind, scope, venue, gate, StepData::External(data))
+        InstallStep {
+            kind,
+            venue,
+            gate,
+            ..Self::host(candy, scope, StepData::External(data), Vec::new())
+        }
     }
 
     /// Replaces the home token in every home-bearing field (never in cmd or
