@@ -695,49 +695,79 @@ impl Loader<'_> {
     /// whose stage templates left 2026.174 keep charly's built-ins); any
     /// other kind is kept as `<kind>/<name>`.
     fn nodeform_other(&mut self, ns: NsId, kind: &str, name: &str, span: Span, value: Node) {
-        let vkey = format!("{kind}/{name}");
-        let mut w = Vec::new();
-        match kind {
-            "distro" if !self.p.namespaces[ns.0].vocab.distro.contains_key(name) => {
-                if let Ok(d) = yaml::from_node::<crate::model::Distro>(&value, &mut w)
-                    .map_err(|d| self.p.diags.push(d))
-                {
-                    let n = &mut self.p.namespaces[ns.0];
-                    n.vocab.distro.insert(name.to_string(), d);
-                    n.vocab_origin.insert(vkey, span.file);
-                }
-            }
-            "builder" if !self.p.namespaces[ns.0].vocab.builder.contains_key(name) => {
-                if let Ok(b) = yaml::from_node::<crate::model::Builder>(&value, &mut w)
-                    .map_err(|d| self.p.diags.push(d))
-                    // A builder whose stage template left the vocabulary
-                    // keeps charly's built-in one; a project that still
-                    // writes its own (a migrated one) keeps its own.
-                    && (b.stage_template.is_some() || !nodeform::BUILTIN_BUILDERS.contains(&name))
-                {
-                    let n = &mut self.p.namespaces[ns.0];
-                    n.vocab.builder.insert(name.to_string(), b);
-                    n.vocab_origin.insert(vkey, span.file);
-                }
-            }
-            "init" if !self.p.namespaces[ns.0].vocab.init.contains_key(name) => {
-                if let Ok(i) = yaml::from_node::<crate::model::Init>(&value, &mut w)
-                    .map_err(|d| self.p.diags.push(d))
-                {
-                    let n = &mut self.p.namespaces[ns.0];
-                    n.vocab.init.insert(name.to_string(), i);
-                    n.vocab_origin.insert(vkey, span.file);
-                }
-            }
-            "distro" | "builder" | "init" => {}
+        let vocab = &self.p.namespaces[ns.0].vocab;
+        let absent = match kind {
+            "distro" => !vocab.distro.contains_key(name),
+            "builder" => !vocab.builder.contains_key(name),
+            "init" => !vocab.init.contains_key(name),
             _ => {
                 self.p.namespaces[ns.0]
                     .kept
-                    .entry(vkey)
+                    .entry(format!("{kind}/{name}"))
                     .or_insert_with(|| yaml::Yaml(value));
+                return;
+            }
+        };
+        if !absent {
+            return;
+        }
+        let mut w = Vec::new();
+        let file = Some(span.file);
+        match kind {
+            "distro" => {
+                if let Some(d) = self.vocab_entry(&value, &mut w) {
+                    let n = &mut self.p.namespaces[ns.0];
+                    merge_vocab_kind(
+                        kind,
+                        &mut n.vocab.distro,
+                        &mut n.vocab_origin,
+                        [(name.into(), d, file)],
+                    );
+                }
+            }
+            "builder" => {
+                if let Some(b) = self
+                    .vocab_entry::<crate::model::Builder>(&value, &mut w)
+                    // A builder whose stage template left the vocabulary
+                    // keeps charly's built-in one; a project that still
+                    // writes its own (a migrated one) keeps its own.
+                    .filter(|b| {
+                        b.stage_template.is_some() || !nodeform::BUILTIN_BUILDERS.contains(&name)
+                    })
+                {
+                    let n = &mut self.p.namespaces[ns.0];
+                    merge_vocab_kind(
+                        kind,
+                        &mut n.vocab.builder,
+                        &mut n.vocab_origin,
+                        [(name.into(), b, file)],
+                    );
+                }
+            }
+            _ => {
+                if let Some(i) = self.vocab_entry(&value, &mut w) {
+                    let n = &mut self.p.namespaces[ns.0];
+                    merge_vocab_kind(
+                        kind,
+                        &mut n.vocab.init,
+                        &mut n.vocab_origin,
+                        [(name.into(), i, file)],
+                    );
+                }
             }
         }
         self.p.diags.extend(w);
+    }
+
+    /// A node-form vocabulary entry's value, its errors reported.
+    fn vocab_entry<T: serde::de::DeserializeOwned>(
+        &mut self,
+        value: &Node,
+        w: &mut Vec<Diagnostic>,
+    ) -> Option<T> {
+        yaml::from_node::<T>(value, w)
+            .map_err(|d| self.p.diags.push(d))
+            .ok()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -931,30 +961,10 @@ impl Loader<'_> {
             }
         }
         // Vocabulary entries: first definition wins.
-        for (k, v) in r.builder.0 {
-            let key = format!("builder/{}", k.value);
-            let n = &mut self.p.namespaces[ns.0];
-            if !n.vocab.builder.contains_key(&k.value) {
-                n.vocab_origin.insert(key, k.span.file);
-                n.vocab.builder.insert(k.value, v);
-            }
-        }
-        for (k, v) in r.distro.0 {
-            let key = format!("distro/{}", k.value);
-            let n = &mut self.p.namespaces[ns.0];
-            if !n.vocab.distro.contains_key(&k.value) {
-                n.vocab_origin.insert(key, k.span.file);
-                n.vocab.distro.insert(k.value, v);
-            }
-        }
-        for (k, v) in r.init.0 {
-            let key = format!("init/{}", k.value);
-            let n = &mut self.p.namespaces[ns.0];
-            if !n.vocab.init.contains_key(&k.value) {
-                n.vocab_origin.insert(key, k.span.file);
-                n.vocab.init.insert(k.value, v);
-            }
-        }
+        let (builder, distro, init) = (r.builder, r.distro, r.init);
+        merge_vocab(&mut self.p.namespaces[ns.0], builder, distro, init, |k| {
+            k.span.file
+        });
         for (k, v) in r.boxes.0 {
             self.add_box(ns, k.span.file, k.value, k.span, v);
         }
@@ -1375,7 +1385,16 @@ impl Loader<'_> {
                     if let Some((fid, docs)) = self.read_docs(&f, None) {
                         for doc in docs {
                             if let Some(Doc::Root(r)) = self.classify_root_aware(doc, fid, false) {
-                                merge_vocab(&mut self.p.namespaces[i], *r, fid);
+                                {
+                                    let r = *r;
+                                    merge_vocab(
+                                        &mut self.p.namespaces[i],
+                                        r.builder,
+                                        r.distro,
+                                        r.init,
+                                        |_| fid,
+                                    );
+                                }
                             }
                         }
                     } else if i == 0 {
@@ -1422,7 +1441,7 @@ impl Loader<'_> {
         for doc in docs {
             let mut w = Vec::new();
             match yaml::from_node::<RootDoc>(&doc, &mut w) {
-                Ok(r) => merge_vocab(&mut ns, r, id),
+                Ok(r) => merge_vocab(&mut ns, r.builder, r.distro, r.init, |_| id),
                 Err(d) => self.diag(d),
             }
             self.p.diags.extend(w);
@@ -1561,52 +1580,86 @@ impl SourceMap {
     }
 }
 
-fn merge_vocab(n: &mut Namespace, r: RootDoc, fid: FileId) {
-    for (k, v) in r.builder.0 {
-        if !n.vocab.builder.contains_key(&k.value) {
-            n.vocab_origin.insert(format!("builder/{}", k.value), fid);
-            n.vocab.builder.insert(k.value, v);
-        }
-    }
-    for (k, v) in r.distro.0 {
-        if !n.vocab.distro.contains_key(&k.value) {
-            n.vocab_origin.insert(format!("distro/{}", k.value), fid);
-            n.vocab.distro.insert(k.value, v);
-        }
-    }
-    for (k, v) in r.init.0 {
-        if !n.vocab.init.contains_key(&k.value) {
-            n.vocab_origin.insert(format!("init/{}", k.value), fid);
-            n.vocab.init.insert(k.value, v);
+/// Vocabulary entries of one kind merged into a namespace's: the first
+/// definition of a name wins, and `origin` remembers the file it came from
+/// as `<kind>/<name>` (when known).
+fn merge_vocab_kind<V>(
+    kind: &str,
+    into: &mut BTreeMap<String, V>,
+    origin: &mut BTreeMap<String, FileId>,
+    entries: impl IntoIterator<Item = (String, V, Option<FileId>)>,
+) {
+    for (name, v, file) in entries {
+        if let std::collections::btree_map::Entry::Vacant(e) = into.entry(name) {
+            if let Some(f) = file {
+                origin.insert(format!("{kind}/{}", e.key()), f);
+            }
+            e.insert(v);
         }
     }
 }
 
+/// A document's vocabulary merged into a namespace's; `file` says which
+/// file each entry came from.
+fn merge_vocab(
+    n: &mut Namespace,
+    builder: crate::yaml::OrderedMap<crate::model::Builder>,
+    distro: crate::yaml::OrderedMap<crate::model::Distro>,
+    init: crate::yaml::OrderedMap<crate::model::Init>,
+    file: impl Fn(&Spanned<String>) -> FileId,
+) {
+    fn with_files<'a, V: 'a>(
+        m: crate::yaml::OrderedMap<V>,
+        file: &'a impl Fn(&Spanned<String>) -> FileId,
+    ) -> impl Iterator<Item = (String, V, Option<FileId>)> + 'a {
+        m.0.into_iter().map(move |(k, v)| {
+            let f = file(&k);
+            (k.value, v, Some(f))
+        })
+    }
+    let to = &mut n.vocab_origin;
+    merge_vocab_kind(
+        "builder",
+        &mut n.vocab.builder,
+        to,
+        with_files(builder, &file),
+    );
+    merge_vocab_kind("distro", &mut n.vocab.distro, to, with_files(distro, &file));
+    merge_vocab_kind("init", &mut n.vocab.init, to, with_files(init, &file));
+}
+
+/// The entries of `v` that the namespace lacks, with their files from
+/// `origin`.
 fn fill_missing(n: &mut Namespace, v: &Vocab, origin: &BTreeMap<String, FileId>) {
-    for (k, b) in &v.builder {
-        if !n.vocab.builder.contains_key(k) {
-            n.vocab.builder.insert(k.clone(), b.clone());
-            if let Some(f) = origin.get(&format!("builder/{k}")) {
-                n.vocab_origin.insert(format!("builder/{k}"), *f);
-            }
-        }
+    fn entries<'a, V: Clone>(
+        kind: &'a str,
+        m: &'a BTreeMap<String, V>,
+        origin: &'a BTreeMap<String, FileId>,
+    ) -> impl Iterator<Item = (String, V, Option<FileId>)> + 'a {
+        m.iter().map(move |(k, v)| {
+            let f = origin.get(&format!("{kind}/{k}")).copied();
+            (k.clone(), v.clone(), f)
+        })
     }
-    for (k, d) in &v.distro {
-        if !n.vocab.distro.contains_key(k) {
-            n.vocab.distro.insert(k.clone(), d.clone());
-            if let Some(f) = origin.get(&format!("distro/{k}")) {
-                n.vocab_origin.insert(format!("distro/{k}"), *f);
-            }
-        }
-    }
-    for (k, i) in &v.init {
-        if !n.vocab.init.contains_key(k) {
-            n.vocab.init.insert(k.clone(), i.clone());
-            if let Some(f) = origin.get(&format!("init/{k}")) {
-                n.vocab_origin.insert(format!("init/{k}"), *f);
-            }
-        }
-    }
+    let to = &mut n.vocab_origin;
+    merge_vocab_kind(
+        "builder",
+        &mut n.vocab.builder,
+        to,
+        entries("builder", &v.builder, origin),
+    );
+    merge_vocab_kind(
+        "distro",
+        &mut n.vocab.distro,
+        to,
+        entries("distro", &v.distro, origin),
+    );
+    merge_vocab_kind(
+        "init",
+        &mut n.vocab.init,
+        to,
+        entries("init", &v.init, origin),
+    );
 }
 
 /// Resolves each `localpkg:` source: an absolute path, else under the candy
