@@ -1,7 +1,7 @@
 //! `charly cache stats|gc|verify|push|pull`.
 
 use crate::project::{self, Unresolved, select};
-use crate::session::{RUNNERS, StoreNotes, open_remote, open_store, planned_graph, stat_cache};
+use crate::session::{StoreNotes, open_remote, open_store, planned_graph, stat_cache};
 use crate::{Cli, output};
 use anyhow::Context;
 use charly_cache::human_bytes as human;
@@ -98,14 +98,8 @@ pub struct PullArgs {
     /// Every enabled box that resolves.
     #[arg(long)]
     pub all: bool,
-    /// The `box generate` graph (build directories) instead of `box build`'s.
-    #[arg(long)]
-    pub generate: bool,
-    /// Runner whose image keys to pull (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
-    pub runner: String,
     #[command(flatten)]
-    pub dev_local_pkg: crate::session::DevLocalPkg,
+    pub graph: crate::session::PlannedGraph,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -386,7 +380,7 @@ fn pull(cli: &Cli, store: &Store, a: &PullArgs) -> anyhow::Result<ExitCode> {
     let mut o = project::open(cli)?;
     let names = select(&o, &a.boxes, a.all, Unresolved::Warn)?;
     crate::plugins::prepare_build(&mut o, store.dir(), &names)?;
-    let g = planned_graph(&o, store, &a.runner, a.dev_local_pkg.on, a.generate, &names)?;
+    let g = planned_graph(&o, store, &a.graph, &names)?;
     let keys: Vec<_> =
         g.g.node_indices()
             .map(|i| &g.g[i])

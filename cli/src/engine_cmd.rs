@@ -130,14 +130,8 @@ pub struct GraphArgs {
     /// Output format.
     #[arg(long, default_value = "dot", value_parser = ["dot", "json"])]
     pub format: String,
-    /// Graph for `generate` (build directories) instead of `build` (images).
-    #[arg(long)]
-    pub generate: bool,
-    /// Runner whose image keys to show (keys of built nodes include it).
-    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
-    pub runner: String,
     #[command(flatten)]
-    pub dev_local_pkg: crate::session::DevLocalPkg,
+    pub graph: crate::session::PlannedGraph,
     #[command(flatten)]
     pub journal: crate::journaled::JournalArgs,
 }
@@ -945,9 +939,9 @@ pub fn graph(cli: &Cli, a: &GraphArgs) -> anyhow::Result<ExitCode> {
         "command": "graph",
         "boxes": a.boxes,
         "format": a.format,
-        "generate": a.generate,
-        "runner": a.runner,
-        "dev_local_pkg": a.dev_local_pkg.on,
+        "generate": a.graph.generate,
+        "runner": a.graph.runner,
+        "dev_local_pkg": a.graph.dev_local_pkg.on,
     });
     crate::journaled::print(cli, a.journal, command, |scope| graph_full(cli, scope, a))
 }
@@ -963,14 +957,7 @@ fn graph_full(cli: &Cli, scope: &Scope, a: &GraphArgs) -> anyhow::Result<Printed
         said,
         ..Printed::default()
     };
-    let g = planned_graph(
-        &o,
-        &store,
-        &a.runner,
-        a.dev_local_pkg.on,
-        a.generate,
-        &names,
-    )?;
+    let g = planned_graph(&o, &store, &a.graph, &names)?;
     let order = g.topo()?;
     let states: std::collections::HashMap<_, &str> = order
         .iter()

@@ -73,6 +73,21 @@ impl RunArgs {
     }
 }
 
+/// Which graph a command that plans without building shows or pulls:
+/// `graph`, `cache pull`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlannedGraph {
+    /// The `box generate` graph (build directories) instead of `box
+    /// build`'s (images).
+    #[arg(long)]
+    pub generate: bool,
+    /// Runner whose image keys to use (keys of built nodes include it).
+    #[arg(long, default_value = "podman", value_parser = clap::builder::PossibleValuesParser::new(RUNNERS))]
+    pub runner: String,
+    #[command(flatten)]
+    pub dev_local_pkg: DevLocalPkg,
+}
+
 /// `--dev-local-pkg[=BOOL]`, for every command whose graph it changes.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DevLocalPkg {
@@ -353,14 +368,13 @@ pub(crate) fn engine<'a>(
 pub(crate) fn planned_graph(
     o: &project::Opened,
     store: &Store,
-    runner: &str,
-    dev_local_pkg: bool,
-    generate: bool,
+    which: &PlannedGraph,
     names: &[String],
 ) -> anyhow::Result<charly_engine::graph::Graph> {
     let hasher = stat_cache(store);
-    let engine = engine(o, store, Using::Named(runner), &hasher, dev_local_pkg, None);
-    let goal = if generate {
+    let using = Using::Named(&which.runner);
+    let engine = engine(o, store, using, &hasher, which.dev_local_pkg.on, None);
+    let goal = if which.generate {
         charly_engine::graph::Goal::Generate
     } else {
         charly_engine::graph::Goal::Build
