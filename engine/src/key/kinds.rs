@@ -270,161 +270,214 @@ impl OwnInputs {
     /// Writes every field into `k` under its name.
     pub fn write(self, k: &mut KeyInputs) {
         match self {
-            OwnInputs::Source(SourceInputs { files }) => {
-                k.files.extend(files);
-            }
-            OwnInputs::Fragment(FragmentInputs {
-                plan,
-                emitter,
-                plugins,
-                user,
-                formats,
-                tags,
-                last,
-                dev_local_pkg,
-                vars,
-                vocab,
-            }) => {
-                k.texts.insert("plan".into(), plan);
-                k.value("emitter", emitter);
-                plugins.write(k);
-                k.value("user", user);
-                k.value("formats", formats);
-                k.value("tags", tags);
-                k.value("last", flag(last));
-                k.value("dev-local-pkg", flag(dev_local_pkg));
-                for (name, v) in vars {
-                    k.value(format!("var:{name}"), v);
-                }
-                k.texts.extend(vocab);
-            }
-            OwnInputs::Containerfile(ContainerfileInputs {
-                facts,
-                emitter,
-                prebuilt_artifacts,
-                vocab,
-                root_image,
-                base_ref,
-                builder_refs,
-                dev_local_pkg,
-            }) => {
-                for (field, text) in facts {
-                    k.value(format!("fact:{field}"), text);
-                }
-                k.value("emitter", emitter);
-                k.value("prebuilt-artifacts", flag(prebuilt_artifacts));
-                k.texts.extend(vocab);
-                k.base = Some(root_image);
-                if let Some(r) = base_ref {
-                    k.value("base-ref", r);
-                }
-                for (builder, r) in builder_refs {
-                    k.value(format!("builder-ref:{builder}"), r);
-                }
-                k.value("dev-local-pkg", flag(dev_local_pkg));
-            }
-            OwnInputs::BuilderStage(BuilderStageInputs {
-                definition,
-                user,
-                builder,
-                candy,
-                runner,
-            }) => {
-                if let Some(d) = definition {
-                    k.texts.insert(format!("builder/{builder}"), d);
-                }
-                k.value("user", user);
-                k.value("builder", builder);
-                k.value("candy", candy);
-                k.value("runner", runner);
-            }
-            OwnInputs::LocalPkg(LocalPkgInputs {
-                recipe,
-                format,
-                candy,
-                localpkg,
-                runner,
-                distro,
-                built_in,
-            }) => {
-                if let Some(d) = recipe {
-                    k.texts.insert(format!("format/{format}/local_pkg"), d);
-                }
-                k.value("format", format);
-                k.value("candy", candy);
-                k.value("localpkg", localpkg);
-                k.value("runner", runner);
-                k.value("distro", distro);
-                k.value("built-in", built_in);
-            }
-            OwnInputs::Rootfs(RootfsInputs {
-                distro,
-                builder,
-                tags,
-                runner,
-                arch,
-            }) => {
-                if let Some(d) = distro {
-                    k.texts.insert("distro".into(), d);
-                }
-                k.value("builder", builder);
-                // Recorded as a layer (the chain's first) since layers
-                // are nodes.
-                k.value("output", "layer");
-                k.value("tags", tags);
-                k.value("runner", runner);
-                k.value("arch", arch);
-            }
-            OwnInputs::Image(ImageInputs {
-                root_image,
-                tag,
-                runner,
-                arch,
-                labels,
-                user,
-            }) => {
-                k.base = Some(root_image);
-                k.value("tag", tag);
-                k.value("runner", runner);
-                k.value("arch", arch);
-                k.texts.insert("labels".into(), labels);
-                k.value("user", user);
-            }
-            OwnInputs::Layer(LayerInputs {
-                containerfile,
-                files,
-                render_error,
-                plugins,
-                runner,
-                arch,
-            }) => {
-                if let Some(e) = render_error {
-                    k.value("render-error", e);
-                }
-                if let Some(t) = containerfile {
-                    k.text_with_content("containerfile", &t);
-                }
-                for (path, d) in files {
-                    k.texts.insert(format!("file:{path}"), d);
-                }
-                plugins.write(k);
-                k.value("runner", runner);
-                k.value("arch", arch);
-            }
-            OwnInputs::Plan(PlanInputs { plan, target }) => {
-                k.texts.insert("plan".into(), plan);
-                k.value("target", target);
-            }
-            OwnInputs::Base(BaseInputs {
-                reference,
-                runner,
-                arch,
-            }) => {
-                k.base = Some(reference);
-                k.value("runner", runner);
-                k.value("arch", arch);
-            }
+            OwnInputs::Source(own) => own.write(k),
+            OwnInputs::Fragment(own) => own.write(k),
+            OwnInputs::Containerfile(own) => own.write(k),
+            OwnInputs::BuilderStage(own) => own.write(k),
+            OwnInputs::LocalPkg(own) => own.write(k),
+            OwnInputs::Rootfs(own) => own.write(k),
+            OwnInputs::Image(own) => own.write(k),
+            OwnInputs::Layer(own) => own.write(k),
+            OwnInputs::Plan(own) => own.write(k),
+            OwnInputs::Base(own) => own.write(k),
         }
+    }
+}
+
+// How each kind's struct enters the key: destructured whole (no `..`), so
+// a new field does not compile until it is written.
+
+impl SourceInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let SourceInputs { files } = self;
+        k.files.extend(files);
+    }
+}
+
+impl FragmentInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let FragmentInputs {
+            plan,
+            emitter,
+            plugins,
+            user,
+            formats,
+            tags,
+            last,
+            dev_local_pkg,
+            vars,
+            vocab,
+        } = self;
+        k.texts.insert("plan".into(), plan);
+        k.value("emitter", emitter);
+        plugins.write(k);
+        k.value("user", user);
+        k.value("formats", formats);
+        k.value("tags", tags);
+        k.value("last", flag(last));
+        k.value("dev-local-pkg", flag(dev_local_pkg));
+        for (name, v) in vars {
+            k.value(format!("var:{name}"), v);
+        }
+        k.texts.extend(vocab);
+    }
+}
+
+impl ContainerfileInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let ContainerfileInputs {
+            facts,
+            emitter,
+            prebuilt_artifacts,
+            vocab,
+            root_image,
+            base_ref,
+            builder_refs,
+            dev_local_pkg,
+        } = self;
+        for (field, text) in facts {
+            k.value(format!("fact:{field}"), text);
+        }
+        k.value("emitter", emitter);
+        k.value("prebuilt-artifacts", flag(prebuilt_artifacts));
+        k.texts.extend(vocab);
+        k.base = Some(root_image);
+        if let Some(r) = base_ref {
+            k.value("base-ref", r);
+        }
+        for (builder, r) in builder_refs {
+            k.value(format!("builder-ref:{builder}"), r);
+        }
+        k.value("dev-local-pkg", flag(dev_local_pkg));
+    }
+}
+
+impl BuilderStageInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let BuilderStageInputs {
+            definition,
+            user,
+            builder,
+            candy,
+            runner,
+        } = self;
+        if let Some(d) = definition {
+            k.texts.insert(format!("builder/{builder}"), d);
+        }
+        k.value("user", user);
+        k.value("builder", builder);
+        k.value("candy", candy);
+        k.value("runner", runner);
+    }
+}
+
+impl LocalPkgInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let LocalPkgInputs {
+            recipe,
+            format,
+            candy,
+            localpkg,
+            runner,
+            distro,
+            built_in,
+        } = self;
+        if let Some(d) = recipe {
+            k.texts.insert(format!("format/{format}/local_pkg"), d);
+        }
+        k.value("format", format);
+        k.value("candy", candy);
+        k.value("localpkg", localpkg);
+        k.value("runner", runner);
+        k.value("distro", distro);
+        k.value("built-in", built_in);
+    }
+}
+
+impl RootfsInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let RootfsInputs {
+            distro,
+            builder,
+            tags,
+            runner,
+            arch,
+        } = self;
+        if let Some(d) = distro {
+            k.texts.insert("distro".into(), d);
+        }
+        k.value("builder", builder);
+        // Recorded as a layer (the chain's first) since layers
+        // are nodes.
+        k.value("output", "layer");
+        k.value("tags", tags);
+        k.value("runner", runner);
+        k.value("arch", arch);
+    }
+}
+
+impl ImageInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let ImageInputs {
+            root_image,
+            tag,
+            runner,
+            arch,
+            labels,
+            user,
+        } = self;
+        k.base = Some(root_image);
+        k.value("tag", tag);
+        k.value("runner", runner);
+        k.value("arch", arch);
+        k.texts.insert("labels".into(), labels);
+        k.value("user", user);
+    }
+}
+
+impl LayerInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let LayerInputs {
+            containerfile,
+            files,
+            render_error,
+            plugins,
+            runner,
+            arch,
+        } = self;
+        if let Some(e) = render_error {
+            k.value("render-error", e);
+        }
+        if let Some(t) = containerfile {
+            k.text_with_content("containerfile", &t);
+        }
+        for (path, d) in files {
+            k.texts.insert(format!("file:{path}"), d);
+        }
+        plugins.write(k);
+        k.value("runner", runner);
+        k.value("arch", arch);
+    }
+}
+
+impl PlanInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let PlanInputs { plan, target } = self;
+        k.texts.insert("plan".into(), plan);
+        k.value("target", target);
+    }
+}
+
+impl BaseInputs {
+    fn write(self, k: &mut KeyInputs) {
+        let BaseInputs {
+            reference,
+            runner,
+            arch,
+        } = self;
+        k.base = Some(reference);
+        k.value("runner", runner);
+        k.value("arch", arch);
     }
 }
 
