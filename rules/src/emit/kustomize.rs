@@ -55,7 +55,7 @@
 //! exactly the string or number that was meant.
 
 use super::EmitError;
-use super::quadlet::{Protocol, container_name, parse_size, runtime_spec};
+use super::quadlet::{Protocol, RuntimeSpec, Security, container_name, parse_size, runtime_spec};
 use crate::ir::InstallPlan;
 use crate::project::Project;
 use crate::resolve::ResolvedBox;
@@ -101,9 +101,9 @@ pub fn render_kustomize(
     plan: &InstallPlan,
     opts: &KustomizeOptions,
 ) -> Result<KustomizeTree, EmitError> {
-    let err = |m: String| EmitError {
+    let err = |message: String| EmitError {
         box_name: b.name.clone(),
-        message: m,
+        message,
     };
     let spec = runtime_spec(p, b, plan, !opts.skip_candy_ports)?;
     let image = opts
@@ -119,125 +119,374 @@ pub fn render_kustomize(
             )));
         }
     }
-    let volume_size = opts.volume_size.clone().unwrap_or_else(|| "10Gi".into());
     let name = dns1123_label(&container_name(&b.name));
-
     let mut labels: BTreeMap<String, String> = BTreeMap::new();
     labels.insert("app.kubernetes.io/name".into(), name.clone());
     labels.insert("app.kubernetes.io/managed-by".into(), "charly".into());
     labels.insert("ai.opencharly.box".into(), label_value(&spec.box_name));
     labels.insert("ai.opencharly.version".into(), label_value(&spec.version));
-    let selector = Y::map([("app.kubernetes.io/name", Y::str(&name))]);
-    let metadata =
-        |obj_name: &str| Y::map([("name", Y::str(obj_name)), ("labels", Y::str_map(&labels))]);
+    let base = Base {
+        spec: &spec,
+        opts,
+        selector: Y::map([("app.kubernetes.io/name", Y::str(&name))]),
+        name,
+        labels,
+    };
 
     let mut files = BTreeMap::new();
     let mut resources = vec!["deployment.yaml".to_string()];
-
-    // Volume claims.
-    let mut claims: Vec<(String, String, String)> = Vec::new(); // (pod volume, claim, path)
-    let mut used_names: BTreeSet<String> = BTreeSet::new();
-    for v in &spec.volumes {
-        let vol = dns1123_label(&v.name);
-        if !used_names.insert(vol.clone()) {
-            return Err(err(format!(
-                "volume names `{}` and another one map to the same Kubernetes name `{vol}`",
-                v.name
-            )));
-        }
-        let claim = dns1123_label(&format!("{name}-{}", v.name));
-        let mut spec_entries = vec![
-            ("accessModes", Y::Seq(vec![Y::str("ReadWriteOnce")])),
-            (
-                "resources",
-                Y::map([("requests", Y::map([("storage", Y::str(&volume_size))]))]),
-            ),
-        ];
-        if let Some(sc) = &opts.storage_class {
-            spec_entries.push(("storageClassName", Y::str(sc)));
-        }
-        let mut md = metadata(&claim);
-        md.push(
-            "annotations",
-            Y::map([
-                ("ai.opencharly.volume", Y::str(&v.name)),
-                ("ai.opencharly.volume.path", Y::str(&v.path)),
-                ("ai.opencharly.volume.candy", Y::str(&v.candy)),
-            ]),
-        );
-        let pvc = Y::map([
-            ("apiVersion", Y::str("v1")),
-            ("kind", Y::str("PersistentVolumeClaim")),
-            ("metadata", md),
-            ("spec", Y::map(spec_entries)),
-        ]);
-        let file = format!("pvc-{vol}.yaml");
-        files.insert(format!("base/{file}"), doc(&[header(&file)], &pvc));
+    let claims = base.volume_claims().map_err(err)?;
+    for c in &claims {
+        let file = format!("pvc-{}.yaml", c.volume);
+        files.insert(format!("base/{file}"), doc(&[header(&file)], &c.object));
         resources.push(file);
-        claims.push((vol, claim, v.path.clone()));
     }
-
     // Notes about what a Deployment cannot say.
     let mut notes: Vec<String> = Vec::new();
-    let sec = &spec.security;
+    let deployment = base.deployment(&image, &claims, &mut notes).map_err(err)?;
+    let mut head = vec![header("deployment.yaml")];
+    head.extend(notes);
+    files.insert("base/deployment.yaml".into(), doc(&head, &deployment));
+    if let Some(service) = base.service() {
+        files.insert(
+            "base/service.yaml".into(),
+            doc(&[header("service.yaml")], &service),
+        );
+        resources.insert(1, "service.yaml".into());
+    }
+    let base_k = Y::map([
+        ("apiVersion", Y::str("kustomize.config.k8s.io/v1beta1")),
+        ("kind", Y::str("Kustomization")),
+        (
+            "resources",
+            Y::Seq(resources.iter().map(|r| Y::str(r)).collect()),
+        ),
+    ]);
+    files.insert(
+        "base/kustomization.yaml".into(),
+        doc(&[header("base/kustomization.yaml")], &base_k),
+    );
+    let ov_path = format!("overlays/{overlay}/kustomization.yaml");
+    let overlay_k = overlay_kustomization(&image, opts, &overlay, &namespace);
+    files.insert(ov_path.clone(), doc(&[header(&ov_path)], &overlay_k));
+    Ok(KustomizeTree { files })
+}
 
-    // Container.
-    let cname = dns1123_label(&spec.box_name);
-    let mut c = Y::map([("name", Y::str(&cname)), ("image", Y::str(&image))]);
-    if let Some(ep) = &spec.entrypoint {
-        c.push(
-            "command",
-            Y::Seq(ep.argv.iter().map(|a| Y::str(&kube_literal(a))).collect()),
-        );
+/// What the base's objects are made from.
+struct Base<'a> {
+    spec: &'a RuntimeSpec,
+    opts: &'a KustomizeOptions,
+    /// The objects' name (a DNS-1123 label).
+    name: String,
+    /// Every object's labels.
+    labels: BTreeMap<String, String>,
+    /// The Deployment's and the Service's selector.
+    selector: Y,
+}
+
+/// A volume's claim.
+struct Claim {
+    /// The pod volume's name.
+    volume: String,
+    /// The claim's name.
+    claim: String,
+    /// Where it is mounted.
+    path: String,
+    /// The PersistentVolumeClaim.
+    object: Y,
+}
+
+impl Base<'_> {
+    fn metadata(&self, obj_name: &str) -> Y {
+        Y::map([
+            ("name", Y::str(obj_name)),
+            ("labels", Y::str_map(&self.labels)),
+        ])
     }
-    let mut env = spec.env.clone();
-    env.extend(opts.env.clone());
-    if !env.is_empty() {
-        c.push(
-            "env",
-            Y::Seq(
-                env.iter()
-                    .map(|(k, v)| {
-                        Y::map([("name", Y::str(k)), ("value", Y::str(&kube_literal(v)))])
-                    })
-                    .collect(),
+
+    /// One claim per volume, with the volume's name, path and candy as
+    /// annotations.
+    fn volume_claims(&self) -> Result<Vec<Claim>, String> {
+        let volume_size = self.opts.volume_size.as_deref().unwrap_or("10Gi");
+        let mut claims = Vec::new();
+        let mut used_names: BTreeSet<String> = BTreeSet::new();
+        for v in &self.spec.volumes {
+            let vol = dns1123_label(&v.name);
+            if !used_names.insert(vol.clone()) {
+                return Err(format!(
+                    "volume names `{}` and another one map to the same Kubernetes name `{vol}`",
+                    v.name
+                ));
+            }
+            let claim = dns1123_label(&format!("{}-{}", self.name, v.name));
+            let mut spec_entries = vec![
+                ("accessModes", Y::Seq(vec![Y::str("ReadWriteOnce")])),
+                (
+                    "resources",
+                    Y::map([("requests", Y::map([("storage", Y::str(volume_size))]))]),
+                ),
+            ];
+            if let Some(sc) = &self.opts.storage_class {
+                spec_entries.push(("storageClassName", Y::str(sc)));
+            }
+            let mut md = self.metadata(&claim);
+            md.push(
+                "annotations",
+                Y::map([
+                    ("ai.opencharly.volume", Y::str(&v.name)),
+                    ("ai.opencharly.volume.path", Y::str(&v.path)),
+                    ("ai.opencharly.volume.candy", Y::str(&v.candy)),
+                ]),
+            );
+            let object = Y::map([
+                ("apiVersion", Y::str("v1")),
+                ("kind", Y::str("PersistentVolumeClaim")),
+                ("metadata", md),
+                ("spec", Y::map(spec_entries)),
+            ]);
+            claims.push(Claim {
+                volume: vol,
+                claim,
+                path: v.path.clone(),
+                object,
+            });
+        }
+        Ok(claims)
+    }
+
+    /// The Deployment: one replica of the box's container, its claims and
+    /// shared memory mounted; what it cannot say goes to `notes`.
+    fn deployment(
+        &self,
+        image: &str,
+        claims: &[Claim],
+        notes: &mut Vec<String>,
+    ) -> Result<Y, String> {
+        let spec = self.spec;
+        let mut c = self.container(image, notes)?;
+        let (mounts, pod_volumes) = self.storage(claims)?;
+        if !mounts.is_empty() {
+            c.push("volumeMounts", Y::Seq(mounts));
+        }
+        let pod = self.pod(c, pod_volumes, notes);
+        if let Some(ep) = &spec.entrypoint {
+            notes.insert(0, format!("init: {}", ep.init));
+        }
+        let mut tmpl_labels = self.labels.clone();
+        if !spec.deploy_id.is_empty() {
+            tmpl_labels.insert("ai.opencharly.deploy_id".into(), spec.deploy_id.clone());
+        }
+        Ok(Y::map([
+            ("apiVersion", Y::str("apps/v1")),
+            ("kind", Y::str("Deployment")),
+            ("metadata", self.metadata(&self.name)),
+            (
+                "spec",
+                Y::map([
+                    ("replicas", Y::Int(1)),
+                    ("strategy", Y::map([("type", Y::str("Recreate"))])),
+                    ("selector", Y::map([("matchLabels", self.selector.clone())])),
+                    (
+                        "template",
+                        Y::map([
+                            ("metadata", Y::map([("labels", Y::str_map(&tmpl_labels))])),
+                            ("spec", pod),
+                        ]),
+                    ),
+                ]),
             ),
-        );
+        ]))
     }
-    let mut cports: BTreeSet<(u16, Protocol)> = BTreeSet::new();
-    for m in &spec.ports {
-        cports.insert((m.container, m.protocol));
-        if let Some(ip) = &m.host_ip {
+
+    /// The container: image, entrypoint, environment, ports, memory limit
+    /// and security context.
+    fn container(&self, image: &str, notes: &mut Vec<String>) -> Result<Y, String> {
+        let spec = self.spec;
+        let cname = dns1123_label(&spec.box_name);
+        let mut c = Y::map([("name", Y::str(&cname)), ("image", Y::str(image))]);
+        if let Some(ep) = &spec.entrypoint {
+            c.push(
+                "command",
+                Y::Seq(ep.argv.iter().map(|a| Y::str(&kube_literal(a))).collect()),
+            );
+        }
+        let mut env = spec.env.clone();
+        env.extend(self.opts.env.clone());
+        if !env.is_empty() {
+            c.push(
+                "env",
+                Y::Seq(
+                    env.iter()
+                        .map(|(k, v)| {
+                            Y::map([("name", Y::str(k)), ("value", Y::str(&kube_literal(v)))])
+                        })
+                        .collect(),
+                ),
+            );
+        }
+        let mut cports: BTreeSet<(u16, Protocol)> = BTreeSet::new();
+        for m in &spec.ports {
+            cports.insert((m.container, m.protocol));
+            if let Some(ip) = &m.host_ip {
+                notes.push(format!(
+                    "port {}:{}:{} binds host address {ip}, which a Service cannot express",
+                    ip, m.host, m.container
+                ));
+            }
+        }
+        if !cports.is_empty() {
+            c.push(
+                "ports",
+                Y::Seq(
+                    cports
+                        .iter()
+                        .map(|(n, proto)| {
+                            Y::map([
+                                ("name", Y::str(&port_name(*proto, *n))),
+                                ("containerPort", Y::Int(i64::from(*n))),
+                                ("protocol", Y::str(proto.k8s())),
+                            ])
+                        })
+                        .collect(),
+                ),
+            );
+        }
+        if let Some(m) = &spec.security.memory_max {
+            let q = quantity(m).ok_or_else(|| format!("memory_max `{m}` is not a size"))?;
+            c.push(
+                "resources",
+                Y::map([("limits", Y::map([("memory", Y::str(&q))]))]),
+            );
+        }
+        let csec = container_security(&spec.security, notes);
+        if !csec.is_empty() {
+            c.push("securityContext", csec);
+        }
+        Ok(c)
+    }
+
+    /// The container's mounts and the pod's volumes: the claims, and
+    /// `/dev/shm` when the box sizes it.
+    fn storage(&self, claims: &[Claim]) -> Result<(Vec<Y>, Vec<Y>), String> {
+        let mut mounts: Vec<Y> = Vec::new();
+        let mut pod_volumes: Vec<Y> = Vec::new();
+        for Claim {
+            volume,
+            claim,
+            path,
+            ..
+        } in claims
+        {
+            mounts.push(Y::map([
+                ("name", Y::str(volume)),
+                ("mountPath", Y::str(path)),
+            ]));
+            pod_volumes.push(Y::map([
+                ("name", Y::str(volume)),
+                (
+                    "persistentVolumeClaim",
+                    Y::map([("claimName", Y::str(claim))]),
+                ),
+            ]));
+        }
+        if let Some(shm) = &self.spec.security.shm_size {
+            let q = quantity(shm).ok_or_else(|| format!("shm_size `{shm}` is not a size"))?;
+            let shm_name = ["dshm", "charly-dshm"]
+                .into_iter()
+                .find(|n| !claims.iter().any(|c| c.volume == *n))
+                .unwrap_or("charly-shm-memory");
+            mounts.push(Y::map([
+                ("name", Y::str(shm_name)),
+                ("mountPath", Y::str("/dev/shm")),
+            ]));
+            pod_volumes.push(Y::map([
+                ("name", Y::str(shm_name)),
+                (
+                    "emptyDir",
+                    Y::map([("medium", Y::str("Memory")), ("sizeLimit", Y::str(&q))]),
+                ),
+            ]));
+        }
+        Ok((mounts, pod_volumes))
+    }
+
+    /// The pod spec around container `c`: its account, groups, network and
+    /// volumes; what it cannot say goes to `notes`.
+    fn pod(&self, c: Y, pod_volumes: Vec<Y>, notes: &mut Vec<String>) -> Y {
+        let (spec, sec) = (self.spec, &self.spec.security);
+        let mut psec = Y::map([
+            ("runAsUser", Y::Int(i64::from(spec.uid))),
+            ("runAsGroup", Y::Int(i64::from(spec.gid))),
+            ("fsGroup", Y::Int(i64::from(spec.gid))),
+        ]);
+        let numeric: Vec<i64> = sec
+            .group_add
+            .iter()
+            .filter_map(|g| g.parse::<i64>().ok())
+            .collect();
+        if !numeric.is_empty() {
+            psec.push(
+                "supplementalGroups",
+                Y::Seq(numeric.into_iter().map(Y::Int).collect()),
+            );
+        }
+        for g in sec.group_add.iter().filter(|g| g.parse::<i64>().is_err()) {
             notes.push(format!(
-                "port {}:{}:{} binds host address {ip}, which a Service cannot express",
-                ip, m.host, m.container
+                "group_add `{g}` is a group name; supplementalGroups takes numeric ids"
             ));
         }
+        let mut pod = Y::Map(Vec::new());
+        match spec.network.as_deref() {
+            Some("host") => pod.push("hostNetwork", Y::Bool(true)),
+            Some(other) => notes.push(format!("network `{other}` is not mapped")),
+            None => {}
+        }
+        pod.push("securityContext", psec);
+        pod.push("containers", Y::Seq(vec![c]));
+        if !pod_volumes.is_empty() {
+            pod.push("volumes", Y::Seq(pod_volumes));
+        }
+        unmapped_security(sec, notes);
+        pod
     }
-    if !cports.is_empty() {
-        c.push(
-            "ports",
-            Y::Seq(
-                cports
-                    .iter()
-                    .map(|(n, proto)| {
-                        Y::map([
-                            ("name", Y::str(&port_name(*proto, *n))),
-                            ("containerPort", Y::Int(i64::from(*n))),
-                            ("protocol", Y::str(proto.k8s())),
-                        ])
-                    })
-                    .collect(),
+
+    /// A ClusterIP Service for the published ports (none without ports).
+    fn service(&self) -> Option<Y> {
+        if self.spec.ports.is_empty() {
+            return None;
+        }
+        let mut seen: BTreeSet<(u16, Protocol)> = BTreeSet::new();
+        let mut sports = Vec::new();
+        for m in &self.spec.ports {
+            if !seen.insert((m.host, m.protocol)) {
+                continue;
+            }
+            sports.push(Y::map([
+                ("name", Y::str(&port_name(m.protocol, m.host))),
+                ("port", Y::Int(i64::from(m.host))),
+                ("targetPort", Y::Int(i64::from(m.container))),
+                ("protocol", Y::str(m.protocol.k8s())),
+            ]));
+        }
+        Some(Y::map([
+            ("apiVersion", Y::str("v1")),
+            ("kind", Y::str("Service")),
+            ("metadata", self.metadata(&self.name)),
+            (
+                "spec",
+                Y::map([
+                    ("type", Y::str("ClusterIP")),
+                    ("selector", self.selector.clone()),
+                    ("ports", Y::Seq(sports)),
+                ]),
             ),
-        );
+        ]))
     }
-    if let Some(m) = &sec.memory_max {
-        let q = quantity(m).ok_or_else(|| err(format!("memory_max `{m}` is not a size")))?;
-        c.push(
-            "resources",
-            Y::map([("limits", Y::map([("memory", Y::str(&q))]))]),
-        );
-    }
+}
+
+/// The container's security context: privileges, capabilities, seccomp,
+/// AppArmor and privilege escalation; other options go to `notes`.
+fn container_security(sec: &Security, notes: &mut Vec<String>) -> Y {
     let mut csec = Y::Map(Vec::new());
     if sec.privileged {
         csec.push("privileged", Y::Bool(true));
@@ -274,78 +523,11 @@ pub fn render_kustomize(
             other => notes.push(format!("security_opt `{other}` is not mapped")),
         }
     }
-    if !csec.is_empty() {
-        c.push("securityContext", csec);
-    }
+    csec
+}
 
-    // Pod volumes and mounts.
-    let mut mounts: Vec<Y> = Vec::new();
-    let mut pod_volumes: Vec<Y> = Vec::new();
-    for (vol, claim, path) in &claims {
-        mounts.push(Y::map([("name", Y::str(vol)), ("mountPath", Y::str(path))]));
-        pod_volumes.push(Y::map([
-            ("name", Y::str(vol)),
-            (
-                "persistentVolumeClaim",
-                Y::map([("claimName", Y::str(claim))]),
-            ),
-        ]));
-    }
-    if let Some(shm) = &sec.shm_size {
-        let q = quantity(shm).ok_or_else(|| err(format!("shm_size `{shm}` is not a size")))?;
-        let shm_name = ["dshm", "charly-dshm"]
-            .into_iter()
-            .find(|n| !used_names.contains(*n))
-            .unwrap_or("charly-shm-memory");
-        mounts.push(Y::map([
-            ("name", Y::str(shm_name)),
-            ("mountPath", Y::str("/dev/shm")),
-        ]));
-        pod_volumes.push(Y::map([
-            ("name", Y::str(shm_name)),
-            (
-                "emptyDir",
-                Y::map([("medium", Y::str("Memory")), ("sizeLimit", Y::str(&q))]),
-            ),
-        ]));
-    }
-    if !mounts.is_empty() {
-        c.push("volumeMounts", Y::Seq(mounts));
-    }
-
-    // Pod.
-    let mut psec = Y::map([
-        ("runAsUser", Y::Int(i64::from(spec.uid))),
-        ("runAsGroup", Y::Int(i64::from(spec.gid))),
-        ("fsGroup", Y::Int(i64::from(spec.gid))),
-    ]);
-    let numeric: Vec<i64> = sec
-        .group_add
-        .iter()
-        .filter_map(|g| g.parse::<i64>().ok())
-        .collect();
-    if !numeric.is_empty() {
-        psec.push(
-            "supplementalGroups",
-            Y::Seq(numeric.into_iter().map(Y::Int).collect()),
-        );
-    }
-    for g in sec.group_add.iter().filter(|g| g.parse::<i64>().is_err()) {
-        notes.push(format!(
-            "group_add `{g}` is a group name; supplementalGroups takes numeric ids"
-        ));
-    }
-    let mut pod = Y::Map(Vec::new());
-    match spec.network.as_deref() {
-        Some("host") => pod.push("hostNetwork", Y::Bool(true)),
-        Some(other) => notes.push(format!("network `{other}` is not mapped")),
-        None => {}
-    }
-    pod.push("securityContext", psec);
-    pod.push("containers", Y::Seq(vec![c]));
-    if !pod_volumes.is_empty() {
-        pod.push("volumes", Y::Seq(pod_volumes));
-    }
+/// Notes for the security settings a Deployment has no field for.
+fn unmapped_security(sec: &Security, notes: &mut Vec<String>) {
     for d in &sec.devices {
         notes.push(format!(
             "device `{d}` is not mapped: Kubernetes passes host devices through device plugins"
@@ -366,90 +548,19 @@ pub fn render_kustomize(
     for (k, v) in &sec.unmapped {
         notes.push(format!("security.{k} is not mapped: {v}"));
     }
-    if let Some(ep) = &spec.entrypoint {
-        notes.insert(0, format!("init: {}", ep.init));
-    }
+}
 
-    let mut tmpl_labels = labels.clone();
-    if !spec.deploy_id.is_empty() {
-        tmpl_labels.insert("ai.opencharly.deploy_id".into(), spec.deploy_id.clone());
-    }
-    let deployment = Y::map([
-        ("apiVersion", Y::str("apps/v1")),
-        ("kind", Y::str("Deployment")),
-        ("metadata", metadata(&name)),
-        (
-            "spec",
-            Y::map([
-                ("replicas", Y::Int(1)),
-                ("strategy", Y::map([("type", Y::str("Recreate"))])),
-                ("selector", Y::map([("matchLabels", selector.clone())])),
-                (
-                    "template",
-                    Y::map([
-                        ("metadata", Y::map([("labels", Y::str_map(&tmpl_labels))])),
-                        ("spec", pod),
-                    ]),
-                ),
-            ]),
-        ),
-    ]);
-    let mut head = vec![header("deployment.yaml")];
-    head.extend(notes);
-    files.insert("base/deployment.yaml".into(), doc(&head, &deployment));
-
-    // Service.
-    if !spec.ports.is_empty() {
-        let mut seen: BTreeSet<(u16, Protocol)> = BTreeSet::new();
-        let mut sports = Vec::new();
-        for m in &spec.ports {
-            if !seen.insert((m.host, m.protocol)) {
-                continue;
-            }
-            sports.push(Y::map([
-                ("name", Y::str(&port_name(m.protocol, m.host))),
-                ("port", Y::Int(i64::from(m.host))),
-                ("targetPort", Y::Int(i64::from(m.container))),
-                ("protocol", Y::str(m.protocol.k8s())),
-            ]));
-        }
-        let service = Y::map([
-            ("apiVersion", Y::str("v1")),
-            ("kind", Y::str("Service")),
-            ("metadata", metadata(&name)),
-            (
-                "spec",
-                Y::map([
-                    ("type", Y::str("ClusterIP")),
-                    ("selector", selector.clone()),
-                    ("ports", Y::Seq(sports)),
-                ]),
-            ),
-        ]);
-        files.insert(
-            "base/service.yaml".into(),
-            doc(&[header("service.yaml")], &service),
-        );
-        resources.insert(1, "service.yaml".into());
-    }
-
-    let base_k = Y::map([
-        ("apiVersion", Y::str("kustomize.config.k8s.io/v1beta1")),
-        ("kind", Y::str("Kustomization")),
-        (
-            "resources",
-            Y::Seq(resources.iter().map(|r| Y::str(r)).collect()),
-        ),
-    ]);
-    files.insert(
-        "base/kustomization.yaml".into(),
-        doc(&[header("base/kustomization.yaml")], &base_k),
-    );
-
-    // Overlay.
-    let (base_name, _, _) = split_image(&image);
-    let target = opts.overlay_image.clone().unwrap_or_else(|| image.clone());
-    let (new_name, tag, digest) = split_image(&target);
+/// The overlay's kustomization: the namespace, the image pinned through
+/// `images:`, the overlay's labels on every object and pod template.
+fn overlay_kustomization(
+    image: &str,
+    opts: &KustomizeOptions,
+    overlay: &str,
+    namespace: &str,
+) -> Y {
+    let (base_name, _, _) = split_image(image);
+    let target = opts.overlay_image.as_deref().unwrap_or(image);
+    let (new_name, tag, digest) = split_image(target);
     let mut img = Y::map([("name", Y::str(base_name))]);
     if new_name != base_name {
         img.push("newName", Y::str(new_name));
@@ -460,12 +571,12 @@ pub fn render_kustomize(
         (None, None) => {}
     }
     let mut ov_labels: BTreeMap<String, String> = BTreeMap::new();
-    ov_labels.insert("ai.opencharly.overlay".into(), overlay.clone());
+    ov_labels.insert("ai.opencharly.overlay".into(), overlay.to_string());
     ov_labels.extend(opts.labels.iter().map(|(k, v)| (k.clone(), label_value(v))));
-    let overlay_k = Y::map([
+    Y::map([
         ("apiVersion", Y::str("kustomize.config.k8s.io/v1beta1")),
         ("kind", Y::str("Kustomization")),
-        ("namespace", Y::str(&namespace)),
+        ("namespace", Y::str(namespace)),
         ("resources", Y::Seq(vec![Y::str("../../base")])),
         ("images", Y::Seq(vec![img])),
         (
@@ -475,11 +586,7 @@ pub fn render_kustomize(
                 ("includeTemplates", Y::Bool(true)),
             ])]),
         ),
-    ]);
-    let ov_path = format!("overlays/{overlay}/kustomization.yaml");
-    files.insert(ov_path.clone(), doc(&[header(&ov_path)], &overlay_k));
-
-    Ok(KustomizeTree { files })
+    ])
 }
 
 fn header(file: &str) -> String {
