@@ -462,83 +462,79 @@ fn missing_dirs(
     Some(out)
 }
 
-/// Records a step's intent from its probe's answers and returns it ready
-/// to run; None (and nothing recorded) when the answers ask for more than
-/// the batch can do.
-#[allow(clippy::too_many_arguments)]
-fn prepare<'a>(
-    host: &mut dyn Host,
-    ledger: &mut Ledger,
-    w: &Walk<'a>,
-    seq: u32,
-    s: &'a InstallStep,
-    it: Item<'a>,
+/// What a probe's answers say a step will do, decided before anything is
+/// recorded.
+enum Decided {
+    Cmd,
+    /// The packages installed before.
+    Packages(BTreeSet<String>),
+    /// The unit's state before.
+    Service(String),
+    /// Directories to make (each with its privilege).
+    Dirs(Vec<(String, bool)>),
+    /// Directories to make, the link's target before.
+    Link(Vec<(String, bool)>, Option<String>),
+    /// The file's capabilities before.
+    Setcap(String),
+    /// Directories to make, what was at the path.
+    File(Vec<(String, bool)>, Prior),
+    /// Directories to make, what was at the path, the unit's state before.
+    Unit(Vec<(String, bool)>, Prior, String),
+}
+
+/// Decides what step `seq` will do from its probe's answers, and notes in
+/// `made` what it makes for the steps after it; None when the answers ask
+/// for more than the batch can do.
+fn decide(
+    it: &Item<'_>,
     answers: &Sections,
-    login: &Login,
+    seq: u32,
+    sys: bool,
+    home: &str,
     made: &mut Made,
-) -> Result<Option<Ready<'a>>, WalkError> {
-    let rooted = host.root().is_some();
-    let sys = s.scope == Scope::System;
-    let user = w.user;
-    let attrs = |mode: u32, privileged: bool| FileAttrs {
-        mode,
-        owner: Some(if privileged {
-            (0, 0)
-        } else {
-            (user.uid, user.gid)
-        }),
-        privileged,
-    };
+) -> Option<Decided> {
     let probe = answers.ok("probe", seq);
-    let home = user.home.as_str();
-    // What the answers say, decided before anything is recorded.
-    enum Plan {
-        Cmd,
-        Packages(BTreeSet<String>),
-        Service(String),
-        Dirs(Vec<(String, bool)>),
-        Link(Vec<(String, bool)>, Option<String>),
-        Setcap(String),
-        File(Vec<(String, bool)>, Prior),
-        Unit(Vec<(String, bool)>, Prior, String),
-    }
-    let decided = match &it {
-        Item::Cmd(_) => Some(Plan::Cmd),
+    let decided = match it {
+        Item::Cmd(_) => Some(Decided::Cmd),
         Item::Packages(p) => probe.and_then(|t| {
             if t.lines().any(|l| l.starts_with("@missing ")) {
                 return None;
             }
-            pkg::parse_installed(&p.format, t).ok().map(Plan::Packages)
+            pkg::parse_installed(&p.format, t)
+                .ok()
+                .map(Decided::Packages)
         }),
-        Item::Service { .. } => probe.map(|t| Plan::Service(t.to_string())),
+        Item::Service { .. } => probe.map(|t| Decided::Service(t.to_string())),
         Item::Mkdir { path, .. } => probe.and_then(|t| {
             let c = chain(path);
             let st = parse_stat_output(t, c.len()).ok()?;
             let dirs = missing_dirs(&c, &st, sys, home)?;
-            made.fresh(None, dirs).map(Plan::Dirs)
+            made.fresh(None, dirs).map(Decided::Dirs)
         }),
         Item::Link { path, .. } => probe.and_then(|t| {
             let c = parent(path).map(chain).unwrap_or_default();
             let st = parse_stat_output(t, c.len() + 1).ok()?;
             let dirs = made.fresh(Some(path), missing_dirs(&c, &st[..c.len()], sys, home)?)?;
             match st[c.len()].as_ref().map(|x| &x.kind) {
-                None => Some(Plan::Link(dirs, None)),
-                Some(PathKind::Symlink { target }) => Some(Plan::Link(dirs, Some(target.clone()))),
+                None => Some(Decided::Link(dirs, None)),
+                Some(PathKind::Symlink { target }) => {
+                    Some(Decided::Link(dirs, Some(target.clone())))
+                }
                 // A file needs a backup, a directory is an error: alone.
                 Some(_) => None,
             }
         }),
         Item::Setcap { path, .. } => probe
             .filter(|_| !made.paths.contains(*path))
-            .map(|t| Plan::Setcap(t.to_string())),
+            .map(|t| Decided::Setcap(t.to_string())),
         Item::File { path, .. } => probe.and_then(|t| {
             let (dirs, prior) = file_prior(path, t, answers.ok("content", seq), sys, home)?;
-            Some(Plan::File(made.fresh(Some(path), dirs)?, prior))
+            Some(Decided::File(made.fresh(Some(path), dirs)?, prior))
         }),
         Item::Unit { path, .. } => probe.and_then(|t| {
             let (dirs, prior) = file_prior(path, t, answers.ok("content", seq), sys, home)?;
             let state = answers.ok("state", seq)?;
-            Some(Plan::Unit(
+            Some(Decided::Unit(
                 made.fresh(Some(path), dirs)?,
                 prior,
                 state.to_string(),
@@ -546,41 +542,53 @@ fn prepare<'a>(
         }),
     };
     // What this step makes, for the steps after it.
-    match (&it, &decided) {
-        (Item::Mkdir { path, .. }, Some(Plan::Dirs(dirs))) => {
+    match (it, &decided) {
+        (Item::Mkdir { path, .. }, Some(Decided::Dirs(dirs))) => {
             made.dirs.extend(dirs.iter().map(|d| d.0.clone()));
             made.dirs.insert(path.to_string());
         }
-        (Item::Link { path, .. }, Some(Plan::Link(dirs, _)))
-        | (Item::File { path, .. }, Some(Plan::File(dirs, _)))
-        | (Item::Unit { path, .. }, Some(Plan::Unit(dirs, _, _))) => {
+        (Item::Link { path, .. }, Some(Decided::Link(dirs, _)))
+        | (Item::File { path, .. }, Some(Decided::File(dirs, _)))
+        | (Item::Unit { path, .. }, Some(Decided::Unit(dirs, _, _))) => {
             made.dirs.extend(dirs.iter().map(|d| d.0.clone()));
             made.paths.insert(path.to_string());
         }
         _ => {}
     }
-    let Some(decided) = decided else {
-        return Ok(None);
-    };
-    ledger.begin_step(&w.record.name, seq, &head(s), StepState::Incomplete, None)?;
-    let mut planned = BTreeSet::new();
-    let mut cx = StepCx::new(
-        host,
-        Some(&mut *ledger),
-        &w.record.name,
-        seq,
-        user,
-        w.o,
-        rooted,
-        &mut planned,
-        s.reverse.clone(),
-    );
-    let mut run = Vec::new();
-    let mut verify = None;
-    let mut facts = Vec::new();
-    let mut pkgs = None;
-    // The directories a step makes on the way (each recorded first).
-    let mkdirs = |cx: &mut StepCx<'_>, dirs: &[(String, bool)], last: Option<(&str, u32)>| {
+    decided
+}
+
+/// Whom a step's files belong to.
+struct Owner<'a> {
+    user: &'a TargetUser,
+    /// A system step.
+    sys: bool,
+    /// The target is a directory tree (no systemd to reload).
+    rooted: bool,
+}
+
+impl Owner<'_> {
+    /// Attributes of a path made with `mode`, as root or as the user.
+    fn attrs(&self, mode: u32, privileged: bool) -> FileAttrs {
+        FileAttrs {
+            mode,
+            owner: Some(if privileged {
+                (0, 0)
+            } else {
+                (self.user.uid, self.user.gid)
+            }),
+            privileged,
+        }
+    }
+
+    /// The directories a step makes on the way (each recorded first);
+    /// `last` is the step's own directory and its mode.
+    fn mkdirs(
+        &self,
+        cx: &mut StepCx<'_>,
+        dirs: &[(String, bool)],
+        last: Option<(&str, u32)>,
+    ) -> Result<Vec<Cmd>, String> {
         let mut cmds = Vec::new();
         for (d, p) in dirs {
             cx.undo_incidental(
@@ -597,22 +605,27 @@ fn prepare<'a>(
             cx.actions.push(format!("mkdir {d}"));
             cmds.push(Cmd::sh(shellops::mkdir_script(
                 &cx.host.real(d),
-                &attrs(mode, *p),
+                &self.attrs(mode, *p),
             )));
         }
-        Ok::<_, String>(cmds)
-    };
-    // A file written as `put_file` writes it: its parents, a reload after
-    // a unit file goes, what was there put back by the undo.
-    let put = |cx: &mut StepCx<'_>,
-               path: &str,
-               data: &[u8],
-               mode: u32,
-               dirs: &[(String, bool)],
-               prior: &Prior| {
-        let mut cmds = mkdirs(cx, dirs, None)?;
-        if !rooted && is_unit_file(path) {
-            cx.undo_incidental(&reload_undo(sys, user), &[])?;
+        Ok(cmds)
+    }
+
+    /// A file written as `put_file` writes it: its parents, a reload after
+    /// a unit file goes, what was there put back by the undo.
+    fn put(
+        &self,
+        cx: &mut StepCx<'_>,
+        path: &str,
+        data: &[u8],
+        mode: u32,
+        dirs: &[(String, bool)],
+        prior: &Prior,
+    ) -> Result<(Vec<Cmd>, Fact), String> {
+        let sys = self.sys;
+        let mut cmds = self.mkdirs(cx, dirs, None)?;
+        if !self.rooted && is_unit_file(path) {
+            cx.undo_incidental(&reload_undo(sys, self.user), &[])?;
         }
         match prior {
             Prior::Absent => cx.undo(
@@ -652,113 +665,174 @@ fn prepare<'a>(
         cmds.push(Cmd::sh(shellops::write_inline_script(
             &cx.host.real(path),
             data,
-            &attrs(mode, sys),
+            &self.attrs(mode, sys),
         )));
-        Ok::<_, String>((
-            cmds,
-            Fact::File {
-                path: path.into(),
-                sha256: crate::host::sha256_hex(data),
-                mode,
-            },
-        ))
-    };
-    let res: Result<(), String> = (|| {
-        match (&it, decided) {
-            (Item::Cmd(op), _) => {
-                cx.undo_incidental(&cmd_note(s), &[])?;
-                run.push(cmd_command(op, sys, user, w.bin_dirs));
-            }
-            (Item::Packages(p), Plan::Packages(before)) => {
-                cx.realize(|r| r.kind == ReverseKind::PackageRemove);
-                let new =
-                    packages_intent(&mut cx, &p.format, &p.packages, &before, uninstall_of(s))?;
-                run.push(Cmd::sh(install_command(p)));
-                verify = pkg::list_all_script(&p.format).map(Cmd::sh);
-                pkgs = Some((new, before));
-            }
-            (Item::Service { unit, enable }, Plan::Service(prior)) => {
-                realize_service(&mut cx, unit);
-                cx.undo(&service_undo(&prior, unit, sys, *enable, user), &[])?;
-                run.push(service_commands(unit, sys, *enable, user).0);
-            }
-            (Item::Mkdir { path, mode }, Plan::Dirs(dirs)) => {
-                run.extend(mkdirs(&mut cx, &dirs, Some((path, *mode)))?);
-                facts.push(Fact::Dir {
-                    path: path.to_string(),
-                });
-            }
-            (Item::Link { path, target }, Plan::Link(dirs, prior)) => {
-                run.extend(mkdirs(&mut cx, &dirs, None)?);
-                let real = cx.host.real(path);
-                let undo = match &prior {
-                    None => Undo::RemovePath {
-                        path: path.to_string(),
-                        privileged: sys,
-                    },
-                    Some(t) => Undo::RestoreSymlink {
-                        path: path.to_string(),
-                        target: t.clone(),
-                        privileged: sys,
-                    },
-                };
-                cx.undo(&undo, &[])?;
-                if prior.is_some() {
-                    run.push(Cmd::sh(format!("rm -f -- {}", sh::quote_min(&real))));
-                }
-                run.push(Cmd::sh(shellops::symlink_script(
-                    &real,
-                    target,
-                    &attrs(0o777, sys),
-                )));
-                cx.actions.push(format!("link {path} -> {target}"));
-                facts.push(Fact::Symlink {
-                    path: path.to_string(),
-                    target: target.to_string(),
-                });
-            }
-            (Item::Setcap { path, caps }, Plan::Setcap(before)) => {
-                cx.realize(|r| r.kind == ReverseKind::RestoreCaps);
-                let real = cx.host.real(path);
-                cx.undo(&setcap_undo(&before, path, &real), &[])?;
-                run.push(setcap_commands(&real, *caps).0);
-            }
-            (Item::File { path, data, mode }, Plan::File(dirs, prior)) => {
-                let (cmds, fact) = put(&mut cx, path, data, *mode, &dirs, &prior)?;
-                run.extend(cmds);
-                facts.push(fact);
-            }
-            (
-                Item::Unit {
-                    path,
-                    data,
-                    unit,
-                    enable,
-                },
-                Plan::Unit(dirs, prior, state),
-            ) => {
-                let (cmds, fact) = put(&mut cx, path, data, 0o644, &dirs, &prior)?;
-                run.extend(cmds);
-                facts.push(fact);
-                realize_service(&mut cx, unit);
-                cx.undo(&service_undo(&state, unit, sys, *enable, user), &[])?;
-                run.push(service_commands(unit, sys, *enable, user).0);
-            }
-            _ => return Err("the batch's answer does not fit the step".into()),
+        let fact = Fact::File {
+            path: path.into(),
+            sha256: crate::host::sha256_hex(data),
+            mode,
+        };
+        Ok((cmds, fact))
+    }
+}
+
+/// What a step's recorded intent runs and leaves.
+#[derive(Default)]
+struct Intent {
+    run: Vec<Cmd>,
+    verify: Option<Cmd>,
+    facts: Vec<Fact>,
+    pkgs: Option<(Vec<String>, BTreeSet<String>)>,
+}
+
+/// Records the undo of what `decided` says the step does, and gives its
+/// commands.
+fn record_intent(
+    cx: &mut StepCx<'_>,
+    o: &Owner<'_>,
+    w: &Walk<'_>,
+    s: &InstallStep,
+    it: &Item<'_>,
+    decided: Decided,
+) -> Result<Intent, String> {
+    let (sys, user) = (o.sys, o.user);
+    let mut i = Intent::default();
+    match (it, decided) {
+        (Item::Cmd(op), _) => {
+            cx.undo_incidental(&cmd_note(s), &[])?;
+            i.run.push(cmd_command(op, sys, user, w.bin_dirs));
         }
-        Ok(())
-    })();
+        (Item::Packages(p), Decided::Packages(before)) => {
+            cx.realize(|r| r.kind == ReverseKind::PackageRemove);
+            let new = packages_intent(cx, &p.format, &p.packages, &before, uninstall_of(s))?;
+            i.run.push(Cmd::sh(install_command(p)));
+            i.verify = pkg::list_all_script(&p.format).map(Cmd::sh);
+            i.pkgs = Some((new, before));
+        }
+        (Item::Service { unit, enable }, Decided::Service(prior)) => {
+            realize_service(cx, unit);
+            cx.undo(&service_undo(&prior, unit, sys, *enable, user), &[])?;
+            i.run.push(service_commands(unit, sys, *enable, user).0);
+        }
+        (Item::Mkdir { path, mode }, Decided::Dirs(dirs)) => {
+            i.run.extend(o.mkdirs(cx, &dirs, Some((path, *mode)))?);
+            i.facts.push(Fact::Dir {
+                path: path.to_string(),
+            });
+        }
+        (Item::Link { path, target }, Decided::Link(dirs, prior)) => {
+            i.run.extend(o.mkdirs(cx, &dirs, None)?);
+            let real = cx.host.real(path);
+            let undo = match &prior {
+                None => Undo::RemovePath {
+                    path: path.to_string(),
+                    privileged: sys,
+                },
+                Some(t) => Undo::RestoreSymlink {
+                    path: path.to_string(),
+                    target: t.clone(),
+                    privileged: sys,
+                },
+            };
+            cx.undo(&undo, &[])?;
+            if prior.is_some() {
+                i.run
+                    .push(Cmd::sh(format!("rm -f -- {}", sh::quote_min(&real))));
+            }
+            i.run.push(Cmd::sh(shellops::symlink_script(
+                &real,
+                target,
+                &o.attrs(0o777, sys),
+            )));
+            cx.actions.push(format!("link {path} -> {target}"));
+            i.facts.push(Fact::Symlink {
+                path: path.to_string(),
+                target: target.to_string(),
+            });
+        }
+        (Item::Setcap { path, caps }, Decided::Setcap(before)) => {
+            cx.realize(|r| r.kind == ReverseKind::RestoreCaps);
+            let real = cx.host.real(path);
+            cx.undo(&setcap_undo(&before, path, &real), &[])?;
+            i.run.push(setcap_commands(&real, *caps).0);
+        }
+        (Item::File { path, data, mode }, Decided::File(dirs, prior)) => {
+            let (cmds, fact) = o.put(cx, path, data, *mode, &dirs, &prior)?;
+            i.run.extend(cmds);
+            i.facts.push(fact);
+        }
+        (
+            Item::Unit {
+                path,
+                data,
+                unit,
+                enable,
+            },
+            Decided::Unit(dirs, prior, state),
+        ) => {
+            let (cmds, fact) = o.put(cx, path, data, 0o644, &dirs, &prior)?;
+            i.run.extend(cmds);
+            i.facts.push(fact);
+            realize_service(cx, unit);
+            cx.undo(&service_undo(&state, unit, sys, *enable, user), &[])?;
+            i.run.push(service_commands(unit, sys, *enable, user).0);
+        }
+        _ => return Err("the batch's answer does not fit the step".into()),
+    }
+    Ok(i)
+}
+
+/// Records a step's intent from its probe's answers and returns it ready
+/// to run; None (and nothing recorded) when the answers ask for more than
+/// the batch can do.
+#[allow(clippy::too_many_arguments)]
+fn prepare<'a>(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    w: &Walk<'a>,
+    seq: u32,
+    s: &'a InstallStep,
+    it: Item<'a>,
+    answers: &Sections,
+    login: &Login,
+    made: &mut Made,
+) -> Result<Option<Ready<'a>>, WalkError> {
+    let rooted = host.root().is_some();
+    let sys = s.scope == Scope::System;
+    let user = w.user;
+    let Some(decided) = decide(&it, answers, seq, sys, &user.home, made) else {
+        return Ok(None);
+    };
+    ledger.begin_step(&w.record.name, seq, &head(s), StepState::Incomplete, None)?;
+    let mut planned = BTreeSet::new();
+    let mut cx = StepCx::new(
+        host,
+        Some(&mut *ledger),
+        &w.record.name,
+        seq,
+        user,
+        w.o,
+        rooted,
+        &mut planned,
+        s.reverse.clone(),
+    );
+    let owner = Owner { user, sys, rooted };
+    let res = record_intent(&mut cx, &owner, w, s, &it, decided);
     let StepCx {
         realized,
         mut actions,
         ..
     } = cx;
-    if let Err(e) = res {
-        // Recording the intent failed: the step fails before the batch runs.
-        ledger.finish_step(&w.record.name, seq, StepState::Failed, Some(&e), &[])?;
-        return Err(WalkError::Setup(format!("step {seq} ({}): {e}", title(s))));
-    }
-    actions.extend(run.iter().map(|c| {
+    let intent = match res {
+        Ok(i) => i,
+        Err(e) => {
+            // Recording the intent failed: the step fails before the batch
+            // runs.
+            ledger.finish_step(&w.record.name, seq, StepState::Failed, Some(&e), &[])?;
+            return Err(WalkError::Setup(format!("step {seq} ({}): {e}", title(s))));
+        }
+    };
+    actions.extend(intent.run.iter().map(|c| {
         let mut c = c.clone();
         c.privileged = sys;
         if !sys {
@@ -770,12 +844,12 @@ fn prepare<'a>(
         seq,
         step: s,
         item: it,
-        run,
-        verify,
+        run: intent.run,
+        verify: intent.verify,
         actions,
-        facts,
+        facts: intent.facts,
         realized,
-        pkgs,
+        pkgs: intent.pkgs,
     }))
 }
 
