@@ -329,6 +329,138 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
         TargetArg::Pod => Target::Pod,
         TargetArg::K8s => Target::K8s,
     };
+    let ssh = check_add_flags(a, target)?;
+    let mut o = project::open(cli)?;
+    let add = added_keys(&o.project, &a.add)?;
+    let (store, mut ledger) = open_ledger(cli)?;
+    // Plugin steps: their plugins' contracts decide how the plan compiles,
+    // and the walk asks them to execute.
+    let plugins =
+        crate::plugins::host_for(&mut o, store.dir(), std::slice::from_ref(&a.box_name), &add)?;
+    let b = crate::project::resolved(&o, &a.box_name)?;
+    let hasher = crate::session::stat_cache(&store);
+    let mut host = open_host(a, ssh.as_ref())?;
+    a.become_pass.apply(host.as_mut())?;
+    let mut emit = EmitSpec {
+        system: a.system,
+        out: None,
+        image: a.image.clone(),
+    };
+    // A pod with --add runs an overlay image: the box's image plus the
+    // added candies' layers (built, or found in the store, now).
+    let overlay = if target == Target::Pod && !add.is_empty() {
+        let reference = build_overlay(&o, &a.box_name, &add, a, &store, &hasher)?;
+        emit.image = Some(reference.clone());
+        Some(reference)
+    } else {
+        None
+    };
+    let (plan, user, arts) = add_plan(
+        &o,
+        b,
+        a,
+        target,
+        &add,
+        &mut emit,
+        host.as_mut(),
+        &store,
+        &hasher,
+    )?;
+    let gates = if a.yes {
+        Gates::all()
+    } else {
+        Gates {
+            allow_repo_changes: a.allow_repo_changes,
+            allow_root_tasks: a.allow_root_tasks,
+            with_services: a.with_services,
+        }
+    };
+    let opts = Options {
+        gates,
+        dry_run: a.dry_run,
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+        target,
+        box_home: b.user.home.clone(),
+        on_change: test_hooks::block_at_step(),
+        // Over SSH, consecutive commands go in one round trip.
+        batch_commands: ssh.is_some(),
+        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
+    };
+    let connection = match &ssh {
+        Some(t) => Connection::Ssh(t.clone()),
+        None => Connection::Local {
+            root: host.root().map(String::from),
+        },
+    };
+    let record = BundleRecord {
+        name: a.name.clone(),
+        deploy_id: plan.deploy_id.clone(),
+        box_name: a.box_name.clone(),
+        target,
+        target_key: bundle::target_key(target, &connection, &emit),
+        connection,
+        user: user.name.clone(),
+        home: user.home.clone(),
+        state: BundleState::Applying,
+        plan: serde_json::to_value(&plan)?,
+        options: add_options(a, gates, &emit, &o.project.root, overlay.as_deref())?,
+        created_unix: 0,
+        updated_unix: 0,
+        error: None,
+    };
+    if !a.dry_run && ledger.get(&a.name)?.is_some() {
+        anyhow::bail!(
+            "bundle `{}` already exists (see `charly bundle status {0}`; `charly bundle del {0}` removes it)",
+            a.name
+        );
+    }
+    let json = a.json;
+    let mut progress = |r: &walk::StepReport| {
+        if json {
+            return;
+        }
+        let mark = match r.state.as_str() {
+            "complete" => "done",
+            "would-run" => "would run",
+            s => s,
+        };
+        progress_line(r.seq, mark, &r.title, r.note.as_deref());
+        if r.state == "would-run" {
+            for a in &r.actions {
+                output::note(&format!("        {a}"));
+            }
+        }
+    };
+    // A machine's own first boot (cloud-init, unattended upgrades) holds
+    // the package manager: wait for it before the first step.
+    if !a.dry_run
+        && a.wait > 0
+        && matches!(target, Target::Local | Target::Vm)
+        && host.root().is_none()
+    {
+        bundle::preflight(
+            host.as_mut(),
+            std::time::Duration::from_secs(a.wait),
+            bundle::PACKAGE_LOCKS,
+        )?;
+    }
+    let led = if a.dry_run { None } else { Some(&mut ledger) };
+    let res = walk::apply(
+        host.as_mut(),
+        led,
+        &record,
+        &plan,
+        &user,
+        arts.as_ref(),
+        &opts,
+        &mut progress,
+    );
+    report_added(a, res)
+}
+
+/// Checks `add`'s flags against each other and the target; the SSH target
+/// of `--target vm`.
+fn check_add_flags(a: &AddArgs, target: Target) -> anyhow::Result<Option<SshTarget>> {
     let ssh = if target == Target::Vm {
         if a.root.is_some() {
             anyhow::bail!("--root is for --target local and pod");
@@ -383,16 +515,13 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             r.display()
         );
     }
-    let mut o = project::open(cli)?;
-    let add = added_keys(&o.project, &a.add)?;
-    let (store, mut ledger) = open_ledger(cli)?;
-    // Plugin steps: their plugins' contracts decide how the plan compiles,
-    // and the walk asks them to execute.
-    let plugins =
-        crate::plugins::host_for(&mut o, store.dir(), std::slice::from_ref(&a.box_name), &add)?;
-    let b = crate::project::resolved(&o, &a.box_name)?;
-    let hasher = crate::session::stat_cache(&store);
-    let mut host: Box<dyn Host> = match (&ssh, &a.root) {
+    Ok(ssh)
+}
+
+/// The host `add` deploys to: over SSH, a directory tree (`--root`, or its
+/// preview for a dry run), or this machine.
+fn open_host(a: &AddArgs, ssh: Option<&SshTarget>) -> anyhow::Result<Box<dyn Host>> {
+    Ok(match (ssh, &a.root) {
         (Some(t), _) => Box::new(SshHost::connect_waiting(
             t,
             std::time::Duration::from_secs(30),
@@ -408,183 +537,107 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             Box::new(LocalHost::rooted(r).with_context(|| format!("--root {}", r.display()))?)
         }
         (None, None) => Box::new(LocalHost::new()),
-    };
-    a.become_pass.apply(host.as_mut())?;
-    let mut emit = EmitSpec {
-        system: a.system,
-        out: None,
-        image: a.image.clone(),
-    };
-    // A pod with --add runs an overlay image: the box's image plus the
-    // added candies' layers (built, or found in the store, now).
-    let overlay = if target == Target::Pod && !add.is_empty() {
-        let reference = build_overlay(&o, &a.box_name, &add, a, &store, &hasher)?;
-        emit.image = Some(reference.clone());
-        Some(reference)
-    } else {
-        None
-    };
-    let (plan, user, arts): (InstallPlan, walk::TargetUser, Box<dyn walk::Artifacts + '_>) =
-        match target {
-            Target::K8s => {
-                let out = match &a.out {
-                    Some(d) => std::path::absolute(d)?,
-                    None => o.project.root.join(".build/k8s").join(&a.name),
-                };
-                // The tree belongs to whoever owns the project.
-                let user = bundle::project_user(host.as_mut(), &o.project.root)?;
-                emit.out = Some(out.display().to_string());
-                let plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
-                (plan, user, Box::new(NoArtifacts))
-            }
-            _ => {
-                // A host deploy installs with the host's package manager:
-                // a box for another distro is refused here, before any
-                // change (pods run the image, whatever the host runs).
-                let base = if target == Target::Pod {
-                    bundle::merged_plan(&o.project, b, target)?
-                } else {
-                    let os = bundle::host_os(host.as_mut())?;
-                    bundle::host_plan(&o.project, b, target, &add, os.as_ref())?
-                };
-                let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
-                let user = walk::resolve_user(host.as_mut(), &user_name, &base)?;
-                if target == Target::Pod {
-                    let mut plan = bundle::emitted_plan(&o.project, b, target, &emit, &user.home)?;
-                    if !add.is_empty() {
-                        plan.deploy_id = charly_rules::plan::deploy_id(&b.name, &[], &add);
-                        plan.add_candies.clone_from(&add);
-                    }
-                    (plan, user, Box::new(NoArtifacts))
-                } else {
-                    let arts = StoreArtifacts::new(
-                        &o.project,
-                        &o.resolution,
-                        &store,
-                        &hasher,
-                        GraphOptions {
-                            plugins: Default::default(),
-                            dev_local_pkg: a.dev_local_pkg.on,
-                            runner: a.runner.runner.clone(),
-                            arch: host_arch(),
-                        },
-                        &a.box_name,
-                    )
-                    .map_err(anyhow::Error::msg)?;
-                    (base, user, Box::new(arts))
-                }
-            }
-        };
-    let gates = if a.yes {
-        Gates::all()
-    } else {
-        Gates {
-            allow_repo_changes: a.allow_repo_changes,
-            allow_root_tasks: a.allow_root_tasks,
-            with_services: a.with_services,
+    })
+}
+
+/// The plan `add` walks, the account it runs as and where its artifacts
+/// come from: the emitted plan for k8s and pods, the host's plan with the
+/// store's artifacts for a host.
+#[allow(clippy::too_many_arguments)]
+fn add_plan<'s>(
+    o: &'s project::Opened,
+    b: &charly_rules::resolve::ResolvedBox,
+    a: &AddArgs,
+    target: Target,
+    add: &[String],
+    emit: &mut EmitSpec,
+    host: &mut dyn Host,
+    store: &'s charly_cache::Store,
+    hasher: &'s charly_engine::hash::FileHasher,
+) -> anyhow::Result<(InstallPlan, walk::TargetUser, Box<dyn walk::Artifacts + 's>)> {
+    Ok(match target {
+        Target::K8s => {
+            let out = match &a.out {
+                Some(d) => std::path::absolute(d)?,
+                None => o.project.root.join(".build/k8s").join(&a.name),
+            };
+            // The tree belongs to whoever owns the project.
+            let user = bundle::project_user(host, &o.project.root)?;
+            emit.out = Some(out.display().to_string());
+            let plan = bundle::emitted_plan(&o.project, b, target, emit, &user.home)?;
+            (plan, user, Box::new(NoArtifacts))
         }
-    };
-    let opts = Options {
-        gates,
-        dry_run: a.dry_run,
-        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-        target,
-        box_home: b.user.home.clone(),
-        on_change: test_hooks::block_at_step(),
-        // Over SSH, consecutive commands go in one round trip.
-        batch_commands: ssh.is_some(),
-        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
-    };
-    let connection = match &ssh {
-        Some(t) => Connection::Ssh(t.clone()),
-        None => Connection::Local {
-            root: host.root().map(String::from),
-        },
-    };
-    let record = BundleRecord {
-        name: a.name.clone(),
-        deploy_id: plan.deploy_id.clone(),
-        box_name: a.box_name.clone(),
-        target,
-        target_key: bundle::target_key(target, &connection, &emit),
-        connection,
-        user: user.name.clone(),
-        home: user.home.clone(),
-        state: BundleState::Applying,
-        plan: serde_json::to_value(&plan)?,
-        options: {
-            let mut opts =
-                bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, &emit);
-            // Where the project is, so `status` can compare the plan from
-            // anywhere.
-            if let Some(map) = opts.as_object_mut() {
-                map.insert(
-                    "project".into(),
-                    o.project.root.display().to_string().into(),
-                );
+        _ => {
+            // A host deploy installs with the host's package manager:
+            // a box for another distro is refused here, before any
+            // change (pods run the image, whatever the host runs).
+            let base = if target == Target::Pod {
+                bundle::merged_plan(&o.project, b, target)?
+            } else {
+                let os = bundle::host_os(host)?;
+                bundle::host_plan(&o.project, b, target, add, os.as_ref())?
+            };
+            let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
+            let user = walk::resolve_user(host, &user_name, &base)?;
+            if target == Target::Pod {
+                let mut plan = bundle::emitted_plan(&o.project, b, target, emit, &user.home)?;
+                if !add.is_empty() {
+                    plan.deploy_id = charly_rules::plan::deploy_id(&b.name, &[], add);
+                    plan.add_candies = add.to_vec();
+                }
+                (plan, user, Box::new(NoArtifacts))
+            } else {
+                let arts = StoreArtifacts::new(
+                    &o.project,
+                    &o.resolution,
+                    store,
+                    hasher,
+                    GraphOptions {
+                        plugins: Default::default(),
+                        dev_local_pkg: a.dev_local_pkg.on,
+                        runner: a.runner.runner.clone(),
+                        arch: host_arch(),
+                    },
+                    &a.box_name,
+                )
+                .map_err(anyhow::Error::msg)?;
+                (base, user, Box::new(arts))
             }
-            let mut o = opts;
-            if let (Some(ov), Some(map)) = (&overlay, o.as_object_mut()) {
-                map.insert("overlay_image".into(), ov.clone().into());
-                map.insert("keep_image".into(), a.keep_image.into());
-                map.insert(
-                    "podman_root".into(),
-                    serde_json::to_value(&a.runner.podman_root)?,
-                );
-            }
-            o
-        },
-        created_unix: 0,
-        updated_unix: 0,
-        error: None,
-    };
-    if !a.dry_run && ledger.get(&a.name)?.is_some() {
-        anyhow::bail!(
-            "bundle `{}` already exists (see `charly bundle status {0}`; `charly bundle del {0}` removes it)",
-            a.name
+        }
+    })
+}
+
+/// The options a bundle's record keeps: its gates and build settings,
+/// where the project is (so `status` can compare the plan from anywhere),
+/// and a pod overlay's image.
+fn add_options(
+    a: &AddArgs,
+    gates: Gates,
+    emit: &EmitSpec,
+    project_root: &std::path::Path,
+    overlay: Option<&str>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut o = bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, emit);
+    if let Some(map) = o.as_object_mut() {
+        map.insert("project".into(), project_root.display().to_string().into());
+    }
+    if let (Some(ov), Some(map)) = (overlay, o.as_object_mut()) {
+        map.insert("overlay_image".into(), ov.into());
+        map.insert("keep_image".into(), a.keep_image.into());
+        map.insert(
+            "podman_root".into(),
+            serde_json::to_value(&a.runner.podman_root)?,
         );
     }
+    Ok(o)
+}
+
+/// Tells how `add`'s walk ended.
+fn report_added(
+    a: &AddArgs,
+    res: Result<walk::Report, walk::WalkError>,
+) -> anyhow::Result<ExitCode> {
     let json = a.json;
-    let mut progress = |r: &walk::StepReport| {
-        if json {
-            return;
-        }
-        let mark = match r.state.as_str() {
-            "complete" => "done",
-            "would-run" => "would run",
-            s => s,
-        };
-        progress_line(r.seq, mark, &r.title, r.note.as_deref());
-        if r.state == "would-run" {
-            for a in &r.actions {
-                output::note(&format!("        {a}"));
-            }
-        }
-    };
-    // A machine's own first boot (cloud-init, unattended upgrades) holds
-    // the package manager: wait for it before the first step.
-    if !a.dry_run
-        && a.wait > 0
-        && matches!(target, Target::Local | Target::Vm)
-        && host.root().is_none()
-    {
-        bundle::preflight(
-            host.as_mut(),
-            std::time::Duration::from_secs(a.wait),
-            bundle::PACKAGE_LOCKS,
-        )?;
-    }
-    let led = if a.dry_run { None } else { Some(&mut ledger) };
-    let res = walk::apply(
-        host.as_mut(),
-        led,
-        &record,
-        &plan,
-        &user,
-        arts.as_ref(),
-        &opts,
-        &mut progress,
-    );
     match res {
         Ok(report) => {
             if json {
