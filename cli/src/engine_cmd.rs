@@ -249,33 +249,10 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let root = project::root(cli)?;
     let journal = generate_journal(cli, a, &root);
-    let t = charly_engine::timings::phase("journal: check");
-    let mut seed = None;
-    match &journal {
-        Some((j, _)) => match j.check_or_seed() {
-            Ok(outcome) => {
-                drop(t);
-                return replay_generate(a, &outcome, started);
-            }
-            Err((miss, m)) => {
-                if a.explain {
-                    let memo_note = if m.is_some() {
-                        "; what it left is reused"
-                    } else {
-                        ""
-                    };
-                    output::note(&format!("journal: not replayed: {miss}{memo_note}"));
-                }
-                seed = m;
-            }
-        },
-        None if a.explain => output::note(&format!(
-            "journal: not used ({})",
-            journal_off_reason(cli, a)
-        )),
-        None => {}
-    }
-    drop(t);
+    let seed = match check_generate_journal(cli, a, journal.as_ref().map(|(j, _)| j)) {
+        Checked::Run(seed) => seed,
+        Checked::Replay(outcome) => return replay_generate(a, &outcome, started),
+    };
     // The project loads on this thread while others fingerprint the inputs
     // (from a start taken before anything is read), open the store and
     // index the last run's memo: none needs another's result.
@@ -399,19 +376,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     };
     write_reports(&a.run, &summary)?;
     if a.explain {
-        // Sources are hashed, not run: the files that changed in them are
-        // named in their dependents' reasons.
-        let ran = summary
-            .nodes
-            .iter()
-            .filter(|n| n.state == State::Ran && n.kind != charly_engine::key::NodeKind::Source);
-        for n in ran {
-            let why = n
-                .reason
-                .as_deref()
-                .unwrap_or("(no earlier record to compare)");
-            output::note(&format!("explain: {} ran: {why}", n.id));
-        }
+        explain_ran(&summary);
     }
     if !summary.ok() {
         report_failures(&summary);
@@ -420,23 +385,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let mut stdout = std::io::stdout().lock();
     if a.stdout {
-        let i = graph
-            .index(&NodeId::containerfile(&names[0], false))
-            .context("no Containerfile node")?;
-        // Read like any output: one that fails verification is rebuilt.
-        let ctx = engine.ctx(&out_root);
-        let bytes = charly_engine::exec::read_node(&ctx, &graph, i, |rec| {
-            let missing = || charly_engine::exec::ExecError::MissingOutput {
-                node: graph.g[i].id.clone(),
-                output: "Containerfile".into(),
-            };
-            let (_, o) = rec
-                .outputs
-                .iter()
-                .find(|(k, _)| k.ends_with("/Containerfile"))
-                .ok_or_else(missing)?;
-            store.get_blob(&o.digest)?.ok_or_else(missing)
-        })?;
+        let bytes = containerfile_of(&engine, &graph, &store, &out_root, &names[0])?;
         stdout.write_all(&bytes)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -488,20 +437,16 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         let (Some((j, _)), Some(rec)) = (journal, recorder) else {
             return;
         };
-        let _t = charly_engine::timings::phase("journal: record");
-        let (mut outputs, skip) = charly_engine::generate::journal_outputs(&out_root, &written);
-        outputs.extend(context);
         let mut outcome = summary.outcome(lines);
         outcome.warnings = warnings;
         outcome.boxes = boxes;
-        let kept: Vec<PathBuf> = kept
-            .iter()
-            .map(|d| charly_engine::journal::normalize(d))
-            .collect();
-        let reuse = memo.as_deref().map(|m| (m, kept.as_slice()));
-        if let Err(e) = j.record_reusing(rec, &outputs, &skip, outcome, reuse) {
-            output::note(&format!("could not write the no-op journal: {e}"));
-        }
+        let written = Written {
+            out_root: &out_root,
+            containerfiles: &written,
+            context,
+            kept: &kept,
+        };
+        record_generate(&j, rec, written, outcome, memo.as_deref());
     });
     // The graph, the project, the summary, the last run's memo and the
     // stat cache are trees of many small allocations that only the
@@ -513,6 +458,121 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     std::mem::forget(memo);
     std::mem::forget(hasher);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `generate`'s journal says.
+enum Checked {
+    /// Nothing changed: the outcome to replay.
+    Replay(charly_engine::journal::Outcome),
+    /// Run, reusing what the last run left (if anything).
+    Run(Option<charly_engine::journal::MemoSeed>),
+}
+
+/// Checks `generate`'s journal (why it is not replayed, or not used, is
+/// noted under `--explain`).
+fn check_generate_journal(cli: &Cli, a: &GenerateArgs, journal: Option<&Journal>) -> Checked {
+    let _t = charly_engine::timings::phase("journal: check");
+    match journal {
+        Some(j) => match j.check_or_seed() {
+            Ok(outcome) => Checked::Replay(outcome),
+            Err((miss, m)) => {
+                if a.explain {
+                    let memo_note = if m.is_some() {
+                        "; what it left is reused"
+                    } else {
+                        ""
+                    };
+                    output::note(&format!("journal: not replayed: {miss}{memo_note}"));
+                }
+                Checked::Run(m)
+            }
+        },
+        None => {
+            if a.explain {
+                let why = journal_off_reason(cli, a);
+                output::note(&format!("journal: not used ({why})"));
+            }
+            Checked::Run(None)
+        }
+    }
+}
+
+/// `--explain`: why each node ran. Sources are hashed, not run: the files
+/// that changed in them are named in their dependents' reasons.
+fn explain_ran(summary: &charly_engine::sched::Summary) {
+    let ran = summary
+        .nodes
+        .iter()
+        .filter(|n| n.state == State::Ran && n.kind != charly_engine::key::NodeKind::Source);
+    for n in ran {
+        let why = n
+            .reason
+            .as_deref()
+            .unwrap_or("(no earlier record to compare)");
+        output::note(&format!("explain: {} ran: {why}", n.id));
+    }
+}
+
+/// The Containerfile of `box_name`'s build directory node, read like any
+/// output (one that fails verification is rebuilt).
+fn containerfile_of(
+    engine: &charly_engine::api::Engine<'_>,
+    graph: &charly_engine::graph::Graph,
+    store: &charly_cache::Store,
+    out_root: &Path,
+    box_name: &str,
+) -> anyhow::Result<charly_cache::BlobBuf> {
+    let i = graph
+        .index(&NodeId::containerfile(box_name, false))
+        .context("no Containerfile node")?;
+    let ctx = engine.ctx(out_root);
+    let bytes = charly_engine::exec::read_node(&ctx, graph, i, |rec| {
+        let missing = || charly_engine::exec::ExecError::MissingOutput {
+            node: graph.g[i].id.clone(),
+            output: "Containerfile".into(),
+        };
+        let (_, o) = rec
+            .outputs
+            .iter()
+            .find(|(k, _)| k.ends_with("/Containerfile"))
+            .ok_or_else(missing)?;
+        store.get_blob(&o.digest)?.ok_or_else(missing)
+    })?;
+    Ok(bytes)
+}
+
+/// What a `generate` run wrote, for its journal entry.
+struct Written<'a> {
+    out_root: &'a Path,
+    /// Every selected box's Containerfile.
+    containerfiles: &'a [PathBuf],
+    /// The candy directories a self-contained context carries.
+    context: Vec<PathBuf>,
+    /// The build directories it kept as they were.
+    kept: &'a [PathBuf],
+}
+
+/// Records `generate`'s journal entry (a failure to is only noted).
+fn record_generate(
+    j: &Journal,
+    rec: charly_engine::journal::Recorder,
+    w: Written<'_>,
+    outcome: charly_engine::journal::Outcome,
+    memo: Option<&charly_engine::journal::Memo>,
+) {
+    let _t = charly_engine::timings::phase("journal: record");
+    let (mut outputs, skip) =
+        charly_engine::generate::journal_outputs(w.out_root, w.containerfiles);
+    outputs.extend(w.context);
+    let kept: Vec<PathBuf> = w
+        .kept
+        .iter()
+        .map(|d| charly_engine::journal::normalize(d))
+        .collect();
+    let reuse = memo.map(|m| (m, kept.as_slice()));
+    if let Err(e) = j.record_reusing(rec, &outputs, &skip, outcome, reuse) {
+        output::note(&format!("could not write the no-op journal: {e}"));
+    }
 }
 
 /// Why `box build` has no journal, if it has none: what a replay would
