@@ -369,27 +369,15 @@ fn attempt(
     c: &Check,
     timeout: Duration,
 ) -> CheckResult {
-    let u = &bed.b.user;
-    let exp = |s: &str| expand_user_vars(s, &u.name, &u.home);
-    let fail = |reason: &str, expected: String, actual: String| CheckResult {
-        id: c.id.clone(),
-        owner: owner.to_string(),
-        outcome: Outcome::Fail,
-        reason: Some(reason.to_string()),
-        expected: Some(expected),
-        actual: Some(actual),
-        duration_ms: 0,
+    let a = Attempt {
+        host,
+        id,
+        bed,
+        user,
+        owner,
+        c,
+        timeout,
     };
-    let pass = || CheckResult {
-        id: c.id.clone(),
-        owner: owner.to_string(),
-        outcome: Outcome::Pass,
-        reason: None,
-        expected: None,
-        actual: None,
-        duration_ms: 0,
-    };
-    let run = |script: &str| host.exec(id, user, script, timeout);
     match &c.kind {
         CheckKind::File {
             path,
@@ -397,238 +385,342 @@ fn attempt(
             mode,
             filetype,
             contains,
-        } => {
-            let path = exp(path);
-            let out = match run(&format!(
-                "stat -c '%F|%a' {} 2>/dev/null || echo missing",
-                sh::quote(&path)
-            )) {
-                Ok(o) => o,
-                Err(e) => return fail("could not run stat in the bed", "a result".into(), e),
-            };
-            let line = out.stdout.trim().to_string();
-            let present = line != "missing";
-            let want_present = exists.unwrap_or(true);
-            if present != want_present {
-                return fail(
-                    "existence",
-                    if want_present {
-                        format!("{path} exists")
-                    } else {
-                        format!("{path} absent")
-                    },
-                    if present {
-                        format!("{path} exists ({line})")
-                    } else {
-                        format!("{path} does not exist")
-                    },
-                );
-            }
-            if !present {
-                return pass();
-            }
-            let (kind, actual_mode) = line.split_once('|').unwrap_or((&line, ""));
-            if let Some(m) = mode {
-                let want = m.trim_start_matches('0');
-                if actual_mode.trim_start_matches('0') != want {
-                    return fail("mode", format!("mode {m}"), format!("mode 0{actual_mode}"));
-                }
-            }
-            if let Some(ft) = filetype {
-                let ok = match ft.as_str() {
-                    "directory" | "dir" => kind == "directory",
-                    "file" | "regular" => kind.starts_with("regular"),
-                    "symlink" | "link" => kind == "symbolic link",
-                    other => kind == other,
-                };
-                if !ok {
-                    return fail("file type", ft.clone(), kind.to_string());
-                }
-            }
-            if !contains.is_empty() {
-                let content = match run(&format!("cat {}", sh::quote(&path))) {
-                    Ok(o) => o.stdout,
-                    Err(e) => return fail("could not read the file", "its content".into(), e),
-                };
-                for want in contains {
-                    if !content.contains(want.as_str()) {
-                        let shown: String = content.chars().take(200).collect();
-                        return fail("content", format!("contains {want:?}"), shown);
-                    }
-                }
-            }
-            pass()
-        }
+        } => a.file(
+            path,
+            *exists,
+            mode.as_deref(),
+            filetype.as_deref(),
+            contains,
+        ),
         CheckKind::Command {
             command,
             exit_status,
             stdout,
             stderr,
-        } => {
-            let script = format!(
-                "export HOME={home} USER={user}; cd {home} 2>/dev/null || true; if command -v bash >/dev/null 2>&1; then exec bash -c {cmd}; else exec sh -c {cmd}; fi",
-                home = sh::quote(&u.home),
-                user = sh::quote(&u.name),
-                cmd = sh::quote(&exp(command))
-            );
-            let out = match run(&script) {
-                Ok(o) => o,
-                Err(e) => return fail("could not run the command", "it to run".into(), e),
-            };
-            let want_status = exit_status.or(if stdout.is_empty() && stderr.is_empty() {
-                Some(0)
-            } else {
-                None
-            });
-            if let Some(w) = want_status
-                && i64::from(out.status) != w
-            {
-                let tail: String = out
-                    .stderr
-                    .chars()
-                    .rev()
-                    .take(300)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                return fail(
-                    "exit status",
-                    format!("exit status {w}"),
-                    format!("exit status {} (stderr: {})", out.status, tail.trim()),
-                );
-            }
-            for (stream, text, ms) in [
-                ("stdout", &out.stdout, stdout),
-                ("stderr", &out.stderr, stderr),
-            ] {
-                for m in ms {
-                    let (ok, want) = match m {
-                        Matcher::Contains(s) => (
-                            text.contains(s.as_str()),
-                            format!("{stream} contains {s:?}"),
-                        ),
-                        Matcher::Matches(r) => match regex::Regex::new(r) {
-                            Ok(re) => (re.is_match(text), format!("{stream} matches /{r}/")),
-                            Err(e) => {
-                                return fail(
-                                    "invalid regular expression",
-                                    r.clone(),
-                                    e.to_string(),
-                                );
-                            }
-                        },
-                    };
-                    if !ok {
-                        let shown: String = text.chars().take(300).collect();
-                        return fail(stream, want, shown);
-                    }
-                }
-            }
-            pass()
-        }
+        } => a.command(command, *exit_status, stdout, stderr),
         CheckKind::Package {
             name,
             installed,
             package_map,
-        } => {
-            let pkg = bed
-                .b
-                .tags
-                .iter()
-                .find_map(|t| {
-                    package_map
-                        .get(t)
-                        .or_else(|| package_map.get(t.split(':').next().unwrap_or("")))
-                })
-                .cloned()
-                .unwrap_or_else(|| name.clone());
-            let query = match bed.format.as_str() {
-                "deb" => format!(
-                    "dpkg-query -W -f='${{Status}}' {} 2>/dev/null | grep -q 'install ok installed'",
-                    sh::quote(&pkg)
-                ),
-                "rpm" => format!("rpm -q {} >/dev/null 2>&1", sh::quote(&pkg)),
-                "pac" => format!("pacman -Q {} >/dev/null 2>&1", sh::quote(&pkg)),
-                other => return skip(owner, c, format!("no package query for format `{other}`")),
-            };
-            match run(&query) {
-                Ok(o) if (o.status == 0) == *installed => pass(),
-                Ok(o) => fail(
-                    "package",
-                    format!(
-                        "{pkg} {}",
-                        if *installed {
-                            "installed"
-                        } else {
-                            "not installed"
-                        }
-                    ),
-                    format!(
-                        "{pkg} {}",
-                        if o.status == 0 {
-                            "installed"
-                        } else {
-                            "not installed"
-                        }
-                    ),
-                ),
-                Err(e) => fail("could not query packages", pkg, e),
-            }
-        }
-        CheckKind::Service { name, running } => {
-            if bed.init.is_none() {
-                return skip(
-                    owner,
-                    c,
-                    "the box runs no init in a bed (no services of its own)",
-                );
-            }
-            match run(&format!(
-                "supervisorctl -c /etc/supervisord.conf status {} 2>&1",
-                sh::quote(name)
-            )) {
-                Ok(o) => {
-                    let is_running = o.stdout.contains("RUNNING");
-                    if is_running == *running {
-                        pass()
-                    } else {
-                        fail(
-                            "service",
-                            format!(
-                                "{name} {}",
-                                if *running { "RUNNING" } else { "not running" }
-                            ),
-                            o.stdout.trim().to_string(),
-                        )
-                    }
-                }
-                Err(e) => fail("could not ask the init", name.clone(), e),
-            }
-        }
-        CheckKind::Addr { addr, reachable } => {
-            let Some((host_part, port)) = addr.rsplit_once(':') else {
-                return fail("address", "host:port".into(), addr.clone());
-            };
-            let script = format!(
-                "if command -v bash >/dev/null 2>&1; then bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null; else nc -z {} {} 2>/dev/null; fi",
-                host_part, port, host_part, port
-            );
-            match run(&script) {
-                Ok(o) if (o.status == 0) == *reachable => pass(),
-                Ok(_) => fail(
-                    "address",
-                    format!("{addr} {}", if *reachable { "reachable" } else { "closed" }),
-                    format!("{addr} {}", if *reachable { "closed" } else { "reachable" }),
-                ),
-                Err(e) => fail("could not connect", addr.clone(), e),
-            }
-        }
+        } => a.package(name, *installed, package_map),
+        CheckKind::Service { name, running } => a.service(name, *running),
+        CheckKind::Addr { addr, reachable } => a.addr(addr, *reachable),
         CheckKind::Other { subject, .. } => {
             skip(owner, c, format!("a {subject} check needs a deployment"))
         }
         CheckKind::Unsupported { plugin } => skip(owner, c, unsupported_reason(plugin)),
     }
+}
+
+/// One attempt of one check in a bed.
+struct Attempt<'a> {
+    host: &'a dyn BedHost,
+    id: &'a str,
+    bed: &'a Bed<'a>,
+    /// `uid:gid` the scripts run as.
+    user: &'a str,
+    owner: &'a str,
+    c: &'a Check,
+    timeout: Duration,
+}
+
+impl Attempt<'_> {
+    fn fail(&self, reason: &str, expected: String, actual: String) -> CheckResult {
+        CheckResult {
+            id: self.c.id.clone(),
+            owner: self.owner.to_string(),
+            outcome: Outcome::Fail,
+            reason: Some(reason.to_string()),
+            expected: Some(expected),
+            actual: Some(actual),
+            duration_ms: 0,
+        }
+    }
+
+    fn pass(&self) -> CheckResult {
+        CheckResult {
+            id: self.c.id.clone(),
+            owner: self.owner.to_string(),
+            outcome: Outcome::Pass,
+            reason: None,
+            expected: None,
+            actual: None,
+            duration_ms: 0,
+        }
+    }
+
+    fn run(&self, script: &str) -> Result<ExecOutput, String> {
+        self.host.exec(self.id, self.user, script, self.timeout)
+    }
+
+    /// `$USER` and `$HOME` of the box's user expanded.
+    fn exp(&self, s: &str) -> String {
+        let u = &self.bed.b.user;
+        expand_user_vars(s, &u.name, &u.home)
+    }
+
+    /// A path exists (or not), with a mode, a type and contents.
+    fn file(
+        &self,
+        path: &str,
+        exists: Option<bool>,
+        mode: Option<&str>,
+        filetype: Option<&str>,
+        contains: &[String],
+    ) -> CheckResult {
+        let path = self.exp(path);
+        let out = match self.run(&format!(
+            "stat -c '%F|%a' {} 2>/dev/null || echo missing",
+            sh::quote(&path)
+        )) {
+            Ok(o) => o,
+            Err(e) => return self.fail("could not run stat in the bed", "a result".into(), e),
+        };
+        let line = out.stdout.trim().to_string();
+        let present = line != "missing";
+        let want_present = exists.unwrap_or(true);
+        if present != want_present {
+            return self.fail(
+                "existence",
+                if want_present {
+                    format!("{path} exists")
+                } else {
+                    format!("{path} absent")
+                },
+                if present {
+                    format!("{path} exists ({line})")
+                } else {
+                    format!("{path} does not exist")
+                },
+            );
+        }
+        if !present {
+            return self.pass();
+        }
+        let (kind, actual_mode) = line.split_once('|').unwrap_or((&line, ""));
+        if let Some(m) = mode {
+            let want = m.trim_start_matches('0');
+            if actual_mode.trim_start_matches('0') != want {
+                return self.fail("mode", format!("mode {m}"), format!("mode 0{actual_mode}"));
+            }
+        }
+        if let Some(ft) = filetype {
+            let ok = match ft {
+                "directory" | "dir" => kind == "directory",
+                "file" | "regular" => kind.starts_with("regular"),
+                "symlink" | "link" => kind == "symbolic link",
+                other => kind == other,
+            };
+            if !ok {
+                return self.fail("file type", ft.to_string(), kind.to_string());
+            }
+        }
+        if !contains.is_empty() {
+            let content = match self.run(&format!("cat {}", sh::quote(&path))) {
+                Ok(o) => o.stdout,
+                Err(e) => return self.fail("could not read the file", "its content".into(), e),
+            };
+            for want in contains {
+                if !content.contains(want.as_str()) {
+                    let shown: String = content.chars().take(200).collect();
+                    return self.fail("content", format!("contains {want:?}"), shown);
+                }
+            }
+        }
+        self.pass()
+    }
+
+    /// A command run as the box's user in its home: its exit status and
+    /// what its output contains or matches.
+    fn command(
+        &self,
+        command: &str,
+        exit_status: Option<i64>,
+        stdout: &[Matcher],
+        stderr: &[Matcher],
+    ) -> CheckResult {
+        let u = &self.bed.b.user;
+        let script = format!(
+            "export HOME={home} USER={user}; cd {home} 2>/dev/null || true; if command -v bash >/dev/null 2>&1; then exec bash -c {cmd}; else exec sh -c {cmd}; fi",
+            home = sh::quote(&u.home),
+            user = sh::quote(&u.name),
+            cmd = sh::quote(&self.exp(command))
+        );
+        let out = match self.run(&script) {
+            Ok(o) => o,
+            Err(e) => return self.fail("could not run the command", "it to run".into(), e),
+        };
+        let want_status = exit_status.or(if stdout.is_empty() && stderr.is_empty() {
+            Some(0)
+        } else {
+            None
+        });
+        if let Some(w) = want_status
+            && i64::from(out.status) != w
+        {
+            let tail: String = out
+                .stderr
+                .chars()
+                .rev()
+                .take(300)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return self.fail(
+                "exit status",
+                format!("exit status {w}"),
+                format!("exit status {} (stderr: {})", out.status, tail.trim()),
+            );
+        }
+        for (stream, text, ms) in [
+            ("stdout", &out.stdout, stdout),
+            ("stderr", &out.stderr, stderr),
+        ] {
+            for m in ms {
+                let (ok, want) = match m {
+                    Matcher::Contains(s) => (
+                        text.contains(s.as_str()),
+                        format!("{stream} contains {s:?}"),
+                    ),
+                    Matcher::Matches(r) => match regex::Regex::new(r) {
+                        Ok(re) => (re.is_match(text), format!("{stream} matches /{r}/")),
+                        Err(e) => {
+                            return self.fail(
+                                "invalid regular expression",
+                                r.clone(),
+                                e.to_string(),
+                            );
+                        }
+                    },
+                };
+                if !ok {
+                    let shown: String = text.chars().take(300).collect();
+                    return self.fail(stream, want, shown);
+                }
+            }
+        }
+        self.pass()
+    }
+
+    /// A package is installed (or not), under its name for the bed's
+    /// distro.
+    fn package(
+        &self,
+        name: &str,
+        installed: bool,
+        package_map: &BTreeMap<String, String>,
+    ) -> CheckResult {
+        let pkg = self
+            .bed
+            .b
+            .tags
+            .iter()
+            .find_map(|t| {
+                package_map
+                    .get(t)
+                    .or_else(|| package_map.get(t.split(':').next().unwrap_or("")))
+            })
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        let query = match self.bed.format.as_str() {
+            "deb" => format!(
+                "dpkg-query -W -f='${{Status}}' {} 2>/dev/null | grep -q 'install ok installed'",
+                sh::quote(&pkg)
+            ),
+            "rpm" => format!("rpm -q {} >/dev/null 2>&1", sh::quote(&pkg)),
+            "pac" => format!("pacman -Q {} >/dev/null 2>&1", sh::quote(&pkg)),
+            other => {
+                return skip(
+                    self.owner,
+                    self.c,
+                    format!("no package query for format `{other}`"),
+                );
+            }
+        };
+        let said = |yes: bool| {
+            let state = if yes { "installed" } else { "not installed" };
+            format!("{pkg} {state}")
+        };
+        match self.run(&query) {
+            Ok(o) if (o.status == 0) == installed => self.pass(),
+            Ok(o) => self.fail("package", said(installed), said(o.status == 0)),
+            Err(e) => self.fail("could not query packages", pkg, e),
+        }
+    }
+
+    /// A service of the bed's init is running (or not).
+    fn service(&self, name: &str, running: bool) -> CheckResult {
+        if self.bed.init.is_none() {
+            return skip(
+                self.owner,
+                self.c,
+                "the box runs no init in a bed (no services of its own)",
+            );
+        }
+        match self.run(&format!(
+            "supervisorctl -c /etc/supervisord.conf status {} 2>&1",
+            sh::quote(name)
+        )) {
+            Ok(o) if o.stdout.contains("RUNNING") == running => self.pass(),
+            Ok(o) => {
+                let state = if running { "RUNNING" } else { "not running" };
+                self.fail(
+                    "service",
+                    format!("{name} {state}"),
+                    o.stdout.trim().to_string(),
+                )
+            }
+            Err(e) => self.fail("could not ask the init", name.to_string(), e),
+        }
+    }
+
+    /// A TCP address answers (or not) from inside the bed.
+    fn addr(&self, addr: &str, reachable: bool) -> CheckResult {
+        let script = match addr_script(addr) {
+            Ok(s) => s,
+            Err(e) => return self.fail("address", "host:port".into(), e),
+        };
+        let said = |open: bool| format!("{addr} {}", if open { "reachable" } else { "closed" });
+        match self.run(&script) {
+            Ok(o) if (o.status == 0) == reachable => self.pass(),
+            Ok(_) => self.fail("address", said(reachable), said(!reachable)),
+            Err(e) => self.fail("could not connect", addr.to_string(), e),
+        }
+    }
+}
+
+/// The script that connects to `host:port` (bash's `/dev/tcp`, else `nc`):
+/// the port a number, the host a name or an address, both passed as
+/// quoted arguments, never as script text.
+fn addr_script(addr: &str) -> Result<String, String> {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!("`{addr}` is not host:port"));
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if port.parse::<u16>().is_err() {
+        return Err(format!(
+            "`{addr}`: the port `{port}` is not a number up to 65535"
+        ));
+    }
+    let host_ok = !host.is_empty()
+        && !host.starts_with('-')
+        && host
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '-' | ':' | '_'));
+    if !host_ok {
+        return Err(format!(
+            "`{addr}`: the host `{host}` is not a host name or an IP address"
+        ));
+    }
+    Ok(format!(
+        "if command -v bash >/dev/null 2>&1; then bash -c 'exec 3<>\"/dev/tcp/$0/$1\"' {h} {p} 2>/dev/null; else nc -z {h} {p} 2>/dev/null; fi",
+        h = sh::quote(host),
+        p = sh::quote(port),
+    ))
 }
 
 /// Why a `plugin: <word>` check charly has no runner for is not run.
@@ -692,6 +784,47 @@ pub fn junit(reports: &[BedReport]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs an address check's script with this machine's `sh`.
+    fn run_addr(addr: &str) -> Result<i32, String> {
+        let script = addr_script(addr)?;
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .map_err(|e| e.to_string())?;
+        Ok(out.status.code().unwrap_or(-1))
+    }
+
+    /// An `addr:` value reaches the script only as quoted arguments: one
+    /// that tries to end the quoting is refused with a reason, or passed as
+    /// data (nothing it says runs); a real listener answers, a closed port
+    /// does not.
+    #[test]
+    fn an_address_is_data_not_script() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let marker = dir.path().join("ran");
+        let m = marker.display();
+        for hostile in [
+            format!("127.0.0.1:1'; touch {m}; '"),
+            format!("127.0.0.1'; touch {m}; echo ':80"),
+            format!("$(touch {m}):80"),
+            format!("`touch {m}`:80"),
+            "-oProxyCommand=x:80".to_string(),
+            "127.0.0.1:99999".to_string(),
+            "no-port".to_string(),
+        ] {
+            let e = run_addr(&hostile).expect_err(&hostile);
+            assert!(e.contains("not a") || e.contains("not host:port"), "{e}");
+        }
+        assert!(!marker.exists(), "an address ran as a script");
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        assert_eq!(run_addr(&format!("127.0.0.1:{port}")), Ok(0));
+        assert_eq!(run_addr(&format!("localhost:{port}")), Ok(0));
+        drop(l);
+        assert_ne!(run_addr(&format!("127.0.0.1:{port}")), Ok(0));
+    }
 
     #[test]
     fn durations() {
