@@ -139,7 +139,8 @@ pub struct GraphArgs {
 /// Arguments of `explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// Node id (`fragment:jupyter/direnv`, `image:fedora`) or a unique part of one.
+    /// Node id (`fragment:jupyter/direnv`, `image:fedora`), or a box, candy,
+    /// builder or image name that only one node is made of.
     #[arg(value_name = "NODE")]
     pub node: String,
     /// Print the explanation as JSON.

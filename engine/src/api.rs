@@ -4,6 +4,7 @@
 use crate::exec::{self, Ctx};
 use crate::graph::{Builder, Goal, Graph, GraphError, GraphOptions};
 use crate::hash::FileHasher;
+use crate::id::NodeId;
 use crate::key::Change;
 use crate::runners::Runner;
 use crate::sched::{self, Observer, State, Summary};
@@ -525,16 +526,16 @@ impl<'a> Engine<'a> {
 fn describe_layers(graph: &Graph, s: &mut Summary) {
     let boxes = graph.boxes_by_part();
     for r in &mut s.nodes {
-        let Some(i) = graph.by_id.get(&r.id) else {
+        let Some(i) = graph.find(&r.id) else {
             continue;
         };
-        if let Some(b) = boxes.get(i) {
+        if let Some(b) = boxes.get(&i) {
             r.boxes = b.clone();
         }
         if let crate::graph::Work::Layer {
             part: crate::graph::LayerWork::Candy { candy, .. },
             ..
-        } = &graph.g[*i].work
+        } = &graph.g[i].work
         {
             r.candy = Some(candy.clone());
         }
@@ -643,24 +644,31 @@ pub fn format_time(secs: u64) -> String {
     )
 }
 
-/// Finds a node by exact id, or by a unique substring.
+/// Finds a node by its id (a merged layer's id gives the layer it was
+/// merged into), or by a name it is made of ([`NodeId::parts`]: `hello`
+/// names the nodes of box or candy `hello`) when exactly one node has it;
+/// never by a piece of text.
 pub fn find_node(graph: &Graph, query: &str) -> Result<String, EngineError> {
-    if graph.by_id.contains_key(query) {
-        return Ok(query.to_string());
+    if let Ok(id) = query.parse::<NodeId>()
+        && let Some(i) = graph.index(&id)
+    {
+        return Ok(graph.g[i].id.clone());
     }
-    // A layer merged into a sibling box's identical one.
-    if let Some(i) = graph.aliases.get(query) {
-        return Ok(graph.g[*i].id.clone());
-    }
-    let hits: Vec<&String> = graph.by_id.keys().filter(|id| id.contains(query)).collect();
+    let mut hits: Vec<&str> = graph
+        .g
+        .node_weights()
+        .filter(|n| n.nid.parts().contains(&query))
+        .map(|n| n.id.as_str())
+        .collect();
+    hits.sort_unstable();
     match hits.as_slice() {
-        [one] => Ok((*one).clone()),
+        [one] => Ok((*one).to_string()),
         [] => Err(EngineError::UnknownNode(query.into())),
-        // A short name that several nodes have (`hello`: the box's image,
-        // its layers, the candy's source…) is not guessed: every one is
+        // A name that several nodes have (`hello`: the box's image, its
+        // layers, the candy's source…) is not guessed: every one is
         // listed, to be named in full.
         many => {
-            let mut list: Vec<&str> = many.iter().take(20).map(|s| s.as_str()).collect();
+            let mut list: Vec<&str> = many.iter().take(20).copied().collect();
             if many.len() > list.len() {
                 list.push("…");
             }

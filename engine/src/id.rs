@@ -219,6 +219,37 @@ impl NodeId {
         }
     }
 
+    /// The names an id is made of (boxes, candies, builders, formats,
+    /// images, references): what a query may name a node by when it does
+    /// not give the whole id.
+    pub fn parts(&self) -> Vec<&str> {
+        match self {
+            NodeId::Source(SourceId::Candy(c) | SourceId::Box(c)) => vec![c],
+            NodeId::Source(SourceId::LocalPkg { candy, format }) => vec![candy, format],
+            NodeId::Fragment { box_name, candy } => vec![box_name, candy],
+            NodeId::Containerfile { box_name, .. }
+            | NodeId::Rootfs { box_name }
+            | NodeId::Image { box_name }
+            | NodeId::Plan { box_name, .. } => vec![box_name],
+            NodeId::BuilderStage {
+                candy,
+                builder,
+                image_box,
+                ..
+            } => vec![candy, builder, image_box],
+            NodeId::LocalPkg {
+                candy,
+                format,
+                image,
+            } => vec![candy, format, image],
+            NodeId::Layer { box_name, slot } => match slot {
+                LayerSlot::Candy(c) => vec![box_name, c],
+                LayerSlot::Setup | LayerSlot::Init => vec![box_name],
+            },
+            NodeId::Base { reference } => vec![reference],
+        }
+    }
+
     /// The box this node belongs to, for nodes of one box.
     pub fn box_name(&self) -> Option<&str> {
         match self {

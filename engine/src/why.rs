@@ -35,7 +35,7 @@ pub fn since_last(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
     let last = graph
         .ids_of(i)
         .into_iter()
-        .filter_map(|id| store.last_record_for(id).ok().flatten())
+        .filter_map(|id| store.last_record_for(&id).ok().flatten())
         .max_by_key(|(_, r)| r.created_unix);
     since(graph, i, last.map(|(_, r)| r))
 }
@@ -55,7 +55,7 @@ pub fn since_in_use(store: &Store, graph: &Graph, i: NodeIndex) -> Since {
 /// The record of node `i` that the last build of a box used: a walk from
 /// each `box:<name>` root down the recorded dependencies.
 fn in_use(store: &Store, graph: &Graph, i: NodeIndex) -> Option<charly_cache::Record> {
-    let ids: Vec<&str> = graph.ids_of(i);
+    let ids: Vec<String> = graph.ids_of(i);
     let roots = store.roots().ok()?;
     let mut seen = std::collections::HashSet::new();
     let mut queue: std::collections::VecDeque<charly_cache::NodeKey> = roots
@@ -70,7 +70,7 @@ fn in_use(store: &Store, graph: &Graph, i: NodeIndex) -> Option<charly_cache::Re
         let Ok(Some(rec)) = store.get_record(&key) else {
             continue;
         };
-        if ids.contains(&rec.node_id.as_str()) {
+        if ids.contains(&rec.node_id) {
             return Some(rec);
         }
         if let Some(inputs) = recorded_inputs(&rec) {

@@ -96,7 +96,9 @@ fn top_layer(w: &World, store: &Store, b: &str) -> String {
         own_inputs: None,
     };
     let g = engine.graph(&Goal::Build, &[b.to_string()]).expect("graph");
-    let i = g.by_id[&format!("image:{b}")];
+    let i = g
+        .index(&charly_engine::id::NodeId::image(b))
+        .expect("image");
     g.deps(i)
         .into_iter()
         .map(|d| g.g[d].id.clone())
@@ -113,9 +115,8 @@ fn ran(s: &Summary) -> BTreeSet<String> {
 }
 
 fn keys(g: &Graph) -> BTreeMap<String, String> {
-    g.by_id
-        .iter()
-        .map(|(id, i)| (id.clone(), g.g[*i].key.to_hex()))
+    g.g.node_weights()
+        .map(|n| (n.id.clone(), n.key.to_hex()))
         .collect()
 }
 
@@ -195,7 +196,9 @@ fn diamonds_run_once() {
     // Dependencies ran first.
     let pos = |node: &str| calls.iter().position(|c| c.node == node).expect("called");
     let top = |b: &str| -> String {
-        let i = g.by_id[&format!("image:{b}")];
+        let i = g
+            .index(&charly_engine::id::NodeId::image(b))
+            .expect("image");
         g.deps(i)
             .into_iter()
             .map(|d| g.g[d].id.clone())
@@ -302,7 +305,7 @@ fn a_failure_stops_the_schedule_and_names_what_was_not_attempted() {
         }
     }
     // Everything downstream of the failure is not attempted.
-    let tools = g.by_id[failing];
+    let tools = g.find(failing).expect("node");
     let mut down = vec![tools];
     let mut seen = BTreeSet::new();
     while let Some(i) = down.pop() {
@@ -417,7 +420,7 @@ fn keys_ignore_location_and_mtimes_and_follow_every_input() {
     // Changing one input changes exactly the keys downstream of it.
     let downstream = |g: &Graph, id: &str| -> BTreeSet<String> {
         let mut out = BTreeSet::new();
-        let mut stack = vec![g.by_id[id]];
+        let mut stack = vec![g.find(id).expect("node")];
         while let Some(i) = stack.pop() {
             if out.insert(g.g[i].id.clone()) {
                 stack.extend(g.g.neighbors_directed(i, petgraph::Direction::Outgoing));
@@ -993,8 +996,65 @@ fn a_local_package_is_built_for_each_base_it_goes_into() {
             "local-pkg:hello-deb/deb@other-base",
         ),
     ] {
-        let i = g.by_id[layer];
+        let i = g.find(layer).expect("layer");
         let deps: Vec<&str> = g.deps(i).into_iter().map(|d| g.g[d].id.as_str()).collect();
         assert!(deps.contains(&pkg), "{layer} uses {pkg}: {deps:?}");
     }
+}
+
+/// A node is found by its id (a merged layer's too), or by a name it is
+/// made of that no other node has; a name several nodes have lists them,
+/// and a piece of a name finds nothing (no substring matching).
+#[test]
+fn nodes_are_found_by_id_or_by_a_name_only_they_have() {
+    let w = World::new(&fixture());
+    let store = Store::open(&w.store_dir).expect("store");
+    let (p, r) = w.open();
+    let hasher = FileHasher::in_memory();
+    let engine = Engine {
+        project: &p,
+        resolution: &r,
+        store: &store,
+        runner: None,
+        hasher: &hasher,
+        opts: charly_engine::graph::GraphOptions {
+            plugins: Default::default(),
+            dev_local_pkg: false,
+            runner: "fake".into(),
+            arch: "amd64".into(),
+        },
+        remote: None,
+        own_inputs: None,
+    };
+    let g = engine
+        .graph(&Goal::Build, &["left".to_string(), "right".to_string()])
+        .expect("graph");
+    let find = |q: &str| charly_engine::api::find_node(&g, q);
+    assert_eq!(find("image:left").expect("exact"), "image:left");
+    for (alias, i) in &g.aliases {
+        assert_eq!(find(&alias.to_string()).expect("alias"), g.g[*i].id);
+    }
+    let mut holders: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for n in g.g.node_weights() {
+        for part in n.nid.parts() {
+            holders.entry(part).or_default().push(&n.id);
+        }
+    }
+    let (mut unique, mut shared) = (0, 0);
+    for (part, ids) in &holders {
+        match ids.as_slice() {
+            [one] => {
+                unique += 1;
+                assert_eq!(find(part).expect(part), *one);
+            }
+            _ => {
+                shared += 1;
+                let e = find(part).expect_err(part).to_string();
+                assert!(ids.iter().take(3).all(|id| e.contains(id)), "{e}");
+            }
+        }
+    }
+    assert!(unique > 0 && shared > 0, "{holders:?}");
+    assert!(find("lef").is_err(), "a piece of a name matched");
+    assert!(find("image:lef").is_err());
 }

@@ -237,11 +237,11 @@ pub struct Graph {
     /// Nodes and dependency edges (dep → dependant).
     pub g: StableDiGraph<Node, ()>,
     /// Node index by id.
-    pub by_id: BTreeMap<String, NodeIndex>,
+    pub by_id: BTreeMap<NodeId, NodeIndex>,
     /// The goal nodes (what was asked for), in request order.
     pub goals: Vec<NodeIndex>,
     /// Ids of layers merged into a sibling box's identical layer → that node.
-    pub aliases: BTreeMap<String, NodeIndex>,
+    pub aliases: BTreeMap<NodeId, NodeIndex>,
     /// How many nodes took their own key inputs from the store
     /// ([`own`]) instead of computing them.
     pub own_inputs_reused: usize,
@@ -260,31 +260,33 @@ impl Graph {
             Work::Layer {
                 parent: Some(p), ..
             } if name == PARENT_DEP => self
-                .find(&p.to_string())
+                .index(p)
                 .map_or_else(|| name.to_string(), |j| self.g[j].id.clone()),
             _ => name.to_string(),
         }
     }
 
-    /// The index of a node by id text (merged layers' ids included).
+    /// The index of a node by id text (merged layers' ids included): the
+    /// text is read as a [`NodeId`], never matched as text.
     pub fn find(&self, id: &str) -> Option<NodeIndex> {
-        self.by_id.get(id).or_else(|| self.aliases.get(id)).copied()
+        self.index(&id.parse().ok()?)
     }
 
     /// The index of a node (a merged layer's id gives the layer it was
     /// merged into).
     pub fn index(&self, id: &NodeId) -> Option<NodeIndex> {
-        self.find(&id.to_string())
+        self.by_id.get(id).or_else(|| self.aliases.get(id)).copied()
     }
 
-    /// The ids a node is known by: its own and the merged layers'.
-    pub fn ids_of(&self, i: NodeIndex) -> Vec<&str> {
-        let mut v = vec![self.g[i].id.as_str()];
+    /// The ids a node is known by, as records name them: its own and the
+    /// merged layers'.
+    pub fn ids_of(&self, i: NodeIndex) -> Vec<String> {
+        let mut v = vec![self.g[i].id.clone()];
         v.extend(
             self.aliases
                 .iter()
                 .filter(|(_, j)| **j == i)
-                .map(|(id, _)| id.as_str()),
+                .map(|(id, _)| id.to_string()),
         );
         v
     }
@@ -360,30 +362,14 @@ impl Graph {
         v
     }
 
-    /// Each node's position among all nodes sorted by id (by index). The
-    /// id index is that order already, when it names every node exactly
-    /// (a graph put together by hand may not have one).
+    /// Each node's position among all nodes sorted by id text (by index).
     fn id_ranks(&self) -> Vec<u32> {
         let bound = petgraph::visit::NodeIndexable::node_bound(&self.g);
         let mut rank = vec![u32::MAX; bound];
-        let mut named = 0usize;
-        if self.by_id.len() == self.g.node_count() {
-            for (r, (id, i)) in self.by_id.iter().enumerate() {
-                match self.g.node_weight(*i) {
-                    Some(n) if n.id == *id && rank[i.index()] == u32::MAX => {
-                        rank[i.index()] = r as u32;
-                        named += 1;
-                    }
-                    _ => break,
-                }
-            }
-        }
-        if named != self.g.node_count() {
-            let mut all: Vec<NodeIndex> = self.g.node_indices().collect();
-            all.sort_unstable_by(|a, b| self.g[*a].id.cmp(&self.g[*b].id));
-            for (r, i) in all.into_iter().enumerate() {
-                rank[i.index()] = r as u32;
-            }
+        let mut all: Vec<NodeIndex> = self.g.node_indices().collect();
+        all.sort_unstable_by(|a, b| self.g[*a].id.cmp(&self.g[*b].id));
+        for (r, i) in all.into_iter().enumerate() {
+            rank[i.index()] = r as u32;
         }
         rank
     }
@@ -470,17 +456,16 @@ pub(crate) fn local_pkg_image(b: &ResolvedBox) -> &str {
 }
 
 pub(crate) fn add_node(graph: &mut Graph, nid: NodeId, work: Work) -> NodeIndex {
-    let id = nid.to_string();
     // One search of the index, found or not.
-    let slot = match graph.by_id.entry(id) {
+    let slot = match graph.by_id.entry(nid) {
         std::collections::btree_map::Entry::Occupied(e) => return *e.get(),
         std::collections::btree_map::Entry::Vacant(v) => v,
     };
-    let kind = nid.kind();
+    let nid = slot.key().clone();
     let i = graph.g.add_node(Node {
+        id: nid.to_string(),
+        kind: nid.kind(),
         nid,
-        id: slot.key().clone(),
-        kind,
         inputs: Box::default(),
         key: NodeKey::from_bytes([0; 32]),
         work,
@@ -631,13 +616,13 @@ impl<'a> Builder<'a> {
                 let Some(gone) = self.graph.g.remove_node(other) else {
                     continue;
                 };
-                self.graph.by_id.remove(&gone.id);
+                self.graph.by_id.remove(&gone.nid);
                 for j in self.graph.aliases.values_mut() {
                     if *j == other {
                         *j = keep;
                     }
                 }
-                self.graph.aliases.insert(gone.id, keep);
+                self.graph.aliases.insert(gone.nid, keep);
             }
         }
     }
@@ -1347,13 +1332,13 @@ mod tests {
         assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
         // Two ids swapped: the index names every node, wrongly.
         g.by_id = full.clone();
-        let (first, second) = (g.g[ix[0]].id.clone(), g.g[ix[1]].id.clone());
+        let (first, second) = (g.g[ix[0]].nid.clone(), g.g[ix[1]].nid.clone());
         g.by_id.insert(first, ix[1]);
         g.by_id.insert(second, ix[0]);
         assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
         // One node missing from it.
         g.by_id = full;
-        g.by_id.remove(&g.g[ix[2]].id.clone());
+        g.by_id.remove(&g.g[ix[2]].nid.clone());
         assert_eq!(ids(&g, &g.topo().expect("no cycle")), want);
     }
 
