@@ -180,7 +180,7 @@ impl<'a> Engine<'a> {
         let old = self.store.roots().unwrap_or_default();
         for i in &graph.goals {
             let n = &graph.g[*i];
-            let crate::graph::Work::Image { box_name } = &n.work else {
+            let NodeId::Image { box_name } = &n.nid else {
                 continue;
             };
             let built = s
@@ -262,7 +262,7 @@ impl<'a> Engine<'a> {
             .par_iter()
             .filter_map(|i| {
                 let n = &graph.g[*i];
-                let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
+                let NodeId::Containerfile { box_name, .. } = &n.nid else {
                     return None;
                 };
                 let dir = naming::build_dir(box_name);
@@ -301,7 +301,7 @@ impl<'a> Engine<'a> {
     /// The candy directories (source, relative path) a self-contained
     /// build context of a Containerfile node carries.
     fn context_candies(&self, n: &crate::graph::Node) -> Vec<(&'a Path, &'a str)> {
-        let crate::graph::Work::Containerfile { box_name, .. } = &n.work else {
+        let NodeId::Containerfile { box_name, .. } = &n.nid else {
             return Vec::new();
         };
         self.box_context_candies(box_name)
@@ -433,12 +433,8 @@ impl<'a> Engine<'a> {
         i: petgraph::stable_graph::NodeIndex,
         last: &charly_cache::Record,
     ) -> Option<Change> {
-        let crate::graph::Work::Fragment {
-            box_name,
-            candy,
-            index,
-            steps,
-        } = &graph.g[i].work
+        let (NodeId::Fragment { box_name, candy }, crate::graph::Work::Fragment { index, steps }) =
+            (&graph.g[i].nid, &graph.g[i].work)
         else {
             return None;
         };
@@ -532,10 +528,10 @@ fn describe_layers(graph: &Graph, s: &mut Summary) {
         if let Some(b) = boxes.get(&i) {
             r.boxes = b.clone();
         }
-        if let crate::graph::Work::Layer {
-            part: crate::graph::LayerWork::Candy { candy, .. },
+        if let NodeId::Layer {
+            slot: crate::id::LayerSlot::Candy(candy),
             ..
-        } = &graph.g[i].work
+        } = &graph.g[i].nid
         {
             r.candy = Some(candy.clone());
         }

@@ -19,7 +19,8 @@
 //! holds the result to a run on an empty store, byte for byte and key for
 //! key.
 
-use crate::graph::{Graph, Work};
+use crate::graph::Graph;
+use crate::id::NodeId;
 use crate::journal::{BoxDigest, BoxEntry, Memo, Recorder};
 use crate::sched::{NodeReport, Summary};
 use charly_rules::load::Project;
@@ -141,8 +142,8 @@ impl Carry {
         let goals: HashMap<&str, petgraph::stable_graph::NodeIndex> = graph
             .goals
             .iter()
-            .filter_map(|g| match &graph.g[*g].work {
-                Work::Containerfile { box_name, .. } => Some((box_name.as_str(), *g)),
+            .filter_map(|g| match &graph.g[*g].nid {
+                NodeId::Containerfile { box_name, .. } => Some((box_name.as_str(), *g)),
                 _ => None,
             })
             .collect();

@@ -548,7 +548,7 @@ mod tests {
             aliases: Default::default(),
             own_inputs_reused: 0,
         };
-        let n = |g: &mut Graph, name: &str| add_node(g, NodeId::image(name), Work::Source);
+        let n = |g: &mut Graph, name: &str| add_node(g, NodeId::image(name), Work::Id);
         let (a, b, c, cached, d) = (
             n(&mut g, "a"),
             n(&mut g, "b"),

@@ -156,7 +156,7 @@ fn a_builder_stage_names_its_builder_image_by_key() {
     assert!(s.ok());
     let mut stages = 0;
     for n in g.g.node_weights() {
-        if let charly_engine::graph::Work::BuilderStage { image_box, .. } = &n.work {
+        if let charly_engine::id::NodeId::BuilderStage { image_box, .. } = &n.nid {
             let img = g
                 .index(&charly_engine::id::NodeId::image(image_box))
                 .expect("the builder image is in the graph");
@@ -704,12 +704,10 @@ fn a_keyed_graph_releases_fragment_steps_and_runs_render_them_again() {
     let mut fragments = 0;
     for i in g.g.node_indices() {
         let n = &g.g[i];
-        let charly_engine::graph::Work::Fragment {
-            box_name,
-            candy,
-            index,
-            steps,
-        } = &n.work
+        let (
+            charly_engine::id::NodeId::Fragment { box_name, candy },
+            charly_engine::graph::Work::Fragment { index, steps },
+        ) = (&n.nid, &n.work)
         else {
             continue;
         };

@@ -4,7 +4,8 @@
 
 use charly_cache::Store;
 use charly_engine::api::Engine;
-use charly_engine::graph::{Goal, Graph, GraphOptions, Work};
+use charly_engine::graph::{Goal, Graph, GraphOptions};
+use charly_engine::id::NodeId;
 use charly_engine::hash::FileHasher;
 use charly_engine::key::NodeKind;
 use charly_engine::runners::Runner as _;
@@ -301,7 +302,7 @@ fn a_box_built_after_its_sibling_runs_only_its_own_suffix() {
     assert_eq!(cached, shared + 1, "the shared candies and root's setup");
     assert!(
         g.g.node_weights()
-            .any(|n| matches!(&n.work, Work::Image { box_name } if box_name == "box02"))
+            .any(|n| matches!(&n.nid, NodeId::Image { box_name } if box_name == "box02"))
     );
 }
 

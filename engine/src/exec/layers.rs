@@ -22,6 +22,7 @@
 use super::{Ctx, ExecError, Out, Outputs, read_node};
 use crate::graph::layers::{artifact_path, render};
 use crate::graph::{Graph, Work};
+use crate::id::NodeId;
 use crate::key::NodeKind;
 use crate::outputs::{self, ImageMeta, LayerDesc, LayerMeta};
 use crate::runners::LayerRequest;
@@ -288,8 +289,8 @@ fn present_image(
             }
             return Ok(Some(tag));
         }
-        let tag = match &n.work {
-            Work::Base { reference } => reference.clone(),
+        let tag = match &n.nid {
+            NodeId::Base { reference } => reference.clone(),
             _ => content_tag(&meta.chain, &meta.config),
         };
         if !runner.has_image(&tag) {
@@ -420,17 +421,12 @@ pub fn work_layer(
     out: &mut Outputs,
 ) -> Result<(), ExecError> {
     let n = &graph.g[i];
-    let Work::Layer {
-        box_name,
-        part,
-        parent,
-        ..
-    } = &n.work
+    let (NodeId::Layer { box_name, slot }, Work::Layer { steps, parent }) = (&n.nid, &n.work)
     else {
         return Ok(());
     };
     let b = rbox(ctx, box_name)?;
-    let Some(text) = render(ctx.project, b, part, &ctx.emit)? else {
+    let Some(text) = render(ctx.project, b, slot, steps.as_ref(), &ctx.emit)? else {
         return Err(ExecError::Io(format!("{}: the layer is empty", n.id)));
     };
     // The parent, present in the runner.
@@ -546,12 +542,12 @@ fn write_context(
                 }
             })
         };
-        match &dn.work {
-            Work::BuilderStage { candy, builder, .. } => {
+        match &dn.nid {
+            NodeId::BuilderStage { candy, builder, .. } => {
                 let stage = naming::stage_name(&ctx.project.candies[candy].name, builder);
                 copy(outputs::ARTIFACT_TAR, artifact_path(&stage))?;
             }
-            Work::LocalPkg { candy, .. } => {
+            NodeId::LocalPkg { candy, .. } => {
                 let rel = format!("{LAYER_DIR}/_localpkg/{}", ctx.project.candies[candy].name);
                 read_node(ctx, graph, d, |rec| {
                     for (name, o) in &rec.outputs {
@@ -580,7 +576,7 @@ pub fn work_image(
     out: &mut Outputs,
 ) -> Result<(), ExecError> {
     let n = &graph.g[i];
-    let Work::Image { box_name } = &n.work else {
+    let NodeId::Image { box_name } = &n.nid else {
         return Ok(());
     };
     let b = rbox(ctx, box_name)?;

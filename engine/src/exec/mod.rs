@@ -449,14 +449,9 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
         }
     };
     let log = LogSink::new(&log_line);
-    match &n.work {
-        Work::Source => {}
-        Work::Fragment {
-            box_name,
-            candy,
-            index,
-            steps,
-        } => {
+    match (&n.nid, &n.work) {
+        (NodeId::Source(_), _) => {}
+        (NodeId::Fragment { box_name, candy }, Work::Fragment { index, steps }) => {
             let f = fragment(ctx, box_name, candy, *index, steps)?;
             out.files
                 .insert(outputs::TEXT.into(), Out::Bytes(f.text.into_bytes()));
@@ -464,60 +459,18 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
                 out.files.insert(outputs::file(&path), Out::Bytes(bytes));
             }
         }
-        Work::Containerfile { box_name, prebuilt } => {
-            let b = rbox(ctx, box_name)?;
-            let opts = emit_options(ctx, b, *prebuilt);
-            let mut fragments = Vec::new();
-            for k in &b.candies {
-                let Some(fi) = graph.index(&NodeId::fragment(box_name, k)) else {
-                    continue;
-                };
-                let fnode = &graph.g[fi];
-                // Every output of the fragment is read here, each blob
-                // fetched (and a missing one a miss): no key inputs, no
-                // blob lookups up front.
-                let (text, files) = read_node_by(ctx, graph, fi, Store::read_record, |rec| {
-                    let text =
-                        String::from_utf8_lossy(&record_output(ctx, fnode, rec, outputs::TEXT)?)
-                            .into_owned();
-                    let mut files = BTreeMap::new();
-                    for name in rec.outputs.keys() {
-                        if let Some(path) = outputs::file_path(name) {
-                            files.insert(path.to_string(), record_output(ctx, fnode, rec, name)?);
-                        }
-                    }
-                    Ok((text, files))
-                })?;
-                fragments.push(Fragment {
-                    candy: k.clone(),
-                    text,
-                    files,
-                });
-            }
-            let d = assemble(ctx.project, b, &fragments, &opts)?;
-            out.files.insert(
-                outputs::file(&format!("{}/Containerfile", d.dir)),
-                Out::Bytes(d.containerfile.into_bytes()),
-            );
-            for (path, staged) in d.files {
-                let bytes = match staged {
-                    Staged::Bytes(b) => b,
-                    Staged::CopyOf(src) => std::fs::read(&src).map_err(io(src.display()))?,
-                };
-                out.files.insert(outputs::file(&path), Out::Bytes(bytes));
-            }
-            out.meta = outputs::write_meta(&ContainerfileMeta {
-                dir: d.dir.clone(),
-                layers: d.layers.keys().cloned().collect(),
-            });
+        (NodeId::Containerfile { box_name, prebuilt }, _) => {
+            work_containerfile(ctx, graph, box_name, *prebuilt, &mut out)?
         }
-        Work::BuilderStage {
-            candy,
-            builder,
-            image_box,
-            user,
-            for_box,
-        } => {
+        (
+            NodeId::BuilderStage {
+                candy,
+                builder,
+                image_box,
+                ..
+            },
+            Work::BuilderStage { user, for_box },
+        ) => {
             let b = rbox(ctx, for_box)?;
             ensure_dep_images(ctx, graph, i)?;
             let req = crate::stage::stage_request(
@@ -541,48 +494,12 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
                 .insert(outputs::ARTIFACT_TAR.into(), Out::File(tar));
             out.keep.push(scratch);
         }
-        Work::LocalPkg {
-            candy,
-            format,
-            for_box,
-        } => {
+        (NodeId::LocalPkg { candy, format, .. }, Work::LocalPkg { for_box }) => {
             let b = rbox(ctx, for_box)?;
             ensure_dep_images(ctx, graph, i)?;
-            let req =
-                crate::stage::local_pkg_request(ctx, b, candy, format, &n.id, &n.key.to_hex())?;
-            let scratch = scratch_dir(ctx, &n.key.to_hex())?;
-            let req = LocalPkgRequest {
-                out: scratch.path().join("pkgs"),
-                log,
-                ..req
-            };
-            std::fs::create_dir_all(&req.out).map_err(io("pkgs dir"))?;
-            ctx.runner(&n.id)?.build_local_pkg(&req)?;
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(&req.out)
-                .map_err(io(req.out.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect();
-            entries.sort();
-            if entries.is_empty() {
-                return Err(ExecError::Io(format!(
-                    "{}: the build produced no {} package",
-                    n.id, req.glob
-                )));
-            }
-            for p in entries {
-                let name = p
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                out.files.insert(
-                    outputs::pkg(&name),
-                    Out::Bytes(std::fs::read(&p).map_err(io(p.display()))?),
-                );
-            }
+            work_local_pkg(ctx, n, b, candy, format, log, &mut out)?
         }
-        Work::Rootfs { box_name, builder } => {
+        (NodeId::Rootfs { box_name }, Work::Rootfs { builder }) => {
             let b = rbox(ctx, box_name)?;
             let req = crate::stage::rootfs_request(ctx, b, builder, &n.id, &n.key.to_hex())?;
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
@@ -595,18 +512,18 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
             layers::store_rootfs(ctx, &req.out, &mut out)?;
             out.keep.push(scratch);
         }
-        Work::Image { .. } => layers::work_image(ctx, graph, i, &mut out)?,
-        Work::Layer { .. } => {
+        (NodeId::Image { .. }, _) => layers::work_image(ctx, graph, i, &mut out)?,
+        (NodeId::Layer { .. }, _) => {
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             layers::work_layer(ctx, graph, i, scratch.path(), log, &mut out)?;
             out.keep.push(scratch);
         }
-        Work::Base { reference } => {
+        (NodeId::Base { reference }, _) => {
             let scratch = scratch_dir(ctx, &n.key.to_hex())?;
             layers::work_base(ctx, &n.id, reference, scratch.path(), &mut out)?;
             out.keep.push(scratch);
         }
-        Work::Plan { box_name, target } => {
+        (NodeId::Plan { box_name, target }, _) => {
             let b = rbox(ctx, box_name)?;
             let ctxh = charly_rules::plan::HostContext {
                 target: *target,
@@ -617,8 +534,115 @@ fn work(ctx: &Ctx<'_>, graph: &Graph, i: NodeIndex, file: &NodeLog) -> Result<Ou
                 serde_json::to_vec_pretty(&plan).map_err(|e| ExecError::Io(e.to_string()))?;
             out.files.insert("plan.json".into(), Out::Bytes(json));
         }
+        _ => {
+            return Err(ExecError::Io(format!(
+                "{}: its work does not fit its id",
+                n.id
+            )));
+        }
     }
     Ok(out)
+}
+
+/// A box's build directory: its fragments (read from the store) assembled.
+fn work_containerfile(
+    ctx: &Ctx<'_>,
+    graph: &Graph,
+    box_name: &str,
+    prebuilt: bool,
+    out: &mut Outputs,
+) -> Result<(), ExecError> {
+    let b = rbox(ctx, box_name)?;
+    let opts = emit_options(ctx, b, prebuilt);
+    let mut fragments = Vec::new();
+    for k in &b.candies {
+        let Some(fi) = graph.index(&NodeId::fragment(box_name, k)) else {
+            continue;
+        };
+        let fnode = &graph.g[fi];
+        // Every output of the fragment is read here, each blob fetched
+        // (and a missing one a miss): no key inputs, no blob lookups up
+        // front.
+        let (text, files) = read_node_by(ctx, graph, fi, Store::read_record, |rec| {
+            let text = String::from_utf8_lossy(&record_output(ctx, fnode, rec, outputs::TEXT)?)
+                .into_owned();
+            let mut files = BTreeMap::new();
+            for name in rec.outputs.keys() {
+                if let Some(path) = outputs::file_path(name) {
+                    files.insert(path.to_string(), record_output(ctx, fnode, rec, name)?);
+                }
+            }
+            Ok((text, files))
+        })?;
+        fragments.push(Fragment {
+            candy: k.clone(),
+            text,
+            files,
+        });
+    }
+    let d = assemble(ctx.project, b, &fragments, &opts)?;
+    out.files.insert(
+        outputs::file(&format!("{}/Containerfile", d.dir)),
+        Out::Bytes(d.containerfile.into_bytes()),
+    );
+    for (path, staged) in d.files {
+        let bytes = match staged {
+            Staged::Bytes(b) => b,
+            Staged::CopyOf(src) => std::fs::read(&src).map_err(io(src.display()))?,
+        };
+        out.files.insert(outputs::file(&path), Out::Bytes(bytes));
+    }
+    out.meta = outputs::write_meta(&ContainerfileMeta {
+        dir: d.dir.clone(),
+        layers: d.layers.keys().cloned().collect(),
+    });
+    Ok(())
+}
+
+/// A local package built by the runner for box `b`'s distro: every
+/// package file it made.
+fn work_local_pkg(
+    ctx: &Ctx<'_>,
+    n: &Node,
+    b: &ResolvedBox,
+    candy: &str,
+    format: &str,
+    log: LogSink<'_>,
+    out: &mut Outputs,
+) -> Result<(), ExecError> {
+    let req = crate::stage::local_pkg_request(ctx, b, candy, format, &n.id, &n.key.to_hex())?;
+    let scratch = scratch_dir(ctx, &n.key.to_hex())?;
+    let req = LocalPkgRequest {
+        out: scratch.path().join("pkgs"),
+        log,
+        ..req
+    };
+    std::fs::create_dir_all(&req.out).map_err(io("pkgs dir"))?;
+    ctx.runner(&n.id)?.build_local_pkg(&req)?;
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&req.out)
+        .map_err(io(req.out.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        return Err(ExecError::Io(format!(
+            "{}: the build produced no {} package",
+            n.id, req.glob
+        )));
+    }
+    for p in entries {
+        let name = p
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.files.insert(
+            outputs::pkg(&name),
+            Out::Bytes(std::fs::read(&p).map_err(io(p.display()))?),
+        );
+    }
+    Ok(())
 }
 
 /// The images node `i` runs in, present in the runner.

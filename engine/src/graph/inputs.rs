@@ -9,7 +9,7 @@
 
 use super::{Builder, GraphError, Work, image_ref};
 use crate::hash::FileHasher;
-use crate::id::SourceId;
+use crate::id::{LayerSlot, NodeId, SourceId};
 use crate::key::{
     BaseInputs, BuilderStageInputs, ContainerfileInputs, FragmentInputs, ImageInputs, KeyInputs,
     LayerInputs, LocalPkgInputs, OwnInputs, PlanInputs, PluginInputs, RootfsInputs, SourceInputs,
@@ -35,46 +35,42 @@ impl Builder<'_> {
         // Texts of staged files kept (not keyed) so `explain` can show the
         // lines of a written file that changed.
         let mut contents = BTreeMap::new();
-        let own = match &n.work {
-            Work::Source => OwnInputs::Source(SourceInputs::default()),
-            Work::Fragment {
-                box_name,
-                candy,
-                index,
-                steps,
-            } => OwnInputs::Fragment(
-                self.fragment_inputs(box_name, candy, *index, steps, steps_json)?,
-            ),
-            Work::Containerfile { box_name, prebuilt } => {
+        let bad = || GraphError::Canonical {
+            what: format!("the key inputs of {}", n.id),
+            message: "its work does not fit its id".into(),
+        };
+        let own = match (&n.nid, &n.work) {
+            (NodeId::Source(_), _) => OwnInputs::Source(SourceInputs::default()),
+            (NodeId::Fragment { box_name, candy }, Work::Fragment { index, steps }) => {
+                OwnInputs::Fragment(
+                    self.fragment_inputs(box_name, candy, *index, steps, steps_json)?,
+                )
+            }
+            (NodeId::Containerfile { box_name, prebuilt }, _) => {
                 OwnInputs::Containerfile(self.containerfile_inputs(box_name, *prebuilt)?)
             }
-            Work::BuilderStage {
-                candy,
-                builder,
-                image_box: _,
-                user,
-                for_box,
-            } => OwnInputs::BuilderStage(self.builder_stage_inputs(candy, builder, user, for_box)?),
-            Work::LocalPkg {
-                candy,
-                format,
-                for_box,
-            } => OwnInputs::LocalPkg(self.local_pkg_inputs(candy, format, for_box)?),
-            Work::Rootfs { box_name, builder } => {
+            (NodeId::BuilderStage { candy, builder, .. }, Work::BuilderStage { user, for_box }) => {
+                OwnInputs::BuilderStage(self.builder_stage_inputs(candy, builder, user, for_box)?)
+            }
+            (NodeId::LocalPkg { candy, format, .. }, Work::LocalPkg { for_box }) => {
+                OwnInputs::LocalPkg(self.local_pkg_inputs(candy, format, for_box)?)
+            }
+            (NodeId::Rootfs { box_name }, Work::Rootfs { builder }) => {
                 OwnInputs::Rootfs(self.rootfs_inputs(box_name, builder)?)
             }
-            Work::Image { box_name } => OwnInputs::Image(self.image_inputs(box_name)?),
-            Work::Plan { box_name, target } => {
+            (NodeId::Image { box_name }, _) => OwnInputs::Image(self.image_inputs(box_name)?),
+            (NodeId::Plan { box_name, target }, _) => {
                 OwnInputs::Plan(self.plan_inputs(box_name, *target)?)
             }
-            Work::Layer { box_name, part, .. } => {
-                OwnInputs::Layer(self.layer_inputs(box_name, part, hasher, &mut contents)?)
-            }
-            Work::Base { reference } => OwnInputs::Base(BaseInputs {
+            (NodeId::Layer { box_name, slot }, Work::Layer { steps, .. }) => OwnInputs::Layer(
+                self.layer_inputs(box_name, slot, steps.as_ref(), hasher, &mut contents)?,
+            ),
+            (NodeId::Base { reference }, _) => OwnInputs::Base(BaseInputs {
                 reference: reference.clone(),
                 runner: self.opts.runner.clone(),
                 arch: self.opts.arch.clone(),
             }),
+            _ => return Err(bad()),
         };
         debug_assert_eq!(own.kind(), n.kind);
         let mut k = own.into_key_inputs();
@@ -264,7 +260,8 @@ impl Builder<'_> {
     fn layer_inputs(
         &self,
         box_name: &str,
-        part: &super::LayerWork,
+        slot: &LayerSlot,
+        steps: Option<&super::OciSteps>,
         hasher: &FileHasher,
         contents: &mut BTreeMap<String, String>,
     ) -> Result<LayerInputs, GraphError> {
@@ -277,7 +274,7 @@ impl Builder<'_> {
         // A layer that does not render (a local package without
         // --dev-local-pkg…) still gets a key: `graph` and `explain` work,
         // and the node fails with the same message when it runs.
-        match super::layers::render(self.p, b, part, self.emit()) {
+        match super::layers::render(self.p, b, slot, steps, self.emit()) {
             Ok(Some(t)) => {
                 for (path, staged) in &t.files {
                     let d = match staged {
@@ -303,7 +300,7 @@ impl Builder<'_> {
             Ok(None) => {}
             Err(e) => own.render_error = Some(e.to_string()),
         }
-        if let super::LayerWork::Candy { steps, .. } = part {
+        if let Some(steps) = steps {
             own.plugins = plugin_inputs(steps, &self.opts.plugins);
         }
         Ok(own)

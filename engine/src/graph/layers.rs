@@ -10,7 +10,8 @@
 //! layers into one node: built once, stored once. Building them is
 //! `exec::layers`.
 
-use super::{Graph, GraphOptions, LayerWork};
+use super::{Graph, GraphOptions, OciSteps};
+use crate::id::LayerSlot;
 use crate::id::NodeId;
 use charly_rules::emit::EmitError;
 use charly_rules::emit::EmitOptions;
@@ -70,23 +71,27 @@ pub fn base_emit_options(r: &Resolution, opts: &GraphOptions) -> EmitOptions {
     }
 }
 
-fn part_of(part: &LayerWork) -> LayerPart<'_> {
-    match part {
-        LayerWork::Setup => LayerPart::Setup,
-        LayerWork::Candy { candy, steps } => LayerPart::Candy { key: candy, steps },
-        LayerWork::Init => LayerPart::Init,
-    }
-}
-
-/// Renders a layer of box `b` with the run's options `base` (`None`:
-/// empty for this box).
+/// Renders layer `slot` of box `b` (a candy layer with its plan's
+/// `steps`) with the run's options `base` (`None`: empty for this box).
 pub fn render(
     p: &Project,
     b: &ResolvedBox,
-    part: &LayerWork,
+    slot: &LayerSlot,
+    steps: Option<&OciSteps>,
     base: &EmitOptions,
 ) -> Result<Option<LayerText>, EmitError> {
-    layer_containerfile(p, b, part_of(part), &emit_options(base, p, b))
+    let part = match (slot, steps) {
+        (LayerSlot::Setup, _) => LayerPart::Setup,
+        (LayerSlot::Init, _) => LayerPart::Init,
+        (LayerSlot::Candy(key), Some(steps)) => LayerPart::Candy { key, steps },
+        (LayerSlot::Candy(key), None) => {
+            return Err(EmitError {
+                box_name: b.name.clone(),
+                message: format!("the layer of candy {key} has no plan"),
+            });
+        }
+    };
+    layer_containerfile(p, b, part, &emit_options(base, p, b))
 }
 
 /// Whether a box's chain ends with an init layer.

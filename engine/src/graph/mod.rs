@@ -63,17 +63,16 @@ pub struct PluginBuild {
     pub ids: BTreeMap<String, String>,
 }
 
-/// What a node does when it runs.
+/// What a node needs to run beyond its id: the [`NodeId`] says what the
+/// node is (its box, candy, builder, format, target, reference), this only
+/// what the id does not carry.
 #[derive(Clone, Debug)]
 pub enum Work {
-    /// Nothing: a source is its hash.
-    Source,
-    /// Render one candy's fragment.
+    /// Nothing: the id is all (sources, build directories, images, plans,
+    /// external bases).
+    Id,
+    /// A fragment.
     Fragment {
-        /// Box.
-        box_name: String,
-        /// Candy key.
-        candy: String,
         /// Position in the box.
         index: usize,
         /// The candy's plan's steps (target oci, home resolved), shared
@@ -81,86 +80,32 @@ pub enum Work {
         /// graph is keyed.
         steps: FragmentSteps,
     },
-    /// Assemble a box's build directory.
-    Containerfile {
-        /// Box.
-        box_name: String,
-        /// Builder stages come as prebuilt artifact tars (for `box build`)
-        /// rather than as stages in the Containerfile.
-        prebuilt: bool,
-    },
-    /// Run a builder stage.
+    /// A builder stage.
     BuilderStage {
-        /// Candy key.
-        candy: String,
-        /// Builder type.
-        builder: String,
-        /// Builder box (qualified).
-        image_box: String,
-        /// User the artifact is made for.
+        /// The account the artifact is made for (the id names it only
+        /// when it is not the default one).
         user: User,
         /// A box that uses it (for its distro/vocabulary).
         for_box: String,
     },
-    /// Build a local package.
+    /// A local package.
     LocalPkg {
-        /// Candy key.
-        candy: String,
-        /// Format.
-        format: String,
         /// Box whose distro builds it.
         for_box: String,
     },
-    /// Bootstrap a root filesystem.
+    /// A bootstrapped root filesystem.
     Rootfs {
-        /// Box.
-        box_name: String,
         /// Builder type.
         builder: String,
     },
-    /// Build a box image.
-    Image {
-        /// Box.
-        box_name: String,
-    },
-    /// Compile a plan.
-    Plan {
-        /// Box.
-        box_name: String,
-        /// Target.
-        target: Target,
-    },
-    /// Build one layer of a box image on its parent.
+    /// A layer of a box image (its id names the box whose facts it renders
+    /// with: the first of the boxes sharing it).
     Layer {
-        /// The box whose facts it renders with (the first of the boxes
-        /// sharing it: they render it alike, or their keys would differ).
-        box_name: String,
-        /// Which layer.
-        part: LayerWork,
+        /// A candy layer's plan steps (target oci, home resolved), shared.
+        steps: Option<OciSteps>,
         /// The image below (`None`: scratch).
         parent: Option<NodeId>,
     },
-    /// Take an external base image into the store, layer by layer.
-    Base {
-        /// Its reference.
-        reference: String,
-    },
-}
-
-/// Which layer a [`Work::Layer`] builds.
-#[derive(Clone, Debug)]
-pub enum LayerWork {
-    /// The box's setup on an external or bootstrapped base.
-    Setup,
-    /// One candy.
-    Candy {
-        /// Candy key.
-        candy: String,
-        /// Its plan's steps (target oci, home resolved), shared.
-        steps: OciSteps,
-    },
-    /// The init configuration.
-    Init,
 }
 
 /// One node.
@@ -333,7 +278,7 @@ impl Graph {
     pub fn boxes_by_part(&self) -> BTreeMap<NodeIndex, Vec<String>> {
         let mut out: BTreeMap<NodeIndex, Vec<String>> = BTreeMap::new();
         for g in &self.goals {
-            let Work::Image { box_name } = &self.g[*g].work else {
+            let NodeId::Image { box_name } = &self.g[*g].nid else {
                 continue;
             };
             for part in std::iter::once(*g).chain(self.image_parts(*g)) {
@@ -631,7 +576,7 @@ impl<'a> Builder<'a> {
         add_node(
             &mut self.graph,
             NodeId::Source(SourceId::Candy(key.into())),
-            Work::Source,
+            Work::Id,
         )
     }
 
@@ -639,7 +584,7 @@ impl<'a> Builder<'a> {
         add_node(
             &mut self.graph,
             NodeId::Source(SourceId::Box(name.into())),
-            Work::Source,
+            Work::Id,
         )
     }
 
@@ -724,14 +669,7 @@ impl<'a> Builder<'a> {
             return Ok(i);
         }
         let b = self.rbox(name)?;
-        let node = add_node(
-            &mut self.graph,
-            id,
-            Work::Containerfile {
-                box_name: name.into(),
-                prebuilt,
-            },
-        );
+        let node = add_node(&mut self.graph, id, Work::Id);
         let sb = self.source_box(name);
         self.edge(sb, node);
         // Fragments whose own inputs are kept need no steps to be keyed
@@ -747,8 +685,6 @@ impl<'a> Builder<'a> {
                 &mut self.graph,
                 NodeId::fragment(name, k),
                 Work::Fragment {
-                    box_name: name.into(),
-                    candy: k.clone(),
                     index: i,
                     steps: FragmentSteps(plans.as_ref().map(|p| p[i].clone())),
                 },
@@ -769,13 +705,7 @@ impl<'a> Builder<'a> {
             return Ok(i);
         }
         let b = self.rbox(name)?;
-        let node = add_node(
-            &mut self.graph,
-            id,
-            Work::Image {
-                box_name: name.into(),
-            },
-        );
+        let node = add_node(&mut self.graph, id, Work::Id);
         let top = self.layer_chain(b)?;
         self.edge(top, node);
         // The box file (labels, user): `explain` names it when it changed.
@@ -802,13 +732,7 @@ impl<'a> Builder<'a> {
                 let id = NodeId::Base {
                     reference: x.clone(),
                 };
-                let i = add_node(
-                    &mut self.graph,
-                    id.clone(),
-                    Work::Base {
-                        reference: x.clone(),
-                    },
-                );
+                let i = add_node(&mut self.graph, id.clone(), Work::Id);
                 (Some(i), Some(id))
             }
             BaseRef::Bootstrap { builder, .. } => {
@@ -820,21 +744,19 @@ impl<'a> Builder<'a> {
                     &mut self.graph,
                     id.clone(),
                     Work::Rootfs {
-                        box_name: name.into(),
                         builder: builder.clone(),
                     },
                 );
                 (Some(i), Some(id))
             }
         };
-        let mut push = |this: &mut Self, slot: LayerSlot, part: LayerWork| {
+        let mut push = |this: &mut Self, slot: LayerSlot, steps: Option<OciSteps>| {
             let id = NodeId::layer(name, slot);
             let i = add_node(
                 &mut this.graph,
                 id.clone(),
                 Work::Layer {
-                    box_name: name.into(),
-                    part,
+                    steps,
                     parent: below_id.clone(),
                 },
             );
@@ -846,19 +768,12 @@ impl<'a> Builder<'a> {
             i
         };
         if !matches!(b.base, BaseRef::Box(_)) {
-            push(self, LayerSlot::Setup, LayerWork::Setup);
+            push(self, LayerSlot::Setup, None);
         }
         let plans = self.oci_plans(b)?;
         let vocab = &self.p.ns(b.ns).vocab;
         for (ci, k) in b.candies.iter().enumerate() {
-            let layer = push(
-                self,
-                LayerSlot::Candy(k.clone()),
-                LayerWork::Candy {
-                    candy: k.clone(),
-                    steps: plans[ci].clone(),
-                },
-            );
+            let layer = push(self, LayerSlot::Candy(k.clone()), Some(plans[ci].clone()));
             let sc = self.source_candy(k);
             self.edge(sc, layer);
             // Builder stages run once per key in their builder box's image;
@@ -886,7 +801,7 @@ impl<'a> Builder<'a> {
             }
         }
         if layers::has_init(self.p, b) {
-            push(self, LayerSlot::Init, LayerWork::Init);
+            push(self, LayerSlot::Init, None);
         }
         below.ok_or_else(|| GraphError::Canonical {
             what: format!("the image of box {name}"),
@@ -904,8 +819,6 @@ impl<'a> Builder<'a> {
             &mut self.graph,
             NodeId::local_pkg(k, format, local_pkg_image(b)),
             Work::LocalPkg {
-                candy: k.into(),
-                format: format.into(),
                 for_box: b.name.clone(),
             },
         );
@@ -919,7 +832,7 @@ impl<'a> Builder<'a> {
                 candy: k.into(),
                 format: format.into(),
             }),
-            Work::Source,
+            Work::Id,
         );
         self.edge(ls, lp);
         if let BaseRef::Box(parent) = &b.base {
@@ -945,9 +858,6 @@ impl<'a> Builder<'a> {
             &mut self.graph,
             id,
             Work::BuilderStage {
-                candy: candy.into(),
-                builder: builder.into(),
-                image_box: image_box.into(),
                 user: user.clone(),
                 for_box: for_box.into(),
             },
@@ -967,10 +877,7 @@ impl<'a> Builder<'a> {
                 box_name: name.into(),
                 target,
             },
-            Work::Plan {
-                box_name: name.into(),
-                target,
-            },
+            Work::Id,
         );
         for k in &b.candies {
             let sc = self.source_candy(k);
@@ -1145,7 +1052,7 @@ impl<'a> Builder<'a> {
         let own = (fresh && self.own.is_some() && own::keeps(g[i].kind)).then(|| inputs.pack());
         // The one own input that is another node's key: a builder stage's
         // image (a dependency, so keyed by now).
-        if let Work::BuilderStage { image_box, .. } = &g[i].work
+        if let NodeId::BuilderStage { image_box, .. } = &g[i].nid
             && let Some(bi) = self.graph.index(&NodeId::image(image_box))
         {
             inputs.builder_image = Some(g[bi].key.to_hex());
@@ -1285,13 +1192,7 @@ mod tests {
         };
         let ix: Vec<NodeIndex> = names
             .iter()
-            .map(|n| {
-                add_node(
-                    &mut g,
-                    NodeId::Source(SourceId::Box((*n).into())),
-                    Work::Source,
-                )
-            })
+            .map(|n| add_node(&mut g, NodeId::Source(SourceId::Box((*n).into())), Work::Id))
             .collect();
         for (a, b) in edges {
             g.g.add_edge(ix[*a], ix[*b], ());
