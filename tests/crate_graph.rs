@@ -1,5 +1,6 @@
 //! The crate graph is the one docs/architecture.md and the README draw:
-//! `cli → deploy → engine → {rules, cache}`, `engine → reapi → cache`,
+//! `cli → deploy → engine → {rules, cache, files}`, `deploy → files`,
+//! `engine → reapi → cache`,
 //! `{engine, deploy} → plugin` (plugin depends on no charly crate)
 //! (each crate may use what lies below it, never what lies above), and no
 //! test-only crate or `testing` feature on a normal (product) edge.
@@ -14,6 +15,8 @@ use std::process::Command;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("charly-rules", &[]),
     ("charly-cache", &[]),
+    // Leaf file utilities (fsroot, artifact) shared by engine and deploy.
+    ("charly-files", &[]),
     ("charly-reapi", &["charly-cache"]),
     // The plugin host: below engine and deploy, above nothing of charly's.
     ("charly-plugin", &[]),
@@ -22,6 +25,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "charly-rules",
             "charly-cache",
+            "charly-files",
             "charly-reapi",
             "charly-plugin",
         ],
@@ -32,6 +36,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "charly-engine",
             "charly-rules",
             "charly-cache",
+            "charly-files",
             "charly-reapi",
             "charly-plugin",
         ],
@@ -43,6 +48,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "charly-engine",
             "charly-rules",
             "charly-cache",
+            "charly-files",
             "charly-reapi",
             "charly-plugin",
         ],

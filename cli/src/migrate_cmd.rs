@@ -14,7 +14,7 @@
 //! place. A file already in the node form is left as it is, with a note.
 
 use crate::output;
-use charly_engine::fsroot::{Root, check_rel};
+use charly_files::fsroot::{Root, check_rel};
 use charly_rules::load::{self, LoadOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

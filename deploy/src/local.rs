@@ -40,8 +40,8 @@ const ABSENT_ROOT: &str = "the root directory does not exist (a dry run's view c
 pub struct LocalHost {
     root: Option<String>,
     /// The root, opened: every file operation of a rooted host goes
-    /// through it, so no path leaves the root ([`charly_engine::fsroot`]).
-    froot: Option<charly_engine::fsroot::Root>,
+    /// through it, so no path leaves the root ([`charly_files::fsroot`]).
+    froot: Option<charly_files::fsroot::Root>,
     login: KeptLogin,
     /// Rooted at a directory that does not exist ([`LocalHost::preview`]):
     /// everything in it reads as absent and nothing can change.
@@ -62,7 +62,7 @@ impl LocalHost {
     /// Rooted at `dir` (made absolute).
     pub fn rooted(dir: &Path) -> Result<Self, HostError> {
         let abs = std::fs::canonicalize(dir).map_err(|e| open_root_err(dir, e))?;
-        let froot = charly_engine::fsroot::Root::open(&abs).map_err(|e| open_root_err(dir, e))?;
+        let froot = charly_files::fsroot::Root::open(&abs).map_err(|e| open_root_err(dir, e))?;
         Ok(LocalHost {
             root: Some(abs.to_string_lossy().into_owned()),
             froot: Some(froot),
@@ -146,7 +146,7 @@ impl LocalHost {
         if self.absent && !matches!(op, "read" | "stat") {
             return Err(self.err(op, path, ABSENT_ROOT));
         }
-        charly_engine::fsroot::target_rel(path).map_err(|e| self.err(op, path, e))
+        charly_files::fsroot::target_rel(path).map_err(|e| self.err(op, path, e))
     }
 
     /// Temp files of killed writers in the directories `dirs` (target
@@ -156,7 +156,7 @@ impl LocalHost {
         let mut left = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for d in dirs {
-            let Ok(rel) = charly_engine::fsroot::target_rel(d) else {
+            let Ok(rel) = charly_files::fsroot::target_rel(d) else {
                 continue;
             };
             if !seen.insert(rel.clone()) {
@@ -164,7 +164,7 @@ impl LocalHost {
             }
             let res = match &self.froot {
                 Some(r) => r.sweep_temps(&rel, false),
-                None => charly_engine::fsroot::Root::open(Path::new("/"))
+                None => charly_files::fsroot::Root::open(Path::new("/"))
                     .and_then(|r| r.sweep_temps(&rel, false)),
             };
             match res {
@@ -223,7 +223,7 @@ impl LocalHost {
     /// `stat` of one path below the root, never following the last component.
     fn stat_rooted(
         &self,
-        r: &charly_engine::fsroot::Root,
+        r: &charly_files::fsroot::Root,
         rel: &Path,
         p: &str,
         digest: bool,
@@ -562,16 +562,16 @@ impl Host for LocalHost {
         }
         let chown = self.can_chown()?;
         let entries =
-            charly_engine::artifact::read_tar(tar, "").map_err(|e| self.err("read tar", "", e))?;
+            charly_files::artifact::read_tar(tar, "").map_err(|e| self.err("read tar", "", e))?;
         for e in entries {
             let target = format!("/{}", e.path);
             let rel = self.rel("extract", &target)?;
             let owner = chown.then_some((e.uid as u32, e.gid as u32));
             match &e.kind {
-                charly_engine::artifact::Kind::Dir => {
+                charly_files::artifact::Kind::Dir => {
                     self.extract_dir(&rel, &target, e.mode, owner)?
                 }
-                charly_engine::artifact::Kind::Symlink(t) => {
+                charly_files::artifact::Kind::Symlink(t) => {
                     if let Some(r) = &self.froot {
                         r.remove(&rel)
                             .and_then(|_| r.symlink(&rel, t, owner))
@@ -590,7 +590,7 @@ impl Host for LocalHost {
                         }
                     }
                 }
-                charly_engine::artifact::Kind::File(data) => {
+                charly_files::artifact::Kind::File(data) => {
                     self.write_file(
                         &target,
                         data,

@@ -620,7 +620,7 @@ impl Host for MemHost {
     fn extract_tar(&mut self, tar: &[u8], _privileged: bool) -> Result<(), HostError> {
         self.trip();
         let entries =
-            charly_engine::artifact::read_tar(tar, "").map_err(|e| HostError::Garbage {
+            charly_files::artifact::read_tar(tar, "").map_err(|e| HostError::Garbage {
                 host: self.name.clone(),
                 what: "tar".into(),
                 output: e.to_string(),
@@ -645,14 +645,14 @@ impl Host for MemHost {
                     .or_insert(MemNode::Dir { mode: 0o755 });
             }
             let node = match e.kind {
-                charly_engine::artifact::Kind::Dir => {
+                charly_files::artifact::Kind::Dir => {
                     if matches!(self.files.get(&p), Some(MemNode::Dir { .. })) {
                         continue;
                     }
                     MemNode::Dir { mode: e.mode }
                 }
-                charly_engine::artifact::Kind::Symlink(t) => MemNode::Symlink { target: t },
-                charly_engine::artifact::Kind::File(data) => MemNode::File {
+                charly_files::artifact::Kind::Symlink(t) => MemNode::Symlink { target: t },
+                charly_files::artifact::Kind::File(data) => MemNode::File {
                     data,
                     mode: e.mode,
                     uid: e.uid as u32,

@@ -20,7 +20,7 @@ fn io_err(host: &dyn Host, op: &str, path: &str, out: &CmdOutput) -> HostError {
 /// climbs is refused before any script runs (the guest's root is `/`, but
 /// `..` games are still refused).
 fn check(host: &dyn Host, op: &str, path: &str) -> Result<(), HostError> {
-    charly_engine::fsroot::target_rel(path)
+    charly_files::fsroot::target_rel(path)
         .map(drop)
         .map_err(|e| HostError::Io {
             host: host.describe(),

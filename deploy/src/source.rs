@@ -127,9 +127,9 @@ impl Artifacts for StoreArtifacts<'_> {
             .get(candy)
             .ok_or_else(|| format!("unknown candy {candy}"))?;
         // Inside the candy directory only: no absolute path, no `..`, no
-        // symlink leading out of it (charly_engine::fsroot).
+        // symlink leading out of it (charly_files::fsroot).
         let p = c.dir.join(rel);
-        charly_engine::fsroot::Root::open(&c.dir)
+        charly_files::fsroot::Root::open(&c.dir)
             .and_then(|r| r.read(std::path::Path::new(rel)))
             .map_err(|e| format!("{}: {e}", p.display()))?
             .ok_or_else(|| format!("{}: no such file", p.display()))

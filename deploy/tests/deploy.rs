@@ -55,7 +55,7 @@ impl Runner for TarRunner {
         "tar-test"
     }
     fn build_stage(&self, req: &StageRequest) -> Result<(), RunError> {
-        use charly_engine::artifact::{Entry, Kind, write_tar};
+        use charly_files::artifact::{Entry, Kind, write_tar};
         let e = |path: &str, kind: Kind, mode: u32| Entry {
             path: path.into(),
             kind,
@@ -452,11 +452,11 @@ struct TestArts;
 impl Artifacts for TestArts {
     fn builder_tar(&self, _candy: &str, _builder: &str) -> Result<Vec<u8>, String> {
         let t = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
-        charly_engine::artifact::write_tar(
+        charly_files::artifact::write_tar(
             t.path(),
-            vec![charly_engine::artifact::Entry {
+            vec![charly_files::artifact::Entry {
                 path: "home/user/.npm-global".into(),
-                kind: charly_engine::artifact::Kind::Dir,
+                kind: charly_files::artifact::Kind::Dir,
                 mode: 0o755,
                 uid: 1000,
                 gid: 1000,
@@ -2492,7 +2492,7 @@ struct AurArts;
 impl Artifacts for AurArts {
     fn builder_tar(&self, candy: &str, builder: &str) -> Result<Vec<u8>, String> {
         assert_eq!((candy, builder), ("paru", "aur"));
-        use charly_engine::artifact::{Entry, Kind, write_tar};
+        use charly_files::artifact::{Entry, Kind, write_tar};
         let e = |path: &str, kind: Kind| Entry {
             path: path.into(),
             kind,

@@ -64,7 +64,7 @@ pub const KEY_MARKER: &str = ".charly-key";
 /// paths written, Containerfile first.
 ///
 /// Every path is proven inside `out` before anything is written or
-/// removed ([`crate::fsroot`]): the box directory and staged files must be
+/// removed ([`charly_files::fsroot`]): the box directory and staged files must be
 /// relative paths of plain names (no `..`, no absolute path), no symlink
 /// may lead out of `out`, and stale files are removed without following
 /// symlinks. A hostile `BuildDir` gets an error and changes nothing outside.
@@ -84,12 +84,12 @@ pub fn write_keeping(
         let path = path.to_path_buf();
         move |source| GenerateError::Io { path, source }
     };
-    let root = crate::fsroot::Root::create(out).map_err(io(out))?;
+    let root = charly_files::fsroot::Root::create(out).map_err(io(out))?;
     let dir_rel = Path::new(&d.dir);
     let dir = out.join(dir_rel);
-    crate::fsroot::check_rel(dir_rel).map_err(io(&dir))?;
+    charly_files::fsroot::check_rel(dir_rel).map_err(io(&dir))?;
     for rel in d.files.keys().chain(d.layers.keys()).chain(in_place) {
-        crate::fsroot::check_rel(Path::new(rel)).map_err(io(&out.join(rel)))?;
+        charly_files::fsroot::check_rel(Path::new(rel)).map_err(io(&out.join(rel)))?;
     }
     root.create_dir_all(dir_rel).map_err(io(&dir))?;
     // A build directory is made of real directories: a symlink met where
@@ -188,10 +188,10 @@ pub fn journal_outputs(out_root: &Path, written: &[PathBuf]) -> (Vec<PathBuf>, V
 /// content so mtimes stay put for tools that watch them. Mode 0644: context
 /// files are bind-mounted into RUNs that may run as the box user.
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    crate::fsroot::write_file_if_changed(path, bytes).map(drop)
+    charly_files::fsroot::write_file_if_changed(path, bytes).map(drop)
 }
 
-fn copy_tree(root: &crate::fsroot::Root, src: &Path, dest: &Path) -> std::io::Result<()> {
+fn copy_tree(root: &charly_files::fsroot::Root, src: &Path, dest: &Path) -> std::io::Result<()> {
     for e in walkdir::WalkDir::new(src).sort_by_file_name() {
         let e = e.map_err(std::io::Error::other)?;
         let rel = e.path().strip_prefix(src).map_err(std::io::Error::other)?;

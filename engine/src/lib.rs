@@ -12,15 +12,15 @@
 //! * [`runners`]: what runs command nodes (podman; remote execution over
 //!   `charly-reapi`; a fake only with the `testing` feature), [`stage`] the
 //!   requests they get.
-//! * [`generate`] and [`fsroot`] write build directories confined to their
-//!   root; [`journal`] makes an unchanged repeat a no-op; [`check`] runs
+//! * [`generate`] writes build directories confined to their root
+//!   (`charly_files::fsroot`); [`journal`] makes an unchanged repeat a no-op; [`check`] runs
 //!   check beds; [`api`] is the entry point the CLI and the deploy crate use.
 //! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
 //!   kept in the store, so a load reads only what changed.
 //! * A box image is a chain of layer nodes that sibling boxes share
 //!   ([`graph::layers`] what the chain is, [`exec::layers`] building it);
-//!   [`oci`] assembles images from them and writes OCI layouts;
-//!   [`artifact`] writes reproducible tars.
+//!   [`oci`] assembles images from them and writes OCI layouts
+//!   (artifact tars: `charly_files::artifact`).
 //! * Around them: [`ctx`] what running a node needs and how it fails,
 //!   [`why`] why a node runs, [`canon`] canonical JSON, [`carry`] boxes
 //!   carried over from the last run, [`pure`] the journal of print-only
@@ -34,14 +34,12 @@ pub use charly_reapi as reapi;
 pub use charly_rules as rules;
 
 pub mod api;
-pub mod artifact;
 pub mod canon;
 pub mod carry;
 pub mod check;
 pub mod ctx;
 pub mod dirs;
 pub mod exec;
-pub mod fsroot;
 pub mod generate;
 pub mod graph;
 pub mod hash;

@@ -9,7 +9,7 @@
 //!
 //! Layouts: [`write_image`] writes an image into an OCI image layout
 //! directory (`box build --output oci:DIR`, and what runners load): every
-//! blob is written atomically inside the layout (crate::fsroot) and
+//! blob is written atomically inside the layout (charly_files::fsroot) and
 //! skipped when present, the manifest descriptor is tagged with
 //! `org.opencontainers.image.ref.name`, and `index.json` keeps the other
 //! images already in it, so one directory can hold several boxes.
@@ -333,7 +333,7 @@ pub fn write_image(
     chain: &[LayerDesc],
     fetch: &dyn Fn(&LayerDesc, &Path) -> Result<bool, OciError>,
 ) -> Result<Exported, OciError> {
-    let root = crate::fsroot::Root::create(dir).map_err(io(dir.display()))?;
+    let root = charly_files::fsroot::Root::create(dir).map_err(io(dir.display()))?;
     let blobs_rel = Path::new("blobs/sha256");
     root.create_dir_all(blobs_rel)
         .map_err(io(dir.join(blobs_rel).display()))?;

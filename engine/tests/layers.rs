@@ -5,8 +5,8 @@
 use charly_cache::Store;
 use charly_engine::api::Engine;
 use charly_engine::graph::{Goal, Graph, GraphOptions};
-use charly_engine::id::NodeId;
 use charly_engine::hash::FileHasher;
+use charly_engine::id::NodeId;
 use charly_engine::key::NodeKind;
 use charly_engine::runners::Runner as _;
 use charly_engine::runners::fake::FakeRunner;

@@ -93,7 +93,7 @@ fn opts(fallback: bool) -> RemoteOptions {
 }
 
 fn names(tar: &[u8]) -> Vec<String> {
-    charly_engine::artifact::read_tar(tar, "")
+    charly_files::artifact::read_tar(tar, "")
         .expect("artifact tar")
         .into_iter()
         .map(|e| e.path)
@@ -179,14 +179,14 @@ fn a_builder_stage_runs_remotely_like_podman_and_hits_the_action_cache() {
     ] {
         assert!(files.iter().any(|f| f == want), "{want} in {files:?}");
     }
-    let entries = charly_engine::artifact::read_tar(&got, "").expect("tar");
+    let entries = charly_files::artifact::read_tar(&got, "").expect("tar");
     let greeting = entries
         .iter()
         .find(|e| e.path == "tmp/out/greeting")
         .expect("greeting");
     assert_eq!(
         greeting.kind,
-        charly_engine::artifact::Kind::File(b"hello from /work, home /home/user\n".to_vec())
+        charly_files::artifact::Kind::File(b"hello from /work, home /home/user\n".to_vec())
     );
     assert!(entries.iter().all(|e| (e.uid, e.gid) == (1000, 1000)));
     assert_eq!(
@@ -296,9 +296,9 @@ fn a_ca_bundle_reaches_a_remote_stage() {
     let req = request(&dir, &ctx, "ca", text);
     remote.build_stage(&req).expect("runs remotely");
     let entries =
-        charly_engine::artifact::read_tar(&std::fs::read(&req.out).expect("tar"), "").expect("tar");
+        charly_files::artifact::read_tar(&std::fs::read(&req.out).expect("tar"), "").expect("tar");
     let file = |p: &str| match &entries.iter().find(|e| e.path == p).expect(p).kind {
-        charly_engine::artifact::Kind::File(b) => String::from_utf8_lossy(b).into_owned(),
+        charly_files::artifact::Kind::File(b) => String::from_utf8_lossy(b).into_owned(),
         k => panic!("{p}: {k:?}"),
     };
     let want = std::fs::read_to_string(&ca).expect("ca");
@@ -385,16 +385,15 @@ fn platform_properties_reach_the_engine() {
     let text = format!("FROM {BUILDER} AS ids\nRUN mkdir -p /tmp/out && id -u > /tmp/out/uid\n");
     let req = request(dir, &ctx, "ids", text);
     remote.build_stage(&req).expect("runs");
-    let entries =
-        charly_engine::artifact::read_tar(&std::fs::read(&req.out).expect("artifact"), "")
-            .expect("tar");
+    let entries = charly_files::artifact::read_tar(&std::fs::read(&req.out).expect("artifact"), "")
+        .expect("tar");
     let uid = entries
         .iter()
         .find(|e| e.path == "tmp/out/uid")
         .expect("uid");
     assert_eq!(
         uid.kind,
-        charly_engine::artifact::Kind::File(b"1000\n".to_vec())
+        charly_files::artifact::Kind::File(b"1000\n".to_vec())
     );
 }
 

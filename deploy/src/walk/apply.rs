@@ -1146,8 +1146,8 @@ pub fn retarget_artifact(
     tar: &[u8],
     from_home: &str,
     user: &TargetUser,
-) -> R<Vec<charly_engine::artifact::Entry>> {
-    let entries = charly_engine::artifact::read_tar(tar, "")
+) -> R<Vec<charly_files::artifact::Entry>> {
+    let entries = charly_files::artifact::read_tar(tar, "")
         .map_err(|e| format!("unreadable artifact tar: {e}"))?;
     if entries.is_empty() {
         return Err(format!(
@@ -1227,7 +1227,7 @@ fn builder_step(
     for ((p, st), e) in paths.iter().zip(&stats).zip(&entries) {
         match (st.as_ref().map(|s| &s.kind), &e.kind) {
             (None, _) => created.push(p.clone()),
-            (Some(PathKind::Dir), charly_engine::artifact::Kind::Dir) => {}
+            (Some(PathKind::Dir), charly_files::artifact::Kind::Dir) => {}
             (Some(PathKind::File { .. } | PathKind::Symlink { .. }), _) => {
                 cx.record_replace(p, false)?;
             }
@@ -1246,7 +1246,7 @@ fn builder_step(
         &[],
     )?;
     let tmp = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
-    charly_engine::artifact::write_tar(tmp.path(), entries.clone(), None)
+    charly_files::artifact::write_tar(tmp.path(), entries.clone(), None)
         .map_err(|e| e.to_string())?;
     let bytes = std::fs::read(tmp.path()).map_err(|e| e.to_string())?;
     cx.host
@@ -1254,12 +1254,12 @@ fn builder_step(
         .map_err(|e| e.to_string())?;
     for (p, e) in paths.iter().zip(&entries) {
         cx.facts.push(match &e.kind {
-            charly_engine::artifact::Kind::Dir => Fact::Dir { path: p.clone() },
-            charly_engine::artifact::Kind::Symlink(t) => Fact::Symlink {
+            charly_files::artifact::Kind::Dir => Fact::Dir { path: p.clone() },
+            charly_files::artifact::Kind::Symlink(t) => Fact::Symlink {
                 path: p.clone(),
                 target: t.clone(),
             },
-            charly_engine::artifact::Kind::File(d) => Fact::File {
+            charly_files::artifact::Kind::File(d) => Fact::File {
                 path: p.clone(),
                 sha256: sha256_hex(d),
                 mode: e.mode & 0o7777,
@@ -1292,19 +1292,19 @@ mod tests {
     fn artifact_is_retargeted() {
         let t = tempfile::tempdir().expect("tmp");
         let p = t.path().join("a.tar");
-        charly_engine::artifact::write_tar(
+        charly_files::artifact::write_tar(
             &p,
             vec![
-                charly_engine::artifact::Entry {
+                charly_files::artifact::Entry {
                     path: "home/user/.npm-global".into(),
-                    kind: charly_engine::artifact::Kind::Dir,
+                    kind: charly_files::artifact::Kind::Dir,
                     mode: 0o755,
                     uid: 1000,
                     gid: 1000,
                 },
-                charly_engine::artifact::Entry {
+                charly_files::artifact::Entry {
                     path: "home/user/.npm-global/x".into(),
-                    kind: charly_engine::artifact::Kind::File(b"x".to_vec()),
+                    kind: charly_files::artifact::Kind::File(b"x".to_vec()),
                     mode: 0o644,
                     uid: 1000,
                     gid: 1000,

@@ -92,12 +92,12 @@ pub(super) fn aur_step(
 ) -> R<()> {
     cx.realize(|r| r.kind == ReverseKind::PackageRemove);
     let tar = arts.builder_tar(&s.candy, &b.builder)?;
-    let entries = charly_engine::artifact::read_tar(&tar, "")
+    let entries = charly_files::artifact::read_tar(&tar, "")
         .map_err(|e| format!("unreadable aur artifact tar: {e}"))?;
     let files: Vec<(String, Vec<u8>)> = entries
         .into_iter()
         .filter_map(|e| match e.kind {
-            charly_engine::artifact::Kind::File(data) => {
+            charly_files::artifact::Kind::File(data) => {
                 let name = e.path.rsplit('/').next().unwrap_or_default().to_string();
                 is_package(&name).then_some((name, data))
             }

@@ -515,7 +515,7 @@ fn write_context(
     dir: &Path,
 ) -> Result<(), ExecError> {
     std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
-    let root = crate::fsroot::Root::open(dir).map_err(io(dir.display()))?;
+    let root = charly_files::fsroot::Root::open(dir).map_err(io(dir.display()))?;
     let prepare = |rel: &str| root.prepare(Path::new(rel)).map_err(io(rel));
     for (rel, src) in &text.dirs {
         crate::generate::copy_dir(src, &prepare(rel)?).map_err(io(src.display()))?;

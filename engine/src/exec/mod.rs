@@ -683,7 +683,7 @@ pub fn materialize(
 /// output root: the layer copies and the root itself (ignore files); once
 /// per command, before its build directories are written.
 pub fn sweep_shared(root: &Path) {
-    if let Ok(froot) = crate::fsroot::Root::create(root) {
+    if let Ok(froot) = charly_files::fsroot::Root::create(root) {
         let _ = froot.sweep_temps(Path::new(naming::LAYERS_DIR), true);
         let _ = froot.sweep_temps(Path::new(""), false);
     }
@@ -693,7 +693,7 @@ pub fn sweep_shared(root: &Path) {
 /// `.build/<box>` (outside the directory, so pruning never meets it).
 fn box_lock_rel(dir: &str) -> Result<PathBuf, ExecError> {
     let rel = Path::new(dir);
-    crate::fsroot::check_rel(rel).map_err(io("build directory"))?;
+    charly_files::fsroot::check_rel(rel).map_err(io("build directory"))?;
     let name = rel.file_name().unwrap_or_default();
     let parent = rel.parent().unwrap_or(Path::new(""));
     Ok(parent.join(".locks").join(name))
@@ -727,7 +727,7 @@ fn materialize_record(
     let meta: ContainerfileMeta = outputs::read_meta(&rec.meta);
     let dir = meta.dir;
     let lock_rel = box_lock_rel(&dir)?;
-    let froot = crate::fsroot::Root::create(root).map_err(io(root.display()))?;
+    let froot = charly_files::fsroot::Root::create(root).map_err(io(root.display()))?;
     let lock = froot
         .lock(&lock_rel, || {
             eprintln!(

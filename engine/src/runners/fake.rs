@@ -182,16 +182,16 @@ impl Runner for FakeRunner {
             if dir.is_empty() {
                 continue;
             }
-            entries.push(crate::artifact::Entry {
+            entries.push(charly_files::artifact::Entry {
                 path: dir.clone(),
-                kind: crate::artifact::Kind::Dir,
+                kind: charly_files::artifact::Kind::Dir,
                 mode: 0o755,
                 uid,
                 gid,
             });
-            entries.push(crate::artifact::Entry {
+            entries.push(charly_files::artifact::Entry {
                 path: format!("{dir}/{FAKE_ARTIFACT_FILE}"),
-                kind: crate::artifact::Kind::File(
+                kind: charly_files::artifact::Kind::File(
                     format!("fake artifact of {} ({})\n", req.node, req.key).into_bytes(),
                 ),
                 mode: 0o644,
@@ -199,7 +199,7 @@ impl Runner for FakeRunner {
                 gid,
             });
         }
-        crate::artifact::write_tar(&req.out, entries, Some(req.owner))
+        charly_files::artifact::write_tar(&req.out, entries, Some(req.owner))
             .map_err(|e| RunError::new(format!("writing the fake artifact: {e}")))
     }
 

@@ -817,7 +817,7 @@ impl Runner for PodmanRunner {
             self.cmd().args(["create", "--name", &ctr, &id, "true"]),
         )?;
         let result = (|| -> Result<(), RunError> {
-            let mut files: Vec<crate::artifact::Entry> = Vec::new();
+            let mut files: Vec<charly_files::artifact::Entry> = Vec::new();
             for src in &req.export {
                 let src = src.trim_end_matches('/');
                 let out = self.run(
@@ -825,11 +825,11 @@ impl Runner for PodmanRunner {
                     self.cmd().arg("cp").arg(format!("{ctr}:{src}")).arg("-"),
                 )?;
                 files.extend(
-                    crate::artifact::read_export(&out.stdout, src)
+                    charly_files::artifact::read_export(&out.stdout, src)
                         .map_err(|e| RunError::new(format!("reading {src}: {e}")))?,
                 );
             }
-            crate::artifact::write_tar(&req.out, files, Some(req.owner))
+            charly_files::artifact::write_tar(&req.out, files, Some(req.owner))
                 .map_err(|e| RunError::new(format!("writing artifact: {e}")))
         })();
         let _ = self.cmd().args(["rm", "-f", &ctr]).output();

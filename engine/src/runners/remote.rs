@@ -574,11 +574,11 @@ impl<'a> RemoteRunner<'a> {
             let tar = std::fs::read(&tar_path)
                 .map_err(|e| bad(format!("export of {src} missing from the outputs: {e}")))?;
             files.extend(
-                crate::artifact::read_export(&tar, src)
+                charly_files::artifact::read_export(&tar, src)
                     .map_err(|e| bad(format!("reading the export of {src}: {e}")))?,
             );
         }
-        crate::artifact::write_tar(&req.out, files, Some(req.owner))
+        charly_files::artifact::write_tar(&req.out, files, Some(req.owner))
             .map_err(|e| bad(format!("writing artifact: {e}")))?;
         Ok(node_of(out))
     }
