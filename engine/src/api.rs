@@ -78,6 +78,14 @@ impl<'a> Engine<'a> {
         self.graph_goals(&[(goal.clone(), boxes.to_vec())])
     }
 
+    /// What `box build` stored for `box_name` (its build graph's keys;
+    /// nothing runs): `self.opts` must match the build that filled the
+    /// store (runner name, arch, `--dev-local-pkg`).
+    pub fn built(&self, box_name: &str) -> Result<crate::built::Built<'a>, EngineError> {
+        let g = self.graph(&Goal::Build, &[box_name.to_string()])?;
+        Ok(crate::built::Built::new(self.store, g, box_name))
+    }
+
     /// One graph for several goals (shared nodes appear once).
     pub fn graph_goals(&self, goals: &[(Goal, Vec<String>)]) -> Result<Graph, EngineError> {
         let mut b = Builder::new(self.project, self.resolution, self.opts.clone())
