@@ -742,17 +742,7 @@ fn build_full(
     let mut progress = a.run.progress_for(&graph, &store, a.dry_run, false);
     if a.explain && !a.dry_run {
         // Explained before the run: afterwards every node is cached.
-        let mut lines = std::collections::HashMap::new();
-        for n in graph.g.node_weights() {
-            if n.kind == charly_engine::key::NodeKind::Source {
-                continue;
-            }
-            let e = engine.explain(&graph, &n.id)?;
-            if e.status != charly_engine::api::Status::Cached {
-                lines.insert(n.id.clone(), e.lines());
-            }
-        }
-        progress = progress.explaining(lines);
+        progress = progress.explaining(why_each_runs(&engine, &graph)?);
     }
     let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
     progress.finish();
@@ -768,24 +758,11 @@ fn build_full(
     }
     // Not a replayed note: it is about this run's work.
     let critical = critical_line(&summary, exec_stats.as_ref()).filter(|_| !a.run.quiet);
-    let mut lines = Vec::new();
-    if a.dry_run {
-        let mut out = std::io::stdout().lock();
-        for n in &summary.nodes {
-            let state = match n.state {
-                State::Cached => "cached",
-                _ => "would run",
-            };
-            let line = format!(
-                "{state:<10} {:<14} {}  {}",
-                n.kind.as_str(),
-                n.key.short(12),
-                n.id
-            );
-            writeln!(out, "{line}")?;
-            lines.push(line);
-        }
-    }
+    let lines = if a.dry_run {
+        print_dry_run(&summary)?
+    } else {
+        Vec::new()
+    };
     if !summary.ok() {
         report_failures(&summary);
         output::note(&summary_line("build", &summary));
@@ -809,25 +786,7 @@ fn build_full(
         let [name] = names.as_slice() else {
             anyhow::bail!("--push writes one box's image; name exactly one box");
         };
-        let version = o
-            .resolution
-            .get(name)
-            .map(|b| b.version.clone())
-            .unwrap_or_default();
-        let (url, tag) = split_push_ref(reference, &version);
-        let remote = charly_cache::Remote::open(charly_cache::RemoteConfig::new(url.clone()))?;
-        let sent = engine.push_image(&graph, name, &remote, &tag)?;
-        // The registry serves the manifest charly assembled, byte for byte.
-        let (_, digest) = engine.image_digests(&graph, name)?;
-        let at = format!("{}:{tag}@{digest}", url.trim_start_matches("oci://"));
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{at}")?;
-        if !a.run.quiet {
-            output::note(&format!(
-                "pushed {name} to {url}:{tag} ({} sent)",
-                charly_cache::human_bytes(sent)
-            ));
-        }
+        let at = push_box(&o, &engine, &graph, name, reference, a.run.quiet)?;
         pushed.insert(name.clone(), at);
     }
     if let Some(file) = &a.metadata_file
@@ -845,49 +804,8 @@ fn build_full(
         if a.dry_run { "dry run" } else { "build" },
         &summary,
     )];
-    {
-        // podman ran with settings charly wrote for this host (runc,
-        // ulimits); without them `podman run` may fail (`error setting
-        // rlimit`), so say how to use them.
-        let conf = store.dir().join("podman").join("containers.conf");
-        // The first box no other requested box is built on.
-        let top = names.iter().find(|n| {
-            !names.iter().any(|m| {
-                o.resolution
-                    .get(m)
-                    .is_some_and(|b| b.base_chain.contains(n))
-            })
-        });
-        if !a.dry_run
-            && a.runner.runner == "podman"
-            && let Some(top) = top
-        {
-            if let Some(img) = in_runner.iter().find(|i| i.box_name == *top) {
-                let storage = a.runner.podman_root.as_ref().map_or(String::new(), |r| {
-                    format!(
-                        " --root {} --runroot {}",
-                        r.join("storage").display(),
-                        r.join("run").display()
-                    )
-                });
-                let env = if std::env::var_os("CONTAINERS_CONF").is_none() && conf.is_file() {
-                    format!("CONTAINERS_CONF={} ", conf.display())
-                } else {
-                    String::new()
-                };
-                // An image that says nothing to run gets a shell.
-                notes.push(format!(
-                    "run it: {env}podman{storage} run --rm -it {}{}",
-                    charly_rules::naming::box_image_ref(&o.resolution, top),
-                    if img.has_command { "" } else { " sh" }
-                ));
-            } else {
-                notes.push(format!(
-                    "{top}'s image is in charly's store, not in podman (it came from a cache): \
-                     `charly box build {top} --load` loads it"
-                ));
-            }
-        }
+    if !a.dry_run && a.runner.runner == "podman" {
+        notes.extend(run_hint(&o, &store, &names, &in_runner, a));
     }
     if !a.run.quiet {
         for (i, n) in notes.iter().enumerate() {
@@ -912,6 +830,123 @@ fn build_full(
         .map(|n| (n.id.clone(), n.key.to_hex()))
         .collect();
     Ok((ExitCode::SUCCESS, Some((outcome, covered))))
+}
+
+/// Why each node that is not cached will run (`--explain`), by id.
+fn why_each_runs(
+    engine: &charly_engine::api::Engine<'_>,
+    graph: &charly_engine::graph::Graph,
+) -> anyhow::Result<std::collections::HashMap<String, Vec<String>>> {
+    let mut lines = std::collections::HashMap::new();
+    for n in graph.g.node_weights() {
+        if n.kind == charly_engine::key::NodeKind::Source {
+            continue;
+        }
+        let e = engine.explain(graph, &n.id)?;
+        if e.status != charly_engine::api::Status::Cached {
+            lines.insert(n.id.clone(), e.lines());
+        }
+    }
+    Ok(lines)
+}
+
+/// `--dry-run`: one line per node, cached or would run (printed, and
+/// returned for the journal).
+fn print_dry_run(summary: &charly_engine::sched::Summary) -> anyhow::Result<Vec<String>> {
+    let mut out = std::io::stdout().lock();
+    let mut lines = Vec::new();
+    for n in &summary.nodes {
+        let state = match n.state {
+            State::Cached => "cached",
+            _ => "would run",
+        };
+        let line = format!(
+            "{state:<10} {:<14} {}  {}",
+            n.kind.as_str(),
+            n.key.short(12),
+            n.id
+        );
+        writeln!(out, "{line}")?;
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+/// `--push`: box `name`'s image to the registry `reference` names; prints
+/// and returns where it is (`host/repo:tag@digest`).
+fn push_box(
+    o: &project::Opened,
+    engine: &charly_engine::api::Engine<'_>,
+    graph: &charly_engine::graph::Graph,
+    name: &str,
+    reference: &str,
+    quiet: bool,
+) -> anyhow::Result<String> {
+    let version = o
+        .resolution
+        .get(name)
+        .map(|b| b.version.clone())
+        .unwrap_or_default();
+    let (url, tag) = split_push_ref(reference, &version);
+    let remote = charly_cache::Remote::open(charly_cache::RemoteConfig::new(url.clone()))?;
+    let sent = engine.push_image(graph, name, &remote, &tag)?;
+    // The registry serves the manifest charly assembled, byte for byte.
+    let (_, digest) = engine.image_digests(graph, name)?;
+    let at = format!("{}:{tag}@{digest}", url.trim_start_matches("oci://"));
+    writeln!(std::io::stdout().lock(), "{at}")?;
+    if !quiet {
+        output::note(&format!(
+            "pushed {name} to {url}:{tag} ({} sent)",
+            charly_cache::human_bytes(sent)
+        ));
+    }
+    Ok(at)
+}
+
+/// How to run the top built box with podman: podman ran with settings
+/// charly wrote for this host (runc, ulimits), without which `podman run`
+/// may fail (`error setting rlimit`); or how to load an image that came
+/// from a cache.
+fn run_hint(
+    o: &project::Opened,
+    store: &charly_cache::Store,
+    names: &[String],
+    in_runner: &[charly_engine::api::NamedImage],
+    a: &BuildArgs,
+) -> Option<String> {
+    let conf = store.dir().join("podman").join("containers.conf");
+    // The first box no other requested box is built on.
+    let top = names.iter().find(|n| {
+        !names.iter().any(|m| {
+            o.resolution
+                .get(m)
+                .is_some_and(|b| b.base_chain.contains(n))
+        })
+    })?;
+    let Some(img) = in_runner.iter().find(|i| i.box_name == *top) else {
+        return Some(format!(
+            "{top}'s image is in charly's store, not in podman (it came from a cache): \
+             `charly box build {top} --load` loads it"
+        ));
+    };
+    let storage = a.runner.podman_root.as_ref().map_or(String::new(), |r| {
+        format!(
+            " --root {} --runroot {}",
+            r.join("storage").display(),
+            r.join("run").display()
+        )
+    });
+    let env = if std::env::var_os("CONTAINERS_CONF").is_none() && conf.is_file() {
+        format!("CONTAINERS_CONF={} ", conf.display())
+    } else {
+        String::new()
+    };
+    // An image that says nothing to run gets a shell.
+    Some(format!(
+        "run it: {env}podman{storage} run --rm -it {}{}",
+        charly_rules::naming::box_image_ref(&o.resolution, top),
+        if img.has_command { "" } else { " sh" }
+    ))
 }
 
 /// `--metadata-file`: what the build made, per box (see [`BuildArgs`]).
