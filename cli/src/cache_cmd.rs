@@ -181,99 +181,9 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
     let store = open_store(cli)?;
     let _notes = StoreNotes(&store);
     match c {
-        CacheCommand::Stats { json } => {
-            let s = store.stats()?;
-            let remote = open_remote(cli)?.map(|r| match r.count_records() {
-                Ok(n) => RemoteSummary {
-                    url: r.url().to_string(),
-                    read_only: r.is_read_only(),
-                    reachable: true,
-                    records: Some(n),
-                    error: None,
-                },
-                Err(e) => RemoteSummary {
-                    url: r.url().to_string(),
-                    read_only: r.is_read_only(),
-                    reachable: false,
-                    records: None,
-                    error: Some(e.to_string()),
-                },
-            });
-            if *json {
-                match &remote {
-                    Some(remote) => output::json(&StatsWithRemote { local: &s, remote })?,
-                    None => output::json(&s)?,
-                }
-            } else {
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "store        {}", store.dir().display())?;
-                writeln!(out, "records      {}", s.records)?;
-                writeln!(
-                    out,
-                    "blobs        {} ({} on disk, {} of content)",
-                    s.blobs,
-                    human(s.compressed_bytes),
-                    human(s.logical_bytes)
-                )?;
-                writeln!(out, "index        {}", human(s.index_bytes))?;
-                writeln!(out, "roots        {}", s.roots)?;
-                writeln!(out, "quarantined  {}", s.quarantined)?;
-                if let Some(r) = &remote {
-                    writeln!(
-                        out,
-                        "remote       {}{}",
-                        r.url,
-                        if r.read_only { " (read-only)" } else { "" }
-                    )?;
-                    match (&r.records, &r.error) {
-                        (Some(n), _) => writeln!(out, "  records    {n}")?,
-                        (None, Some(e)) => writeln!(out, "  unreachable: {e}")?,
-                        (None, None) => {}
-                    }
-                }
-            }
-            if remote.as_ref().is_some_and(|r| !r.reachable) && cli.remote_required {
-                return Ok(ExitCode::from(1));
-            }
-        }
-        CacheCommand::Push { json } => {
-            let remote = need_remote(cli)?;
-            if remote.is_read_only() {
-                anyhow::bail!("--remote-read-only: `cache push` would write to the remote");
-            }
-            let report =
-                remote.push_all(&store, &|_, rec| rec.kind != NodeKind::Source.as_str())?;
-            let stats = remote.stats();
-            if *json {
-                output::json(&serde_json::json!({
-                    "url": remote.url(),
-                    "pushed": report.pushed,
-                    "already_present": report.already_present,
-                    "skipped": report.skipped,
-                    "bytes_up": report.bytes_up,
-                    "failures": report.failures.iter().map(|(k, m)| serde_json::json!({"key": k.to_hex(), "error": m})).collect::<Vec<_>>(),
-                    "errors": stats.errors,
-                }))?;
-            } else {
-                writeln!(
-                    std::io::stdout().lock(),
-                    "{}: pushed {} records ({}), {} already there, {} skipped, {} failed",
-                    remote.url(),
-                    report.pushed,
-                    human(report.bytes_up),
-                    report.already_present,
-                    report.skipped,
-                    report.failures.len()
-                )?;
-                for e in &stats.errors {
-                    output::error(&format!("remote: {e}"));
-                }
-            }
-            if !report.ok() {
-                return Ok(ExitCode::from(1));
-            }
-        }
-        CacheCommand::Pull(a) => return pull(cli, &store, a),
+        CacheCommand::Stats { json } => stats(cli, &store, *json),
+        CacheCommand::Push { json } => push(cli, &store, *json),
+        CacheCommand::Pull(a) => pull(cli, &store, a),
         CacheCommand::Gc {
             max_size: None,
             podman,
@@ -285,91 +195,203 @@ pub fn run(cli: &Cli, c: &CacheCommand) -> anyhow::Result<ExitCode> {
                 output::json(&serde_json::json!({"podman_names_removed": names,
                     "podman_images_removed": images}))?;
             }
+            Ok(ExitCode::SUCCESS)
         }
         CacheCommand::Gc {
             max_size: Some(max_size),
             podman,
             podman_root,
             json,
-        } => {
-            let (names, images) = prune_podman(&store, *podman, podman_root)?;
-            let r = store.gc(*max_size)?;
-            // The stat cache forgets files that no longer exist.
-            if let Err(e) = stat_cache(&store).prune() {
-                output::note(&format!("could not prune the stat cache: {e}"));
-            }
-            if *json {
-                let mut v = serde_json::to_value(&r)?;
-                if *podman && let Some(m) = v.as_object_mut() {
-                    m.insert("podman_names_removed".into(), names.into());
-                    m.insert("podman_images_removed".into(), images.into());
-                }
-                output::json(&v)?;
-            } else {
-                writeln!(
-                    std::io::stdout().lock(),
-                    "{} -> {}: removed {} records, {} blobs, {} stale files{}",
-                    human(r.bytes_before),
-                    human(r.bytes_after),
-                    r.records_removed,
-                    r.blobs_removed,
-                    r.stale_files_removed,
-                    if r.within_budget {
-                        ""
-                    } else {
-                        " (roots alone exceed the budget)"
-                    }
-                )?;
+        } => gc(&store, *max_size, *podman, podman_root, *json),
+        CacheCommand::Verify { repair, json } => verify(&store, *repair, *json),
+    }
+}
+
+/// `cache stats`: the store's, and the remote's when one is configured.
+fn stats(cli: &Cli, store: &Store, json: bool) -> anyhow::Result<ExitCode> {
+    let s = store.stats()?;
+    let remote = open_remote(cli)?.map(|r| match r.count_records() {
+        Ok(n) => RemoteSummary {
+            url: r.url().to_string(),
+            read_only: r.is_read_only(),
+            reachable: true,
+            records: Some(n),
+            error: None,
+        },
+        Err(e) => RemoteSummary {
+            url: r.url().to_string(),
+            read_only: r.is_read_only(),
+            reachable: false,
+            records: None,
+            error: Some(e.to_string()),
+        },
+    });
+    if json {
+        match &remote {
+            Some(remote) => output::json(&StatsWithRemote { local: &s, remote })?,
+            None => output::json(&s)?,
+        }
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "store        {}", store.dir().display())?;
+        writeln!(out, "records      {}", s.records)?;
+        writeln!(
+            out,
+            "blobs        {} ({} on disk, {} of content)",
+            s.blobs,
+            human(s.compressed_bytes),
+            human(s.logical_bytes)
+        )?;
+        writeln!(out, "index        {}", human(s.index_bytes))?;
+        writeln!(out, "roots        {}", s.roots)?;
+        writeln!(out, "quarantined  {}", s.quarantined)?;
+        if let Some(r) = &remote {
+            writeln!(
+                out,
+                "remote       {}{}",
+                r.url,
+                if r.read_only { " (read-only)" } else { "" }
+            )?;
+            match (&r.records, &r.error) {
+                (Some(n), _) => writeln!(out, "  records    {n}")?,
+                (None, Some(e)) => writeln!(out, "  unreachable: {e}")?,
+                (None, None) => {}
             }
         }
-        CacheCommand::Verify { repair, json } => {
-            let r = store.verify(*repair)?;
-            if *json {
-                output::json(&r)?;
+    }
+    if remote.as_ref().is_some_and(|r| !r.reachable) && cli.remote_required {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cache push`: every record but sources' to the remote.
+fn push(cli: &Cli, store: &Store, json: bool) -> anyhow::Result<ExitCode> {
+    let remote = need_remote(cli)?;
+    if remote.is_read_only() {
+        anyhow::bail!("--remote-read-only: `cache push` would write to the remote");
+    }
+    let report = remote.push_all(store, &|_, rec| rec.kind != NodeKind::Source.as_str())?;
+    let stats = remote.stats();
+    if json {
+        output::json(&serde_json::json!({
+            "url": remote.url(),
+            "pushed": report.pushed,
+            "already_present": report.already_present,
+            "skipped": report.skipped,
+            "bytes_up": report.bytes_up,
+            "failures": report.failures.iter().map(|(k, m)| serde_json::json!({"key": k.to_hex(), "error": m})).collect::<Vec<_>>(),
+            "errors": stats.errors,
+        }))?;
+    } else {
+        writeln!(
+            std::io::stdout().lock(),
+            "{}: pushed {} records ({}), {} already there, {} skipped, {} failed",
+            remote.url(),
+            report.pushed,
+            human(report.bytes_up),
+            report.already_present,
+            report.skipped,
+            report.failures.len()
+        )?;
+        for e in &stats.errors {
+            output::error(&format!("remote: {e}"));
+        }
+    }
+    if !report.ok() {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cache gc --max-size`: the store within its budget (and podman's names
+/// and images with `--podman`).
+fn gc(
+    store: &Store,
+    max_size: u64,
+    podman: bool,
+    podman_root: &Option<std::path::PathBuf>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (names, images) = prune_podman(store, podman, podman_root)?;
+    let r = store.gc(max_size)?;
+    // The stat cache forgets files that no longer exist.
+    if let Err(e) = stat_cache(store).prune() {
+        output::note(&format!("could not prune the stat cache: {e}"));
+    }
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        if podman && let Some(m) = v.as_object_mut() {
+            m.insert("podman_names_removed".into(), names.into());
+            m.insert("podman_images_removed".into(), images.into());
+        }
+        output::json(&v)?;
+    } else {
+        writeln!(
+            std::io::stdout().lock(),
+            "{} -> {}: removed {} records, {} blobs, {} stale files{}",
+            human(r.bytes_before),
+            human(r.bytes_after),
+            r.records_removed,
+            r.blobs_removed,
+            r.stale_files_removed,
+            if r.within_budget {
+                ""
             } else {
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "{} blobs checked", r.blobs_checked)?;
-                if !r.stale_temp_files.is_empty() {
-                    // Not a problem: leftovers of killed processes, removed.
-                    writeln!(
-                        out,
-                        "removed {} temp files of dead processes",
-                        r.stale_temp_files.len()
-                    )?;
-                }
-                for (what, n) in [
-                    ("corrupt blobs", r.corrupt_blobs.len()),
-                    ("blobs missing from the index", r.unindexed_blobs.len()),
-                    ("indexed blobs missing on disk", r.missing_blobs.len()),
-                    ("records with missing blobs", r.broken_records.len()),
-                    ("stray files", r.stray_files.len()),
-                    ("index problems", r.index_problems.len()),
-                ] {
-                    if n > 0 {
-                        writeln!(
-                            out,
-                            "{what}: {n}{}",
-                            if r.repaired { " (repaired)" } else { "" }
-                        )?;
-                    }
-                }
+                " (roots alone exceed the budget)"
+            }
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cache verify [--repair]`.
+fn verify(store: &Store, repair: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let r = store.verify(repair)?;
+    if json {
+        output::json(&r)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{} blobs checked", r.blobs_checked)?;
+        if !r.stale_temp_files.is_empty() {
+            // Not a problem: leftovers of killed processes, removed.
+            writeln!(
+                out,
+                "removed {} temp files of dead processes",
+                r.stale_temp_files.len()
+            )?;
+        }
+        for (what, n) in [
+            ("corrupt blobs", r.corrupt_blobs.len()),
+            ("blobs missing from the index", r.unindexed_blobs.len()),
+            ("indexed blobs missing on disk", r.missing_blobs.len()),
+            ("records with missing blobs", r.broken_records.len()),
+            ("stray files", r.stray_files.len()),
+            ("index problems", r.index_problems.len()),
+        ] {
+            if n > 0 {
                 writeln!(
                     out,
-                    "{}",
-                    if r.is_clean() {
-                        "clean"
-                    } else if r.repaired {
-                        "repaired"
-                    } else {
-                        "problems found"
-                    }
+                    "{what}: {n}{}",
+                    if r.repaired { " (repaired)" } else { "" }
                 )?;
             }
-            if !r.is_clean() && !*repair {
-                output::error("the store has problems; run `charly cache verify --repair`");
-                return Ok(ExitCode::from(1));
-            }
         }
+        writeln!(
+            out,
+            "{}",
+            if r.is_clean() {
+                "clean"
+            } else if r.repaired {
+                "repaired"
+            } else {
+                "problems found"
+            }
+        )?;
+    }
+    if !r.is_clean() && !repair {
+        output::error("the store has problems; run `charly cache verify --repair`");
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
