@@ -88,6 +88,9 @@ fn sorted_entries(dir: &std::path::Path) -> Result<Vec<fs::DirEntry>, CacheError
     Ok(entries)
 }
 
+/// A blob's compressed and logical sizes.
+type Sizes = (u64, u64);
+
 impl Store {
     /// Checks the whole store; with `repair`, fixes what it finds (see the
     /// module docs). A second run after a repair reports clean unless
@@ -117,6 +120,28 @@ impl Store {
         }
 
         // 1. Every blob file: name, content.
+        let (good, corrupt) = self.verify_blob_files(&mut report, repair)?;
+        if !index_usable {
+            return Ok(report);
+        }
+        // 2. The blob index against the files.
+        let unindexed = self.verify_blob_index(&mut report, &good, &corrupt)?;
+        // 3. Records against the blobs.
+        let broken_hex = self.verify_records(&mut report, &good, &corrupt)?;
+        if repair {
+            self.repair_index(&unindexed, &report.missing_blobs, &broken_hex)?;
+        }
+        Ok(report)
+    }
+
+    /// Every blob file: its name, its content; corrupt ones quarantined
+    /// with `repair`, stray files reported (and removed with it). The
+    /// verified blobs' sizes, and the corrupt ones.
+    fn verify_blob_files(
+        &self,
+        report: &mut VerifyReport,
+        repair: bool,
+    ) -> Result<(HashMap<BlobDigest, Sizes>, HashSet<BlobDigest>), CacheError> {
         let mut good: HashMap<BlobDigest, (u64, u64)> = HashMap::new();
         let mut corrupt: HashSet<BlobDigest> = HashSet::new();
         for shard in sorted_entries(&self.blobs_dir)? {
@@ -128,7 +153,7 @@ impl Store {
                     .bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
             if !is_shard {
-                self.stray(&mut report, shard_path, repair)?;
+                self.stray(report, shard_path, repair)?;
                 continue;
             }
             for entry in sorted_entries(&shard_path)? {
@@ -139,7 +164,7 @@ impl Store {
                     .ok()
                     .filter(|d| d.to_hex() == name && name.starts_with(&shard_name));
                 let Some(d) = digest else {
-                    self.stray(&mut report, path, repair)?;
+                    self.stray(report, path, repair)?;
                     continue;
                 };
                 let file = match fs::File::open(&path) {
@@ -167,12 +192,17 @@ impl Store {
                 }
             }
         }
+        Ok((good, corrupt))
+    }
 
-        if !index_usable {
-            return Ok(report);
-        }
-
-        // 2. The blob index against the files.
+    /// The blob index against the verified files: blobs it lacks (returned
+    /// with their sizes, to index) and indexed blobs missing on disk.
+    fn verify_blob_index(
+        &self,
+        report: &mut VerifyReport,
+        good: &HashMap<BlobDigest, Sizes>,
+        corrupt: &HashSet<BlobDigest>,
+    ) -> Result<Vec<(BlobDigest, Sizes)>, CacheError> {
         let indexed: HashMap<BlobDigest, (u64, u64)> = self.with_conn(|c| {
             let mut st = c.prepare("SELECT digest, csize, lsize FROM blobs")?;
             let rows = st.query_map([], |r| {
@@ -203,8 +233,17 @@ impl Store {
             .collect();
         missing.sort_unstable();
         report.missing_blobs = missing;
+        Ok(unindexed)
+    }
 
-        // 3. Records against the blobs.
+    /// Records against the blobs: those whose outputs are not all intact
+    /// (returned by key, to delete), and how many blobs no record uses.
+    fn verify_records(
+        &self,
+        report: &mut VerifyReport,
+        good: &HashMap<BlobDigest, Sizes>,
+        corrupt: &HashSet<BlobDigest>,
+    ) -> Result<Vec<String>, CacheError> {
         let records: Vec<(String, String)> = self.with_conn(|c| {
             let mut st = c.prepare("SELECT key, outputs FROM records ORDER BY key")?;
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -233,48 +272,55 @@ impl Store {
             }
         }
         report.orphan_blobs = good.keys().filter(|d| !referenced.contains(d)).count() as u64;
+        Ok(broken_hex)
+    }
 
-        if repair {
-            let now = to_sql_int(self.now());
-            let missing = &report.missing_blobs;
-            self.with_conn(|c| {
-                let tx = self.begin_write(c)?;
-                for (d, (csize, lsize)) in &unindexed {
-                    tx.execute(
-                        "INSERT INTO blobs (digest, csize, lsize, last_access)
-                         VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (digest) DO UPDATE SET
-                             csize = excluded.csize, lsize = excluded.lsize",
-                        params![d.to_hex(), to_sql_int(*csize), to_sql_int(*lsize), now],
-                    )?;
+    /// Repairs the index: indexes `unindexed` blobs, drops rows of blobs
+    /// `missing` on disk and records in `broken` — each re-checked under
+    /// the write lock, so nothing a concurrent writer just installed goes.
+    fn repair_index(
+        &self,
+        unindexed: &[(BlobDigest, Sizes)],
+        missing: &[BlobDigest],
+        broken: &[String],
+    ) -> Result<(), CacheError> {
+        let now = to_sql_int(self.now());
+        self.with_conn(|c| {
+            let tx = self.begin_write(c)?;
+            for (d, (csize, lsize)) in unindexed {
+                tx.execute(
+                    "INSERT INTO blobs (digest, csize, lsize, last_access)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (digest) DO UPDATE SET
+                         csize = excluded.csize, lsize = excluded.lsize",
+                    params![d.to_hex(), to_sql_int(*csize), to_sql_int(*lsize), now],
+                )?;
+            }
+            for d in missing {
+                // Re-checked under the write lock: never drop the row of
+                // a blob that a concurrent writer just installed.
+                if !self.has_blob(d) {
+                    tx.execute("DELETE FROM blobs WHERE digest = ?1", [d.to_hex()])?;
                 }
-                for d in missing {
-                    // Re-checked under the write lock: never drop the row of
-                    // a blob that a concurrent writer just installed.
-                    if !self.has_blob(d) {
-                        tx.execute("DELETE FROM blobs WHERE digest = ?1", [d.to_hex()])?;
-                    }
+            }
+            for hex in broken {
+                // Re-checked too: a writer may have replaced the record.
+                let outputs: Option<String> = tx
+                    .query_row("SELECT outputs FROM records WHERE key = ?1", [hex], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                let now_intact = outputs
+                    .and_then(|o| serde_json::from_str::<BTreeMap<String, Output>>(&o).ok())
+                    .is_some_and(|outs| outs.values().all(|o| self.has_blob(&o.digest)));
+                if !now_intact {
+                    delete_record(&tx, hex)?;
                 }
-                for hex in &broken_hex {
-                    // Re-checked too: a writer may have replaced the record.
-                    let outputs: Option<String> = tx
-                        .query_row("SELECT outputs FROM records WHERE key = ?1", [hex], |r| {
-                            r.get(0)
-                        })
-                        .optional()?;
-                    let now_intact = outputs
-                        .and_then(|o| serde_json::from_str::<BTreeMap<String, Output>>(&o).ok())
-                        .is_some_and(|outs| outs.values().all(|o| self.has_blob(&o.digest)));
-                    if !now_intact {
-                        delete_record(&tx, hex)?;
-                    }
-                }
-                tx.commit()?;
-                Ok(())
-            })?;
-        }
-
-        Ok(report)
+            }
+            tx.commit()?;
+            Ok(())
+        })?;
+        Ok(())
     }
 
     fn stray(
