@@ -570,15 +570,7 @@ struct Owner<'a> {
 impl Owner<'_> {
     /// Attributes of a path made with `mode`, as root or as the user.
     fn attrs(&self, mode: u32, privileged: bool) -> FileAttrs {
-        FileAttrs {
-            mode,
-            owner: Some(if privileged {
-                (0, 0)
-            } else {
-                (self.user.uid, self.user.gid)
-            }),
-            privileged,
-        }
+        self.user.attrs(mode, privileged)
     }
 
     /// The directories a step makes on the way (each recorded first);

@@ -95,6 +95,22 @@ pub struct TargetUser {
     pub shell: String,
 }
 
+impl TargetUser {
+    /// Attributes of a path made with `mode`: root's when `privileged`,
+    /// else this user's.
+    pub(crate) fn attrs(&self, mode: u32, privileged: bool) -> FileAttrs {
+        FileAttrs {
+            mode,
+            owner: Some(if privileged {
+                (0, 0)
+            } else {
+                (self.uid, self.gid)
+            }),
+            privileged,
+        }
+    }
+}
+
 /// Called with a step's seq each time that step changed the target (its
 /// intent is already in the ledger): an observer of the walk's progress
 /// inside a step. Crash tests block there and kill the process.
@@ -547,15 +563,7 @@ impl StepCx<'_> {
     }
 
     fn attrs(&self, mode: u32, privileged: bool) -> FileAttrs {
-        FileAttrs {
-            mode,
-            owner: Some(if privileged {
-                (0, 0)
-            } else {
-                (self.user.uid, self.user.gid)
-            }),
-            privileged,
-        }
+        self.user.attrs(mode, privileged)
     }
 
     /// Creates missing directories down to `dir` (each recorded first).
