@@ -448,6 +448,35 @@ mod tests {
         assert_eq!(range(), (read_at, s.now()));
     }
 
+    /// A blob read again within the resolution writes nothing (a cached
+    /// rebuild a second later must leave the index's files as they were:
+    /// a replay of `box build` checks them); after it, the read counts.
+    #[test]
+    fn blob_reads_within_the_resolution_write_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let s = store_with_clock(tmp.path());
+        let d = s.put_blob(b"manifest").expect("put");
+        let blob_access = || -> u64 {
+            s.with_conn(|c| {
+                Ok(c.query_row(
+                    "SELECT last_access FROM blobs WHERE digest = ?1",
+                    [d.to_hex()],
+                    |r| Ok(from_sql_int(r.get(0)?)),
+                )?)
+            })
+            .expect("query")
+        };
+        let written = blob_access();
+        advance(&s, 1);
+        assert!(s.get_blob(&d).expect("get").is_some());
+        s.flush().expect("flush");
+        assert_eq!(blob_access(), written, "a read a second later wrote");
+        advance(&s, ACCESS_RESOLUTION_SECS);
+        assert!(s.get_blob(&d).expect("get").is_some());
+        s.flush().expect("flush");
+        assert_eq!(blob_access(), s.now());
+    }
+
     #[test]
     fn gc_drops_access_rows_whose_record_is_gone() {
         let tmp = tempfile::tempdir().expect("tempdir");

@@ -1082,13 +1082,16 @@ impl Store {
                 for (k, t) in records {
                     st.execute(params![k.to_hex(), to_sql_int(*t), resolution])?;
                 }
+                // Blobs alike: a blob read again within the resolution
+                // leaves its row (and the index's files) as they were.
                 let mut st = tx.prepare_cached(
-                    "UPDATE blobs SET last_access = MAX(last_access, ?2) WHERE digest = ?1",
+                    "UPDATE blobs SET last_access = ?2
+                     WHERE digest = ?1 AND last_access <= ?2 - ?3",
                 )?;
                 let mut blobs: Vec<_> = pending.blobs.iter().collect();
                 blobs.sort_unstable();
                 for (d, t) in blobs {
-                    st.execute(params![d.to_hex(), to_sql_int(*t)])?;
+                    st.execute(params![d.to_hex(), to_sql_int(*t), resolution])?;
                 }
             }
             tx.commit()?;

@@ -186,6 +186,17 @@ impl<'a> Engine<'a> {
     /// an older, longer chain are dropped.
     fn root_images(&self, graph: &Graph, s: &Summary) {
         let old = self.store.roots().unwrap_or_default();
+        let had: std::collections::HashMap<&str, &charly_cache::NodeKey> =
+            old.iter().map(|(n, k)| (n.as_str(), k)).collect();
+        // A root that already names the key is left alone: a build that
+        // found everything cached writes nothing to the index (a write of
+        // the same row would still change the index's files, which a
+        // replay of the build checks).
+        let set_root = |name: String, key: &charly_cache::NodeKey| {
+            if had.get(name.as_str()) != Some(&key) {
+                let _ = self.store.set_root(&name, key);
+            }
+        };
         for i in &graph.goals {
             let n = &graph.g[*i];
             let NodeId::Image { box_name } = &n.nid else {
@@ -197,7 +208,7 @@ impl<'a> Engine<'a> {
             if !built {
                 continue;
             }
-            let _ = self.store.set_root(&format!("box:{box_name}"), &n.key);
+            set_root(format!("box:{box_name}"), &n.key);
             let chain: Vec<_> = graph
                 .image_parts(*i)
                 .into_iter()
@@ -205,7 +216,7 @@ impl<'a> Engine<'a> {
                 .collect();
             let prefix = format!("box:{box_name}#");
             for (k, key) in chain.iter().enumerate() {
-                let _ = self.store.set_root(&format!("{prefix}{k}"), key);
+                set_root(format!("{prefix}{k}"), key);
             }
             for (name, _) in &old {
                 let stale = name
