@@ -355,10 +355,12 @@ impl CmdOutput {
 }
 
 /// A host's login, found once, and the sudo password given for it (kept
-/// when the host forgets the account, e.g. across a reconnect).
+/// when the host forgets the account, e.g. across a reconnect). The
+/// password lives here only: the account is kept without it and
+/// [`Host::login`] puts it in.
 #[derive(Clone, Debug, Default)]
 pub struct KeptLogin {
-    found: Option<Login>,
+    found: Option<(String, u32)>,
     sudo_password: Option<Secret>,
 }
 
@@ -366,6 +368,15 @@ impl KeptLogin {
     /// Forgets the account (found again on next use); keeps the password.
     pub fn forget(&mut self) {
         self.found = None;
+    }
+
+    /// The kept account with the password, if the account was found.
+    fn get(&self) -> Option<Login> {
+        self.found.as_ref().map(|(name, uid)| Login {
+            name: name.clone(),
+            uid: *uid,
+            sudo_password: self.sudo_password.clone(),
+        })
     }
 }
 
@@ -383,23 +394,22 @@ pub trait Host {
     fn find_login(&mut self) -> Result<Login, HostError>;
     /// The account the session runs as, with its sudo password.
     fn login(&mut self) -> Result<Login, HostError> {
-        if let Some(l) = &self.kept_login().found {
-            return Ok(l.clone());
+        if let Some(l) = self.kept_login().get() {
+            return Ok(l);
         }
-        let mut l = self.find_login()?;
+        let Login { name, uid, .. } = self.find_login()?;
         let kept = self.kept_login();
-        l.sudo_password = kept.sudo_password.clone();
-        kept.found = Some(l.clone());
-        Ok(l)
+        kept.found = Some((name.clone(), uid));
+        Ok(Login {
+            name,
+            uid,
+            sudo_password: kept.sudo_password.clone(),
+        })
     }
     /// Gives the login's sudo password for privileged commands (None:
     /// `sudo -n`, which fails when sudo wants one).
     fn set_sudo_password(&mut self, pw: Option<Secret>) -> Result<(), HostError> {
-        let kept = self.kept_login();
-        if let Some(l) = &mut kept.found {
-            l.sudo_password = pw.clone();
-        }
-        kept.sudo_password = pw;
+        self.kept_login().sudo_password = pw;
         Ok(())
     }
     /// Runs a command (see [`Cmd::argv_for`]). A nonzero exit is an `Ok`
