@@ -540,10 +540,7 @@ impl<'a> Engine<'a> {
 /// whose images contain each layer, base and image.
 fn describe_layers(graph: &Graph, s: &mut Summary) {
     let boxes = graph.boxes_by_part();
-    for r in &mut s.nodes {
-        let Some(i) = graph.find(&r.id) else {
-            continue;
-        };
+    for (r, &i) in s.nodes.iter_mut().zip(&s.index) {
         if let Some(b) = boxes.get(&i) {
             r.boxes = b.clone();
         }

@@ -46,6 +46,11 @@ pub struct Totals {
 pub struct Summary {
     /// Every node, in topological order.
     pub nodes: Vec<NodeReport>,
+    /// Each node's index in the graph that ran, beside `nodes` (empty for
+    /// a run the journal answered): what links a report to its node
+    /// without going through its text id.
+    #[serde(skip)]
+    pub index: Vec<NodeIndex>,
     /// Counts.
     pub totals: Totals,
     /// What the remote cache did (when there is one).
@@ -72,18 +77,19 @@ pub struct Critical {
 }
 
 impl Critical {
-    /// The longest chain through `graph` by the durations in `nodes` (by
-    /// id), `order` being the graph's topological order; `None` when
-    /// nothing ran.
-    pub fn of(graph: &Graph, order: &[NodeIndex], nodes: &[NodeReport]) -> Option<Critical> {
-        let by_id: std::collections::HashMap<&str, &NodeReport> =
-            nodes.iter().map(|n| (n.id.as_str(), n)).collect();
-        let cost = |i: NodeIndex| -> u64 {
-            by_id
-                .get(graph.g[i].id.as_str())
-                .filter(|r| matches!(r.state, State::Ran | State::Failed))
-                .map_or(0, |r| r.duration_us)
-        };
+    /// The longest chain through `graph` by the durations of the nodes
+    /// that ran in `s` (a summary of a run of `graph`), `order` being the
+    /// graph's topological order; `None` when nothing ran.
+    pub fn of(graph: &Graph, order: &[NodeIndex], s: &Summary) -> Option<Critical> {
+        let mut costs = vec![0u64; petgraph::visit::NodeIndexable::node_bound(&graph.g)];
+        for (r, i) in s.nodes.iter().zip(&s.index) {
+            if matches!(r.state, State::Ran | State::Failed)
+                && let Some(c) = costs.get_mut(i.index())
+            {
+                *c = r.duration_us;
+            }
+        }
+        let cost = |i: NodeIndex| -> u64 { costs.get(i.index()).copied().unwrap_or(0) };
         let work_us: u64 = order.iter().map(|&i| cost(i)).sum();
         if work_us == 0 {
             return None;
@@ -149,6 +155,7 @@ impl Summary {
                 ..Totals::default()
             },
             nodes,
+            index: Vec::new(),
             remote: None,
             critical: None,
         }
@@ -398,7 +405,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
         );
     }
     let mut summary = summarize(reports, t0.elapsed());
-    summary.critical = Critical::of(graph, &order, &summary.nodes);
+    summary.critical = Critical::of(graph, &order, &summary);
     summary
 }
 
@@ -406,6 +413,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
 /// that the summary's list is this one's storage (at 38,000 nodes a map of
 /// reports beside the list it became was the run's memory peak).
 struct Reports {
+    /// The run's order.
+    order: Vec<NodeIndex>,
     /// A node's place in the order, by node index.
     place: Vec<u32>,
     /// The reports, in order.
@@ -419,6 +428,7 @@ impl Reports {
             place[i.index()] = k as u32;
         }
         Reports {
+            order: order.to_vec(),
             place,
             at: std::iter::repeat_with(|| None).take(order.len()).collect(),
         }
@@ -475,6 +485,13 @@ fn summarize(reports: Reports, wall: Duration) -> Summary {
             State::WouldRun => t.would_run += 1,
         }
     }
+    let index: Vec<NodeIndex> = reports
+        .order
+        .iter()
+        .zip(&reports.at)
+        .filter(|(_, r)| r.is_some())
+        .map(|(i, _)| *i)
+        .collect();
     // Collected in place: the list reuses the reports' storage (`flatten`
     // does not collect in place; `filter_map` does).
     #[allow(clippy::filter_map_identity)]
@@ -483,6 +500,7 @@ fn summarize(reports: Reports, wall: Duration) -> Summary {
     t.wall_ms = wall.as_millis() as u64;
     Summary {
         nodes,
+        index,
         totals: t,
         remote: None,
         critical: None,
@@ -523,6 +541,7 @@ mod tests {
         let s = summarize(r, Duration::ZERO);
         let ids: Vec<&str> = s.nodes.iter().map(|n| n.id.as_str()).collect();
         assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(s.index, order);
         assert_eq!(
             (
                 s.totals.nodes,
@@ -571,7 +590,14 @@ mod tests {
             ran(d, 1),
         ];
         let order = [a, b, c, cached, d];
-        let got = Critical::of(&g, &order, &nodes).expect("something ran");
+        let summary = |nodes: Vec<NodeReport>| Summary {
+            nodes,
+            index: order.to_vec(),
+            totals: Totals::default(),
+            remote: None,
+            critical: None,
+        };
+        let got = Critical::of(&g, &order, &summary(nodes)).expect("something ran");
         assert_eq!(got.path, ["image:a", "image:c", "image:d"]);
         assert_eq!((got.path_ms, got.work_ms), (31, 36));
         // Nothing ran: no critical path.
@@ -579,6 +605,6 @@ mod tests {
             .iter()
             .map(|&i| report(&g.g[i].id, State::Cached))
             .collect();
-        assert_eq!(Critical::of(&g, &order, &idle), None);
+        assert_eq!(Critical::of(&g, &order, &summary(idle)), None);
     }
 }
