@@ -94,12 +94,7 @@ fn run_once(root: &Path, store_dir: &Path, goal: &Goal, dry_run: bool) -> Summar
         store: &store,
         runner: Some(&runner),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: runner.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(runner.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -286,12 +281,7 @@ fn phase_benches(c: &mut Criterion, f: &Fixture, huge: bool) {
         store: &store,
         runner: Some(&runner),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: runner.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(runner.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -333,12 +323,7 @@ fn key_benches(c: &mut Criterion) {
         store: &store,
         runner: Some(&runner),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: runner.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(runner.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };

@@ -65,12 +65,7 @@ fn generate_on_the_corpus_is_pinned() {
         store: &store,
         runner: None,
         hasher: &hasher,
-        opts: GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: "podman".into(),
-            arch: "amd64".into(),
-        },
+        opts: GraphOptions::new("podman", "amd64"),
         remote: None,
         own_inputs: None,
     };

@@ -27,12 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 fn opts() -> GraphOptions {
-    GraphOptions {
-        plugins: Default::default(),
-        dev_local_pkg: false,
-        runner: "podman".into(),
-        arch: "amd64".into(),
-    }
+    GraphOptions::new("podman", "amd64")
 }
 
 /// The graph of every resolvable box of the project at `root`: images and

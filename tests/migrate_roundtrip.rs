@@ -95,12 +95,7 @@ fn generate(p: &Project, r: &Resolution, root: &Path, store: &Path) -> BTreeMap<
         store: &store,
         runner: None,
         hasher: &hasher,
-        opts: GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: "podman".into(),
-            arch: "amd64".into(),
-        },
+        opts: GraphOptions::new("podman", "amd64"),
         remote: None,
         own_inputs: None,
     };

@@ -60,12 +60,7 @@ fn run(
         store,
         runner: Some(runner),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: runner.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(runner.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -86,12 +81,7 @@ fn top_layer(w: &World, store: &Store, b: &str) -> String {
         store,
         runner: Some(&f),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: f.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(f.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -560,12 +550,7 @@ fn generate_on_the_corpus_is_incremental_and_explainable() {
         store: &store,
         runner: Some(&fake),
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: fake.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(fake.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -653,12 +638,7 @@ fn explain_now(w: &World, store: &Store, id: &str) -> charly_engine::api::Explan
         store,
         runner: None,
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: fake.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new(fake.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -1015,12 +995,7 @@ fn nodes_are_found_by_id_or_by_a_name_only_they_have() {
         store: &store,
         runner: None,
         hasher: &hasher,
-        opts: charly_engine::graph::GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: "fake".into(),
-            arch: "amd64".into(),
-        },
+        opts: charly_engine::graph::GraphOptions::new("fake", "amd64"),
         remote: None,
         own_inputs: None,
     };

@@ -106,12 +106,7 @@ fn build(w: &World, boxes: &[String], f: &FakeRunner) -> (Graph, Summary) {
         store: &w.store,
         runner: Some(f),
         hasher: &w.hasher,
-        opts: GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: f.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: GraphOptions::new(f.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -328,12 +323,7 @@ fn explain_names_what_changed_in_a_layer() {
         store: &w.store,
         runner: Some(&f),
         hasher: &w.hasher,
-        opts: GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: f.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: GraphOptions::new(f.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };
@@ -420,12 +410,7 @@ fn a_layer_that_does_not_render_fails_when_it_runs_not_when_keyed() {
         store: &store,
         runner: Some(&f),
         hasher: &hasher,
-        opts: GraphOptions {
-            plugins: Default::default(),
-            dev_local_pkg: false,
-            runner: f.name().to_string(),
-            arch: "amd64".into(),
-        },
+        opts: GraphOptions::new(f.name(), "amd64"),
         remote: None,
         own_inputs: None,
     };

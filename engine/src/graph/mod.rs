@@ -50,6 +50,19 @@ pub struct GraphOptions {
     pub plugins: PluginBuild,
 }
 
+impl GraphOptions {
+    /// The options of a build by the runner named `runner` for `arch`,
+    /// with no plugins and no `--dev-local-pkg`.
+    pub fn new(runner: impl Into<String>, arch: impl Into<String>) -> GraphOptions {
+        GraphOptions {
+            dev_local_pkg: false,
+            runner: runner.into(),
+            arch: arch.into(),
+            plugins: PluginBuild::default(),
+        }
+    }
+}
+
 /// The build leg of plugins, as the plugin host answered it before the
 /// graph is built (cached by the host, so a no-op starts no plugin).
 #[derive(Clone, Debug, Default)]
