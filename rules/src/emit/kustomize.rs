@@ -1,6 +1,6 @@
 //! The k8s target: a box as a kustomize tree (a base and one overlay).
 //!
-//! The tree renders the same [`RuntimeSpec`](super::quadlet::RuntimeSpec) as the quadlet emitter — the
+//! The tree renders the same [`RuntimeSpec`] as the quadlet emitter — the
 //! box's image, user, ports, volumes, environment, init entrypoint and
 //! merged security — as Kubernetes objects:
 //!
