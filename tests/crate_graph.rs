@@ -1,6 +1,6 @@
 //! The crate graph is the one docs/architecture.md and the README draw:
 //! `cli → deploy → engine → {rules, cache, files}`, `deploy → files`,
-//! `engine → reapi → cache`,
+//! `engine → reapi → cache`, `{rules, reapi} → text`,
 //! `{engine, deploy} → plugin` (plugin depends on no charly crate)
 //! (each crate may use what lies below it, never what lies above), and no
 //! test-only crate or `testing` feature on a normal (product) edge.
@@ -13,16 +13,19 @@ use std::process::Command;
 /// Each workspace crate and the workspace crates it may depend on
 /// (normal dependencies).
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("charly-rules", &[]),
+    // Shell quoting and Go templates: a leaf under the model and reapi.
+    ("charly-text", &[]),
+    ("charly-rules", &["charly-text"]),
     ("charly-cache", &[]),
     // Leaf file utilities (fsroot, artifact) shared by engine and deploy.
     ("charly-files", &[]),
-    ("charly-reapi", &["charly-cache"]),
+    ("charly-reapi", &["charly-cache", "charly-text"]),
     // The plugin host: below engine and deploy, above nothing of charly's.
     ("charly-plugin", &[]),
     (
         "charly-engine",
         &[
+            "charly-text",
             "charly-rules",
             "charly-cache",
             "charly-files",
@@ -33,6 +36,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "charly-deploy",
         &[
+            "charly-text",
             "charly-engine",
             "charly-rules",
             "charly-cache",
@@ -44,6 +48,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "charly-cli",
         &[
+            "charly-text",
             "charly-deploy",
             "charly-engine",
             "charly-rules",

@@ -64,6 +64,7 @@ use std::path::Path;
 
 use crate::client::RemoteError;
 use crate::tree::InputRoot;
+use charly_text::sh::quote_min_pct;
 
 /// How a stage action gets its builder image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,20 +242,6 @@ fn literal(word: &str) -> Option<String> {
     Some(out)
 }
 
-/// Quotes a string for sh: bare when it is only ASCII letters, digits and
-/// `-_./=:,+@%`, else single-quoted. The same bytes as
-/// `charly_rules::sh::quote_min_pct`; charly-reapi sits below charly-rules,
-/// so it keeps this copy, and a test in charly-engine pins the two together.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 fn flag<'a>(word: &'a str, name: &str) -> Option<&'a str> {
     word.strip_prefix("--")?
         .strip_prefix(name)?
@@ -394,7 +381,7 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
                     // Legacy `ENV name value…`: the rest of the line.
                     let name = words[0].clone();
                     let value = rest[name.len()..].trim();
-                    pairs.push((name, shell_quote(value)));
+                    pairs.push((name, quote_min_pct(value)));
                 } else {
                     for w in &words {
                         let (k, v) = w
@@ -417,7 +404,8 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
                 if rest.is_empty() {
                     return Err(at("WORKDIR without a path".into()));
                 }
-                let word = literal(rest).map_or_else(|| format!("\"{rest}\""), |l| shell_quote(&l));
+                let word =
+                    literal(rest).map_or_else(|| format!("\"{rest}\""), |l| quote_min_pct(&l));
                 steps.push(Step::Workdir(word));
             }
             "USER" => {
@@ -485,7 +473,7 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
                     let argv: Vec<String> = serde_json::from_str(rest)
                         .map_err(|e| at(format!("RUN in JSON form: {e}")))?;
                     argv.iter()
-                        .map(|a| shell_quote(a))
+                        .map(|a| quote_min_pct(a))
                         .collect::<Vec<_>>()
                         .join(" ")
                 } else {
@@ -654,7 +642,7 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
             Step::User(u) => {
                 s.push_str(&format!(
                     "charly_ids {q} >/dev/null\ncharly_user={q}\n",
-                    q = shell_quote(u)
+                    q = quote_min_pct(u)
                 ));
             }
             Step::Copy { chown, srcs, dst } => {
@@ -664,11 +652,11 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                     let from = format!(
                         "\"$charly_root\"/{}/{}",
                         CTX_DIR,
-                        shell_quote(src.trim_end_matches('/'))
+                        quote_min_pct(src.trim_end_matches('/'))
                     );
                     let base = Path::new(src.trim_end_matches('/'))
                         .file_name()
-                        .map(|b| shell_quote(&b.to_string_lossy()))
+                        .map(|b| quote_min_pct(&b.to_string_lossy()))
                         .unwrap_or_default();
                     s.push_str(&format!(
                         "if [ -d {from} ]; then\n    mkdir -p \"$charly_dst\" && cp -R {from}/. \"$charly_dst\"/\n    charly_new=\"$charly_dst\"\n    charly_modes {from} \"$charly_dst\"\n"
@@ -685,7 +673,7 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                     if let Some(owner) = chown {
                         s.push_str(&format!(
                             "charly_chown {} \"$charly_new\"\n",
-                            shell_quote(owner)
+                            quote_min_pct(owner)
                         ));
                     }
                 }
@@ -695,7 +683,7 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                 for m in mounts {
                     match m {
                         Mount::Cache(m) => {
-                            let t = shell_quote(&m.target);
+                            let t = quote_min_pct(&m.target);
                             s.push_str(&format!("charly_mount_begin {t}\n"));
                             if m.uid.is_some() || m.gid.is_some() {
                                 let owner = format!(
@@ -703,25 +691,28 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                                     m.uid.as_deref().unwrap_or("0"),
                                     m.gid.as_deref().unwrap_or("0")
                                 );
-                                s.push_str(&format!("charly_chown {} {t}\n", shell_quote(&owner)));
+                                s.push_str(&format!(
+                                    "charly_chown {} {t}\n",
+                                    quote_min_pct(&owner)
+                                ));
                             }
                             if let Some(mode) = &m.mode {
-                                s.push_str(&format!("chmod {} {t}\n", shell_quote(mode)));
+                                s.push_str(&format!("chmod {} {t}\n", quote_min_pct(mode)));
                             }
                         }
                         Mount::Bind { src, target } => {
                             s.push_str(&format!(
                                 "charly_mount_begin {t} \"$charly_root\"/{CTX_DIR}/{src}\n",
-                                t = shell_quote(target),
-                                src = shell_quote(src)
+                                t = quote_min_pct(target),
+                                src = quote_min_pct(src)
                             ));
                         }
                     }
                 }
-                s.push_str(&format!("charly_run {}\n", shell_quote(command)));
+                s.push_str(&format!("charly_run {}\n", quote_min_pct(command)));
                 for m in mounts.iter().rev() {
                     let (Mount::Cache(CacheMount { target, .. }) | Mount::Bind { target, .. }) = m;
-                    s.push_str(&format!("charly_mount_end {}\n", shell_quote(target)));
+                    s.push_str(&format!("charly_mount_end {}\n", quote_min_pct(target)));
                 }
             }
         }
@@ -741,8 +732,8 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
             .unwrap_or_else(|| ".".into());
         s.push_str(&format!(
             "tar -C {} -cf \"$charly_root\"/{OUT_DIR}/{i}.tar {}\n",
-            shell_quote(&parent),
-            shell_quote(&base)
+            quote_min_pct(&parent),
+            quote_min_pct(&base)
         ));
     }
     s

@@ -29,6 +29,11 @@
 //!    what command-running nodes are asked to do, [`origin`] from a failed
 //!    build step back to the candy file.
 
+// Shell quoting and Go templates live in a leaf crate (the REAPI stage
+// interpreter below this crate quotes the same way); they are this
+// crate's modules too, where the crates above have always found them.
+pub use charly_text::{sh, template};
+
 pub mod cascade;
 pub mod check;
 pub mod diag;
@@ -45,10 +50,8 @@ pub mod plan;
 pub mod plugin;
 pub mod project;
 pub mod resolve;
-pub mod sh;
 pub mod source;
 pub mod spec;
-pub mod template;
 pub mod validate;
 pub mod walk;
 pub mod yaml;

@@ -5,7 +5,7 @@
 
 /// Every crate directory of the workspace.
 pub const CRATES: &[&str] = &[
-    "rules", "cache", "reapi", "engine", "deploy", "plugin", "cli", "testutil",
+    "rules", "text", "cache", "files", "reapi", "engine", "deploy", "plugin", "cli", "testutil",
 ];
 
 /// A top-level module `lib.rs` declares (`mod x;`, `pub mod x;`,

@@ -524,10 +524,8 @@ impl<'a> RemoteRunner<'a> {
         // A stage starts where its image leaves off: its WORKDIR and USER.
         let mut steps = Vec::new();
         if !cfg.workdir.is_empty() {
-            // A step word as reapi's parser writes it, so reapi's quoter (the
-            // bytes of `charly_rules::sh::quote_min_pct`, pinned by a test
-            // below; charly-reapi cannot use charly-rules).
-            steps.push(Step::Workdir(stage::shell_quote(&cfg.workdir)));
+            // A step word as reapi's parser writes it (quoted the same way).
+            steps.push(Step::Workdir(charly_rules::sh::quote_min_pct(&cfg.workdir)));
         }
         if !cfg.user.is_empty() {
             steps.push(Step::User(cfg.user.clone()));
@@ -753,42 +751,5 @@ impl Runner for RemoteRunner<'_> {
 
     fn export_image(&self, image: &str, rootfs: Option<&Path>) -> Result<ImageConfig, RunError> {
         self.local.export_image(image, rootfs)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// charly-reapi sits below charly-rules, so its stage interpreter keeps
-    /// its own quoter (its parser writes step words with it, and
-    /// [`super::RemoteRunner::stage_action`] writes a WORKDIR step with it).
-    /// It must stay the rules' minimal quoter with `%` bare, byte for byte.
-    #[test]
-    fn reapi_quoter_is_rules_quote_min_pct() {
-        for w in [
-            "",
-            "plain",
-            "/home/user",
-            "a-1.0_x/y:z=w@v+t,s",
-            "a b",
-            "it's",
-            "'",
-            "$HOME",
-            "$(id)",
-            "`id`",
-            "a\nb",
-            "back\\slash",
-            "100%",
-            "*.deb",
-            "~",
-            "héllo",
-            "日本",
-            "a\u{2028}b",
-        ] {
-            assert_eq!(
-                charly_reapi::stage::shell_quote(w),
-                charly_rules::sh::quote_min_pct(w),
-                "{w:?}"
-            );
-        }
     }
 }

@@ -14,7 +14,7 @@
 //! * `cacheMountsAuto LIST UID GID` — each entry owned or shared by its
 //!   `owned` flag, joined, no trailing separator.
 //!   List entries are objects `{dst, sharing, owned}` (the serde form of
-//!   [`crate::model::vocab::CacheMount`]; `Dst`/`Sharing`/`Owned` are also
+//!   `charly_rules::model::vocab::CacheMount`; `Dst`/`Sharing`/`Owned` are also
 //!   read). A missing or null list is empty.
 //! * `quote V` — Go `%q` (`"a\"b"`). `default V FB` — the text of `FB` when
 //!   `V` prints as `""` or `<nil>` (missing, null or empty), else the text of

@@ -23,8 +23,7 @@
 //! * [`quote_min_pct`] also leaves `%` bare: the set of Go's
 //!   `shellescape.Quote`, which the original's `shquote` template function
 //!   uses. The template function produces these bytes, and so does the REAPI
-//!   stage interpreter, which sits below this crate and keeps a copy (pinned
-//!   equal by a test in the engine).
+//!   stage interpreter (`charly-reapi`), which is why this is a leaf crate.
 //!
 //! All three quote the same way when they quote: the word between single
 //! quotes, each `'` written as `'\''`. Nothing else needs escaping inside
