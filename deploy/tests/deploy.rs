@@ -2737,3 +2737,655 @@ fn aur_on_a_host_without_pacman_is_refused_naming_its_package_format() {
         "{step:?}"
     );
 }
+
+// ---------------------------------------------------------------------
+// Undo and sharing, rule by rule: each test below pins one rule of
+// `walk::undo` that mutation testing (docs/mutants.md) found unguarded.
+
+/// Applies `plan` as bundle `name` of ledger user `owner` on the one
+/// in-memory target `mem`.
+fn apply_owned(
+    host: &mut MemHost,
+    ledger: &mut Ledger,
+    name: &str,
+    owner: &str,
+    plan: &InstallPlan,
+    arts: &dyn Artifacts,
+) {
+    let user = walk::resolve_user(host, "user", plan).expect("user");
+    let mut rec = record(name, plan, &user, "mem");
+    rec.user = owner.into();
+    walk::apply(
+        host,
+        Some(ledger),
+        &rec,
+        plan,
+        &user,
+        arts,
+        &Options {
+            target: Target::Vm,
+            gates: Gates::all(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+}
+
+/// The example's plan with `steps` only, as bundle `name`'s.
+fn plan_with(name: &str, steps: Vec<charly_rules::plan::InstallStep>) -> InstallPlan {
+    let (p, r) = open();
+    let mut pl = plan(&p, &r);
+    pl.deploy_id = format!("id-{name}");
+    pl.steps = steps;
+    pl
+}
+
+/// The example's builder-artifact step (its npm prefix).
+fn artifact_step() -> charly_rules::plan::InstallStep {
+    let (p, r) = open();
+    plan(&p, &r)
+        .steps
+        .into_iter()
+        .find(|s| matches!(s.data, charly_rules::plan::StepData::Builder(_)))
+        .expect("the example has a builder step")
+}
+
+/// Builder artifacts holding `.npm-global` and, below it, `files` (each
+/// with its own name as content).
+struct TreeArts(&'static [&'static str]);
+
+impl Artifacts for TreeArts {
+    fn builder_tar(&self, _candy: &str, _builder: &str) -> Result<Vec<u8>, String> {
+        use charly_files::artifact::{Entry, Kind, write_tar};
+        let mut entries = vec![Entry {
+            path: "home/user/.npm-global".into(),
+            kind: Kind::Dir,
+            mode: 0o755,
+            uid: 1000,
+            gid: 1000,
+        }];
+        for f in self.0 {
+            entries.push(Entry {
+                path: format!("home/user/.npm-global/{f}"),
+                kind: Kind::File(f.as_bytes().to_vec()),
+                mode: 0o644,
+                uid: 1000,
+                gid: 1000,
+            });
+        }
+        let t = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        write_tar(t.path(), entries, None).map_err(|e| e.to_string())?;
+        std::fs::read(t.path()).map_err(|e| e.to_string())
+    }
+    fn local_packages(&self, candy: &str, format: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        TestArts.local_packages(candy, format)
+    }
+    fn candy_file(&self, candy: &str, rel: &str) -> Result<Vec<u8>, String> {
+        TestArts.candy_file(candy, rel)
+    }
+}
+
+fn del_reports(host: &mut MemHost, ledger: &mut Ledger, name: &str) -> Vec<walk::UndoReport> {
+    walk::remove(host, ledger, name, false, &mut |_| {}).expect("del")
+}
+
+/// The report of the undo operation whose description contains `what`.
+fn report_of<'a>(reports: &'a [walk::UndoReport], what: &str) -> &'a walk::UndoReport {
+    reports
+        .iter()
+        .find(|r| r.what.contains(what))
+        .unwrap_or_else(|| panic!("no report on {what}: {reports:#?}"))
+}
+
+/// A dry-run `del` changes nothing, not even the bundle's state in the
+/// ledger or a dead writer's temp file; the real `del` sweeps that temp
+/// file away with the bundle.
+#[test]
+fn a_dry_run_del_changes_nothing_and_the_real_one_sweeps_dead_temps() {
+    let t = tempfile::tempdir().expect("tmp");
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n",
+    )
+    .expect("passwd");
+    std::fs::create_dir_all(root.join("home/user")).expect("home");
+    let mut host = LocalHost::rooted(&root).expect("rooted");
+    let pl = plan_with("a", vec![write_step("a", "/etc/app.conf", "x\n")]);
+    let user = walk::resolve_user(&mut host, "user", &pl).expect("user");
+    let mut ledger = Ledger::open(&t.path().join("ledger")).expect("ledger");
+    let rec = record("a", &pl, &user, "local:test");
+    walk::apply(
+        &mut host,
+        Some(&mut ledger),
+        &rec,
+        &pl,
+        &user,
+        &TestArts,
+        &Options {
+            gates: Gates::all(),
+            ..Options::default()
+        },
+        &mut |_| {},
+    )
+    .expect("apply");
+    // What a killed charly leaves: a temp file nobody holds the lock of.
+    let temp = root.join("etc/.charly-tmp-999999-1");
+    std::fs::write(&temp, "half").expect("temp");
+    let state = |l: &Ledger| l.get("a").expect("get").map(|r| r.state);
+    let applied = state(&ledger);
+    let before = tree(&root);
+
+    let dry = walk::remove(&mut host, &mut ledger, "a", true, &mut |_| {}).expect("dry run");
+    assert!(
+        !dry.is_empty() && dry.iter().all(|r| r.state == "would-run"),
+        "{dry:#?}"
+    );
+    assert_eq!(tree(&root), before, "a dry run touches nothing");
+    assert_eq!(state(&ledger), applied, "nor the ledger");
+
+    del_reports_local(&mut host, &mut ledger, "a");
+    assert!(!temp.exists(), "the real del sweeps the dead temp");
+    assert!(!root.join("etc/app.conf").exists());
+    assert_eq!(state(&ledger), None);
+}
+
+fn del_reports_local(host: &mut LocalHost, ledger: &mut Ledger, name: &str) {
+    walk::remove(host, ledger, name, false, &mut |_| {}).expect("del");
+}
+
+/// `del --forget` reports every undo operation as not carried out,
+/// changes nothing on the target and forgets the bundle.
+#[test]
+fn forget_reports_every_undo_as_not_done_and_touches_nothing() {
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let pl = plan_with(
+        "a",
+        vec![
+            write_step("a", "/opt/app/a.conf", "a\n"),
+            write_step("a", "/etc/a.conf", "a\n"),
+        ],
+    );
+    apply_owned(&mut host, &mut ledger, "a", "user", &pl, &TestArts);
+    let undos: Vec<String> = ledger
+        .steps("a")
+        .expect("steps")
+        .iter()
+        .rev()
+        .flat_map(|s| s.undo.iter().rev().map(|(_, u)| u.describe()))
+        .collect();
+    assert!(undos.len() >= 3, "two files and a directory: {undos:#?}");
+    let files = host.files.clone();
+    let log = host.log.len();
+    let reports = walk::forget(&mut ledger, "a", &mut |_| {}).expect("forget");
+    let got: Vec<(&str, &str)> = reports
+        .iter()
+        .map(|r| (r.what.as_str(), r.state.as_str()))
+        .collect();
+    let want: Vec<(&str, &str)> = undos.iter().map(|u| (u.as_str(), "not-undone")).collect();
+    assert_eq!(got, want);
+    assert_eq!((&host.files, host.log.len()), (&files, log));
+    assert!(ledger.get("a").expect("get").is_none());
+}
+
+/// A directory bundle a made and bundle b put a file in stays with a's
+/// `del` and goes with the `del` after which no bundle needs it, even
+/// while unrelated bundles remain; when someone else's file is in it at
+/// the end, the last `del` on the target says so and forgets it.
+#[test]
+fn a_shared_directory_goes_with_the_last_del_that_needs_it() {
+    for user_file in [false, true] {
+        let mut host = MemHost::new("user", 1000);
+        let original = host.files.clone();
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        for (name, path) in [
+            ("a", "/opt/app/a.conf"),
+            ("b", "/opt/app/b.conf"),
+            ("c", "/etc/c.conf"),
+        ] {
+            let pl = plan_with(name, vec![write_step(name, path, "x\n")]);
+            apply_owned(&mut host, &mut ledger, name, "user", &pl, &TestArts);
+        }
+        let pending = |l: &Ledger| -> Vec<String> {
+            l.pending_dirs(&Connection::Local { root: None }.host_key())
+                .expect("pending")
+                .into_iter()
+                .map(|d| d.0)
+                .collect()
+        };
+        let ctx = format!("user_file={user_file}");
+        let ra = del_reports(&mut host, &mut ledger, "a");
+        let r = report_of(&ra, "/opt/app (if empty)");
+        assert_eq!(r.state, "kept", "b still needs it: {ctx} {ra:#?}");
+        assert!(host.files.contains_key("/opt/app"), "{ctx}");
+        assert_eq!(pending(&ledger), ["/opt/app", "/opt"], "{ctx}");
+        if user_file {
+            host.files.insert(
+                "/opt/app/mine".into(),
+                MemNode::File {
+                    data: b"mine".to_vec(),
+                    mode: 0o644,
+                    uid: 0,
+                    gid: 0,
+                },
+            );
+        }
+        let rb = del_reports(&mut host, &mut ledger, "b");
+        let about_dir: Vec<_> = rb
+            .iter()
+            .filter(|r| r.what.contains("(if empty)"))
+            .collect();
+        if user_file {
+            // Not empty, and c is still there: left for the last del.
+            assert!(about_dir.is_empty(), "{ctx} {rb:#?}");
+            assert_eq!(pending(&ledger), ["/opt/app", "/opt"], "{ctx}");
+        } else {
+            assert_eq!(
+                about_dir
+                    .iter()
+                    .map(|r| r.state.as_str())
+                    .collect::<Vec<_>>(),
+                ["done", "done"],
+                "{ctx} {rb:#?}"
+            );
+            assert!(pending(&ledger).is_empty(), "{ctx}");
+            assert!(!host.files.contains_key("/opt"), "{ctx}");
+        }
+        let rc = del_reports(&mut host, &mut ledger, "c");
+        assert!(pending(&ledger).is_empty(), "{ctx}");
+        if user_file {
+            let r = report_of(&rc, "/opt/app (if empty)");
+            assert_eq!(r.state, "warning", "{ctx}");
+            assert!(
+                r.note.as_deref().is_some_and(|n| n.contains("not empty")),
+                "{ctx} {r:#?}"
+            );
+            for p in ["/opt/app/mine", "/opt/app", "/opt"] {
+                host.files.remove(p);
+            }
+        } else {
+            assert!(rc.iter().all(|r| !r.what.contains("/opt")), "{rc:#?}");
+        }
+        assert_eq!(host.files, original, "{ctx}");
+    }
+}
+
+/// A package only the deleted bundle asked for goes with it, even when
+/// other bundles (with other packages) stay on the target.
+#[test]
+fn a_package_no_other_bundle_needs_goes_while_others_stay() {
+    use charly_rules::plan::{InstallStep, Phase, SystemPackages};
+    let pkg = |name: &str, p: &str| {
+        plan_with(
+            name,
+            vec![InstallStep::system_packages(
+                name,
+                Phase::Install,
+                SystemPackages {
+                    format: "deb".into(),
+                    packages: vec![p.into()],
+                    ..Default::default()
+                },
+                None,
+            )],
+        )
+    };
+    let mut host = MemHost::new("user", 1000);
+    // Each install queries before and after: jq comes with a, curl with b.
+    host.once("dpkg-query", Response::ok(""));
+    host.once("dpkg-query", Response::ok("jq\tii \n"));
+    host.once("dpkg-query", Response::ok("jq\tii \n"));
+    host.on("dpkg-query", Response::ok("jq\tii \ncurl\tii \n"));
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    apply_owned(
+        &mut host,
+        &mut ledger,
+        "a",
+        "user",
+        &pkg("a", "jq"),
+        &TestArts,
+    );
+    apply_owned(
+        &mut host,
+        &mut ledger,
+        "b",
+        "user",
+        &pkg("b", "curl"),
+        &TestArts,
+    );
+    let purged = del_runs(&mut host, &mut ledger, "a", "apt-get purge");
+    assert!(
+        purged.len() == 1 && purged[0].contains("jq") && !purged[0].contains("curl"),
+        "{purged:#?}"
+    );
+}
+
+/// Every undo of a bundle is carried out cleanly when nothing on the
+/// target is shared, alone there or beside another bundle: each report is
+/// `done`, with no note (a directory removed is not "not empty"; an
+/// artifact's entries all went).
+#[test]
+fn a_plain_del_reports_every_undo_done() {
+    for beside in [false, true] {
+        let mut host = MemHost::new("user", 1000);
+        let original = host.files.clone();
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let pl = plan_with(
+            "a",
+            vec![write_step("a", "/opt/app/a.conf", "a\n"), artifact_step()],
+        );
+        apply_owned(
+            &mut host,
+            &mut ledger,
+            "a",
+            "user",
+            &pl,
+            &TreeArts(&["x", "y"]),
+        );
+        if beside {
+            // b shares nothing with a, but is there.
+            let pb = plan_with("b", vec![write_step("b", "/etc/b.conf", "b\n")]);
+            apply_owned(&mut host, &mut ledger, "b", "user", &pb, &TestArts);
+        }
+        let reports = del_reports(&mut host, &mut ledger, "a");
+        assert!(
+            reports.iter().any(|r| r.what.contains(".npm-global"))
+                && reports
+                    .iter()
+                    .any(|r| r.what.contains("/opt/app (if empty)")),
+            "{reports:#?}"
+        );
+        for r in &reports {
+            assert_eq!(
+                (r.state.as_str(), &r.note),
+                ("done", &None),
+                "beside={beside}: {r:#?}"
+            );
+        }
+        if beside {
+            let rb = del_reports(&mut host, &mut ledger, "b");
+            assert!(rb.iter().all(|r| r.state == "done"), "{rb:#?}");
+        }
+        assert_eq!(host.files, original, "beside={beside}");
+    }
+}
+
+/// An artifact directory holding a file that is not the artifact's: the
+/// `del` removes every entry it can and says how many directories it left.
+#[test]
+fn an_artifact_directory_with_a_foreign_file_is_left_and_said() {
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let pl = plan_with("a", vec![artifact_step()]);
+    apply_owned(&mut host, &mut ledger, "a", "user", &pl, &TreeArts(&["x"]));
+    host.files.insert(
+        "/home/user/.npm-global/mine".into(),
+        MemNode::File {
+            data: b"mine".to_vec(),
+            mode: 0o644,
+            uid: 1000,
+            gid: 1000,
+        },
+    );
+    let reports = del_reports(&mut host, &mut ledger, "a");
+    let r = report_of(&reports, ".npm-global");
+    assert_eq!(r.state, "warning", "{reports:#?}");
+    assert_eq!(
+        r.note.as_deref(),
+        Some("1 directories were not empty; left in place")
+    );
+    assert!(!host.files.contains_key("/home/user/.npm-global/x"));
+    assert!(host.files.contains_key("/home/user/.npm-global/mine"));
+}
+
+/// A managed block added to a file that already ended in a newline: the
+/// `del` gives the file back byte for byte (its newline included).
+#[test]
+fn a_managed_block_in_a_file_ending_in_a_newline_is_taken_out_exactly() {
+    use charly_rules::plan::{InstallStep, ShellSnippetStep};
+    let mut host = MemHost::new("user", 1000);
+    host.files.insert(
+        "/home/user/.bashrc".into(),
+        MemNode::File {
+            data: b"alias ll='ls -l'\n".to_vec(),
+            mode: 0o644,
+            uid: 1000,
+            gid: 1000,
+        },
+    );
+    let original = host.files.clone();
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let pl = plan_with(
+        "a",
+        vec![InstallStep::shell_snippet(
+            "a",
+            ShellSnippetStep {
+                shell: "bash".into(),
+                text: "export A=1\n".into(),
+                destination: "/home/user/.bashrc".into(),
+                managed_block: true,
+                path: Vec::new(),
+            },
+        )],
+    );
+    apply_owned(&mut host, &mut ledger, "a", "user", &pl, &TestArts);
+    assert_ne!(host.files, original);
+    del_reports(&mut host, &mut ledger, "a");
+    assert_eq!(host.files, original);
+}
+
+/// Two bundles set capabilities on one file, one after the other: the
+/// first one's `del` leaves them (the second still needs its own), and
+/// the second's puts back what was there before either.
+#[test]
+fn capabilities_two_bundles_set_are_put_back_by_the_last_del() {
+    let step = |candy: &str, caps: &str| {
+        charly_rules::plan::InstallStep::op(
+            candy,
+            charly_rules::plan::OpStep {
+                verb: "setcap".into(),
+                value: "/usr/bin/ping".into(),
+                user: "root".into(),
+                caps: Some(caps.into()),
+                ..charly_rules::plan::OpStep::default()
+            },
+        )
+    };
+    let mut host = MemHost::new("user", 1000);
+    host.once("getcap /usr/bin/ping", Response::ok(""));
+    host.on(
+        "getcap /usr/bin/ping",
+        Response::ok("/usr/bin/ping cap_net_raw=ep\n"),
+    );
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let pa = plan_with("a", vec![step("a", "cap_net_raw+ep")]);
+    let pb = plan_with("b", vec![step("b", "cap_net_admin+ep")]);
+    apply_owned(&mut host, &mut ledger, "a", "user", &pa, &TestArts);
+    apply_owned(&mut host, &mut ledger, "b", "user", &pb, &TestArts);
+    let first = del_runs(&mut host, &mut ledger, "a", "setcap");
+    assert!(first.is_empty(), "b's capabilities stay: {first:#?}");
+    let last = del_runs(&mut host, &mut ledger, "b", "setcap");
+    assert!(
+        last.len() == 1 && last[0].contains("setcap -r /usr/bin/ping"),
+        "{last:#?}"
+    );
+}
+
+/// A system service two bundles of two different users enable is one
+/// thing on the target: the first `del` leaves it enabled.
+#[test]
+fn a_system_service_is_shared_across_the_bundles_users() {
+    use charly_rules::plan::{InstallStep, Scope, ServicePackagedStep};
+    let svc = |name: &str| {
+        plan_with(
+            name,
+            vec![InstallStep::service_packaged(
+                name,
+                Scope::System,
+                ServicePackagedStep {
+                    name: "sshd".into(),
+                    unit: "sshd.service".into(),
+                    enable: true,
+                },
+            )],
+        )
+    };
+    let mut host = MemHost::new("user", 1000);
+    host.once("is-enabled", Response::ok("disabled inactive\n"));
+    host.on("is-enabled", Response::ok("enabled active\n"));
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    apply_owned(&mut host, &mut ledger, "a", "user", &svc("a"), &TestArts);
+    apply_owned(&mut host, &mut ledger, "b", "other", &svc("b"), &TestArts);
+    let first = del_runs(&mut host, &mut ledger, "a", "systemctl disable");
+    assert!(first.is_empty(), "b still needs sshd: {first:#?}");
+    let last = del_runs(&mut host, &mut ledger, "b", "systemctl disable");
+    assert_eq!(last.len(), 1, "{last:#?}");
+}
+
+/// A file two bundles' artifacts both extract, and a file of the first
+/// artifact the second bundle writes over: whatever the `del` order, each
+/// `del` leaves what the other still has, and the last leaves the target
+/// as it was (no entry of either artifact behind).
+#[test]
+fn artifacts_and_files_over_them_go_with_the_last_del() {
+    let cases: [(&str, &[&str], &[&str], bool); 3] = [
+        // b writes over a's artifact file x.
+        ("write over", &["x", "y"], &[], true),
+        // b's artifact holds a's x and one more.
+        ("two artifacts", &["x"], &["x", "z"], false),
+        // a writes x, then b's artifact holds it and one more.
+        ("artifact over a file", &[], &["x", "z"], false),
+    ];
+    for (what, a_files, b_files, b_writes) in cases {
+        for b_first in [false, true] {
+            let mut host = MemHost::new("user", 1000);
+            let original = host.files.clone();
+            let t = tempfile::tempdir().expect("tmp");
+            let mut ledger = Ledger::open(t.path()).expect("ledger");
+            let x = "/home/user/.npm-global/x";
+            let pa = if a_files.is_empty() {
+                plan_with("a", vec![write_step("a", x, "from a\n")])
+            } else {
+                plan_with("a", vec![artifact_step()])
+            };
+            let pb = if b_writes {
+                plan_with("b", vec![write_step("b", x, "from b\n")])
+            } else {
+                plan_with("b", vec![artifact_step()])
+            };
+            apply_owned(&mut host, &mut ledger, "a", "user", &pa, &TreeArts(a_files));
+            apply_owned(&mut host, &mut ledger, "b", "user", &pb, &TreeArts(b_files));
+            let after_b = host.files.clone();
+            let (first, second) = if b_first { ("b", "a") } else { ("a", "b") };
+            let ctx = format!("{what}, {first} first");
+            let r1 = del_reports(&mut host, &mut ledger, first);
+            if !b_first {
+                // b's content of everything is still there.
+                for (p, n) in &after_b {
+                    if p.starts_with("/home/user/.npm-global/")
+                        && b_files.iter().any(|f| p.ends_with(f))
+                        || (b_writes && p == x)
+                    {
+                        assert_eq!(host.files.get(p), Some(n), "{ctx}: {p} {r1:#?}");
+                    }
+                }
+            }
+            let r2 = del_reports(&mut host, &mut ledger, second);
+            assert_eq!(host.files, original, "{ctx}: {r1:#?} {r2:#?}");
+        }
+    }
+}
+
+/// A path the user removed after bundle a made it, which bundle b's
+/// artifact then brought back with other entries: b's removal of its
+/// artifact covers it, so a's `del` leaves it (and everything b brought)
+/// to b, and b's `del` takes all of it out.
+#[test]
+fn a_path_another_bundles_artifact_brought_back_is_left_to_that_artifact() {
+    let dir = "/home/user/.npm-global";
+    let x = "/home/user/.npm-global/x";
+    // a writes x alone, or extracts an artifact holding x and y.
+    for a_artifact in [false, true] {
+        let mut host = MemHost::new("user", 1000);
+        let original = host.files.clone();
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let pa = if a_artifact {
+            plan_with("a", vec![artifact_step()])
+        } else {
+            plan_with("a", vec![write_step("a", x, "from a\n")])
+        };
+        apply_owned(
+            &mut host,
+            &mut ledger,
+            "a",
+            "user",
+            &pa,
+            &TreeArts(&["x", "y"]),
+        );
+        // The user removes x; b's artifact brings it back with z.
+        host.files.remove(x);
+        let pb = plan_with("b", vec![artifact_step()]);
+        apply_owned(
+            &mut host,
+            &mut ledger,
+            "b",
+            "user",
+            &pb,
+            &TreeArts(&["x", "z"]),
+        );
+        let of_b: BTreeMap<String, MemNode> = host
+            .files
+            .iter()
+            .filter(|(p, _)| p.as_str() == x || p.ends_with("/z"))
+            .map(|(p, n)| (p.clone(), n.clone()))
+            .collect();
+        assert_eq!(of_b.len(), 2);
+        let ctx = format!("a_artifact={a_artifact}");
+        let ra = del_reports(&mut host, &mut ledger, "a");
+        for (p, n) in &of_b {
+            assert_eq!(host.files.get(p), Some(n), "{ctx}: {p} {ra:#?}");
+        }
+        assert!(host.files.contains_key(dir), "{ctx}");
+        let rb = del_reports(&mut host, &mut ledger, "b");
+        assert_eq!(host.files, original, "{ctx}: {ra:#?} {rb:#?}");
+    }
+}
+
+/// Deleting the bundle that changed a file last puts back what the bundle
+/// before it left, and says whose that is.
+#[test]
+fn putting_back_another_bundles_content_says_whose_it_is() {
+    let mut host = MemHost::new("user", 1000);
+    let t = tempfile::tempdir().expect("tmp");
+    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    for name in ["a", "b"] {
+        let pl = plan_with(name, vec![write_step(name, "/etc/shared.conf", name)]);
+        apply_owned(&mut host, &mut ledger, name, "user", &pl, &TestArts);
+    }
+    let rb = del_reports(&mut host, &mut ledger, "b");
+    let r = report_of(&rb, "/etc/shared.conf");
+    assert_eq!(
+        (r.state.as_str(), r.note.as_deref()),
+        (
+            "warning",
+            Some("bundle a changed it before this one: what it left is put back")
+        ),
+        "{rb:#?}"
+    );
+    assert!(matches!(
+        host.files.get("/etc/shared.conf"),
+        Some(MemNode::File { data, .. }) if data == b"a"
+    ));
+}
