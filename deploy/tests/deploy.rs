@@ -3183,6 +3183,65 @@ fn a_managed_block_in_a_file_ending_in_a_newline_is_taken_out_exactly() {
     assert_eq!(host.files, original);
 }
 
+/// The file a managed block goes into stays when it holds anything but
+/// the block, or was there before (even empty): only a file charly made
+/// for the block and nothing else went into goes with it.
+#[test]
+fn a_managed_blocks_file_goes_only_when_charly_made_it_and_it_is_empty() {
+    use charly_rules::plan::{InstallStep, ShellSnippetStep};
+    let rc = "/home/user/.bashrc";
+    let text = |h: &MemHost| match h.files.get(rc) {
+        Some(MemNode::File { data, .. }) => Some(String::from_utf8_lossy(data).into_owned()),
+        _ => None,
+    };
+    // (what was there, what the user adds after the deploy, what is left)
+    let cases: [(Option<&str>, &str, Option<&str>); 3] = [
+        (None, "", None),
+        (Some(""), "", Some("")),
+        (None, "alias x=1\n", Some("alias x=1\n")),
+    ];
+    for (before, added, left) in cases {
+        let mut host = MemHost::new("user", 1000);
+        if let Some(b) = before {
+            host.files.insert(
+                rc.into(),
+                MemNode::File {
+                    data: b.as_bytes().to_vec(),
+                    mode: 0o644,
+                    uid: 1000,
+                    gid: 1000,
+                },
+            );
+        }
+        let t = tempfile::tempdir().expect("tmp");
+        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let pl = plan_with(
+            "a",
+            vec![InstallStep::shell_snippet(
+                "a",
+                ShellSnippetStep {
+                    shell: "bash".into(),
+                    text: "export A=1\n".into(),
+                    destination: rc.into(),
+                    managed_block: true,
+                    path: Vec::new(),
+                },
+            )],
+        );
+        apply_owned(&mut host, &mut ledger, "a", "user", &pl, &TestArts);
+        let now = text(&host).expect("the block's file");
+        if let Some(MemNode::File { data, .. }) = host.files.get_mut(rc) {
+            *data = format!("{now}{added}").into_bytes();
+        }
+        del_reports(&mut host, &mut ledger, "a");
+        assert_eq!(
+            text(&host).as_deref(),
+            left,
+            "before {before:?}, added {added:?}"
+        );
+    }
+}
+
 /// Two bundles set capabilities on one file, one after the other: the
 /// first one's `del` leaves them (the second still needs its own), and
 /// the second's puts back what was there before either.
