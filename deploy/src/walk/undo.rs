@@ -693,92 +693,111 @@ fn share(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R
             }
             None => Ok(Shared::Mine(op, None)),
         },
-        Undo::RemoveTree { paths, privileged } => {
-            // Entries another bundle changed after this one go to it, one
-            // operation per step of theirs, in the place of theirs.
-            let mut handed: BTreeMap<(usize, u32), (Vec<u32>, Vec<String>)> = BTreeMap::new();
-            let mut rest = Vec::new();
-            for p in paths {
-                match others.next_after(&Thing::Path(p.clone()), me.at) {
-                    Some(o) if !o.several => {
-                        let e = handed.entry((o.bundle, o.seq)).or_default();
-                        e.0.push(o.idx);
-                        e.1.push(p);
-                    }
-                    // Superseded by another bundle's own removal of it.
-                    Some(_) => {}
-                    None => rest.push(p),
-                }
+        Undo::RemoveTree { paths, privileged } => share_tree(ledger, me, others, paths, privileged),
+        op => share_one(ledger, me, others, op),
+    }
+}
+
+/// [`share`] for an artifact's entries: those another bundle changed
+/// after this one go to it, one operation per step of theirs, in the
+/// place of theirs; the rest stays this bundle's.
+fn share_tree(
+    ledger: &mut Ledger,
+    me: &Mine<'_>,
+    others: &mut Others,
+    paths: Vec<String>,
+    privileged: bool,
+) -> R<Shared> {
+    let lerr = |e: LedgerError| e.to_string();
+    // Entries another bundle changed after this one go to it, one
+    // operation per step of theirs, in the place of theirs.
+    let mut handed: BTreeMap<(usize, u32), (Vec<u32>, Vec<String>)> = BTreeMap::new();
+    let mut rest = Vec::new();
+    for p in paths {
+        match others.next_after(&Thing::Path(p.clone()), me.at) {
+            Some(o) if !o.several => {
+                let e = handed.entry((o.bundle, o.seq)).or_default();
+                e.0.push(o.idx);
+                e.1.push(p);
             }
-            let mut to_whom = BTreeSet::new();
-            for ((b, seq), (mut replace, mine)) in handed {
-                replace.sort_unstable();
-                replace.dedup();
-                let to = others.list[b].name.clone();
-                let op = Undo::RemoveTree {
-                    paths: mine,
-                    privileged,
-                };
-                ledger
-                    .hand_over(me.name, &to, seq, &replace, &op, me.at)
-                    .map_err(lerr)?;
-                others.refresh(ledger, b).map_err(lerr)?;
-                to_whom.insert(to);
-            }
-            let note = (!to_whom.is_empty()).then(|| {
+            // Superseded by another bundle's own removal of it.
+            Some(_) => {}
+            None => rest.push(p),
+        }
+    }
+    let mut to_whom = BTreeSet::new();
+    for ((b, seq), (mut replace, mine)) in handed {
+        replace.sort_unstable();
+        replace.dedup();
+        let to = others.list[b].name.clone();
+        let op = Undo::RemoveTree {
+            paths: mine,
+            privileged,
+        };
+        ledger
+            .hand_over(me.name, &to, seq, &replace, &op, me.at)
+            .map_err(lerr)?;
+        others.refresh(ledger, b).map_err(lerr)?;
+        to_whom.insert(to);
+    }
+    let note = (!to_whom.is_empty()).then(|| {
+        format!(
+            "entries changed later by bundle {} left to it",
+            to_whom.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    });
+    if rest.is_empty() {
+        return Ok(Shared::Handed(
+            "handed-over",
+            note.unwrap_or_else(|| "nothing left to remove".into()),
+        ));
+    }
+    Ok(Shared::Mine(
+        Undo::RemoveTree {
+            paths: rest,
+            privileged,
+        },
+        note,
+    ))
+}
+
+/// [`share`] for an operation on one thing (a file, a block, a service,
+/// capabilities): handed to the bundle that changed it next, kept when
+/// that bundle's own operation takes it out with more, else this
+/// bundle's.
+fn share_one(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R<Shared> {
+    let lerr = |e: LedgerError| e.to_string();
+    let ts = things(&op, me.realizes, me.user);
+    let [t] = ts.as_slice() else {
+        return Ok(Shared::Mine(op, None));
+    };
+    match others.next_after(t, me.at) {
+        Some(o) if !o.several => {
+            let to = others.list[o.bundle].name.clone();
+            ledger
+                .hand_over(me.name, &to, o.seq, &[o.idx], &op, me.at)
+                .map_err(lerr)?;
+            others.refresh(ledger, o.bundle).map_err(lerr)?;
+            Ok(Shared::Handed(
+                "handed-over",
                 format!(
-                    "entries changed later by bundle {} left to it",
-                    to_whom.into_iter().collect::<Vec<_>>().join(", ")
-                )
-            });
-            if rest.is_empty() {
-                return Ok(Shared::Handed(
-                    "handed-over",
-                    note.unwrap_or_else(|| "nothing left to remove".into()),
-                ));
-            }
-            Ok(Shared::Mine(
-                Undo::RemoveTree {
-                    paths: rest,
-                    privileged,
-                },
-                note,
+                    "bundle {to} changed it after this one: left as it is, and its \
+                     `del` now puts back what was there before this one"
+                ),
             ))
         }
-        op => {
-            let ts = things(&op, me.realizes, me.user);
-            let [t] = ts.as_slice() else {
-                return Ok(Shared::Mine(op, None));
-            };
-            match others.next_after(t, me.at) {
-                Some(o) if !o.several => {
-                    let to = others.list[o.bundle].name.clone();
-                    ledger
-                        .hand_over(me.name, &to, o.seq, &[o.idx], &op, me.at)
-                        .map_err(lerr)?;
-                    others.refresh(ledger, o.bundle).map_err(lerr)?;
-                    Ok(Shared::Handed(
-                        "handed-over",
-                        format!(
-                            "bundle {to} changed it after this one: left as it is, and its \
-                             `del` now puts back what was there before this one"
-                        ),
-                    ))
-                }
-                Some(o) => Ok(Shared::Handed(
-                    "kept",
-                    format!(
-                        "bundle {} changed it after this one and removes it",
-                        others.list[o.bundle].name
-                    ),
-                )),
-                None => {
-                    let note = others.changed(t).map(|who| {
-                        format!("bundle {who} changed it before this one: what it left is put back")
-                    });
-                    Ok(Shared::Mine(op, note))
-                }
-            }
+        Some(o) => Ok(Shared::Handed(
+            "kept",
+            format!(
+                "bundle {} changed it after this one and removes it",
+                others.list[o.bundle].name
+            ),
+        )),
+        None => {
+            let note = others.changed(t).map(|who| {
+                format!("bundle {who} changed it before this one: what it left is put back")
+            });
+            Ok(Shared::Mine(op, note))
         }
     }
 }
@@ -818,26 +837,7 @@ fn undo_one(
 ) -> R<Option<String>> {
     let e = |x: HostError| x.to_string();
     match op {
-        Undo::RemovePath { path, privileged } => {
-            let st = host
-                .stat(std::slice::from_ref(path), false)
-                .map_err(e)?
-                .pop()
-                .flatten()
-                .map(|s| s.kind);
-            if matches!(st, Some(PathKind::Dir)) {
-                return Ok(Some(format!("{path} is now a directory; left alone")));
-            }
-            if matches!(st, Some(PathKind::File { .. })) && cx.keeps(host, path, *privileged)? {
-                return Ok(Some(format!(
-                    "{path} was changed since the deploy; kept as it is now: it is yours \
-                     (remove it by hand if you do not want it; a `del --force` removes such \
-                     files with the bundle)"
-                )));
-            }
-            host.remove(path, *privileged).map_err(e)?;
-            Ok(None)
-        }
+        Undo::RemovePath { path, privileged } => remove_path(host, cx, path, *privileged),
         Undo::RemoveDir { path, privileged } => {
             if host.remove(path, *privileged).map_err(e)? || keep(path, *privileged) {
                 Ok(None)
@@ -852,30 +852,19 @@ fn undo_one(
             uid,
             gid,
             privileged,
-        } => {
-            if cx.keeps(host, path, *privileged)? {
-                return Ok(Some(format!(
-                    "{path} was changed since the deploy; kept as it is now: it is yours \
-                     (what the deploy replaced is not put back; a `del --force` puts it back \
-                     over such changes)"
-                )));
-            }
-            let data = ledger
-                .blob(name, sha256)
-                .map_err(|x| x.to_string())?
-                .ok_or_else(|| format!("the backup of {path} is missing from the ledger"))?;
-            host.write_file(
-                path,
-                &data,
-                &FileAttrs {
-                    mode: *mode,
-                    owner: Some((*uid, *gid)),
-                    privileged: *privileged,
-                },
-            )
-            .map_err(e)?;
-            Ok(None)
-        }
+        } => restore_file(
+            host,
+            ledger,
+            name,
+            cx,
+            path,
+            sha256,
+            &FileAttrs {
+                mode: *mode,
+                owner: Some((*uid, *gid)),
+                privileged: *privileged,
+            },
+        ),
         Undo::RestoreSymlink {
             path,
             target,
@@ -935,34 +924,7 @@ fn undo_one(
             packages,
             command,
             root,
-        } => {
-            let q = pkg::query_script(format, packages, root.as_deref())
-                .ok_or_else(|| format!("unknown package format {format}"))?;
-            let out = host.run(&Cmd::sh(q)).map_err(e)?;
-            let still = pkg::parse_installed(format, &out.stdout_str())?;
-            let present: Vec<String> = packages
-                .iter()
-                .filter(|p| still.contains(*p))
-                .cloned()
-                .collect();
-            if present.is_empty() {
-                return Ok(None);
-            }
-            let cmd = if present.len() == packages.len() {
-                command.clone()
-            } else {
-                pkg::remove_script(format, &present, root.as_deref())
-            };
-            let out = host.run(&Cmd::sh(cmd).privileged(true)).map_err(e)?;
-            if !out.ok() {
-                return Err(format!(
-                    "removing packages: exit {}: {}",
-                    out.status,
-                    out.stderr_tail()
-                ));
-            }
-            Ok(None)
-        }
+        } => remove_packages(host, format, packages, command, root.as_deref()),
         Undo::Run {
             what,
             script,
@@ -991,6 +953,104 @@ fn undo_one(
         }
         Undo::Note { text } => Ok(Some(text.clone())),
     }
+}
+
+fn host_err(x: HostError) -> String {
+    x.to_string()
+}
+
+/// Removes a file or link the deploy made, unless it became a directory or
+/// (a file) was changed since the deploy.
+fn remove_path(
+    host: &mut dyn Host,
+    cx: &UndoCx<'_>,
+    path: &str,
+    privileged: bool,
+) -> R<Option<String>> {
+    let e = host_err;
+    let st = host
+        .stat(&[path.to_string()], false)
+        .map_err(e)?
+        .pop()
+        .flatten()
+        .map(|s| s.kind);
+    if matches!(st, Some(PathKind::Dir)) {
+        return Ok(Some(format!("{path} is now a directory; left alone")));
+    }
+    if matches!(st, Some(PathKind::File { .. })) && cx.keeps(host, path, privileged)? {
+        return Ok(Some(format!(
+            "{path} was changed since the deploy; kept as it is now: it is yours \
+             (remove it by hand if you do not want it; a `del --force` removes such \
+             files with the bundle)"
+        )));
+    }
+    host.remove(path, privileged).map_err(e)?;
+    Ok(None)
+}
+
+/// Puts back the file the deploy replaced (its backup in the ledger),
+/// unless it was changed since the deploy.
+fn restore_file(
+    host: &mut dyn Host,
+    ledger: &Ledger,
+    name: &str,
+    cx: &UndoCx<'_>,
+    path: &str,
+    sha256: &str,
+    attrs: &FileAttrs,
+) -> R<Option<String>> {
+    let e = host_err;
+    if cx.keeps(host, path, attrs.privileged)? {
+        return Ok(Some(format!(
+            "{path} was changed since the deploy; kept as it is now: it is yours \
+             (what the deploy replaced is not put back; a `del --force` puts it back \
+             over such changes)"
+        )));
+    }
+    let data = ledger
+        .blob(name, sha256)
+        .map_err(|x| x.to_string())?
+        .ok_or_else(|| format!("the backup of {path} is missing from the ledger"))?;
+    host.write_file(path, &data, attrs).map_err(e)?;
+    Ok(None)
+}
+
+/// Removes those of `packages` still installed: with the recorded
+/// `command` when all are, else with a command for the rest.
+fn remove_packages(
+    host: &mut dyn Host,
+    format: &str,
+    packages: &[String],
+    command: &str,
+    root: Option<&str>,
+) -> R<Option<String>> {
+    let e = host_err;
+    let q = pkg::query_script(format, packages, root)
+        .ok_or_else(|| format!("unknown package format {format}"))?;
+    let out = host.run(&Cmd::sh(q)).map_err(e)?;
+    let still = pkg::parse_installed(format, &out.stdout_str())?;
+    let present: Vec<String> = packages
+        .iter()
+        .filter(|p| still.contains(*p))
+        .cloned()
+        .collect();
+    if present.is_empty() {
+        return Ok(None);
+    }
+    let cmd = if present.len() == packages.len() {
+        command.to_string()
+    } else {
+        pkg::remove_script(format, &present, root)
+    };
+    let out = host.run(&Cmd::sh(cmd).privileged(true)).map_err(e)?;
+    if !out.ok() {
+        return Err(format!(
+            "removing packages: exit {}: {}",
+            out.status,
+            out.stderr_tail()
+        ));
+    }
+    Ok(None)
 }
 
 /// What becomes of a file a managed block is taken out of.
