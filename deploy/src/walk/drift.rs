@@ -6,7 +6,7 @@
 use super::managed::find_block;
 use super::{WalkError, title};
 use crate::host::{Cmd, Host, PathKind, parent, sha256_hex};
-use crate::ledger::{Fact, Ledger, LedgerError, StepState};
+use crate::ledger::{BundleRecord, Fact, Ledger, LedgerError, StepRecord, StepState};
 use crate::pkg;
 use charly_rules::plan::InstallPlan;
 use serde::Serialize;
@@ -117,7 +117,17 @@ pub fn drift(
     if !ledger.is_locked(name) {
         out.extend(sweep(host, &steps, None));
     }
-    for s in &steps {
+    ledger_drift(&steps, &mut out);
+    disk_drift(host, &steps, &mut out)?;
+    if let Some(cur) = current {
+        config_drift(&rec, &steps, cur, &mut out);
+    }
+    Ok(out)
+}
+
+/// Steps the ledger holds as incomplete (a killed deploy) or failed.
+fn ledger_drift(steps: &[StepRecord], out: &mut Vec<Drift>) {
+    for s in steps {
         match s.state {
             StepState::Incomplete => out.push(Drift {
                 kind: "ledger".into(),
@@ -134,9 +144,18 @@ pub fn drift(
             _ => {}
         }
     }
+}
+
+/// What is on disk against what each step recorded: files, links,
+/// directories, managed blocks, packages.
+fn disk_drift(
+    host: &mut dyn Host,
+    steps: &[StepRecord],
+    out: &mut Vec<Drift>,
+) -> Result<(), WalkError> {
     // Disk vs recorded: one stat round trip for every path fact.
     let mut paths = Vec::new();
-    for s in &steps {
+    for s in steps {
         for f in &s.facts {
             match f {
                 Fact::File { path, .. } | Fact::Symlink { path, .. } | Fact::Dir { path } => {
@@ -152,7 +171,7 @@ pub fn drift(
         .map(String::as_str)
         .zip(stats.iter().map(Option::as_ref))
         .collect();
-    for s in &steps {
+    for s in steps {
         for f in &s.facts {
             let d = |detail: String| Drift {
                 kind: "disk".into(),
@@ -239,66 +258,68 @@ pub fn drift(
             }
         }
     }
-    // Config vs recorded.
-    if let Some(cur) = current {
-        let mut cur = cur.clone();
-        cur.resolve_home(&rec.home);
-        if cur.deploy_id != rec.deploy_id {
-            out.push(Drift {
-                kind: "config".into(),
-                seq: None,
-                subject: format!("box {}", rec.box_name),
-                detail: format!(
-                    "candies changed (deploy id {} now, {} deployed)",
-                    cur.deploy_id, rec.deploy_id
-                ),
-            });
-        }
-        let n = cur.steps.len().max(steps.len());
-        for i in 0..n {
-            let now = cur.steps.get(i);
-            let was = steps.iter().find(|s| s.seq as usize == i);
-            match (now, was) {
-                (Some(a), Some(b)) => {
-                    let v = serde_json::to_value(a).unwrap_or_default();
-                    if v != b.step {
-                        let mut changes = Vec::new();
-                        json_diff("", &b.step, &v, &mut changes);
-                        let more = changes.len().saturating_sub(3);
-                        changes.truncate(3);
-                        out.push(Drift {
-                            kind: "config".into(),
-                            seq: Some(i as u32),
-                            subject: b.title.clone(),
-                            detail: format!(
-                                "changed in the plan: {}{}",
-                                changes.join("; "),
-                                if more > 0 {
-                                    format!(" (and {more} more)")
-                                } else {
-                                    String::new()
-                                }
-                            ),
-                        });
-                    }
+    Ok(())
+}
+
+/// The current plan against the one deployed: the deploy id, and each
+/// step changed, new or gone.
+fn config_drift(rec: &BundleRecord, steps: &[StepRecord], cur: &InstallPlan, out: &mut Vec<Drift>) {
+    let mut cur = cur.clone();
+    cur.resolve_home(&rec.home);
+    if cur.deploy_id != rec.deploy_id {
+        out.push(Drift {
+            kind: "config".into(),
+            seq: None,
+            subject: format!("box {}", rec.box_name),
+            detail: format!(
+                "candies changed (deploy id {} now, {} deployed)",
+                cur.deploy_id, rec.deploy_id
+            ),
+        });
+    }
+    let n = cur.steps.len().max(steps.len());
+    for i in 0..n {
+        let now = cur.steps.get(i);
+        let was = steps.iter().find(|s| s.seq as usize == i);
+        match (now, was) {
+            (Some(a), Some(b)) => {
+                let v = serde_json::to_value(a).unwrap_or_default();
+                if v != b.step {
+                    let mut changes = Vec::new();
+                    json_diff("", &b.step, &v, &mut changes);
+                    let more = changes.len().saturating_sub(3);
+                    changes.truncate(3);
+                    out.push(Drift {
+                        kind: "config".into(),
+                        seq: Some(i as u32),
+                        subject: b.title.clone(),
+                        detail: format!(
+                            "changed in the plan: {}{}",
+                            changes.join("; "),
+                            if more > 0 {
+                                format!(" (and {more} more)")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    });
                 }
-                (Some(a), None) => out.push(Drift {
-                    kind: "config".into(),
-                    seq: Some(i as u32),
-                    subject: title(a),
-                    detail: "new step, not deployed".into(),
-                }),
-                (None, Some(b)) => out.push(Drift {
-                    kind: "config".into(),
-                    seq: Some(i as u32),
-                    subject: b.title.clone(),
-                    detail: "no longer in the plan".into(),
-                }),
-                (None, None) => {}
             }
+            (Some(a), None) => out.push(Drift {
+                kind: "config".into(),
+                seq: Some(i as u32),
+                subject: title(a),
+                detail: "new step, not deployed".into(),
+            }),
+            (None, Some(b)) => out.push(Drift {
+                kind: "config".into(),
+                seq: Some(i as u32),
+                subject: b.title.clone(),
+                detail: "no longer in the plan".into(),
+            }),
+            (None, None) => {}
         }
     }
-    Ok(out)
 }
 
 /// What differs between a step as deployed (`was`) and as the plan says
