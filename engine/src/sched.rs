@@ -222,36 +222,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let t0 = Instant::now();
     let order = graph.topo().unwrap_or_default();
     let mut reports = Reports::new(&order);
-    // A node whose record is in the store is cached whenever its turn
-    // comes (its key names everything it depends on). The lookups run in
-    // parallel up front (see below for why).
-    let in_store = |pool: Option<&rayon::ThreadPool>| -> Vec<bool> {
-        use rayon::prelude::*;
-        // In chunks: the store answers a chunk in one read transaction.
-        let seen = charly_cache::SeenBlobs::default();
-        let look = || -> Vec<(usize, bool)> {
-            order
-                .par_chunks(LOOKUP_CHUNK)
-                .flat_map_iter(|chunk| {
-                    let nodes: Vec<&crate::graph::Node> =
-                        chunk.iter().map(|i| &graph.g[*i]).collect();
-                    let hits = exec::are_cached(ctx, &nodes, &seen);
-                    chunk.iter().map(|i| i.index()).zip(hits)
-                })
-                .collect()
-        };
-        let found = match pool {
-            Some(pool) => pool.install(look),
-            None => look(),
-        };
-        let mut cached = vec![false; order.iter().map(|i| i.index() + 1).max().unwrap_or(0)];
-        for (i, hit) in found {
-            cached[i] = hit;
-        }
-        cached
-    };
     if dry_run {
-        let in_store = in_store(None);
+        let in_store = in_store(graph, ctx, &order, None);
         for i in &order {
             let n = &graph.g[*i];
             let cached = deps_cached(graph, *i, &reports) && in_store[i.index()];
@@ -274,28 +246,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let pool = match rayon::ThreadPoolBuilder::new().num_threads(jobs).build() {
         Ok(p) => p,
         Err(e) => {
-            let mut reports = Reports::new(&order);
-            for i in &order {
-                let n = &graph.g[*i];
-                reports.insert(
-                    *i,
-                    NodeReport {
-                        id: n.id.clone(),
-                        kind: n.kind,
-                        key: n.key,
-                        state: State::Failed,
-                        duration_ms: 0,
-                        error: Some(format!("cannot start worker threads: {e}")),
-                        reason: None,
-                        start_us: 0,
-                        thread: 0,
-                        duration_us: 0,
-                        candy: None,
-                        boxes: Vec::new(),
-                    },
-                );
-            }
-            return summarize(reports, t0.elapsed());
+            let why = format!("cannot start worker threads: {e}");
+            return summarize(all_failed(graph, &order, &why), t0.elapsed());
         }
     };
     let mut waiting: BTreeMap<NodeIndex, usize> = order
@@ -318,7 +270,7 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     // through a worker (a task, a channel, two thread wake-ups) cost more
     // than the lookup. A lookup that fails or misses leaves the node to a
     // worker, which looks again and reports what it finds.
-    let cached = in_store(Some(&pool));
+    let cached = in_store(graph, ctx, &order, Some(&pool));
     let (tx, rx) = mpsc::channel::<(NodeIndex, NodeReport)>();
     let mut running = 0usize;
     let mut failed = false;
@@ -339,42 +291,8 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
                 }
                 running += 1;
                 let tx = tx.clone();
-                let n = &graph.g[i];
                 s.spawn(move |_| {
-                    let start = t0.elapsed();
-                    let thread = rayon::current_thread_index().unwrap_or(0);
-                    let t = Instant::now();
-                    let mut reason = None;
-                    let started = |why: &dyn Fn() -> String| {
-                        let why = if obs.wants_reason(n.kind) {
-                            why()
-                        } else {
-                            String::new()
-                        };
-                        obs.started(&n.id, n.kind, &why);
-                        reason = Some(why).filter(|w| !w.is_empty());
-                    };
-                    let (state, error) = match exec::execute(ctx, graph, i, started) {
-                        Ok(exec::Done::Ran) => (State::Ran, None),
-                        Ok(exec::Done::Cached) => (State::Cached, None),
-                        Ok(exec::Done::Pulled) => (State::Pulled, None),
-                        Err(e) => (State::Failed, Some(e.to_string())),
-                    };
-                    let r = NodeReport {
-                        id: n.id.clone(),
-                        kind: n.kind,
-                        key: n.key,
-                        state,
-                        duration_ms: t.elapsed().as_millis() as u64,
-                        duration_us: t.elapsed().as_micros() as u64,
-                        candy: None,
-                        boxes: Vec::new(),
-                        reason,
-                        error,
-                        start_us: start.as_micros() as u64,
-                        thread,
-                    };
-                    let _ = tx.send((i, r));
+                    let _ = tx.send((i, run_node(graph, ctx, i, obs, t0)));
                 });
             }
             if running == 0 {
@@ -407,6 +325,101 @@ pub fn run(graph: &Graph, ctx: &Ctx<'_>, jobs: usize, dry_run: bool) -> Summary 
     let mut summary = summarize(reports, t0.elapsed());
     summary.critical = Critical::of(graph, &order, &summary);
     summary
+}
+
+/// Which of `order`'s nodes have a record in the store under their key
+/// (by node index): a node whose record is there is cached whenever its
+/// turn comes (its key names everything it depends on). The lookups run in
+/// parallel up front, in chunks the store answers in one read transaction
+/// each.
+fn in_store(
+    graph: &Graph,
+    ctx: &Ctx<'_>,
+    order: &[NodeIndex],
+    pool: Option<&rayon::ThreadPool>,
+) -> Vec<bool> {
+    use rayon::prelude::*;
+    let seen = charly_cache::SeenBlobs::default();
+    let look = || -> Vec<(usize, bool)> {
+        order
+            .par_chunks(LOOKUP_CHUNK)
+            .flat_map_iter(|chunk| {
+                let nodes: Vec<&crate::graph::Node> = chunk.iter().map(|i| &graph.g[*i]).collect();
+                let hits = exec::are_cached(ctx, &nodes, &seen);
+                chunk.iter().map(|i| i.index()).zip(hits)
+            })
+            .collect()
+    };
+    let found = match pool {
+        Some(pool) => pool.install(look),
+        None => look(),
+    };
+    let mut cached = vec![false; order.iter().map(|i| i.index() + 1).max().unwrap_or(0)];
+    for (i, hit) in found {
+        cached[i] = hit;
+    }
+    cached
+}
+
+/// Every node of `order` failed for `why` (the run could not start).
+fn all_failed(graph: &Graph, order: &[NodeIndex], why: &str) -> Reports {
+    let mut reports = Reports::new(order);
+    for i in order {
+        let n = &graph.g[*i];
+        reports.insert(
+            *i,
+            NodeReport {
+                state: State::Failed,
+                error: Some(why.to_string()),
+                ..NodeReport::cached(n.id.clone(), n.kind, n.key)
+            },
+        );
+    }
+    reports
+}
+
+/// Runs node `i` on a worker and reports it (`t0`: when the run began).
+fn run_node(
+    graph: &Graph,
+    ctx: &Ctx<'_>,
+    i: NodeIndex,
+    obs: &dyn Observer,
+    t0: Instant,
+) -> NodeReport {
+    let n = &graph.g[i];
+    let start = t0.elapsed();
+    let thread = rayon::current_thread_index().unwrap_or(0);
+    let t = Instant::now();
+    let mut reason = None;
+    let started = |why: &dyn Fn() -> String| {
+        let why = if obs.wants_reason(n.kind) {
+            why()
+        } else {
+            String::new()
+        };
+        obs.started(&n.id, n.kind, &why);
+        reason = Some(why).filter(|w| !w.is_empty());
+    };
+    let (state, error) = match exec::execute(ctx, graph, i, started) {
+        Ok(exec::Done::Ran) => (State::Ran, None),
+        Ok(exec::Done::Cached) => (State::Cached, None),
+        Ok(exec::Done::Pulled) => (State::Pulled, None),
+        Err(e) => (State::Failed, Some(e.to_string())),
+    };
+    NodeReport {
+        id: n.id.clone(),
+        kind: n.kind,
+        key: n.key,
+        state,
+        duration_ms: t.elapsed().as_millis() as u64,
+        duration_us: t.elapsed().as_micros() as u64,
+        candy: None,
+        boxes: Vec::new(),
+        reason,
+        error,
+        start_us: start.as_micros() as u64,
+        thread,
+    }
 }
 
 /// The reports of a run, each in its node's place in the run's order, so
