@@ -254,47 +254,12 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         Checked::Run(seed) => seed,
         Checked::Replay(outcome) => return replay_generate(a, &outcome, started),
     };
-    // The project loads on this thread while others fingerprint the inputs
-    // (from a start taken before anything is read), open the store and
-    // index the last run's memo: none needs another's result.
-    let started = journal.as_ref().map(|(j, _)| j.start());
-    // The build directories the carry-over asks about are checked once the
-    // inputs are walked: the rest of the load and the resolution leave a
-    // core idle (checked from the start, they slowed the load down as much
-    // as they saved). The project root is where the outputs go without
-    // --out: a guess that misses only costs the check later.
-    let out_guess = a.out.clone().unwrap_or_else(|| root.clone());
-    let (walked, on_walked) = std::sync::mpsc::channel::<()>();
-    let (mut recorder, o, opened, mut memo) = std::thread::scope(|s| {
-        let memo = s.spawn(move || {
-            let mut m = seed.map(|s| Box::new(s.build()));
-            if let Some(m) = m.as_deref_mut()
-                && on_walked.recv().is_ok()
-            {
-                charly_engine::carry::check_ahead(m, &out_guess);
-            }
-            m
-        });
-        let journal = &journal;
-        let walk = s.spawn(move || {
-            let t = charly_engine::timings::phase("journal: begin");
-            let rec = journal.as_ref().zip(started).map(|((j, scope), st)| {
-                j.fingerprint_inputs(st, &scope.roots, &scope.files, &scope.skip)
-            });
-            drop(t);
-            let _ = walked.send(());
-            rec
-        });
-        let store = s.spawn(|| {
-            let t = charly_engine::timings::phase("store: open");
-            let store = open_store(cli)?;
-            drop(t);
-            let hasher = stat_cache(&store);
-            anyhow::Ok((store, hasher))
-        });
-        let o = project::open_at(cli, root);
-        (join(walk), o, join(store), join(memo))
-    });
+    let Opening {
+        mut recorder,
+        project: o,
+        store: opened,
+        mut memo,
+    } = open_in_parallel(cli, a, root, &journal, seed);
     let mut o = o?;
     let t = charly_engine::timings::phase("select");
     let (names, warnings) =
@@ -326,35 +291,14 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let out_root = a.out.clone().unwrap_or_else(|| o.project.root.clone());
     // Boxes whose inputs did not change since the last run are carried over
     // from its journal, not derived again (charly_engine::carry).
-    let context_dirs = |n: &str| {
-        if a.out.is_some() {
-            engine.box_context_candy_dirs(&[n], &out_root)
-        } else {
-            Vec::new()
-        }
-    };
-    let carry = charly_engine::carry::plan(
-        memo.as_deref(),
-        recorder.as_ref(),
-        &o.project,
-        &o.resolution,
+    let carry = plan_carry(
+        a,
+        &engine,
         &names,
         &out_root,
-        &context_dirs,
+        recorder.as_ref(),
+        memo.as_deref_mut(),
     );
-    // From here on this run writes build directories: answers taken
-    // ahead would be stale.
-    if let Some(m) = memo.as_deref_mut() {
-        m.forget_ahead();
-    }
-    if a.explain && !carry.carried.is_empty() {
-        output::note(&format!(
-            "explain: {} of {} boxes unchanged since the last run (inputs, resolution and build \
-             directory as it left them): carried over, not derived again",
-            carry.carried.len(),
-            names.len()
-        ));
-    }
     let graph = engine.graph(&Goal::Generate, &carry.derive)?;
     let t = charly_engine::timings::phase("progress");
     let progress = a.run.progress_for(&graph, &store, a.stdout, a.explain);
@@ -384,10 +328,9 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
         report_remote(&summary);
         return Ok(ExitCode::from(1));
     }
-    let mut stdout = std::io::stdout().lock();
     if a.stdout {
         let bytes = containerfile_of(&engine, &graph, &store, &out_root, &names[0])?;
-        stdout.write_all(&bytes)?;
+        std::io::stdout().lock().write_all(&bytes)?;
         return Ok(ExitCode::SUCCESS);
     }
     let ignore = o.project.root.join(".containerignore");
@@ -406,20 +349,7 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|n| out_root.join(naming::build_dir(n))),
     );
-    if !had_ignore && ignore.exists() && !a.run.quiet {
-        output::note(
-            "wrote .containerignore and .dockerignore: podman and docker read them when they build \
-             .build/<box>/Containerfile with the project as context (commit them or ignore them)",
-        );
-    }
-    let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
-    for line in &lines {
-        writeln!(stdout, "{line}")?;
-    }
-    if !a.run.quiet {
-        output::note(&summary_line("generate", &summary));
-    }
-    report_remote_unless_quiet(&summary, a.run.quiet);
+    let lines = print_written(&a.run, &written, &summary, !had_ignore && ignore.exists())?;
     // The candy directories a self-contained context carries (outputs).
     let context = match (&journal, &a.out) {
         (Some(_), Some(_)) => {
@@ -459,6 +389,142 @@ pub fn generate(cli: &Cli, a: &GenerateArgs) -> anyhow::Result<ExitCode> {
     std::mem::forget(memo);
     std::mem::forget(hasher);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the Containerfiles `generate` wrote, one path per line (the
+/// lines the journal replays), then, unless quiet, the summary; says so
+/// when it wrote the ignore files for the first time.
+fn print_written(
+    run: &RunArgs,
+    written: &[PathBuf],
+    summary: &Summary,
+    wrote_ignore: bool,
+) -> anyhow::Result<Vec<String>> {
+    if wrote_ignore && !run.quiet {
+        output::note(
+            "wrote .containerignore and .dockerignore: podman and docker read them when they build \
+             .build/<box>/Containerfile with the project as context (commit them or ignore them)",
+        );
+    }
+    let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    let mut stdout = std::io::stdout().lock();
+    for line in &lines {
+        writeln!(stdout, "{line}")?;
+    }
+    if !run.quiet {
+        output::note(&summary_line("generate", summary));
+    }
+    report_remote_unless_quiet(summary, run.quiet);
+    Ok(lines)
+}
+
+/// The boxes `generate` carries over from the last run unchanged, and
+/// those it derives again (said with `--explain`).
+fn plan_carry(
+    a: &GenerateArgs,
+    engine: &charly_engine::api::Engine<'_>,
+    names: &[String],
+    out_root: &Path,
+    recorder: Option<&charly_engine::journal::Recorder>,
+    memo: Option<&mut charly_engine::journal::Memo>,
+) -> charly_engine::carry::Carry {
+    let context_dirs = |n: &str| {
+        if a.out.is_some() {
+            engine.box_context_candy_dirs(&[n], out_root)
+        } else {
+            Vec::new()
+        }
+    };
+    let carry = charly_engine::carry::plan(
+        memo.as_deref(),
+        recorder,
+        engine.project,
+        engine.resolution,
+        names,
+        out_root,
+        &context_dirs,
+    );
+    // From here on this run writes build directories: answers taken
+    // ahead would be stale.
+    if let Some(m) = memo {
+        m.forget_ahead();
+    }
+    if a.explain && !carry.carried.is_empty() {
+        output::note(&format!(
+            "explain: {} of {} boxes unchanged since the last run (inputs, resolution and build \
+             directory as it left them): carried over, not derived again",
+            carry.carried.len(),
+            names.len()
+        ));
+    }
+    carry
+}
+
+/// What `generate` opens before it plans, and how far each part got.
+struct Opening {
+    /// The journal's fingerprint of the inputs (when a journal is kept).
+    recorder: Option<charly_engine::journal::Recorder>,
+    project: anyhow::Result<project::Opened>,
+    store: anyhow::Result<(Store, charly_engine::hash::FileHasher)>,
+    /// The last run's memo, indexed (when the journal had one).
+    memo: Option<Box<charly_engine::journal::Memo>>,
+}
+
+/// Opens what `generate` needs at once: the project loads on this thread
+/// while others fingerprint the inputs (from a start taken before
+/// anything is read), open the store and index the last run's memo: none
+/// needs another's result.
+fn open_in_parallel(
+    cli: &Cli,
+    a: &GenerateArgs,
+    root: PathBuf,
+    journal: &Option<(Journal, Scope)>,
+    seed: Option<charly_engine::journal::MemoSeed>,
+) -> Opening {
+    let started = journal.as_ref().map(|(j, _)| j.start());
+    // The build directories the carry-over asks about are checked once the
+    // inputs are walked: the rest of the load and the resolution leave a
+    // core idle (checked from the start, they slowed the load down as much
+    // as they saved). The project root is where the outputs go without
+    // --out: a guess that misses only costs the check later.
+    let out_guess = a.out.clone().unwrap_or_else(|| root.clone());
+    let (walked, on_walked) = std::sync::mpsc::channel::<()>();
+    let (recorder, project, store, memo) = std::thread::scope(|s| {
+        let memo = s.spawn(move || {
+            let mut m = seed.map(|s| Box::new(s.build()));
+            if let Some(m) = m.as_deref_mut()
+                && on_walked.recv().is_ok()
+            {
+                charly_engine::carry::check_ahead(m, &out_guess);
+            }
+            m
+        });
+        let journal = &journal;
+        let walk = s.spawn(move || {
+            let t = charly_engine::timings::phase("journal: begin");
+            let rec = journal.as_ref().zip(started).map(|((j, scope), st)| {
+                j.fingerprint_inputs(st, &scope.roots, &scope.files, &scope.skip)
+            });
+            drop(t);
+            let _ = walked.send(());
+            rec
+        });
+        let store = s.spawn(|| {
+            let t = charly_engine::timings::phase("store: open");
+            let store = open_store(cli)?;
+            drop(t);
+            let hasher = stat_cache(&store);
+            anyhow::Ok((store, hasher))
+        });
+        let o = project::open_at(cli, root);
+        (join(walk), o, join(store), join(memo))
+    });
+    Opening {
+        recorder,
+        project,
+        store,
+        memo,
+    }
 }
 
 /// What `generate`'s journal says.
