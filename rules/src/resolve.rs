@@ -19,7 +19,7 @@
 
 use crate::cascade;
 use crate::diag::{Diagnostic, Diagnostics, nearest_n};
-use crate::model::{Builder, Vocab};
+use crate::model::{BoxDef, Builder, Vocab};
 use crate::project::{BoxEntry, CandyEntry, ImportBinding, NsId, Project};
 use crate::source::Span;
 use rayon::prelude::*;
@@ -779,46 +779,7 @@ impl<'p> Resolver<'p> {
         let tags = expand_tags(vocab, &part.distro);
         let distro_def = pick_distro(vocab, &tags);
         let is_data = def.data_image.unwrap_or(false);
-        if part.formats.is_empty() && !is_data {
-            errs.push(
-                Diagnostic::error(
-                    e.span,
-                    format!(
-                        "box `{name}` has no `build:` formats (none inherited, none in defaults)"
-                    ),
-                )
-                .with_hint("add e.g. `build: [rpm]` to the box or `defaults:`"),
-            );
-        }
-        if let Some(b) = &def.build {
-            let mut seen = BTreeSet::new();
-            for f in &b.value.0 {
-                if !seen.insert(f) {
-                    errs.push(Diagnostic::error(
-                        b.span,
-                        format!("format `{f}` is listed twice in `build:`"),
-                    ));
-                }
-                let known = vocab.distro.values().any(|d| d.format.get(f).is_some());
-                if !known {
-                    let all: BTreeSet<&str> = vocab
-                        .distro
-                        .values()
-                        .flat_map(|d| d.format.keys())
-                        .collect();
-                    let mut d = Diagnostic::error(b.span, format!("unknown build format `{f}`"));
-                    if let Some(n) = crate::diag::nearest(f, all.iter().copied()) {
-                        d = d.with_hint(format!("did you mean `{n}`?"));
-                    } else {
-                        d = d.with_hint(format!(
-                            "known formats: {}",
-                            all.into_iter().collect::<Vec<_>>().join(", ")
-                        ));
-                    }
-                    errs.push(d);
-                }
-            }
-        }
+        check_formats(vocab, def, e.span, &name, part, is_data, &mut errs);
 
         // The box's candies in the global order (by position: scanning the
         // whole order per box was quadratic in large projects).
@@ -850,23 +811,84 @@ impl<'p> Resolver<'p> {
             }
         }
 
-        // User.
+        let user = self.box_user(ns, def, part, distro_def.as_deref(), &mut errs);
+
+        let builder_map = self.builder_map(ns, short, &tags);
+        let builders = self.builder_uses(
+            ns,
+            e.span,
+            &name,
+            part,
+            &candies,
+            &builder_map,
+            all,
+            &mut errs,
+        );
+
+        let version = match &part.version {
+            Some(v) => v.clone(),
+            None => {
+                errs.push(
+                    Diagnostic::error(e.span, format!("box `{name}` needs a dedicated `version:` (none of its candies or bases has one)"))
+                        .with_hint("add `version: 2026.1.1` (CalVer) to the box"),
+                );
+                String::new()
+            }
+        };
+
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        Ok(ResolvedBox {
+            name,
+            ns,
+            span: e.span,
+            base: part.base.clone(),
+            base_chain: part.chain.clone(),
+            root_image: part.root_image.clone(),
+            distro: part.distro.clone(),
+            tags,
+            formats: part.formats.clone(),
+            distro_def,
+            authored: part.authored.clone(),
+            candies,
+            provided: part.provided.iter().cloned().collect(),
+            builders,
+            builder_map,
+            produce: def.produce.iter().map(|s| s.value.clone()).collect(),
+            user,
+            version,
+            enabled: def.enabled.unwrap_or(true),
+            preserve_user: def.preserve_user.unwrap_or(false),
+        })
+    }
+
+    /// The box's account: its `user:`, else the distro's base user
+    /// (`user_policy` auto or adopt), else the default one.
+    fn box_user(
+        &self,
+        ns: NsId,
+        def: &BoxDef,
+        part: &Partial,
+        distro_def: Option<&str>,
+        errs: &mut Vec<Diagnostic>,
+    ) -> User {
+        let p = self.p;
+        let vocab = &p.ns(ns).vocab;
         let policy = def
             .user_policy
             .as_ref()
             .or(p.ns(ns).defaults.user_policy.as_ref())
             .map_or("auto", |s| s.value.as_str());
         let base_user = distro_def
-            .as_ref()
             .and_then(|d| vocab.distro[d].base_user.clone())
             .or_else(|| {
                 distro_def
-                    .as_ref()
                     .and_then(|d| vocab.distro[d].inherits.as_ref())
                     .and_then(|i| vocab.distro.get(&i.value))
                     .and_then(|d| d.base_user.clone())
             });
-        let user = match (&part.user, policy) {
+        match (&part.user, policy) {
             (_, pol) if !matches!(pol, "auto" | "adopt" | "create") => {
                 errs.push(Diagnostic::error(
                     def.user_policy.as_ref().map(|s| s.span),
@@ -925,12 +947,28 @@ impl<'p> Resolver<'p> {
                     u
                 }
             },
-        };
+        }
+    }
 
-        // Builders.
-        let builder_map = self.builder_map(ns, short, &tags);
+    /// The builders the box's candies need (their files, their AUR
+    /// packages), each checked against the box's builder map: the builder
+    /// box exists, is enabled and produces it.
+    #[allow(clippy::too_many_arguments)]
+    fn builder_uses(
+        &self,
+        ns: NsId,
+        span: Span,
+        name: &str,
+        part: &Partial,
+        candies: &[String],
+        builder_map: &BTreeMap<String, String>,
+        all: &BTreeMap<String, Result<Partial, Vec<Diagnostic>>>,
+        errs: &mut Vec<Diagnostic>,
+    ) -> Vec<BuilderUse> {
+        let p = self.p;
+        let vocab = &p.ns(ns).vocab;
         let mut uses: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for k in &candies {
+        for k in candies {
             let c = &p.candies[k];
             for b in self.triggered_by_files(c) {
                 uses.entry(b).or_default().push(k.clone());
@@ -957,7 +995,7 @@ impl<'p> Resolver<'p> {
                 Some(img) => {
                     match all.get(img) {
                         None => errs.push(Diagnostic::error(
-                            e.span,
+                            span,
                             format!("box `{name}`: builder box `{img}` for `{b}` does not exist"),
                         )),
                         Some(Err(_)) => {}
@@ -965,11 +1003,11 @@ impl<'p> Resolver<'p> {
                             let (bns, bshort) = find_box(p, img).unwrap_or((ns, img.clone()));
                             let bdef = &self.entry(bns, &bshort).def;
                             if bdef.enabled == Some(false) {
-                                errs.push(Diagnostic::error(e.span, format!("box `{name}`: builder box `{img}` is disabled")));
+                                errs.push(Diagnostic::error(span, format!("box `{name}`: builder box `{img}` is disabled")));
                             }
                             if !bdef.produce.is_empty() && !bdef.produce.iter().any(|x| x.value == b) {
                                 errs.push(Diagnostic::error(
-                                    e.span,
+                                    span,
                                     format!("box `{name}`: builder box `{img}` does not list `{b}` in `produce:`"),
                                 ));
                             }
@@ -979,7 +1017,7 @@ impl<'p> Resolver<'p> {
             }
             if !vocab.builder.contains_key(&b) {
                 errs.push(Diagnostic::error(
-                    e.span,
+                    span,
                     format!("unknown builder type `{b}`"),
                 ));
             }
@@ -989,43 +1027,7 @@ impl<'p> Resolver<'p> {
                 candies: cands,
             });
         }
-
-        let version = match &part.version {
-            Some(v) => v.clone(),
-            None => {
-                errs.push(
-                    Diagnostic::error(e.span, format!("box `{name}` needs a dedicated `version:` (none of its candies or bases has one)"))
-                        .with_hint("add `version: 2026.1.1` (CalVer) to the box"),
-                );
-                String::new()
-            }
-        };
-
-        if !errs.is_empty() {
-            return Err(errs);
-        }
-        Ok(ResolvedBox {
-            name,
-            ns,
-            span: e.span,
-            base: part.base.clone(),
-            base_chain: part.chain.clone(),
-            root_image: part.root_image.clone(),
-            distro: part.distro.clone(),
-            tags,
-            formats: part.formats.clone(),
-            distro_def,
-            authored: part.authored.clone(),
-            candies,
-            provided: part.provided.iter().cloned().collect(),
-            builders,
-            builder_map,
-            produce: def.produce.iter().map(|s| s.value.clone()).collect(),
-            user,
-            version,
-            enabled: def.enabled.unwrap_or(true),
-            preserve_user: def.preserve_user.unwrap_or(false),
-        })
+        builders
     }
 
     /// defaults.builder → distro-keyed map → immediate same-namespace base's
@@ -1072,6 +1074,56 @@ impl<'p> Resolver<'p> {
                 (q != me).then_some((k, q))
             })
             .collect()
+    }
+}
+/// A box's `build:` formats: at least one (unless it is a data image),
+/// none twice, each one a distro of the vocabulary knows.
+fn check_formats(
+    vocab: &Vocab,
+    def: &BoxDef,
+    span: Span,
+    name: &str,
+    part: &Partial,
+    is_data: bool,
+    errs: &mut Vec<Diagnostic>,
+) {
+    if part.formats.is_empty() && !is_data {
+        errs.push(
+            Diagnostic::error(
+                span,
+                format!("box `{name}` has no `build:` formats (none inherited, none in defaults)"),
+            )
+            .with_hint("add e.g. `build: [rpm]` to the box or `defaults:`"),
+        );
+    }
+    if let Some(b) = &def.build {
+        let mut seen = BTreeSet::new();
+        for f in &b.value.0 {
+            if !seen.insert(f) {
+                errs.push(Diagnostic::error(
+                    b.span,
+                    format!("format `{f}` is listed twice in `build:`"),
+                ));
+            }
+            let known = vocab.distro.values().any(|d| d.format.get(f).is_some());
+            if !known {
+                let all: BTreeSet<&str> = vocab
+                    .distro
+                    .values()
+                    .flat_map(|d| d.format.keys())
+                    .collect();
+                let mut d = Diagnostic::error(b.span, format!("unknown build format `{f}`"));
+                if let Some(n) = crate::diag::nearest(f, all.iter().copied()) {
+                    d = d.with_hint(format!("did you mean `{n}`?"));
+                } else {
+                    d = d.with_hint(format!(
+                        "known formats: {}",
+                        all.into_iter().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                errs.push(d);
+            }
+        }
     }
 }
 
