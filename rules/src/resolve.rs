@@ -420,7 +420,116 @@ impl<'p> Resolver<'p> {
         let nsd = p.ns(ns);
         let mut errs = Vec::new();
 
-        // Base.
+        let (base, parent) = self.base_of(ns, def, visiting, &mut errs);
+        visiting.pop();
+
+        let (chain, root_image) = match (&base, &parent) {
+            (BaseRef::Box(b), Some(pp)) => {
+                let mut c = vec![b.clone()];
+                c.extend(pp.chain.iter().cloned());
+                (c, pp.root_image.clone())
+            }
+            (BaseRef::External(x), _) => (Vec::new(), x.clone()),
+            (BaseRef::Bootstrap { builder, .. }, _) => (Vec::new(), format!("builder:{builder}")),
+            _ => (Vec::new(), "scratch".into()),
+        };
+
+        let distro = def
+            .distro
+            .as_ref()
+            .map(|d| d.value.0.clone())
+            .or_else(|| {
+                parent
+                    .as_ref()
+                    .map(|pp| pp.distro.clone())
+                    .filter(|d| !d.is_empty())
+            })
+            .or_else(|| nsd.defaults.distro.as_ref().map(|d| d.value.0.clone()))
+            .unwrap_or_default();
+        let formats = def
+            .build
+            .as_ref()
+            .map(|d| d.value.0.clone())
+            .or_else(|| {
+                parent
+                    .as_ref()
+                    .map(|pp| pp.formats.clone())
+                    .filter(|d| !d.is_empty())
+            })
+            .or_else(|| nsd.defaults.build.as_ref().map(|d| d.value.0.clone()))
+            .unwrap_or_default();
+
+        let user = match (&def.user, &def.uid) {
+            (None, None) => parent.as_ref().and_then(|pp| pp.user.clone()),
+            _ => Some((
+                def.user
+                    .as_ref()
+                    .map(|u| u.value.clone())
+                    .unwrap_or_default(),
+                def.uid.as_ref().map(|u| u.value),
+                def.gid.as_ref().map(|g| g.value),
+                def.home.clone(),
+            )),
+        };
+
+        let (authored, install) = self.box_candies(def, &name, &mut errs);
+        let provided: BTreeSet<String> = parent
+            .as_ref()
+            .map(|pp| pp.install.union(&pp.provided).cloned().collect())
+            .unwrap_or_default();
+        let install: BTreeSet<String> = install
+            .into_iter()
+            .filter(|k| !provided.contains(k))
+            .collect();
+
+        let version = def
+            .version
+            .as_ref()
+            .map(|v| v.value.clone())
+            .or_else(|| {
+                let mut best: Option<String> = None;
+                for k in install.iter().chain(provided.iter()) {
+                    if let Some(v) = &p.candies[k].def.version
+                        && best.as_ref().is_none_or(|b| {
+                            crate::project::compare_calver(&v.value, b)
+                                == Some(std::cmp::Ordering::Greater)
+                        })
+                    {
+                        best = Some(v.value.clone());
+                    }
+                }
+                best
+            })
+            .or_else(|| parent.as_ref().and_then(|pp| pp.version.clone()));
+
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        Ok(Partial {
+            base,
+            chain,
+            root_image,
+            distro,
+            formats,
+            user,
+            authored,
+            install,
+            provided,
+            version,
+        })
+    }
+
+    /// A box's base (`base:` a box or an image, `from: builder:<type>`,
+    /// else the defaults'), with the base box's own partial resolution.
+    fn base_of(
+        &mut self,
+        ns: NsId,
+        def: &BoxDef,
+        visiting: &mut Vec<String>,
+        errs: &mut Vec<Diagnostic>,
+    ) -> (BaseRef, Option<Partial>) {
+        let p = self.p;
+        let nsd = p.ns(ns);
         let mut parent: Option<Partial> = None;
         let base = match (&def.base, &def.from) {
             (Some(b), Some(f)) => {
@@ -483,58 +592,18 @@ impl<'p> Resolver<'p> {
                 None => BaseRef::External("quay.io/fedora/fedora:43".into()),
             },
         };
-        visiting.pop();
+        (base, parent)
+    }
 
-        let (chain, root_image) = match (&base, &parent) {
-            (BaseRef::Box(b), Some(pp)) => {
-                let mut c = vec![b.clone()];
-                c.extend(pp.chain.iter().cloned());
-                (c, pp.root_image.clone())
-            }
-            (BaseRef::External(x), _) => (Vec::new(), x.clone()),
-            (BaseRef::Bootstrap { builder, .. }, _) => (Vec::new(), format!("builder:{builder}")),
-            _ => (Vec::new(), "scratch".into()),
-        };
-
-        let distro = def
-            .distro
-            .as_ref()
-            .map(|d| d.value.0.clone())
-            .or_else(|| {
-                parent
-                    .as_ref()
-                    .map(|pp| pp.distro.clone())
-                    .filter(|d| !d.is_empty())
-            })
-            .or_else(|| nsd.defaults.distro.as_ref().map(|d| d.value.0.clone()))
-            .unwrap_or_default();
-        let formats = def
-            .build
-            .as_ref()
-            .map(|d| d.value.0.clone())
-            .or_else(|| {
-                parent
-                    .as_ref()
-                    .map(|pp| pp.formats.clone())
-                    .filter(|d| !d.is_empty())
-            })
-            .or_else(|| nsd.defaults.build.as_ref().map(|d| d.value.0.clone()))
-            .unwrap_or_default();
-
-        let user = match (&def.user, &def.uid) {
-            (None, None) => parent.as_ref().and_then(|pp| pp.user.clone()),
-            _ => Some((
-                def.user
-                    .as_ref()
-                    .map(|u| u.value.clone())
-                    .unwrap_or_default(),
-                def.uid.as_ref().map(|u| u.value),
-                def.gid.as_ref().map(|g| g.value),
-                def.home.clone(),
-            )),
-        };
-
-        // Candies.
+    /// The candies a box names (`authored`) and what they expand to
+    /// (`install`: with their parts and requirements, each once, in order).
+    fn box_candies(
+        &mut self,
+        def: &BoxDef,
+        name: &str,
+        errs: &mut Vec<Diagnostic>,
+    ) -> (Vec<String>, Vec<String>) {
+        let p = self.p;
         let mut authored = Vec::new();
         let mut install: Vec<String> = Vec::new();
         for c in &def.candy {
@@ -567,50 +636,7 @@ impl<'p> Resolver<'p> {
                 Err(msg) => errs.push(Diagnostic::error(c.span, msg)),
             }
         }
-        let provided: BTreeSet<String> = parent
-            .as_ref()
-            .map(|pp| pp.install.union(&pp.provided).cloned().collect())
-            .unwrap_or_default();
-        let install: BTreeSet<String> = install
-            .into_iter()
-            .filter(|k| !provided.contains(k))
-            .collect();
-
-        let version = def
-            .version
-            .as_ref()
-            .map(|v| v.value.clone())
-            .or_else(|| {
-                let mut best: Option<String> = None;
-                for k in install.iter().chain(provided.iter()) {
-                    if let Some(v) = &p.candies[k].def.version
-                        && best.as_ref().is_none_or(|b| {
-                            crate::project::compare_calver(&v.value, b)
-                                == Some(std::cmp::Ordering::Greater)
-                        })
-                    {
-                        best = Some(v.value.clone());
-                    }
-                }
-                best
-            })
-            .or_else(|| parent.as_ref().and_then(|pp| pp.version.clone()));
-
-        if !errs.is_empty() {
-            return Err(errs);
-        }
-        Ok(Partial {
-            base,
-            chain,
-            root_image,
-            distro,
-            formats,
-            user,
-            authored,
-            install,
-            provided,
-            version,
-        })
+        (authored, install)
     }
 
     /// The global order over every box's install set.
