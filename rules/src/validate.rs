@@ -296,24 +296,22 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, files: Files, out: &mut
         non_shell.push(value);
     }
     non_shell.extend(t.target.as_deref());
-    for f in non_shell {
-        for var in vars_in(&f.value) {
-            if !AUTO_VARS.contains(&var.as_str()) && c.def.var.get(&var).is_none() {
-                let known: Vec<&str> = AUTO_VARS.iter().copied().chain(c.def.var.keys()).collect();
-                let mut d = Diagnostic::error(
-                    f.span,
-                    format!(
-                        "{what}: `${{{var}}}` is neither a `var:` of this candy nor one of {}",
-                        AUTO_VARS.join(", ")
-                    ),
-                );
-                if let Some(n) = nearest(&var, known) {
-                    d = d.with_hint(format!("did you mean `${{{n}}}`?"));
-                }
-                out.push(d);
-            }
-        }
-    }
+    check_vars(c, &non_shell, &what, out);
+    check_verb_fields(c, t, verb, value, &what, files, out);
+    check_caches(t, verb, &what, out);
+}
+
+/// The fields a task's verb needs (`copy` its source and `to:`, `write`
+/// its `content:`, …) and their values.
+fn check_verb_fields(
+    c: &CandyEntry,
+    t: &Task,
+    verb: &str,
+    value: &Spanned<String>,
+    what: &str,
+    files: Files,
+    out: &mut Vec<Diagnostic>,
+) {
     match verb {
         "copy" => {
             let src = &value.value;
@@ -397,6 +395,11 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, files: Files, out: &mut
         }
         _ => {}
     }
+}
+
+/// `cache:` paths: only on cmd and download tasks, each absolute (or in
+/// the home).
+fn check_caches(t: &Task, verb: &str, what: &str, out: &mut Vec<Diagnostic>) {
     if !matches!(verb, "cmd" | "download") {
         for cache in &t.cache.0 {
             out.push(Diagnostic::error(
@@ -414,6 +417,29 @@ fn validate_task(c: &CandyEntry, index: usize, t: &Task, files: Files, out: &mut
                     cache.value
                 ),
             ));
+        }
+    }
+}
+
+/// `${VAR}` in fields no shell reads: each a `var:` of the candy or an
+/// automatic one.
+fn check_vars(c: &CandyEntry, fields: &[&Spanned<String>], what: &str, out: &mut Vec<Diagnostic>) {
+    for f in fields {
+        for var in vars_in(&f.value) {
+            if !AUTO_VARS.contains(&var.as_str()) && c.def.var.get(&var).is_none() {
+                let known: Vec<&str> = AUTO_VARS.iter().copied().chain(c.def.var.keys()).collect();
+                let mut d = Diagnostic::error(
+                    f.span,
+                    format!(
+                        "{what}: `${{{var}}}` is neither a `var:` of this candy nor one of {}",
+                        AUTO_VARS.join(", ")
+                    ),
+                );
+                if let Some(n) = nearest(&var, known) {
+                    d = d.with_hint(format!("did you mean `${{{n}}}`?"));
+                }
+                out.push(d);
+            }
         }
     }
 }
