@@ -345,51 +345,10 @@ fn read_node(key: &Node, node: &Node, out: &mut Vec<Diagnostic>) -> Option<Item>
     let (disc_key, disc_val) = match discs.as_slice() {
         [one] => (&one.0, &one.1),
         [] if plugin_kind_candidate(name, entries).is_some() => {
-            let (k, v) = plugin_kind_candidate(name, entries)?;
-            let mut children = Vec::new();
-            for (ck, cv) in entries {
-                if !std::ptr::eq(ck, k) {
-                    children.push((ck.clone(), cv.clone()));
-                }
-            }
-            let mut folded: Vec<(Node, Node)> = v.as_map().unwrap_or(&[]).to_vec();
-            folded.extend(children);
-            return Some(Item::Other {
-                kind: k.as_str().unwrap_or("").to_string(),
-                plugin_kind: true,
-                key: key.clone(),
-                value: Node {
-                    span: v.span,
-                    value: Value::Map(folded),
-                },
-            });
+            return plugin_node(key, name, entries);
         }
         [] => {
-            if let Some((k, _)) = entries.iter().find(|(k, _)| k.as_str() == Some("box")) {
-                out.push(
-                    Diagnostic::error(
-                        k.span,
-                        format!("node `{name}`: `box:` is not a 2026.174 kind"),
-                    )
-                    .with_hint("an image is a `candy:` with `base:` or `from:`"),
-                );
-                return None;
-            }
-            let mut d = Diagnostic::error(
-                key.span,
-                format!(
-                    "node `{name}` has no kind; it needs exactly one of: {}",
-                    NODE_KINDS.join(", ")
-                ),
-            );
-            if let Some(g) = entries
-                .iter()
-                .filter_map(|(k, _)| k.as_str())
-                .find_map(|k| nearest(k, NODE_KINDS.iter().copied()).filter(|n| *n != k))
-            {
-                d = d.with_hint(format!("did you mean `{g}`?"));
-            }
-            out.push(d);
+            no_kind(key, name, entries, out);
             return None;
         }
         [first, second, ..] => {
@@ -425,87 +384,23 @@ fn read_node(key: &Node, node: &Node, out: &mut Vec<Diagnostic>) -> Option<Item>
             ),
         ));
     }
-    let mut folded: Vec<(Node, Node)> = Vec::new();
-    let mut tasks: Vec<Node> = Vec::new();
-    let mut evals: Vec<Node> = Vec::new();
-    let mut agents: Vec<Node> = Vec::new();
+    let mut fold = Fold::default();
     // The kind's own value.
     for (k, v) in disc_val.as_map().unwrap_or(&[]) {
-        add_field(&mut folded, fields, name, None, k, v, out);
+        add_field(&mut fold.folded, fields, name, None, k, v, out);
     }
     // Children.
     for (ck, cv) in entries {
-        if std::ptr::eq(ck, disc_key) {
-            continue;
-        }
-        let cname = ck.as_str().unwrap_or("");
-        let Some(centries) = cv.as_map() else {
-            let mut d = Diagnostic::error(
-                ck.span,
-                format!(
-                    "`{cname}` in node `{name}` is {}; a child node is a mapping",
-                    cv.kind_name()
-                ),
-            );
-            if let Some(n) = nearest(cname, NODE_KINDS.iter().copied()) {
-                d = d.with_hint(format!("did you mean the kind `{n}:`?"));
-            }
-            out.push(d);
-            continue;
-        };
-        let steps: Vec<&(Node, Node)> = centries
-            .iter()
-            .filter(|(k, _)| STEP_KEYS.contains(&k.as_str().unwrap_or("")))
-            .collect();
-        match steps.as_slice() {
-            [] => {
-                if fields.is_none() {
-                    // Other kinds: the data child's fields join the value.
-                    folded.extend(centries.iter().cloned());
-                    continue;
-                }
-                for (k, v) in centries {
-                    add_field(&mut folded, fields, name, Some(cname), k, v, out);
-                }
-            }
-            [(sk, sv)] => {
-                if fields.is_none() {
-                    folded.push((ck.clone(), cv.clone()));
-                    continue;
-                }
-                match sk.as_str().unwrap_or("") {
-                    "run" if is_image => out.push(Diagnostic::warning(
-                        sk.span,
-                        format!("step `{cname}`: `run:` steps of an image are not supported yet; it is ignored"),
-                    )),
-                    "run" => {
-                        if let Some(t) = run_to_task(ck, cv, out) {
-                            tasks.push(t);
-                        }
-                    }
-                    "check" => {
-                        if let Some(c) = check_to_eval(ck, cv, sv, out) {
-                            evals.push(c);
-                        }
-                    }
-                    "include" => out.push(Diagnostic::warning(
-                        sk.span,
-                        format!("step `{cname}`: `include:` steps are not supported yet; it is ignored"),
-                    )),
-                    _ => agents.push(cv.clone()),
-                }
-            }
-            [first, second, ..] => out.push(Diagnostic::error(
-                second.0.span,
-                format!(
-                    "step `{cname}` has both `{}:` and `{}:`; a step has exactly one of {}",
-                    first.0.as_str().unwrap_or(""),
-                    second.0.as_str().unwrap_or(""),
-                    STEP_KEYS.join(", ")
-                ),
-            )),
+        if !std::ptr::eq(ck, disc_key) {
+            fold.child(ck, cv, name, fields, is_image, out);
         }
     }
+    let Fold {
+        mut folded,
+        tasks,
+        evals,
+        agents,
+    } = fold;
     let seq = |span: Span, items: Vec<Node>| Node {
         span,
         value: Value::Seq(items),
@@ -560,6 +455,152 @@ fn read_node(key: &Node, node: &Node, out: &mut Vec<Diagnostic>) -> Option<Item>
     };
     out.extend(w);
     item
+}
+
+/// What a node's kind value and children fold into: the kind's fields, and
+/// the steps its children are (tasks, checks, agent steps).
+#[derive(Default)]
+struct Fold {
+    folded: Vec<(Node, Node)>,
+    tasks: Vec<Node>,
+    evals: Vec<Node>,
+    agents: Vec<Node>,
+}
+
+impl Fold {
+    /// Child `ck: cv` of node `name`: a data child (its fields join the
+    /// kind's) or a step (`run:`, `check:`, an agent step).
+    fn child(
+        &mut self,
+        ck: &Node,
+        cv: &Node,
+        name: &str,
+        fields: Option<&[&str]>,
+        is_image: bool,
+        out: &mut Vec<Diagnostic>,
+    ) {
+        let cname = ck.as_str().unwrap_or("");
+        let Some(centries) = cv.as_map() else {
+            let mut d = Diagnostic::error(
+                ck.span,
+                format!(
+                    "`{cname}` in node `{name}` is {}; a child node is a mapping",
+                    cv.kind_name()
+                ),
+            );
+            if let Some(n) = nearest(cname, NODE_KINDS.iter().copied()) {
+                d = d.with_hint(format!("did you mean the kind `{n}:`?"));
+            }
+            out.push(d);
+            return;
+        };
+        let steps: Vec<&(Node, Node)> = centries
+            .iter()
+            .filter(|(k, _)| STEP_KEYS.contains(&k.as_str().unwrap_or("")))
+            .collect();
+        match steps.as_slice() {
+            [] => {
+                if fields.is_none() {
+                    // Other kinds: the data child's fields join the value.
+                    self.folded.extend(centries.iter().cloned());
+                    return;
+                }
+                for (k, v) in centries {
+                    add_field(&mut self.folded, fields, name, Some(cname), k, v, out);
+                }
+            }
+            [(sk, sv)] => {
+                if fields.is_none() {
+                    self.folded.push((ck.clone(), cv.clone()));
+                    return;
+                }
+                match sk.as_str().unwrap_or("") {
+                    "run" if is_image => out.push(Diagnostic::warning(
+                        sk.span,
+                        format!("step `{cname}`: `run:` steps of an image are not supported yet; it is ignored"),
+                    )),
+                    "run" => {
+                        if let Some(t) = run_to_task(ck, cv, out) {
+                            self.tasks.push(t);
+                        }
+                    }
+                    "check" => {
+                        if let Some(c) = check_to_eval(ck, cv, sv, out) {
+                            self.evals.push(c);
+                        }
+                    }
+                    "include" => out.push(Diagnostic::warning(
+                        sk.span,
+                        format!("step `{cname}`: `include:` steps are not supported yet; it is ignored"),
+                    )),
+                    _ => self.agents.push(cv.clone()),
+                }
+            }
+            [first, second, ..] => out.push(Diagnostic::error(
+                second.0.span,
+                format!(
+                    "step `{cname}` has both `{}:` and `{}:`; a step has exactly one of {}",
+                    first.0.as_str().unwrap_or(""),
+                    second.0.as_str().unwrap_or(""),
+                    STEP_KEYS.join(", ")
+                ),
+            )),
+        }
+    }
+}
+
+/// A kindless node whose one candidate entry is a plugin-declared kind:
+/// that entry's mapping with the node's other entries (its children)
+/// folded in.
+fn plugin_node(key: &Node, name: &str, entries: &[(Node, Node)]) -> Option<Item> {
+    let (k, v) = plugin_kind_candidate(name, entries)?;
+    let mut children = Vec::new();
+    for (ck, cv) in entries {
+        if !std::ptr::eq(ck, k) {
+            children.push((ck.clone(), cv.clone()));
+        }
+    }
+    let mut folded: Vec<(Node, Node)> = v.as_map().unwrap_or(&[]).to_vec();
+    folded.extend(children);
+    Some(Item::Other {
+        kind: k.as_str().unwrap_or("").to_string(),
+        plugin_kind: true,
+        key: key.clone(),
+        value: Node {
+            span: v.span,
+            value: Value::Map(folded),
+        },
+    })
+}
+
+/// Says why a node has no kind: `box:` (a 2026.160 kind), or none of the
+/// node kinds (with the nearest one to a key it has).
+fn no_kind(key: &Node, name: &str, entries: &[(Node, Node)], out: &mut Vec<Diagnostic>) {
+    if let Some((k, _)) = entries.iter().find(|(k, _)| k.as_str() == Some("box")) {
+        out.push(
+            Diagnostic::error(
+                k.span,
+                format!("node `{name}`: `box:` is not a 2026.174 kind"),
+            )
+            .with_hint("an image is a `candy:` with `base:` or `from:`"),
+        );
+        return;
+    }
+    let mut d = Diagnostic::error(
+        key.span,
+        format!(
+            "node `{name}` has no kind; it needs exactly one of: {}",
+            NODE_KINDS.join(", ")
+        ),
+    );
+    if let Some(g) = entries
+        .iter()
+        .filter_map(|(k, _)| k.as_str())
+        .find_map(|k| nearest(k, NODE_KINDS.iter().copied()).filter(|n| *n != k))
+    {
+        d = d.with_hint(format!("did you mean `{g}`?"));
+    }
+    out.push(d);
 }
 
 /// The one entry of a kindless node that can be a plugin-declared kind:
