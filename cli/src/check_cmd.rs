@@ -166,25 +166,6 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
         return Ok(printed);
     }
 
-    let vocab_init = |b: &charly_rules::resolve::ResolvedBox| -> Option<Vec<String>> {
-        let own_services = b.candies.iter().chain(b.provided.iter()).any(|k| {
-            o.project.candies[k]
-                .def
-                .service
-                .iter()
-                .any(|s| s.exec.is_some())
-        });
-        let has_supervisord = b
-            .candies
-            .iter()
-            .chain(b.provided.iter())
-            .any(|k| k == "supervisord");
-        if !own_services || !has_supervisord {
-            return None;
-        }
-        let init = o.project.ns(b.ns).vocab.init.get("supervisord")?;
-        (!init.entrypoint.is_empty()).then(|| init.entrypoint.clone())
-    };
     let beds: Vec<(Bed<'_>, charly_cache::NodeKey)> = beds_checks
         .into_iter()
         .filter_map(|(b, checks)| {
@@ -194,7 +175,7 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
                     b,
                     image: charly_rules::naming::box_image_ref(&o.resolution, &b.name),
                     checks,
-                    init: vocab_init(b),
+                    init: supervisord_entrypoint(&o.project, b),
                     format: b.pkg().unwrap_or_default().to_string(),
                 },
                 image_key,
@@ -230,51 +211,80 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
         let counted: Vec<CountedReport<'_>> = reports.iter().map(CountedReport::new).collect();
         output::json_to(&mut printed.stdout, &counted)?;
     } else {
-        let err = &mut printed.notes;
-        for r in &reports {
-            if let Some(e) = &r.error {
-                err.push(format!("{}: ERROR {e}", r.box_name));
-                continue;
-            }
-            for c in &r.checks {
-                let tag = match c.outcome {
-                    Outcome::Pass => "pass",
-                    Outcome::Fail => "FAIL",
-                    Outcome::Skip => "skip",
-                };
-                let mut line = format!("{tag}  {}  {} ({})", r.box_name, c.id, c.owner);
-                match c.outcome {
-                    Outcome::Skip => {
-                        line.push_str(&format!(": {}", c.reason.as_deref().unwrap_or("")))
-                    }
-                    Outcome::Fail => line.push_str(&format!(
-                        ": {}\n        expected: {}\n        actual:   {}",
-                        c.reason.as_deref().unwrap_or(""),
-                        c.expected.as_deref().unwrap_or(""),
-                        c.actual.as_deref().unwrap_or("")
-                    )),
-                    Outcome::Pass => {}
-                }
-                err.push(line);
-            }
-            if r.checks.is_empty() {
-                err.push(format!("{}: no checks (no container started)", r.box_name));
-                continue;
-            }
-            let (p, f, s) = r.counts();
-            err.push(format!(
-                "{}: {p} passed, {f} failed, {s} skipped{}",
-                r.box_name,
-                if r.cached {
-                    " (cached: unchanged since an all-pass run)"
-                } else {
-                    ""
-                }
-            ));
-        }
+        printed.notes.extend(bed_lines(&reports));
     }
     printed.failed = !reports.iter().all(BedReport::ok);
     Ok(printed)
+}
+
+/// The entrypoint a bed's container starts with: supervisord's (from the
+/// vocabulary), when the box has supervisord and services of its own;
+/// else the image's.
+fn supervisord_entrypoint(
+    p: &charly_rules::load::Project,
+    b: &charly_rules::resolve::ResolvedBox,
+) -> Option<Vec<String>> {
+    let own_services = b
+        .candies
+        .iter()
+        .chain(b.provided.iter())
+        .any(|k| p.candies[k].def.service.iter().any(|s| s.exec.is_some()));
+    let has_supervisord = b
+        .candies
+        .iter()
+        .chain(b.provided.iter())
+        .any(|k| k == "supervisord");
+    if !own_services || !has_supervisord {
+        return None;
+    }
+    let init = p.ns(b.ns).vocab.init.get("supervisord")?;
+    (!init.entrypoint.is_empty()).then(|| init.entrypoint.clone())
+}
+
+/// The text report of the beds: one line per check (failures with what was
+/// expected and what was found), then each bed's counts.
+fn bed_lines(reports: &[BedReport]) -> Vec<String> {
+    let mut err = Vec::new();
+    for r in reports {
+        if let Some(e) = &r.error {
+            err.push(format!("{}: ERROR {e}", r.box_name));
+            continue;
+        }
+        for c in &r.checks {
+            let tag = match c.outcome {
+                Outcome::Pass => "pass",
+                Outcome::Fail => "FAIL",
+                Outcome::Skip => "skip",
+            };
+            let mut line = format!("{tag}  {}  {} ({})", r.box_name, c.id, c.owner);
+            match c.outcome {
+                Outcome::Skip => line.push_str(&format!(": {}", c.reason.as_deref().unwrap_or(""))),
+                Outcome::Fail => line.push_str(&format!(
+                    ": {}\n        expected: {}\n        actual:   {}",
+                    c.reason.as_deref().unwrap_or(""),
+                    c.expected.as_deref().unwrap_or(""),
+                    c.actual.as_deref().unwrap_or("")
+                )),
+                Outcome::Pass => {}
+            }
+            err.push(line);
+        }
+        if r.checks.is_empty() {
+            err.push(format!("{}: no checks (no container started)", r.box_name));
+            continue;
+        }
+        let (p, f, s) = r.counts();
+        err.push(format!(
+            "{}: {p} passed, {f} failed, {s} skipped{}",
+            r.box_name,
+            if r.cached {
+                " (cached: unchanged since an all-pass run)"
+            } else {
+                ""
+            }
+        ));
+    }
+    err
 }
 
 /// A bed's report as `--json` prints it: the report with its counts, so a
