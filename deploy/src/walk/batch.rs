@@ -107,6 +107,20 @@ const INLINE_MAX: usize = 48 * 1024;
 const SCRIPT_BUDGET: usize = 96 * 1024;
 
 impl Item<'_> {
+    /// What the step does, for a message about it.
+    fn what(&self) -> String {
+        match self {
+            Item::Cmd(_) => "command".to_string(),
+            Item::Packages(_) => "package install".to_string(),
+            Item::Service { unit, .. } => format!("enable {unit}"),
+            Item::Mkdir { path, .. } => format!("mkdir {path}"),
+            Item::Link { path, .. } => format!("link {path}"),
+            Item::Setcap { .. } => "setcap".to_string(),
+            Item::File { path, .. } => format!("write {path}"),
+            Item::Unit { path, unit, .. } => format!("write {path} and enable {unit}"),
+        }
+    }
+
     /// About how much of the batch script it takes.
     fn size(&self) -> usize {
         match self {
@@ -880,35 +894,7 @@ pub(super) fn walk(
     let Some(first) = w.plan.steps.get(i) else {
         return Ok(0);
     };
-    let mut budget = SCRIPT_BUDGET;
-    let mut opaque = false;
-    let cands: Vec<(u32, &InstallStep, Item<'_>)> = w.plan.steps[i..]
-        .iter()
-        .zip(&w.skip[i..])
-        .enumerate()
-        .map_while(|(k, (s, sk))| {
-            let it = item(s, sk, w.arts)?;
-            // After a step whose effects are not known in advance (a
-            // command, a package install), what the probe said of the
-            // host may no longer hold: only commands may follow it.
-            if opaque && !matches!(it, Item::Cmd(_)) {
-                return None;
-            }
-            opaque |= matches!(it, Item::Cmd(_) | Item::Packages(_));
-            budget = budget.checked_sub(it.size())?;
-            ((s.scope, s.venue) == (first.scope, first.venue)).then_some(((i + k) as u32, s, it))
-        })
-        .collect();
-    // One step alone is worth a batch when it costs more than two round
-    // trips by itself.
-    let worth = match cands.as_slice() {
-        [] => false,
-        [(_, _, it)] => !matches!(
-            it,
-            Item::Cmd(_) | Item::Setcap { .. } | Item::Service { .. }
-        ),
-        _ => true,
-    };
+    let (cands, worth) = batchable(w, i, first);
     if !worth || rooted {
         return Ok(0);
     }
@@ -917,17 +903,7 @@ pub(super) fn walk(
     let nonce = nonce(i);
     // 1. Every question in one round trip (a host that cannot answer
     // leaves each step to run alone, and fail there if it must).
-    let mut probe = String::new();
-    for (seq, s, it) in &cands {
-        for (part, c) in probe_of(host, w, s, it) {
-            probe.push_str(&format!(
-                "{}\n{} </dev/null; __rc=$?\n{}\n",
-                marker(&nonce, part, *seq, false),
-                inner(&c, &login, rooted),
-                marker(&nonce, "", *seq, true)
-            ));
-        }
-    }
+    let probe = probe_script(host, w, &cands, &nonce, &login, rooted);
     let answers = if probe.is_empty() {
         Sections::default()
     } else {
@@ -950,26 +926,7 @@ pub(super) fn walk(
     }
     // 3. One script: each step's commands, its check, its marker; the
     // first failure stops it.
-    let mut script = String::new();
-    for r in &ready {
-        let cmds: Vec<String> = r
-            .run
-            .iter()
-            .map(|c| format!("{} </dev/null", inner(c, &login, rooted)))
-            .collect();
-        script.push_str(&format!("{}; __rc=$?\n", cmds.join(" && ")));
-        if let Some(v) = &r.verify {
-            script.push_str(&format!(
-                "if [ \"$__rc\" -eq 0 ]; then {}; {} </dev/null || __rc=$?; fi\n",
-                marker(&nonce, "verify", r.seq, false),
-                inner(v, &login, rooted)
-            ));
-        }
-        script.push_str(&format!(
-            "{}; [ \"$__rc\" -eq 0 ] || exit \"$__rc\"\n",
-            marker(&nonce, "", r.seq, true)
-        ));
-    }
+    let script = batch_script(&ready, &nonce, &login, rooted);
     let (first_seq, last_seq) = (ready[0].seq, ready[ready.len() - 1].seq);
     let carried = ready.len();
     let out = host.run(&batch_cmd(script, sys, w.user, w, carried));
@@ -990,16 +947,7 @@ pub(super) fn walk(
         let h = head(r.step);
         let mut actions = r.actions.clone();
         actions.push(format!("(steps {first_seq}–{last_seq} in one round trip)"));
-        let what = match &r.item {
-            Item::Cmd(_) => "command".to_string(),
-            Item::Packages(_) => "package install".to_string(),
-            Item::Service { unit, .. } => format!("enable {unit}"),
-            Item::Mkdir { path, .. } => format!("mkdir {path}"),
-            Item::Link { path, .. } => format!("link {path}"),
-            Item::Setcap { .. } => "setcap".to_string(),
-            Item::File { path, .. } => format!("write {path}"),
-            Item::Unit { path, unit, .. } => format!("write {path} and enable {unit}"),
-        };
+        let what = r.item.what();
         let mut facts = r.facts.clone();
         let ended: Result<(), String> = match (&out, done.rc.get(&r.seq)) {
             (Err(e), _) => Err(if k == 0 {
@@ -1009,41 +957,16 @@ pub(super) fn walk(
                     "the batch of steps {first_seq}–{last_seq} broke off ({e}) before this step reported; what it may have done is undone by `bundle del`"
                 )
             }),
-            (Ok(_), Some(0)) => {
-                let mut planned = BTreeSet::new();
-                let mut cx = StepCx::new(
-                    host,
-                    Some(&mut *ledger),
-                    &w.record.name,
-                    r.seq,
-                    w.user,
-                    w.o,
-                    rooted,
-                    &mut planned,
-                    r.step.reverse.clone(),
-                );
-                cx.realized = r.realized.clone();
-                let res = (|| {
-                    if let (Item::Packages(p), Some((new, batch_before))) = (&r.item, &r.pkgs) {
-                        let text = done
-                            .text
-                            .get(&("verify".to_string(), r.seq))
-                            .cloned()
-                            .unwrap_or_default();
-                        let after = pkg::parse_installed(&p.format, &text).map_err(|e| {
-                            format!("unexpected output from the {} package list: {e}", p.format)
-                        })?;
-                        cx.realize(|o| o.kind == ReverseKind::PackageRemove);
-                        let before = before_next.clone().unwrap_or_else(|| batch_before.clone());
-                        packages_done(&mut cx, &p.format, &p.packages, new, &before, &after)?;
-                        before_next = Some(after);
-                    }
-                    cx.account_for_reverse_ops()
-                })();
-                facts.append(&mut cx.facts);
-                actions.append(&mut cx.actions);
-                res
-            }
+            (Ok(_), Some(0)) => batch_step_done(
+                host,
+                ledger,
+                w,
+                r,
+                &done,
+                &mut before_next,
+                &mut facts,
+                &mut actions,
+            ),
             (Ok(_), Some(rc)) => Err(with_tail(format!("{what}: exit {rc}"))),
             (Ok(_), None) => Err(with_tail(format!(
                 "the batch ended (exit {status}) before this step reported"
@@ -1098,6 +1021,150 @@ pub(super) fn walk(
         }
     }
     Ok(carried)
+}
+
+/// The steps from `i` on that one batch can carry: of `first`'s scope and
+/// venue, within the script budget, nothing but commands after a step
+/// whose effects are not known in advance; and whether they are worth a
+/// batch (one step alone is when it costs more than two round trips by
+/// itself).
+#[allow(clippy::type_complexity)]
+fn batchable<'a>(
+    w: &Walk<'a>,
+    i: usize,
+    first: &InstallStep,
+) -> (Vec<(u32, &'a InstallStep, Item<'a>)>, bool) {
+    let mut budget = SCRIPT_BUDGET;
+    let mut opaque = false;
+    let cands: Vec<(u32, &InstallStep, Item<'_>)> = w.plan.steps[i..]
+        .iter()
+        .zip(&w.skip[i..])
+        .enumerate()
+        .map_while(|(k, (s, sk))| {
+            let it = item(s, sk, w.arts)?;
+            // After a step whose effects are not known in advance (a
+            // command, a package install), what the probe said of the
+            // host may no longer hold: only commands may follow it.
+            if opaque && !matches!(it, Item::Cmd(_)) {
+                return None;
+            }
+            opaque |= matches!(it, Item::Cmd(_) | Item::Packages(_));
+            budget = budget.checked_sub(it.size())?;
+            ((s.scope, s.venue) == (first.scope, first.venue)).then_some(((i + k) as u32, s, it))
+        })
+        .collect();
+    // One step alone is worth a batch when it costs more than two round
+    // trips by itself.
+    let worth = match cands.as_slice() {
+        [] => false,
+        [(_, _, it)] => !matches!(
+            it,
+            Item::Cmd(_) | Item::Setcap { .. } | Item::Service { .. }
+        ),
+        _ => true,
+    };
+    (cands, worth)
+}
+
+/// A step the batch's marker says succeeded: its packages accounted for
+/// (what the install brought in, read off the package list after it, the
+/// list after the step before it being its "before"), its reverse ops
+/// checked, its facts and actions added.
+#[allow(clippy::too_many_arguments)]
+fn batch_step_done(
+    host: &mut dyn Host,
+    ledger: &mut Ledger,
+    w: &Walk<'_>,
+    r: &Ready<'_>,
+    done: &Sections,
+    before_next: &mut Option<BTreeSet<String>>,
+    facts: &mut Vec<Fact>,
+    actions: &mut Vec<String>,
+) -> Result<(), String> {
+    let rooted = host.root().is_some();
+    let mut planned = BTreeSet::new();
+    let mut cx = StepCx::new(
+        host,
+        Some(ledger),
+        &w.record.name,
+        r.seq,
+        w.user,
+        w.o,
+        rooted,
+        &mut planned,
+        r.step.reverse.clone(),
+    );
+    cx.realized = r.realized.clone();
+    let res = (|| {
+        if let (Item::Packages(p), Some((new, batch_before))) = (&r.item, &r.pkgs) {
+            let text = done
+                .text
+                .get(&("verify".to_string(), r.seq))
+                .cloned()
+                .unwrap_or_default();
+            let after = pkg::parse_installed(&p.format, &text).map_err(|e| {
+                format!("unexpected output from the {} package list: {e}", p.format)
+            })?;
+            cx.realize(|o| o.kind == ReverseKind::PackageRemove);
+            let before = before_next.clone().unwrap_or_else(|| batch_before.clone());
+            packages_done(&mut cx, &p.format, &p.packages, new, &before, &after)?;
+            *before_next = Some(after);
+        }
+        cx.account_for_reverse_ops()
+    })();
+    facts.append(&mut cx.facts);
+    actions.append(&mut cx.actions);
+    res
+}
+
+/// The probe of a batch: every question its steps ask the host, each
+/// between its markers.
+fn probe_script(
+    host: &dyn Host,
+    w: &Walk<'_>,
+    cands: &[(u32, &InstallStep, Item<'_>)],
+    nonce: &str,
+    login: &Login,
+    rooted: bool,
+) -> String {
+    let mut probe = String::new();
+    for (seq, s, it) in cands {
+        for (part, c) in probe_of(host, w, s, it) {
+            probe.push_str(&format!(
+                "{}\n{} </dev/null; __rc=$?\n{}\n",
+                marker(nonce, part, *seq, false),
+                inner(&c, login, rooted),
+                marker(nonce, "", *seq, true)
+            ));
+        }
+    }
+    probe
+}
+
+/// The script of a batch: each step's commands, its check and its marker;
+/// the first failure stops it.
+fn batch_script(ready: &[Ready<'_>], nonce: &str, login: &Login, rooted: bool) -> String {
+    let mut script = String::new();
+    for r in ready {
+        let cmds: Vec<String> = r
+            .run
+            .iter()
+            .map(|c| format!("{} </dev/null", inner(c, login, rooted)))
+            .collect();
+        script.push_str(&format!("{}; __rc=$?\n", cmds.join(" && ")));
+        if let Some(v) = &r.verify {
+            script.push_str(&format!(
+                "if [ \"$__rc\" -eq 0 ]; then {}; {} </dev/null || __rc=$?; fi\n",
+                marker(nonce, "verify", r.seq, false),
+                inner(v, login, rooted)
+            ));
+        }
+        script.push_str(&format!(
+            "{}; [ \"$__rc\" -eq 0 ] || exit \"$__rc\"\n",
+            marker(nonce, "", r.seq, true)
+        ));
+    }
+    script
 }
 
 #[cfg(test)]
