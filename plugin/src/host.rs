@@ -827,70 +827,13 @@ async fn launch(
     let prefix = format!("{name}: ");
 
     // stderr: to the sink, and the last lines kept for errors.
-    let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
-    let (stderr_done_tx, stderr_done) = watch::channel(false);
-    if let Some(err) = child.stderr.take() {
-        let keep = Arc::clone(&stderr_tail);
-        let sink = sink.clone();
-        let prefix = prefix.clone();
-        tokio::spawn(async move {
-            for_each_line(err, |line| {
-                if let Ok(mut k) = keep.lock() {
-                    if k.len() == STDERR_TAIL {
-                        k.pop_front();
-                    }
-                    k.push_back(line.to_string());
-                }
-                if let Some(s) = &sink {
-                    s(&format!("{prefix}{line}"));
-                }
-            })
-            .await;
-            let _ = stderr_done_tx.send(true);
-        });
-    } else {
-        let _ = stderr_done_tx.send(true);
-    }
+    let (stderr_tail, stderr_done) = read_stderr(&mut child, sink.clone(), prefix.clone());
 
     // stdout: the first line is the handshake, the rest goes to the sink.
-    let (first_tx, first_rx) = oneshot::channel::<String>();
-    if let Some(out) = child.stdout.take() {
-        let sink = sink.clone();
-        let prefix = prefix.clone();
-        tokio::spawn(async move {
-            let mut first = Some(first_tx);
-            for_each_line(out, |line| {
-                if let Some(tx) = first.take() {
-                    let _ = tx.send(line.to_string());
-                } else if let Some(s) = &sink {
-                    s(&format!("{prefix}{line}"));
-                }
-            })
-            .await;
-        });
-    }
+    let first_rx = read_stdout(&mut child, sink.clone(), prefix.clone());
 
     // The process: one task owns it, reports its end, kills it on request.
-    let (exit_tx, exit) = watch::channel(None::<String>);
-    let (kill, kill_rx) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let st = tokio::select! {
-            st = child.wait() => st,
-            _ = kill_rx => {
-                stop_group(pid);
-                let _ = child.start_kill();
-                child.wait().await
-            }
-        };
-        // What it left running (children of a plugin that exited, or was
-        // killed, before them) goes too.
-        stop_group(pid);
-        let text = match st {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("wait failed: {e}"),
-        };
-        let _ = exit_tx.send(Some(text));
-    });
+    let (exit, kill) = own_process(child, pid);
 
     // On any failure from here on: kill the process and wait until it is
     // reaped, so a failed start leaves nothing behind.
@@ -996,10 +939,112 @@ async fn launch(
         return Err(fail(e, kill).await);
     }
 
-    // go-plugin's broker: the host keeps one StartStream open; it announces
-    // its own endpoints on it. What the plugin announces is not used.
+    let broker = start_broker(channel.clone());
+
+    relay_stdio(channel.clone(), sink, prefix);
+
+    Ok(Launched {
+        pid,
+        channel,
+        exit,
+        kill,
+        stderr: stderr_tail,
+        stderr_done,
+        broker,
+        tls,
+    })
+}
+
+/// Reads the plugin's stderr into the sink, keeping its last lines for
+/// errors; the flag turns true once it is read to its end.
+fn read_stderr(
+    child: &mut tokio::process::Child,
+    sink: Option<LineSink>,
+    prefix: String,
+) -> (Arc<Mutex<VecDeque<String>>>, watch::Receiver<bool>) {
+    let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let (stderr_done_tx, stderr_done) = watch::channel(false);
+    if let Some(err) = child.stderr.take() {
+        let keep = Arc::clone(&stderr_tail);
+        tokio::spawn(async move {
+            for_each_line(err, |line| {
+                if let Ok(mut k) = keep.lock() {
+                    if k.len() == STDERR_TAIL {
+                        k.pop_front();
+                    }
+                    k.push_back(line.to_string());
+                }
+                if let Some(s) = &sink {
+                    s(&format!("{prefix}{line}"));
+                }
+            })
+            .await;
+            let _ = stderr_done_tx.send(true);
+        });
+    } else {
+        let _ = stderr_done_tx.send(true);
+    }
+    (stderr_tail, stderr_done)
+}
+
+/// Reads the plugin's stdout: its first line (the handshake) comes back
+/// on the channel, the rest goes to the sink.
+fn read_stdout(
+    child: &mut tokio::process::Child,
+    sink: Option<LineSink>,
+    prefix: String,
+) -> oneshot::Receiver<String> {
+    let (first_tx, first_rx) = oneshot::channel::<String>();
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(async move {
+            let mut first = Some(first_tx);
+            for_each_line(out, |line| {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(line.to_string());
+                } else if let Some(s) = &sink {
+                    s(&format!("{prefix}{line}"));
+                }
+            })
+            .await;
+        });
+    }
+    first_rx
+}
+
+/// One task owns the plugin's process: it reports its end (the exit
+/// status, as text) and kills it, with its process group, on request.
+fn own_process(
+    mut child: tokio::process::Child,
+    pid: Option<u32>,
+) -> (watch::Receiver<Option<String>>, oneshot::Sender<()>) {
+    let (exit_tx, exit) = watch::channel(None::<String>);
+    let (kill, kill_rx) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let st = tokio::select! {
+            st = child.wait() => st,
+            _ = kill_rx => {
+                stop_group(pid);
+                let _ = child.start_kill();
+                child.wait().await
+            }
+        };
+        // What it left running (children of a plugin that exited, or was
+        // killed, before them) goes too.
+        stop_group(pid);
+        let text = match st {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("wait failed: {e}"),
+        };
+        let _ = exit_tx.send(Some(text));
+    });
+    (exit, kill)
+}
+
+/// go-plugin's broker: the host keeps one StartStream open; it announces
+/// its own endpoints on it. What the plugin announces is not used.
+fn start_broker(channel: Channel) -> mpsc::Sender<gp::ConnInfo> {
     let (broker, broker_rx) = mpsc::channel::<gp::ConnInfo>(16);
-    let mut broker_client = gp::grpc_broker_client::GrpcBrokerClient::new(channel.clone());
+    let mut broker_client = gp::grpc_broker_client::GrpcBrokerClient::new(channel);
     tokio::spawn(async move {
         if let Ok(resp) = broker_client
             .start_stream(ReceiverStream::new(broker_rx))
@@ -1009,17 +1054,20 @@ async fn launch(
             while let Some(Ok(_)) = inbound.next().await {}
         }
     });
+    broker
+}
 
-    // go-plugin's GRPCStdio: the plugin's captured stdout/stderr, if it has
-    // it. Read even without a sink: a Go plugin's writes block once nobody
-    // drains the stream.
+/// go-plugin's GRPCStdio: the plugin's captured stdout/stderr, if it has
+/// it, line by line to the sink. Read even without a sink: a Go plugin's
+/// writes block once nobody drains the stream.
+fn relay_stdio(channel: Channel, sink: Option<LineSink>, prefix: String) {
     {
         let emit = move |line: &str| {
             if let Some(s) = &sink {
                 s(&format!("{prefix}{line}"));
             }
         };
-        let mut stdio = gp::grpc_stdio_client::GrpcStdioClient::new(channel.clone());
+        let mut stdio = gp::grpc_stdio_client::GrpcStdioClient::new(channel);
         tokio::spawn(async move {
             let Ok(resp) = stdio.stream_stdio(()).await else {
                 return;
@@ -1040,17 +1088,6 @@ async fn launch(
             }
         });
     }
-
-    Ok(Launched {
-        pid,
-        channel,
-        exit,
-        kill,
-        stderr: stderr_tail,
-        stderr_done,
-        broker,
-        tls,
-    })
 }
 
 /// AutoMTLS with one plugin: how the host dials it and serves it broker
