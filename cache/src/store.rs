@@ -601,6 +601,12 @@ impl Store {
         }
     }
 
+    /// Closes the pooled connections: the next use opens the index again.
+    #[cfg(test)]
+    pub(crate) fn close_idle_connections(&self) {
+        lock_ignoring_poison(&self.idle).clear();
+    }
+
     /// Runs `f` with a pooled connection (opening one if all are busy).
     pub(crate) fn with_conn<T>(
         &self,

@@ -340,3 +340,30 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index `verify` cannot open (here a directory where the file
+    /// was; for a user, a store another user owns) is an error, never
+    /// damage: with `--repair`, damage would move a healthy index aside and
+    /// lose every record in it.
+    #[test]
+    fn an_index_that_cannot_be_opened_is_an_error_not_damage() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = Store::open(tmp.path()).expect("open");
+        let db = tmp.path().join("index.db");
+        let kept = tmp.path().join("index.db.kept");
+        store.close_idle_connections();
+        fs::rename(&db, &kept).expect("rename");
+        fs::create_dir(&db).expect("mkdir");
+        for repair in [false, true] {
+            let err = store
+                .verify(repair)
+                .expect_err("an index that cannot be opened is an error");
+            assert!(!is_damage(&err), "repair={repair}: {err}");
+        }
+        assert!(kept.is_file() && db.is_dir(), "nothing moved aside");
+    }
+}

@@ -284,3 +284,33 @@ fn concurrent_openers_of_a_damaged_index_move_it_aside_once_and_keep_each_others
         );
     }
 }
+
+/// Damage found by `verify` itself, under a store that is open: a failing
+/// `PRAGMA quick_check` (SQLite answers "not a database" or "malformed")
+/// is reported as an index problem, not returned as an error, and
+/// `verify --repair` replaces the index and ends clean.
+#[test]
+fn verify_reports_an_index_damaged_under_an_open_store_and_repairs_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let blobs = populated(tmp.path());
+    let store = Store::open(tmp.path()).expect("open");
+    assert!(!store.index_was_checked());
+    let db = tmp.path().join("index.db");
+    let mut b = fs::read(&db).expect("read");
+    b[..100].copy_from_slice(&garbage(100, 5));
+    let page = 4096;
+    let from = b.len() / page / 3 * page;
+    b[from..from + 3 * page].copy_from_slice(&garbage(3 * page, 11));
+    fs::write(&db, b).expect("write");
+
+    let report = store
+        .verify(false)
+        .expect("damage is a finding, not an error");
+    assert!(!report.index_problems.is_empty(), "{report:?}");
+    assert!(!report.is_clean());
+    store.verify(true).expect("repair");
+    assert!(store.verify(false).expect("verify").is_clean());
+    for d in &blobs {
+        assert!(store.get_blob(d).expect("get").is_some(), "lost blob {d}");
+    }
+}
