@@ -14,6 +14,7 @@ use crate::session::{
 use crate::{Cli, output};
 use anyhow::Context;
 use charly_cache::Store;
+use charly_engine::build::{BuildReport, BuildRequest};
 use charly_engine::graph::Goal;
 use charly_engine::id::NodeId;
 use charly_engine::journal::{Journal, Scope};
@@ -807,71 +808,57 @@ fn build_full(
     let graph = engine.graph(&Goal::Build, &names)?;
     let mut progress = a.run.progress_for(&graph, &store, a.dry_run, false);
     if a.explain && !a.dry_run {
-        // Explained before the run: afterwards every node is cached.
-        progress = progress.explaining(why_each_runs(&engine, &graph)?);
+        progress = progress.explaining(engine.why_each_runs(&graph)?);
     }
-    let summary = engine.run(&graph, &o.project.root, j, a.dry_run, &progress);
+    let request = BuildRequest {
+        boxes: names.clone(),
+        jobs: j,
+        dry_run: a.dry_run,
+        load: a.load,
+        push: a.push.clone(),
+        export_to: a.output.clone(),
+        metadata: a.metadata_file.is_some(),
+    };
+    let built = engine.build(&graph, &request, &progress);
     progress.finish();
+    let mut built = built?;
+    let summary = &built.summary;
     let exec_stats = remote_exec.as_ref().map(|r| r.stats());
     match &exec_stats {
         Some(stats) => {
-            write_remote_exec_reports(&a.run, &summary, stats)?;
+            write_remote_exec_reports(&a.run, summary, stats)?;
             if !a.run.quiet && !a.dry_run {
                 output::note(&remote_exec_line(stats));
             }
         }
-        None => write_reports(&a.run, &summary)?,
+        None => write_reports(&a.run, summary)?,
     }
     // Not a replayed note: it is about this run's work.
-    let critical = critical_line(&summary, exec_stats.as_ref()).filter(|_| !a.run.quiet);
+    let critical = critical_line(summary, exec_stats.as_ref()).filter(|_| !a.run.quiet);
     let lines = if a.dry_run {
-        print_dry_run(&summary)?
+        print_dry_run(summary)?
     } else {
         Vec::new()
     };
     if !summary.ok() {
-        report_failures(&summary);
-        output::note(&summary_line("build", &summary));
+        report_failures(summary);
+        output::note(&summary_line("build", summary));
         if let Some(c) = &critical {
             output::note(c);
         }
-        report_remote(&summary);
+        report_remote(summary);
         return Ok((ExitCode::from(1), None));
     }
-    // Each box's reference names the image of the keys just reported,
-    // whether they ran or came from a cache (issue 44).
-    let in_runner = if a.dry_run {
-        Vec::new()
-    } else {
-        engine.name_images(&graph, &names, a.load)?
-    };
-    let mut pushed = std::collections::BTreeMap::new();
-    if let Some(reference) = &a.push
-        && !a.dry_run
-    {
-        let [name] = names.as_slice() else {
-            anyhow::bail!("--push writes one box's image; name exactly one box");
-        };
-        let at = push_box(&o, &engine, &graph, name, reference, a.run.quiet)?;
-        pushed.insert(name.clone(), at);
-    }
-    if let Some(file) = &a.metadata_file
-        && !a.dry_run
-    {
-        write_metadata(&o, &engine, &graph, &names, &in_runner, &pushed, file)?;
-    }
-    if let Some(dir) = &a.output
-        && !a.dry_run
-    {
-        export_oci(&o, &engine, &graph, &names, dir)?;
-    }
+    engine.deliver(&graph, &request, &mut built)?;
+    print_made(&built, a)?;
+    let (summary, in_runner) = (&built.summary, &built.in_runner);
     // What a replay prints again after stdout (unless quiet).
     let mut notes = vec![summary_line(
         if a.dry_run { "dry run" } else { "build" },
-        &summary,
+        summary,
     )];
     if !a.dry_run && a.runner.runner == "podman" {
-        notes.extend(run_hint(&o, &store, &names, &in_runner, a));
+        notes.extend(run_hint(&o, &store, &names, in_runner, a));
     }
     if !a.run.quiet {
         for (i, n) in notes.iter().enumerate() {
@@ -883,7 +870,7 @@ fn build_full(
             }
         }
     }
-    report_remote_unless_quiet(&summary, a.run.quiet);
+    report_remote_unless_quiet(summary, a.run.quiet);
     let mut outcome = summary.outcome(lines);
     outcome.warnings = said;
     outcome.notes = notes;
@@ -896,24 +883,6 @@ fn build_full(
         .map(|n| (n.id.clone(), n.key.to_hex()))
         .collect();
     Ok((ExitCode::SUCCESS, Some((outcome, covered))))
-}
-
-/// Why each node that is not cached will run (`--explain`), by id.
-fn why_each_runs(
-    engine: &charly_engine::api::Engine<'_>,
-    graph: &charly_engine::graph::Graph,
-) -> anyhow::Result<std::collections::HashMap<String, Vec<String>>> {
-    let mut lines = std::collections::HashMap::new();
-    for n in graph.g.node_weights() {
-        if n.kind == charly_engine::key::NodeKind::Source {
-            continue;
-        }
-        let e = engine.explain(graph, &n.id)?;
-        if e.status != charly_engine::api::Status::Cached {
-            lines.insert(n.id.clone(), e.lines());
-        }
-    }
-    Ok(lines)
 }
 
 /// `--dry-run`: one line per node, cached or would run (printed, and
@@ -938,35 +907,33 @@ fn print_dry_run(summary: &charly_engine::sched::Summary) -> anyhow::Result<Vec<
     Ok(lines)
 }
 
-/// `--push`: box `name`'s image to the registry `reference` names; prints
-/// and returns where it is (`host/repo:tag@digest`).
-fn push_box(
-    o: &project::Opened,
-    engine: &charly_engine::api::Engine<'_>,
-    graph: &charly_engine::graph::Graph,
-    name: &str,
-    reference: &str,
-    quiet: bool,
-) -> anyhow::Result<String> {
-    let version = o
-        .resolution
-        .get(name)
-        .map(|b| b.version.clone())
-        .unwrap_or_default();
-    let (url, tag) = split_push_ref(reference, &version);
-    let remote = charly_cache::Remote::open(charly_cache::RemoteConfig::new(url.clone()))?;
-    let sent = engine.push_image(graph, name, &remote, &tag)?;
-    // The registry serves the manifest charly assembled, byte for byte.
-    let (_, digest) = engine.image_digests(graph, name)?;
-    let at = format!("{}:{tag}@{digest}", url.trim_start_matches("oci://"));
-    writeln!(std::io::stdout().lock(), "{at}")?;
-    if !quiet {
-        output::note(&format!(
-            "pushed {name} to {url}:{tag} ({} sent)",
-            charly_cache::human_bytes(sent)
-        ));
+/// Prints what the build made beyond its nodes: where `--push` put the
+/// image (stdout, and a note), the `--output` layout's images (stdout);
+/// writes `--metadata-file`.
+fn print_made(built: &BuildReport, a: &BuildArgs) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if let Some(p) = &built.pushed {
+        writeln!(out, "{}", p.at)?;
+        if !a.run.quiet {
+            output::note(&format!(
+                "pushed {} to {}:{} ({} sent)",
+                p.box_name,
+                p.url,
+                p.tag,
+                charly_cache::human_bytes(p.sent)
+            ));
+        }
     }
-    Ok(at)
+    if let (Some(file), Some(meta)) = (&a.metadata_file, &built.metadata) {
+        let mut text = Vec::new();
+        output::json_to(&mut text, meta)?;
+        std::fs::write(file, text)
+            .with_context(|| format!("--metadata-file {}", file.display()))?;
+    }
+    for e in &built.exported {
+        writeln!(out, "{}", charly_engine::build::oci_location(e))?;
+    }
+    Ok(())
 }
 
 /// How to run the top built box with podman: podman ran with settings
@@ -1013,77 +980,6 @@ fn run_hint(
         charly_rules::naming::box_image_ref(&o.resolution, top),
         if img.has_command { "" } else { " sh" }
     ))
-}
-
-/// `--metadata-file`: what the build made, per box (see [`BuildArgs`]).
-fn write_metadata(
-    o: &project::Opened,
-    engine: &charly_engine::api::Engine<'_>,
-    graph: &charly_engine::graph::Graph,
-    names: &[String],
-    in_runner: &[charly_engine::api::NamedImage],
-    pushed: &std::collections::BTreeMap<String, String>,
-    file: &Path,
-) -> anyhow::Result<()> {
-    let mut boxes = serde_json::Map::new();
-    for name in names {
-        let (config, manifest) = engine.image_digests(graph, name)?;
-        let key = graph
-            .node(&format!("image:{name}"))
-            .map(|n| n.key.to_hex())
-            .unwrap_or_default();
-        boxes.insert(
-            name.clone(),
-            serde_json::json!({
-                "image": charly_rules::naming::box_image_ref(&o.resolution, name),
-                "image_key": key,
-                "config_digest": config,
-                "manifest_digest": manifest,
-                "in_podman": in_runner.iter().any(|i| i.box_name == *name),
-                "pushed": pushed.get(name),
-            }),
-        );
-    }
-    let mut text = Vec::new();
-    output::json_to(&mut text, &serde_json::json!({ "boxes": boxes }))?;
-    std::fs::write(file, text).with_context(|| format!("--metadata-file {}", file.display()))?;
-    Ok(())
-}
-
-/// `[oci://]HOST[:PORT]/REPO[:TAG]` → (`HOST[:PORT]/REPO` with its
-/// scheme, TAG or `default_tag`).
-fn split_push_ref(reference: &str, default_tag: &str) -> (String, String) {
-    let slash = reference.rfind('/').unwrap_or(0);
-    match reference[slash..].rfind(':') {
-        Some(i) => (
-            reference[..slash + i].to_string(),
-            reference[slash + i + 1..].to_string(),
-        ),
-        None => (reference.to_string(), default_tag.to_string()),
-    }
-}
-
-/// Writes each built box's image into the OCI layout at `dir` (assembled
-/// from the store: layers shared by several boxes are written once).
-fn export_oci(
-    o: &project::Opened,
-    engine: &charly_engine::api::Engine<'_>,
-    graph: &charly_engine::graph::Graph,
-    names: &[String],
-    dir: &std::path::Path,
-) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    for name in names {
-        let version = o
-            .resolution
-            .get(name)
-            .map(|b| b.version.clone())
-            .unwrap_or_default();
-        let reference = format!("{name}-{version}");
-        let e = engine.export_oci(graph, name, dir, &reference)?;
-        writeln!(out, "oci:{}:{}", e.dir.display(), e.reference)?;
-    }
-    Ok(())
 }
 
 fn state_of(store: &Store, n: &charly_engine::graph::Node) -> &'static str {

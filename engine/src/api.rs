@@ -32,6 +32,9 @@ pub enum EngineError {
     /// No node matches.
     #[error("no node `{0}` (see `charly graph --format json` for node ids)")]
     UnknownNode(String),
+    /// The request cannot be done as asked.
+    #[error("{0}")]
+    Request(String),
     /// Several nodes match.
     #[error("`{0}` matches several nodes; name one of them: {1}")]
     Ambiguous(String, String),

@@ -15,7 +15,8 @@
 //! * [`generate`] writes build directories confined to their root
 //!   (`charly_files::fsroot`); [`journal`] makes an unchanged repeat a no-op; [`check`] runs
 //!   check beds; [`api`] is the entry point the CLI and the deploy crate use
-//!   ([`built`]: what a build stored for a box, for deploys).
+//!   ([`build`]: `box build` in one call, run to pushed and exported
+//!   images; [`built`]: what a build stored for a box, for deploys).
 //! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
 //!   kept in the store, so a load reads only what changed.
 //! * A box image is a chain of layer nodes that sibling boxes share
@@ -35,6 +36,7 @@ pub use charly_reapi as reapi;
 pub use charly_rules as rules;
 
 pub mod api;
+pub mod build;
 pub mod built;
 pub mod canon;
 pub mod carry;
