@@ -843,45 +843,10 @@ fn build_overlay(
     hasher: &charly_engine::hash::FileHasher,
 ) -> anyhow::Result<String> {
     let b = crate::project::resolved(o, box_name)?;
-    let short = b.name.rsplit('.').next().unwrap_or(&b.name);
-    let name = format!(
-        "{short}-add-{}",
-        charly_rules::plan::deploy_id(&b.name, &[], add)
-    );
-    let mut project = o.project.clone();
-    let ns = &mut project.namespaces[b.ns.0 as usize];
-    let span = b.span;
-    let spanned = |v: &str| charly_rules::yaml::Spanned {
-        span,
-        value: v.to_string(),
-    };
-    let def = charly_rules::model::BoxDef {
-        name: Some(spanned(&name)),
-        version: Some(spanned(&b.version)),
-        base: Some(spanned(short)),
-        candy: add.iter().map(|k| spanned(k)).collect(),
-        ..charly_rules::model::BoxDef::default()
-    };
-    let qualified = ns.qualify(&name);
-    ns.boxes.insert(
-        name.clone(),
-        charly_rules::load::BoxEntry {
-            name: name.clone(),
-            ns: b.ns,
-            file: span.file,
-            span,
-            def,
-        },
-    );
-    let resolution = charly_rules::resolve::resolve(&project);
-    if let Some(Err(e)) = resolution.boxes.get(&qualified) {
-        let why: Vec<String> = e.iter().map(|d| d.message.clone()).collect();
-        anyhow::bail!(
-            "the overlay of {box_name} with {}: {}",
-            add.join(", "),
-            why.join("; ")
-        );
-    }
+    let (project, resolution, qualified) =
+        bundle::overlay_project(&o.project, b, add).map_err(|why| {
+            anyhow::anyhow!("the overlay of {box_name} with {}: {why}", add.join(", "))
+        })?;
     let reference = charly_rules::naming::box_image_ref(&resolution, &qualified);
     if a.dry_run {
         output::note(&format!("would build the overlay image {reference}"));

@@ -413,6 +413,54 @@ impl Artifacts for NoArtifacts {
     }
 }
 
+/// A pod bundle's overlay box: box `b` with the `add` candies on top, as
+/// a box of `project` named `<b>-add-<deploy id>` (its own image, built
+/// like any box). Returns the project with it, its resolution and the new
+/// box's qualified name; an overlay that does not resolve is an error
+/// naming each reason.
+pub fn overlay_project(
+    project: &Project,
+    b: &ResolvedBox,
+    add: &[String],
+) -> Result<(Project, charly_rules::resolve::Resolution, String), String> {
+    let short = b.name.rsplit('.').next().unwrap_or(&b.name);
+    let name = format!(
+        "{short}-add-{}",
+        charly_rules::plan::deploy_id(&b.name, &[], add)
+    );
+    let mut project = project.clone();
+    let ns = &mut project.namespaces[b.ns.0];
+    let span = b.span;
+    let spanned = |v: &str| charly_rules::yaml::Spanned {
+        span,
+        value: v.to_string(),
+    };
+    let def = charly_rules::model::BoxDef {
+        name: Some(spanned(&name)),
+        version: Some(spanned(&b.version)),
+        base: Some(spanned(short)),
+        candy: add.iter().map(|k| spanned(k)).collect(),
+        ..charly_rules::model::BoxDef::default()
+    };
+    let qualified = ns.qualify(&name);
+    ns.boxes.insert(
+        name.clone(),
+        charly_rules::load::BoxEntry {
+            name,
+            ns: b.ns,
+            file: span.file,
+            span,
+            def,
+        },
+    );
+    let resolution = charly_rules::resolve::resolve(&project);
+    if let Some(Err(e)) = resolution.boxes.get(&qualified) {
+        let why: Vec<String> = e.iter().map(|d| d.message.clone()).collect();
+        return Err(why.join("; "));
+    }
+    Ok((project, resolution, qualified))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
