@@ -271,7 +271,9 @@ fn push(cli: &Cli, store: &Store, json: bool) -> anyhow::Result<ExitCode> {
     if remote.is_read_only() {
         anyhow::bail!("--remote-read-only: `cache push` would write to the remote");
     }
-    let report = remote.push_all(store, &|_, rec| rec.kind != NodeKind::Source.as_str())?;
+    let report = remote.push_all(store, &|_, rec| {
+        NodeKind::of_record(rec) != Some(NodeKind::Source)
+    })?;
     let stats = remote.stats();
     if json {
         output::json(&serde_json::json!({

@@ -66,7 +66,7 @@ fn image_content_tag(id: &str) -> String {
 /// The chain, configuration and runner tag of the image a layer, base or
 /// image node's record describes.
 fn chain_of(rec: &Record) -> LayerMeta {
-    if rec.kind == NodeKind::Image.as_str() {
+    if NodeKind::of_record(rec) == Some(NodeKind::Image) {
         let m: ImageMeta = outputs::read_meta(&rec.meta);
         LayerMeta {
             tag: m.tag,

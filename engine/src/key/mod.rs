@@ -94,6 +94,17 @@ impl NodeKind {
         )
     }
 
+    /// The kind named `name` ([`NodeKind::as_str`]'s inverse).
+    pub fn named(name: &str) -> Option<NodeKind> {
+        NodeKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// The kind a stored record says its node is (`None` for a record
+    /// charly did not write).
+    pub fn of_record(rec: &charly_cache::Record) -> Option<NodeKind> {
+        NodeKind::named(&rec.kind)
+    }
+
     /// The kebab-case name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -676,6 +687,18 @@ mod tests {
         k.deps.insert("source:candy/a".into(), "cd".repeat(32));
         k.base = Some("quay.io/fedora/fedora:43".into());
         k
+    }
+
+    /// A record's kind text names its kind; serde's name is the same.
+    #[test]
+    fn kinds_are_named_as_records_and_json_write_them() {
+        for k in NodeKind::ALL {
+            assert_eq!(NodeKind::named(k.as_str()), Some(k));
+            let json = serde_json::to_string(&k).expect("json");
+            assert_eq!(json, format!("\"{}\"", k.as_str()));
+        }
+        assert_eq!(NodeKind::named("Image"), None);
+        assert_eq!(NodeKind::named(""), None);
     }
 
     /// Packed key inputs read back exactly: digests (packed as bytes),
