@@ -199,6 +199,13 @@ fn apply_as(
 
 /// `bundle del NAME` on `host`: what it did there, in order (the host's
 /// log entries it added).
+/// An empty ledger in a directory of its own (kept while the guard lives).
+fn scratch_ledger() -> (tempfile::TempDir, Ledger) {
+    let t = tempfile::tempdir().expect("tmp");
+    let ledger = Ledger::open(t.path()).expect("ledger");
+    (t, ledger)
+}
+
 fn del_log(host: &mut MemHost, ledger: &mut Ledger, name: &str) -> Vec<String> {
     let n = host.log.len();
     walk::remove(host, ledger, name, false, &mut |_| {}).expect("del");
@@ -521,8 +528,7 @@ fn faulty_with(
     );
     let original = host.clone();
     let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (t, mut ledger) = scratch_ledger();
     let rec = record("b", &plan, &user, "mem");
     let err = walk::apply(
         &mut host,
@@ -721,8 +727,7 @@ fn a_full_run_on_the_mem_host_records_and_undoes_everything() {
     host.on("dpkg-deb -f", Response::ok("hello-charly\n"));
     let original = host.clone();
     let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let rec = record("b", &plan, &user, "mem");
     // Nothing installed before, everything after: a scripted package database.
     host.on("dpkg-query", Response::ok(""));
@@ -1073,8 +1078,7 @@ fn vm_reboot_waits_for_a_new_boot_id() {
     plan.steps = vec![charly_rules::plan::InstallStep::reboot("rebooter")];
     let run = |host: &mut MemHost| {
         let user = walk::resolve_user(host, "user", &plan).expect("user");
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (t, mut ledger) = scratch_ledger();
         let res = walk::apply(
             host,
             Some(&mut ledger),
@@ -1130,8 +1134,7 @@ fn removing_a_unit_file_reloads_systemd_afterwards() {
     )];
     let mut host = MemHost::new("user", 1000);
     let original = host.clone();
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
     let after = del_log(&mut host, &mut ledger, "b");
     let rm = after
@@ -1183,8 +1186,7 @@ fn removing_a_packaged_service_restores_its_prior_state() {
         }];
         let mut host = MemHost::new("user", 1000);
         host.on("is-enabled", Response::ok(&format!("{prior}\n")));
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
         assert!(
             host.commands()
@@ -1239,8 +1241,7 @@ fn local_packages_install_with_the_formats_template_behind_its_probe() {
         }
     }
     let run = |host: &mut MemHost| {
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         apply_as(host, &mut ledger, "b", &plan, &ArchPkgs)
     };
     let tmp = || MemNode::Dir { mode: 0o1777 };
@@ -1311,8 +1312,7 @@ fn a_fish_users_env_hook_is_native_fish_and_undone() {
         },
     );
     let original = host.clone();
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
     let text = |host: &MemHost, p: &str| match host.files.get(p) {
         Some(MemNode::File { data, .. }) => String::from_utf8_lossy(data).into_owned(),
@@ -1354,8 +1354,7 @@ fn del_keeps_a_file_changed_since_the_deploy_unless_forced() {
             gid: 0,
         };
         host.files.insert("/etc/motd".into(), before.clone());
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
         let edited = MemNode::File {
             data: b"deployed\nmine\n".to_vec(),
@@ -1441,8 +1440,7 @@ fn shared_packages_and_files_outlive_the_first_del() {
         host.once("dpkg-query", Response::ok(""));
         host.on("dpkg-query", Response::ok("jq\tii \n"));
         let original = host.files.clone();
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         for (name, pl) in [("a", &pa), ("b", &pb)] {
             apply_as(&mut host, &mut ledger, name, pl, &TestArts).expect("apply");
         }
@@ -1523,8 +1521,7 @@ fn sharing_is_per_target_and_every_del_order_restores_each_target() {
         host.on("is-enabled", Response::ok("enabled active\n"));
         host
     };
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let mut hosts = [new_host(), new_host()];
     let originals = [hosts[0].files.clone(), hosts[1].files.clone()];
     let names = [["a1", "b1"], ["a2", "b2"]];
@@ -1677,8 +1674,7 @@ fn setcap_on_a_host_is_undone_to_the_prior_capabilities() {
         plan.steps = vec![step(Some("cap_net_raw,cap_net_admin+ep"))];
         let mut host = MemHost::new("user", 1000);
         host.on("getcap /usr/bin/ping", Response::ok(prior));
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
         assert!(
             host.commands()
@@ -1934,8 +1930,7 @@ fn repositories_on_a_host_are_gated_written_and_undone_exactly() {
     // Without the gate: skipped, nothing written.
     let mut host = fresh();
     let before = host.files.clone();
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
     let report = walk::apply(
         &mut host,
@@ -1965,8 +1960,7 @@ fn repositories_on_a_host_are_gated_written_and_undone_exactly() {
     // With it: written, index refreshed.
     let mut host = fresh();
     let before = host.files.clone();
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     apply_as(&mut host, &mut ledger, "g", &plan, &TestArts).expect("apply");
     let file = |host: &MemHost, p: &str| match host.files.get(p) {
         Some(MemNode::File { data, .. }) => String::from_utf8_lossy(data).into_owned(),
@@ -2018,8 +2012,7 @@ fn sudo_with_a_password_is_checked_once_up_front() {
             )
             .expect("set");
         }
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         let res = apply_as(&mut host, &mut ledger, "s", &plan, &TestArts);
         (res, host)
     };
@@ -2100,8 +2093,7 @@ fn a_build_task_on_a_host_completes_as_a_marker() {
         },
     )];
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let report = apply_as(&mut host, &mut ledger, "b", &plan, &TestArts).expect("apply");
     assert_eq!(report.steps[0].state, "complete", "{:?}", report.steps[0]);
     assert!(
@@ -2263,8 +2255,7 @@ fn a_plugin_step_executes_through_the_host_and_del_replays_its_reverse_ops() {
         calls: Default::default(),
     });
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
     let opts = |dry_run: bool, plugins: Option<std::sync::Arc<dyn walk::PluginSteps>>| Options {
         target: Target::Vm,
@@ -2363,8 +2354,7 @@ fn a_failing_plugin_stops_the_walk_naming_it() {
         calls: Default::default(),
     });
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let user = walk::resolve_user(&mut host, "user", &plan).expect("user");
     let err = walk::apply(
         &mut host,
@@ -2901,8 +2891,7 @@ fn del_reports_local(host: &mut LocalHost, ledger: &mut Ledger, name: &str) {
 #[test]
 fn forget_reports_every_undo_as_not_done_and_touches_nothing() {
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let pl = plan_with(
         "a",
         vec![
@@ -2941,8 +2930,7 @@ fn a_shared_directory_goes_with_the_last_del_that_needs_it() {
     for user_file in [false, true] {
         let mut host = MemHost::new("user", 1000);
         let original = host.files.clone();
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         for (name, path) in [
             ("a", "/opt/app/a.conf"),
             ("b", "/opt/app/b.conf"),
@@ -3041,8 +3029,7 @@ fn a_package_no_other_bundle_needs_goes_while_others_stay() {
     host.once("dpkg-query", Response::ok("jq\tii \n"));
     host.once("dpkg-query", Response::ok("jq\tii \n"));
     host.on("dpkg-query", Response::ok("jq\tii \ncurl\tii \n"));
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     apply_owned(
         &mut host,
         &mut ledger,
@@ -3075,8 +3062,7 @@ fn a_plain_del_reports_every_undo_done() {
     for beside in [false, true] {
         let mut host = MemHost::new("user", 1000);
         let original = host.files.clone();
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         let pl = plan_with(
             "a",
             vec![write_step("a", "/opt/app/a.conf", "a\n"), artifact_step()],
@@ -3122,8 +3108,7 @@ fn a_plain_del_reports_every_undo_done() {
 #[test]
 fn an_artifact_directory_with_a_foreign_file_is_left_and_said() {
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let pl = plan_with("a", vec![artifact_step()]);
     apply_owned(&mut host, &mut ledger, "a", "user", &pl, &TreeArts(&["x"]));
     host.files.insert(
@@ -3162,8 +3147,7 @@ fn a_managed_block_in_a_file_ending_in_a_newline_is_taken_out_exactly() {
         },
     );
     let original = host.files.clone();
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let pl = plan_with(
         "a",
         vec![InstallStep::shell_snippet(
@@ -3213,8 +3197,7 @@ fn a_managed_blocks_file_goes_only_when_charly_made_it_and_it_is_empty() {
                 },
             );
         }
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         let pl = plan_with(
             "a",
             vec![InstallStep::shell_snippet(
@@ -3265,8 +3248,7 @@ fn capabilities_two_bundles_set_are_put_back_by_the_last_del() {
         "getcap /usr/bin/ping",
         Response::ok("/usr/bin/ping cap_net_raw=ep\n"),
     );
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     let pa = plan_with("a", vec![step("a", "cap_net_raw+ep")]);
     let pb = plan_with("b", vec![step("b", "cap_net_admin+ep")]);
     apply_owned(&mut host, &mut ledger, "a", "user", &pa, &TestArts);
@@ -3302,8 +3284,7 @@ fn a_system_service_is_shared_across_the_bundles_users() {
     let mut host = MemHost::new("user", 1000);
     host.once("is-enabled", Response::ok("disabled inactive\n"));
     host.on("is-enabled", Response::ok("enabled active\n"));
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     apply_owned(&mut host, &mut ledger, "a", "user", &svc("a"), &TestArts);
     apply_owned(&mut host, &mut ledger, "b", "other", &svc("b"), &TestArts);
     let first = del_runs(&mut host, &mut ledger, "a", "systemctl disable");
@@ -3330,8 +3311,7 @@ fn artifacts_and_files_over_them_go_with_the_last_del() {
         for b_first in [false, true] {
             let mut host = MemHost::new("user", 1000);
             let original = host.files.clone();
-            let t = tempfile::tempdir().expect("tmp");
-            let mut ledger = Ledger::open(t.path()).expect("ledger");
+            let (_t, mut ledger) = scratch_ledger();
             let x = "/home/user/.npm-global/x";
             let pa = if a_files.is_empty() {
                 plan_with("a", vec![write_step("a", x, "from a\n")])
@@ -3378,8 +3358,7 @@ fn a_path_another_bundles_artifact_brought_back_is_left_to_that_artifact() {
     for a_artifact in [false, true] {
         let mut host = MemHost::new("user", 1000);
         let original = host.files.clone();
-        let t = tempfile::tempdir().expect("tmp");
-        let mut ledger = Ledger::open(t.path()).expect("ledger");
+        let (_t, mut ledger) = scratch_ledger();
         let pa = if a_artifact {
             plan_with("a", vec![artifact_step()])
         } else {
@@ -3427,8 +3406,7 @@ fn a_path_another_bundles_artifact_brought_back_is_left_to_that_artifact() {
 #[test]
 fn putting_back_another_bundles_content_says_whose_it_is() {
     let mut host = MemHost::new("user", 1000);
-    let t = tempfile::tempdir().expect("tmp");
-    let mut ledger = Ledger::open(t.path()).expect("ledger");
+    let (_t, mut ledger) = scratch_ledger();
     for name in ["a", "b"] {
         let pl = plan_with(name, vec![write_step(name, "/etc/shared.conf", name)]);
         apply_owned(&mut host, &mut ledger, name, "user", &pl, &TestArts);

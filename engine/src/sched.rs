@@ -46,9 +46,12 @@ pub struct Totals {
 pub struct Summary {
     /// Every node, in topological order.
     pub nodes: Vec<NodeReport>,
-    /// Each node's index in the graph that ran, beside `nodes` (empty for
-    /// a run the journal answered): what links a report to its node
-    /// without going through its text id.
+    /// Each node's index in the graph that ran, beside `nodes`: what links
+    /// a report to its node without going through its text id. Empty for a
+    /// run the journal answered, and shorter than `nodes` when reports of
+    /// nodes outside the graph were appended after the run
+    /// (the reports of boxes carried over from the last run): `index[i]`
+    /// is `nodes[i]`'s for every `i` it has.
     #[serde(skip)]
     pub index: Vec<NodeIndex>,
     /// Counts.

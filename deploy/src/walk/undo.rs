@@ -629,7 +629,6 @@ enum Shared {
 /// one or still need, and hands it over to them in the ledger (see the
 /// module's doc).
 fn share(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R<Shared> {
-    let lerr = |e: LedgerError| e.to_string();
     if !others.any() {
         return Ok(Shared::Mine(op, None));
     }
@@ -666,8 +665,8 @@ fn share(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R
             };
             ledger
                 .hand_over(me.name, &to, seq, &[], &handed, me.at)
-                .map_err(lerr)?;
-            others.refresh(ledger, b).map_err(lerr)?;
+                .map_err(ledger_err)?;
+            others.refresh(ledger, b).map_err(ledger_err)?;
             let needed: Vec<String> = held.values().flatten().cloned().collect();
             Ok(Shared::Handed(
                 "handed-over",
@@ -685,7 +684,7 @@ fn share(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R
             Some(who) => {
                 ledger
                     .add_pending_dir(me.host_key, path, privileged)
-                    .map_err(lerr)?;
+                    .map_err(ledger_err)?;
                 Ok(Shared::Handed(
                     "kept",
                     format!("bundle {who} still needs it; removed when no bundle does"),
@@ -708,7 +707,6 @@ fn share_tree(
     paths: Vec<String>,
     privileged: bool,
 ) -> R<Shared> {
-    let lerr = |e: LedgerError| e.to_string();
     // Entries another bundle changed after this one go to it, one
     // operation per step of theirs, in the place of theirs.
     let mut handed: BTreeMap<(usize, u32), (Vec<u32>, Vec<String>)> = BTreeMap::new();
@@ -736,8 +734,8 @@ fn share_tree(
         };
         ledger
             .hand_over(me.name, &to, seq, &replace, &op, me.at)
-            .map_err(lerr)?;
-        others.refresh(ledger, b).map_err(lerr)?;
+            .map_err(ledger_err)?;
+        others.refresh(ledger, b).map_err(ledger_err)?;
         to_whom.insert(to);
     }
     let note = (!to_whom.is_empty()).then(|| {
@@ -766,7 +764,6 @@ fn share_tree(
 /// that bundle's own operation takes it out with more, else this
 /// bundle's.
 fn share_one(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) -> R<Shared> {
-    let lerr = |e: LedgerError| e.to_string();
     let ts = things(&op, me.realizes, me.user);
     let [t] = ts.as_slice() else {
         return Ok(Shared::Mine(op, None));
@@ -776,8 +773,8 @@ fn share_one(ledger: &mut Ledger, me: &Mine<'_>, others: &mut Others, op: Undo) 
             let to = others.list[o.bundle].name.clone();
             ledger
                 .hand_over(me.name, &to, o.seq, &[o.idx], &op, me.at)
-                .map_err(lerr)?;
-            others.refresh(ledger, o.bundle).map_err(lerr)?;
+                .map_err(ledger_err)?;
+            others.refresh(ledger, o.bundle).map_err(ledger_err)?;
             Ok(Shared::Handed(
                 "handed-over",
                 format!(
@@ -817,9 +814,7 @@ impl UndoCx<'_> {
         let Some(want) = self.left.get(path).filter(|_| !self.force) else {
             return Ok(false);
         };
-        let now = host
-            .read_file(path, privileged)
-            .map_err(|x| x.to_string())?;
+        let now = host.read_file(path, privileged).map_err(host_err)?;
         Ok(now.is_some_and(|d| sha256_hex(&d) != *want))
     }
 }
@@ -835,7 +830,7 @@ fn undo_one(
     cx: &UndoCx<'_>,
     keep: &mut dyn FnMut(&str, bool) -> bool,
 ) -> R<Option<String>> {
-    let e = |x: HostError| x.to_string();
+    let e = host_err;
     match op {
         Undo::RemovePath { path, privileged } => remove_path(host, cx, path, *privileged),
         Undo::RemoveDir { path, privileged } => {
@@ -955,7 +950,13 @@ fn undo_one(
     }
 }
 
+/// A host's error as the walk reports it.
 fn host_err(x: HostError) -> String {
+    x.to_string()
+}
+
+/// The ledger's error as the walk reports it.
+fn ledger_err(x: LedgerError) -> String {
     x.to_string()
 }
 
@@ -1009,7 +1010,7 @@ fn restore_file(
     }
     let data = ledger
         .blob(name, sha256)
-        .map_err(|x| x.to_string())?
+        .map_err(ledger_err)?
         .ok_or_else(|| format!("the backup of {path} is missing from the ledger"))?;
     host.write_file(path, &data, attrs).map_err(e)?;
     Ok(None)
@@ -1069,7 +1070,7 @@ fn edit_block(
     privileged: bool,
     edit: &mut dyn FnMut(&str) -> Option<BlockEdit>,
 ) -> R<Option<String>> {
-    let e = |x: HostError| x.to_string();
+    let e = host_err;
     let Some(old) = host.read_file(file, privileged).map_err(e)? else {
         return Ok(Some(format!("{file} is gone")));
     };
