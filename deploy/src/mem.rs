@@ -277,22 +277,7 @@ impl MemHost {
     /// (boot id, reboot, getent, file-operation scripts) make of it.
     fn answer(&mut self, argv: &[String], line: &str) -> Result<CmdOutput, HostError> {
         if let Some(r) = self.respond(line) {
-            return match r {
-                Response::Exit {
-                    status,
-                    stdout,
-                    stderr,
-                } => Ok(CmdOutput {
-                    status,
-                    stdout: stdout.into_bytes(),
-                    stderr: stderr.into_bytes(),
-                }),
-                Response::Timeout => Err(HostError::Timeout {
-                    host: self.name.clone(),
-                    what: line.chars().take(60).collect(),
-                    secs: 0,
-                }),
-            };
+            return self.scripted(r, line);
         }
         let script = argv.last().cloned().unwrap_or_default();
         if script.contains("/proc/sys/kernel/random/boot_id") {
@@ -311,23 +296,7 @@ impl MemHost {
             .strip_prefix("getent passwd ")
             .map(|n| n.trim().trim_matches('\'').to_string());
         if let Some(name) = getent {
-            return Ok(
-                match self
-                    .passwd
-                    .iter()
-                    .find(|l| l.split(':').next() == Some(name.as_str()))
-                {
-                    Some(l) => CmdOutput {
-                        status: 0,
-                        stdout: format!("{l}\n").into_bytes(),
-                        stderr: Vec::new(),
-                    },
-                    None => CmdOutput {
-                        status: 2,
-                        ..CmdOutput::default()
-                    },
-                },
-            );
+            return Ok(self.getent_passwd(&name));
         }
         // A stat script (`host::stat_script`): answered from the tree.
         if let Some(first) = script
@@ -336,84 +305,148 @@ impl MemHost {
             .filter(|_| script.contains("for p in \"$@\""))
             && let Some(list) = first.strip_prefix("set --")
         {
-            let paths = words(list);
-            let stats = self.stat(&paths, false)?;
-            let mut text = String::new();
-            for st in stats {
-                match st {
-                    None => text.push_str("N\n"),
-                    Some(st) => {
-                        let ids = format!("{:o} {} {}", st.mode, st.uid, st.gid);
-                        match st.kind {
-                            PathKind::Dir => text.push_str(&format!("D {ids}\n")),
-                            PathKind::File { .. } => text.push_str(&format!("F {ids}\n")),
-                            PathKind::Symlink { target } => {
-                                let hex: String =
-                                    target.bytes().map(|b| format!("{b:02x}")).collect();
-                                text.push_str(&format!("L {ids}\n{hex}0a\n"));
-                            }
-                            PathKind::Other => text.push_str("O\n"),
-                        }
-                    }
-                }
-            }
-            return Ok(CmdOutput {
-                status: 0,
-                stdout: text.into_bytes(),
-                stderr: Vec::new(),
-            });
+            return self.stat_script(list);
         }
         // Inline file reads and writes (`shellops::read_inline_script`,
         // `write_inline_script`): from and into the tree.
         if script.starts_with("p=") && script.contains("base64 -w0") {
-            use base64::Engine as _;
-            let path = words(script.split(';').next().unwrap_or_default())
-                .first()
-                .and_then(|w| w.strip_prefix("p=").map(String::from))
-                .unwrap_or_default();
-            let text = match self.files.get(&path) {
-                Some(MemNode::File { data, .. }) => {
-                    base64::engine::general_purpose::STANDARD.encode(data)
-                }
-                _ => String::new(),
-            };
-            return Ok(CmdOutput {
-                status: 0,
-                stdout: text.into_bytes(),
-                stderr: Vec::new(),
-            });
+            return Ok(self.read_inline(&script));
         }
         if let Some((_, rest)) = script.split_once("<<'CHARLY_DATA'\n")
             && let Some((b64, tail)) = rest.split_once("CHARLY_DATA\n")
         {
-            use base64::Engine as _;
-            let data = base64::engine::general_purpose::STANDARD
-                .decode(b64.replace('\n', ""))
-                .map_err(|e| self.err("write", "(inline)", &e.to_string()))?;
-            let mut attrs = FileAttrs::default();
-            let mut dest = None;
-            for l in tail.lines() {
-                let w = words(l);
-                let w: Vec<&str> = w.iter().map(String::as_str).collect();
-                match w.as_slice() {
-                    ["chmod", mode, "$t"] => {
-                        attrs.mode = u32::from_str_radix(mode, 8).unwrap_or(0o644);
-                    }
-                    ["chown", owner, "$t"] => {
-                        attrs.owner = owner
-                            .split_once(':')
-                            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)));
-                    }
-                    ["mv", "-f", "$t", p] => dest = Some(p.to_string()),
-                    _ => {}
-                }
-            }
-            if let Some(p) = dest {
-                self.write_file(&p, &data, &attrs)?;
-            }
-            return Ok(CmdOutput::default());
+            return self.write_inline(b64, tail);
         }
         // The file-operation scripts (`shellops`): made in the tree.
+        self.file_ops(&script)?;
+        Ok(CmdOutput::default())
+    }
+
+    /// What a scripted response gives for the command `line`: its exit, or
+    /// a timeout.
+    fn scripted(&self, r: Response, line: &str) -> Result<CmdOutput, HostError> {
+        match r {
+            Response::Exit {
+                status,
+                stdout,
+                stderr,
+            } => Ok(CmdOutput {
+                status,
+                stdout: stdout.into_bytes(),
+                stderr: stderr.into_bytes(),
+            }),
+            Response::Timeout => Err(HostError::Timeout {
+                host: self.name.clone(),
+                what: line.chars().take(60).collect(),
+                secs: 0,
+            }),
+        }
+    }
+
+    /// `getent passwd NAME`: the account's passwd line, else exit 2.
+    fn getent_passwd(&self, name: &str) -> CmdOutput {
+        match self
+            .passwd
+            .iter()
+            .find(|l| l.split(':').next() == Some(name))
+        {
+            Some(l) => CmdOutput {
+                status: 0,
+                stdout: format!("{l}\n").into_bytes(),
+                stderr: Vec::new(),
+            },
+            None => CmdOutput {
+                status: 2,
+                ..CmdOutput::default()
+            },
+        }
+    }
+
+    /// A stat script's output for the paths of its `set --` line `list`:
+    /// one `N`, `D`, `F`, `L` (with the hex target) or `O` record a path.
+    fn stat_script(&mut self, list: &str) -> Result<CmdOutput, HostError> {
+        let paths = words(list);
+        let stats = self.stat(&paths, false)?;
+        let mut text = String::new();
+        for st in stats {
+            match st {
+                None => text.push_str("N\n"),
+                Some(st) => {
+                    let ids = format!("{:o} {} {}", st.mode, st.uid, st.gid);
+                    match st.kind {
+                        PathKind::Dir => text.push_str(&format!("D {ids}\n")),
+                        PathKind::File { .. } => text.push_str(&format!("F {ids}\n")),
+                        PathKind::Symlink { target } => {
+                            let hex: String = target.bytes().map(|b| format!("{b:02x}")).collect();
+                            text.push_str(&format!("L {ids}\n{hex}0a\n"));
+                        }
+                        PathKind::Other => text.push_str("O\n"),
+                    }
+                }
+            }
+        }
+        Ok(CmdOutput {
+            status: 0,
+            stdout: text.into_bytes(),
+            stderr: Vec::new(),
+        })
+    }
+
+    /// An inline read script: the file named by its `p=` as base64 (empty
+    /// when it is not a file in the tree).
+    fn read_inline(&self, script: &str) -> CmdOutput {
+        use base64::Engine as _;
+        let path = words(script.split(';').next().unwrap_or_default())
+            .first()
+            .and_then(|w| w.strip_prefix("p=").map(String::from))
+            .unwrap_or_default();
+        let text = match self.files.get(&path) {
+            Some(MemNode::File { data, .. }) => {
+                base64::engine::general_purpose::STANDARD.encode(data)
+            }
+            _ => String::new(),
+        };
+        CmdOutput {
+            status: 0,
+            stdout: text.into_bytes(),
+            stderr: Vec::new(),
+        }
+    }
+
+    /// An inline write script: the base64 data `b64` written into the tree
+    /// with the mode, owner and destination its `tail` commands give.
+    fn write_inline(&mut self, b64: &str, tail: &str) -> Result<CmdOutput, HostError> {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(b64.replace('\n', ""))
+            .map_err(|e| self.err("write", "(inline)", &e.to_string()))?;
+        let mut attrs = FileAttrs::default();
+        let mut dest = None;
+        for l in tail.lines() {
+            let w = words(l);
+            let w: Vec<&str> = w.iter().map(String::as_str).collect();
+            match w.as_slice() {
+                ["chmod", mode, "$t"] => {
+                    attrs.mode = u32::from_str_radix(mode, 8).unwrap_or(0o644);
+                }
+                ["chown", owner, "$t"] => {
+                    attrs.owner = owner
+                        .split_once(':')
+                        .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)));
+                }
+                ["mv", "-f", "$t", p] => dest = Some(p.to_string()),
+                _ => {}
+            }
+        }
+        if let Some(p) = dest {
+            self.write_file(&p, &data, &attrs)?;
+        }
+        Ok(CmdOutput::default())
+    }
+
+    /// The `mkdir -m`, `ln -s` and `rm -f` lines of a file-operation script,
+    /// made in the tree (other lines are ignored).
+    fn file_ops(&mut self, script: &str) -> Result<(), HostError> {
         for l in script.lines() {
             let w = words(l);
             let w: Vec<&str> = w.iter().map(String::as_str).collect();
@@ -435,7 +468,7 @@ impl MemHost {
                 _ => {}
             }
         }
-        Ok(CmdOutput::default())
+        Ok(())
     }
 
     fn err(&self, op: &str, path: &str, m: &str) -> HostError {

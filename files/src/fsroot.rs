@@ -227,30 +227,10 @@ impl Root {
         } else {
             check_rel(rel)?
         };
-        let dup = |fd: &OwnedFd| {
-            rustix::fs::openat(
-                fd,
-                ".",
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(from_rustix)
-        };
-        let mut stack: Vec<OwnedFd> = vec![dup(&self.fd)?];
+        let mut stack: Vec<OwnedFd> = vec![dup_dir(&self.fd)?];
         let mut pending: VecDeque<OsString> = comps.into();
         let mut links = 0;
-        let escape = |link: &OsStr, target: &OsStr| {
-            err(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "{}: symlink `{}` -> `{}` leads out of {}",
-                    self.describe(rel),
-                    link.to_string_lossy(),
-                    target.to_string_lossy(),
-                    self.path.display()
-                ),
-            )
-        };
+        let escape = |link: &OsStr, target: &OsStr| self.escape(rel, link, target);
         let mut last_link = OsString::new();
         let mut last_target = OsString::new();
         loop {
@@ -285,9 +265,7 @@ impl Root {
                 Ok(st) => match FileType::from_raw_mode(st.st_mode) {
                     FileType::Symlink => {
                         links += 1;
-                        let target = rustix::fs::readlinkat(top, c.as_os_str(), Vec::new())
-                            .map_err(from_rustix)?;
-                        let target = OsStr::from_bytes(target.as_bytes()).to_os_string();
+                        let target = read_link_at(top, &c)?;
                         last_link = c.clone();
                         last_target = target.clone();
                         if links > MAX_LINKS {
@@ -299,23 +277,12 @@ impl Root {
                                 ),
                             ));
                         }
-                        let tb = target.as_bytes();
-                        let root = self.path.as_os_str().as_bytes();
-                        let rest: &[u8] = if tb.starts_with(b"/") && root == b"/" {
+                        let (from_root, rest) = self
+                            .link_continuation(target.as_bytes())
+                            .ok_or_else(|| escape(&c, &target))?;
+                        if from_root {
                             stack.truncate(1);
-                            tb
-                        } else if tb.starts_with(b"/") {
-                            // Absolute: only a path below this very root.
-                            match tb.strip_prefix(root) {
-                                Some(r) if r.is_empty() || r.starts_with(b"/") => {
-                                    stack.truncate(1);
-                                    r
-                                }
-                                _ => return Err(escape(&c, &target)),
-                            }
-                        } else {
-                            tb
-                        };
+                        }
                         for part in rest.rsplit(|b| *b == b'/') {
                             pending.push_front(OsStr::from_bytes(part).to_os_string());
                         }
@@ -325,59 +292,104 @@ impl Root {
                             let dir = stack.pop().ok_or_else(|| escape(&c, &c))?;
                             return Ok(Resolved { dir, name: Some(c) });
                         }
-                        let fd = rustix::fs::openat(
-                            top,
-                            c.as_os_str(),
-                            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                            Mode::empty(),
-                        )
-                        .map_err(|e| {
-                            err(
-                                from_rustix(e).kind(),
-                                format!("{}: {e}", self.describe(rel)),
-                            )
-                        })?;
+                        let fd = self.open_dir_at(top, &c, rel)?;
                         stack.push(fd);
                     }
                     _ if is_last => {
                         let dir = stack.pop().ok_or_else(|| escape(&c, &c))?;
                         return Ok(Resolved { dir, name: Some(c) });
                     }
-                    _ => {
-                        return Err(err(
-                            io::ErrorKind::NotADirectory,
-                            format!(
-                                "{}: `{}` is not a directory",
-                                self.describe(rel),
-                                c.to_string_lossy()
-                            ),
-                        ));
-                    }
+                    _ => return Err(self.not_a_directory(rel, &c)),
                 },
                 Err(rustix::io::Errno::NOENT) if is_last => {
                     let dir = stack.pop().ok_or_else(|| escape(&c, &c))?;
                     return Ok(Resolved { dir, name: Some(c) });
                 }
                 Err(rustix::io::Errno::NOENT) if create => {
-                    match rustix::fs::mkdirat(top, c.as_os_str(), Mode::from_raw_mode(0o777)) {
-                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => {
-                            return Err(err(
-                                from_rustix(e).kind(),
-                                format!("{}: mkdir: {e}", self.describe(rel)),
-                            ));
-                        }
-                    }
+                    self.mkdir_at(top, &c, rel)?;
                     pending.push_front(c);
                 }
-                Err(e) => {
-                    return Err(err(
-                        from_rustix(e).kind(),
-                        format!("{}: {e}", self.describe(rel)),
-                    ));
-                }
+                Err(e) => return Err(self.errno_error(rel, e)),
             }
         }
+    }
+
+    /// The error for the symlink `link` (while resolving `rel`) whose
+    /// `target` leads out of the root.
+    fn escape(&self, rel: &Path, link: &OsStr, target: &OsStr) -> io::Error {
+        err(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: symlink `{}` -> `{}` leads out of {}",
+                self.describe(rel),
+                link.to_string_lossy(),
+                target.to_string_lossy(),
+                self.path.display()
+            ),
+        )
+    }
+
+    /// Where a symlink's `target` continues the walk: whether from the root
+    /// (an absolute target) and the path left to walk. `None` when an
+    /// absolute target is not this root or a path below it.
+    fn link_continuation<'t>(&self, target: &'t [u8]) -> Option<(bool, &'t [u8])> {
+        let root = self.path.as_os_str().as_bytes();
+        if target.starts_with(b"/") && root == b"/" {
+            Some((true, target))
+        } else if target.starts_with(b"/") {
+            // Absolute: only a path below this very root.
+            match target.strip_prefix(root) {
+                Some(r) if r.is_empty() || r.starts_with(b"/") => Some((true, r)),
+                _ => None,
+            }
+        } else {
+            Some((false, target))
+        }
+    }
+
+    /// Opens the directory `c` of `top` (never through a symlink) to walk
+    /// into while resolving `rel`.
+    fn open_dir_at(&self, top: &OwnedFd, c: &OsStr, rel: &Path) -> io::Result<OwnedFd> {
+        rustix::fs::openat(
+            top,
+            c,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.errno_error(rel, e))
+    }
+
+    /// Makes the missing directory `c` of `top` (one that appeared
+    /// meanwhile is fine) while resolving `rel`.
+    fn mkdir_at(&self, top: &OwnedFd, c: &OsStr, rel: &Path) -> io::Result<()> {
+        match rustix::fs::mkdirat(top, c, Mode::from_raw_mode(0o777)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+            Err(e) => Err(err(
+                from_rustix(e).kind(),
+                format!("{}: mkdir: {e}", self.describe(rel)),
+            )),
+        }
+    }
+
+    /// The error for the component `c` of `rel` that is neither a directory
+    /// nor a symlink but has components after it.
+    fn not_a_directory(&self, rel: &Path, c: &OsStr) -> io::Error {
+        err(
+            io::ErrorKind::NotADirectory,
+            format!(
+                "{}: `{}` is not a directory",
+                self.describe(rel),
+                c.to_string_lossy()
+            ),
+        )
+    }
+
+    /// A system call's error while resolving `rel`, naming the path.
+    fn errno_error(&self, rel: &Path, e: rustix::io::Errno) -> io::Error {
+        err(
+            from_rustix(e).kind(),
+            format!("{}: {e}", self.describe(rel)),
+        )
     }
 
     fn parent_and_name(&self, rel: &Path, create: bool) -> io::Result<(OwnedFd, OsString)> {
@@ -866,6 +878,23 @@ fn list(fd: &OwnedFd) -> io::Result<Vec<(OsString, FileType)>> {
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
+}
+
+/// A new `O_PATH` descriptor of the directory `fd`.
+fn dup_dir(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    rustix::fs::openat(
+        fd,
+        ".",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(from_rustix)
+}
+
+/// The target of the symlink `name` in `dir`.
+fn read_link_at(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
+    let target = rustix::fs::readlinkat(dir, name, Vec::new()).map_err(from_rustix)?;
+    Ok(OsStr::from_bytes(target.as_bytes()).to_os_string())
 }
 
 fn open_subdir(fd: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {

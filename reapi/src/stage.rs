@@ -350,151 +350,182 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
         let (word, rest) = text
             .split_once(char::is_whitespace)
             .map_or((text.as_str(), ""), |(w, r)| (w, r.trim()));
-        match word.to_ascii_uppercase().as_str() {
+        let step = match word.to_ascii_uppercase().as_str() {
             "FROM" => {
                 if let Some((l, image, alias)) = from.take() {
-                    let dir = layer_dir(&image, &steps).ok_or_else(|| {
-                        format!(
-                            "line {l}: only the last stage runs remotely; an earlier stage must be \
-                             `FROM scratch AS <name>` with one `COPY <dir>/ /`"
-                        )
-                    })?;
-                    let name =
-                        alias.ok_or_else(|| format!("line {l}: a layer stage needs a name"))?;
+                    let (name, dir) = layer_stage(l, &image, alias, &steps)?;
                     layers.insert(name, dir);
                     steps.clear();
                 }
-                let words = raw_words(rest).map_err(at)?;
-                match words.as_slice() {
-                    [image] => from = Some((line, image.clone(), None)),
-                    [image, as_, name] if as_.eq_ignore_ascii_case("as") => {
-                        from = Some((line, image.clone(), Some(name.clone())))
-                    }
-                    _ => return Err(at(format!("FROM {rest} is not supported"))),
-                }
+                let (image, alias) = parse_from(rest).map_err(at)?;
+                from = Some((line, image, alias));
+                continue;
             }
             _ if from.is_none() => return Err(at(format!("{word} before FROM"))),
-            "ENV" => {
-                let words = raw_words(rest).map_err(at)?;
-                let mut pairs = Vec::new();
-                if words.first().is_some_and(|w| !w.contains('=')) {
-                    // Legacy `ENV name value…`: the rest of the line.
-                    let name = words[0].clone();
-                    let value = rest[name.len()..].trim();
-                    pairs.push((name, quote_min_pct(value)));
-                } else {
-                    for w in &words {
-                        let (k, v) = w
-                            .split_once('=')
-                            .ok_or_else(|| at(format!("ENV word `{w}` is not name=value")))?;
-                        pairs.push((k.to_string(), v.to_string()));
-                    }
-                }
-                for (k, _) in &pairs {
-                    if k.is_empty()
-                        || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                        || k.starts_with(|c: char| c.is_ascii_digit())
-                    {
-                        return Err(at(format!("`{k}` is not a variable name")));
-                    }
-                }
-                steps.push(Step::Env(pairs));
-            }
-            "WORKDIR" => {
-                if rest.is_empty() {
-                    return Err(at("WORKDIR without a path".into()));
-                }
-                let word =
-                    literal(rest).map_or_else(|| format!("\"{rest}\""), |l| quote_min_pct(&l));
-                steps.push(Step::Workdir(word));
-            }
-            "USER" => {
-                let u = literal(rest)
-                    .filter(|u| !u.is_empty() && !u.contains(char::is_whitespace))
-                    .ok_or_else(|| at(format!("USER {rest} is not supported")))?;
-                steps.push(Step::User(u));
-            }
-            "COPY" => {
-                let words = raw_words(rest).map_err(at)?;
-                let mut chown = None;
-                let mut layer = None;
-                let mut args = Vec::new();
-                for w in words {
-                    if let Some(v) = flag(&w, "chown") {
-                        chown = Some(literal(v).ok_or_else(|| at(format!("--chown={v}")))?);
-                    } else if let Some(v) = flag(&w, "from") {
-                        if !layers.contains_key(v) {
-                            return Err(at(format!(
-                                "COPY --from={v} names no layer stage before it"
-                            )));
-                        }
-                        layer = Some(v.to_string());
-                    } else if w.starts_with("--") {
-                        return Err(at(format!("COPY {w} is not supported")));
-                    } else {
-                        args.push(w);
-                    }
-                }
-                let Some((dst, srcs)) = args.split_last().filter(|(_, s)| !s.is_empty()) else {
-                    return Err(at("COPY needs a source and a destination".into()));
-                };
-                let srcs = srcs
-                    .iter()
-                    .map(|s| {
-                        literal(s)
-                            .and_then(|l| context_path(layer.as_deref(), &l, &layers).ok())
-                            .ok_or_else(|| {
-                                at(format!(
-                                    "COPY source `{s}` must be a plain path inside the context \
-                                     (no variables, globs or `..`)"
-                                ))
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                steps.push(Step::Copy {
-                    chown,
-                    srcs,
-                    dst: dst.clone(),
-                });
-            }
-            "RUN" => {
-                let mut rest = rest;
-                let mut mounts = Vec::new();
-                while rest.starts_with("--") {
-                    let (w, r) = rest
-                        .split_once(char::is_whitespace)
-                        .map_or((rest, ""), |(w, r)| (w, r.trim_start()));
-                    let spec =
-                        flag(w, "mount").ok_or_else(|| at(format!("RUN {w} is not supported")))?;
-                    mounts.push(parse_mount(spec, &layers).map_err(at)?);
-                    rest = r;
-                }
-                let command = if rest.starts_with('[') {
-                    let argv: Vec<String> = serde_json::from_str(rest)
-                        .map_err(|e| at(format!("RUN in JSON form: {e}")))?;
-                    argv.iter()
-                        .map(|a| quote_min_pct(a))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                } else {
-                    rest.to_string()
-                };
-                if command.is_empty() {
-                    return Err(at("RUN without a command".into()));
-                }
-                steps.push(Step::Run { mounts, command });
-            }
+            "ENV" => parse_env(rest),
+            "WORKDIR" => parse_workdir(rest),
+            "USER" => parse_user(rest),
+            "COPY" => parse_copy(rest, &layers),
+            "RUN" => parse_run(rest, &layers),
             "LABEL" | "EXPOSE" | "CMD" | "ENTRYPOINT" | "VOLUME" | "STOPSIGNAL" | "HEALTHCHECK"
-            | "MAINTAINER" => {}
-            other => {
-                return Err(at(format!(
-                    "{other} is not supported in a builder stage run remotely"
-                )));
-            }
-        }
+            | "MAINTAINER" => continue,
+            other => Err(format!(
+                "{other} is not supported in a builder stage run remotely"
+            )),
+        };
+        steps.push(step.map_err(at)?);
     }
     let (_, from, _) = from.ok_or("no FROM")?;
     Ok(Stage { from, steps })
+}
+
+/// The stage of the `FROM` on line `l`, ended by a later `FROM`, as a layer
+/// stage: its name and the context directory it holds.
+fn layer_stage(
+    l: usize,
+    image: &str,
+    alias: Option<String>,
+    steps: &[Step],
+) -> Result<(String, String), String> {
+    let dir = layer_dir(image, steps).ok_or_else(|| {
+        format!(
+            "line {l}: only the last stage runs remotely; an earlier stage must be \
+             `FROM scratch AS <name>` with one `COPY <dir>/ /`"
+        )
+    })?;
+    let name = alias.ok_or_else(|| format!("line {l}: a layer stage needs a name"))?;
+    Ok((name, dir))
+}
+
+/// `FROM image [AS name]`: the image and the stage's name.
+fn parse_from(rest: &str) -> Result<(String, Option<String>), String> {
+    let words = raw_words(rest)?;
+    match words.as_slice() {
+        [image] => Ok((image.clone(), None)),
+        [image, as_, name] if as_.eq_ignore_ascii_case("as") => {
+            Ok((image.clone(), Some(name.clone())))
+        }
+        _ => Err(format!("FROM {rest} is not supported")),
+    }
+}
+
+/// `ENV name=value…`, or the legacy `ENV name value…` (the rest of the
+/// line); every name must be a variable name.
+fn parse_env(rest: &str) -> Result<Step, String> {
+    let words = raw_words(rest)?;
+    let mut pairs = Vec::new();
+    if words.first().is_some_and(|w| !w.contains('=')) {
+        // Legacy `ENV name value…`: the rest of the line.
+        let name = words[0].clone();
+        let value = rest[name.len()..].trim();
+        pairs.push((name, quote_min_pct(value)));
+    } else {
+        for w in &words {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| format!("ENV word `{w}` is not name=value"))?;
+            pairs.push((k.to_string(), v.to_string()));
+        }
+    }
+    for (k, _) in &pairs {
+        if k.is_empty()
+            || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || k.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(format!("`{k}` is not a variable name"));
+        }
+    }
+    Ok(Step::Env(pairs))
+}
+
+/// `WORKDIR path`: a literal path quoted for the shell, else the word in
+/// double quotes (the shell expands its variables).
+fn parse_workdir(rest: &str) -> Result<Step, String> {
+    if rest.is_empty() {
+        return Err("WORKDIR without a path".into());
+    }
+    let word = literal(rest).map_or_else(|| format!("\"{rest}\""), |l| quote_min_pct(&l));
+    Ok(Step::Workdir(word))
+}
+
+/// `USER user[:group]`: one literal word.
+fn parse_user(rest: &str) -> Result<Step, String> {
+    let u = literal(rest)
+        .filter(|u| !u.is_empty() && !u.contains(char::is_whitespace))
+        .ok_or_else(|| format!("USER {rest} is not supported"))?;
+    Ok(Step::User(u))
+}
+
+/// `COPY [--chown=…] [--from=<layer>] src… dst`: plain source paths inside
+/// the context (or the layer stage's directory).
+fn parse_copy(rest: &str, layers: &BTreeMap<String, String>) -> Result<Step, String> {
+    let words = raw_words(rest)?;
+    let mut chown = None;
+    let mut layer = None;
+    let mut args = Vec::new();
+    for w in words {
+        if let Some(v) = flag(&w, "chown") {
+            chown = Some(literal(v).ok_or_else(|| format!("--chown={v}"))?);
+        } else if let Some(v) = flag(&w, "from") {
+            if !layers.contains_key(v) {
+                return Err(format!("COPY --from={v} names no layer stage before it"));
+            }
+            layer = Some(v.to_string());
+        } else if w.starts_with("--") {
+            return Err(format!("COPY {w} is not supported"));
+        } else {
+            args.push(w);
+        }
+    }
+    let Some((dst, srcs)) = args.split_last().filter(|(_, s)| !s.is_empty()) else {
+        return Err("COPY needs a source and a destination".into());
+    };
+    let srcs = srcs
+        .iter()
+        .map(|s| {
+            literal(s)
+                .and_then(|l| context_path(layer.as_deref(), &l, layers).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "COPY source `{s}` must be a plain path inside the context \
+                         (no variables, globs or `..`)"
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Step::Copy {
+        chown,
+        srcs,
+        dst: dst.clone(),
+    })
+}
+
+/// `RUN [--mount=…]… command`, the command in shell or JSON form.
+fn parse_run(rest: &str, layers: &BTreeMap<String, String>) -> Result<Step, String> {
+    let mut rest = rest;
+    let mut mounts = Vec::new();
+    while rest.starts_with("--") {
+        let (w, r) = rest
+            .split_once(char::is_whitespace)
+            .map_or((rest, ""), |(w, r)| (w, r.trim_start()));
+        let spec = flag(w, "mount").ok_or_else(|| format!("RUN {w} is not supported"))?;
+        mounts.push(parse_mount(spec, layers)?);
+        rest = r;
+    }
+    let command = if rest.starts_with('[') {
+        let argv: Vec<String> =
+            serde_json::from_str(rest).map_err(|e| format!("RUN in JSON form: {e}"))?;
+        argv.iter()
+            .map(|a| quote_min_pct(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        rest.to_string()
+    };
+    if command.is_empty() {
+        return Err("RUN without a command".into());
+    }
+    Ok(Step::Run { mounts, command })
 }
 
 /// The preamble every stage script starts with: the input root, the user

@@ -362,18 +362,58 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
         ));
         return None;
     };
-    let text = |k: &str| item.get(k).and_then(Node::as_str).map(str::to_string);
-    let id = text("id").unwrap_or_else(|| format!("{owner}#{}", index + 1));
+    let id = text_field(item, "id").unwrap_or_else(|| format!("{owner}#{}", index + 1));
+    let subject = check_subject(item, entries, &id, out)?;
+    // An unsupported plugin's input is the plugin's own business.
+    if subject != "plugin" {
+        unknown_fields(entries, subject, &id, out);
+    }
+    let scope = check_scope(item, &id, out)?;
+    let kind = check_kind(item, subject);
+    Some(Check {
+        id,
+        scope,
+        in_container: flag_field(item, "in_container", true),
+        exclude_distro: exclude_distro(item),
+        kind,
+        definition: item.to_json(),
+        span: item.span,
+    })
+}
+
+/// The text of a check's field `k`, when it is a string.
+fn text_field(item: &Node, k: &str) -> Option<String> {
+    item.get(k).and_then(Node::as_str).map(str::to_string)
+}
+
+/// A check's boolean field `k` (`true`/`false` in any of YAML's three
+/// spellings), else `default`.
+fn flag_field(item: &Node, k: &str, default: bool) -> bool {
+    match item.get(k).and_then(Node::as_str) {
+        Some("true" | "True" | "TRUE") => true,
+        Some("false" | "False" | "FALSE") => false,
+        _ => default,
+    }
+}
+
+/// The one subject key (kind) of the check `id`; none or several are errors
+/// (with a guess at a misspelt one).
+fn check_subject<'a>(
+    item: &'a Node,
+    entries: &'a [(Node, Node)],
+    id: &str,
+    out: &mut Vec<Diagnostic>,
+) -> Option<&'a str> {
     let subjects: Vec<&str> = entries
         .iter()
         .filter_map(|(k, _)| k.as_str())
         .filter(|k| SUBJECTS.contains(k))
         .collect();
-    let subject = match subjects.as_slice() {
-        [one] => *one,
+    match subjects.as_slice() {
+        [one] => Some(*one),
         // A node-form `plugin: <word>` charly has no runner for (the loader
         // already warned where it is written).
-        [] if item.get("plugin").and_then(Node::as_str).is_some() => "plugin",
+        [] if item.get("plugin").and_then(Node::as_str).is_some() => Some("plugin"),
         [] => {
             let keys: Vec<&str> = entries.iter().filter_map(|(k, _)| k.as_str()).collect();
             let guess = keys.iter().find_map(|k| {
@@ -390,7 +430,7 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
                 d = d.with_hint(format!("did you mean `{g}`?"));
             }
             out.push(d);
-            return None;
+            None
         }
         many => {
             out.push(Diagnostic::error(
@@ -400,13 +440,16 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
                     many.join(", ")
                 ),
             ));
-            return None;
+            None
         }
-    };
-    // Keys that belong to no kind are errors: a misspelt matcher (`contians:`)
-    // would silently leave a check that only tests existence. An unsupported
-    // plugin's input is the plugin's own business.
-    for (k, _) in entries.iter().filter(|_| subject != "plugin") {
+    }
+}
+
+/// Errors for the keys of the check `id` that belong to no kind: a misspelt
+/// matcher (`contians:`) would silently leave a check that only tests
+/// existence.
+fn unknown_fields(entries: &[(Node, Node)], subject: &str, id: &str, out: &mut Vec<Diagnostic>) {
+    for (k, _) in entries {
         let Some(name) = k.as_str() else { continue };
         if name == subject || COMMON.contains(&name) || matchers(subject).contains(&name) {
             continue;
@@ -430,24 +473,29 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
             out.push(d);
         }
     }
-    let scope = match text("scope").as_deref() {
-        None | Some("build") => CheckScope::Build,
-        Some("deploy") => CheckScope::Deploy,
+}
+
+/// The check's `scope:` (build when absent); another value is an error.
+fn check_scope(item: &Node, id: &str, out: &mut Vec<Diagnostic>) -> Option<CheckScope> {
+    match text_field(item, "scope").as_deref() {
+        None | Some("build") => Some(CheckScope::Build),
+        Some("deploy") => Some(CheckScope::Deploy),
         Some(other) => {
             out.push(Diagnostic::error(
                 item.get("scope").map_or(item.span, |n| n.span),
                 format!("check `{id}`: scope `{other}` must be `build` or `deploy`"),
             ));
-            return None;
+            None
         }
-    };
-    let flag = |k: &str, default: bool| match item.get(k).and_then(Node::as_str) {
-        Some("true" | "True" | "TRUE") => true,
-        Some("false" | "False" | "FALSE") => false,
-        _ => default,
-    };
+    }
+}
+
+/// What a check of kind `subject` checks, read from its fields.
+fn check_kind(item: &Node, subject: &str) -> CheckKind {
+    let text = |k: &str| text_field(item, k);
+    let flag = |k: &str, default: bool| flag_field(item, k, default);
     let value = item.get(subject).map(node_text).unwrap_or_default();
-    let kind = match subject {
+    match subject {
         "file" => CheckKind::File {
             path: value,
             exists: item.get("exists").map(|_| flag("exists", true)),
@@ -491,26 +539,21 @@ fn parse_check(item: &Node, owner: &str, index: usize, out: &mut Vec<Diagnostic>
             subject: other.to_string(),
             value,
         },
-    };
-    Some(Check {
-        id,
-        scope,
-        in_container: flag("in_container", true),
-        exclude_distro: item
-            .get("exclude_distro")
-            .map(|n| match n.as_seq() {
-                Some(s) => s
-                    .iter()
-                    .filter_map(Node::as_str)
-                    .map(str::to_string)
-                    .collect(),
-                None => n.as_str().map(|s| vec![s.to_string()]).unwrap_or_default(),
-            })
-            .unwrap_or_default(),
-        kind,
-        definition: item.to_json(),
-        span: item.span,
-    })
+    }
+}
+
+/// The check's `exclude_distro:`: a list or a single distro.
+fn exclude_distro(item: &Node) -> Vec<String> {
+    item.get("exclude_distro")
+        .map(|n| match n.as_seq() {
+            Some(s) => s
+                .iter()
+                .filter_map(Node::as_str)
+                .map(str::to_string)
+                .collect(),
+            None => n.as_str().map(|s| vec![s.to_string()]).unwrap_or_default(),
+        })
+        .unwrap_or_default()
 }
 
 fn node_text(n: &Node) -> String {

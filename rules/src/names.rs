@@ -42,10 +42,10 @@
 //! `/` into a path, or a line break into an instruction.
 
 use crate::diag::Diagnostic;
-use crate::model::{BoxDef, Task};
+use crate::model::{BoxDef, DistroSection, Service, Shell, Task};
 use crate::project::{CandyEntry, Namespace, Project};
 use crate::source::Span;
-use crate::yaml::{Node, Spanned};
+use crate::yaml::{Node, OrderedMap, Spanned, Yaml};
 
 /// What a name failed, in words (used after "`<value>` ").
 pub type Why = &'static str;
@@ -529,102 +529,16 @@ impl Checker {
             self.spanned(&pk.name, "package", package);
         }
         for (key, sec) in d.distro.iter() {
-            for t in crate::cascade::section_tags(&key.value) {
-                self.check(key.span, "distro key", &t, distro_tag);
-            }
-            for pk in &sec.package {
-                self.spanned(&pk.name, "package", package);
-            }
-            for r in &sec.repo {
-                for (k, v) in r.value.iter() {
-                    self.spanned(k, "repo key", env_key);
-                    self.check(r.span, "repo value", v, single_line);
-                    // The name becomes a file name on hosts
-                    // (`sources.list.d/<name>.list`), signed_by a path.
-                    match k.value.as_str() {
-                        "name" => self.check(r.span, "repo name", v, path_segment),
-                        "signed_by" => self.check(r.span, "repo signed_by", v, path),
-                        _ => {}
-                    }
-                }
-            }
-            for s in sec
-                .copr
-                .iter()
-                .chain(&sec.exclude)
-                .chain(&sec.module)
-                .chain(&sec.keys)
-            {
-                self.check(key.span, "package entry", s, package);
-            }
-            for s in &sec.option {
-                self.check(key.span, "option", s, single_line);
-            }
-            if let Some(a) = &sec.aur {
-                for pk in &a.package {
-                    self.spanned(&pk.name, "package", package);
-                }
-                for s in a.replace.iter() {
-                    self.check(key.span, "package entry", s, package);
-                }
-                for s in &a.option {
-                    self.check(key.span, "option", s, single_line);
-                }
-            }
+            self.distro_section(key, sec);
         }
         for t in &d.task {
             self.task(t, e.span);
         }
         for s in &d.service {
-            self.spanned(&s.name, "service name", unit_name);
-            let at = s.name.span;
-            if let Some(u) = &s.use_packaged {
-                self.spanned(u, "use_packaged", unit_name);
-            }
-            if let Some(x) = &s.exec {
-                self.spanned(x, "exec", single_line);
-            }
-            for (k, v) in s.env.iter() {
-                self.spanned(k, "env key", env_key);
-                self.check(k.span, "env value", v, single_line);
-            }
-            for v in [
-                &s.restart,
-                &s.working_directory,
-                &s.user,
-                &s.stdout,
-                &s.stop_timeout,
-                &s.kind,
-                &s.start_retry,
-                &s.start_sec,
-                &s.stop_signal,
-                &s.exit_code,
-                &s.priority,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                self.check(at, "service field", v, single_line);
-            }
-            for v in s.after.0.iter().chain(&s.before.0).chain(&s.wanted_by.0) {
-                self.check(at, "unit", v, unit_name);
-            }
-            if let Some(ev) = &s.event {
-                for v in &ev.0 {
-                    self.check(at, "event", v, token);
-                }
-            }
+            self.service(s);
         }
         if let Some(sh) = &d.shell {
-            let at = e.span;
-            for p in sh.path_append.iter().chain(sh.path.iter()) {
-                self.check(at, "shell path", p, path);
-            }
-            for o in [&sh.bash, &sh.zsh, &sh.fish, &sh.sh].into_iter().flatten() {
-                for p in o.path_append.iter().chain(o.path.iter()) {
-                    self.check(at, "shell path", p, path);
-                }
-            }
+            self.shell(sh, e.span);
         }
         for p in &d.port {
             self.spanned(p, "port", port);
@@ -639,20 +553,134 @@ impl Checker {
                 self.spanned(v, "localpkg source", single_line);
             }
         }
-        if let Some(data) = &d.data
-            && let Some(items) = data.0.as_seq()
+        if let Some(data) = &d.data {
+            self.data_entries(data);
+        }
+    }
+
+    /// A candy's distro section under `key`: the key's tags, packages,
+    /// repos, package entries, options and AUR part.
+    fn distro_section(&mut self, key: &Spanned<String>, sec: &DistroSection) {
+        for t in crate::cascade::section_tags(&key.value) {
+            self.check(key.span, "distro key", &t, distro_tag);
+        }
+        for pk in &sec.package {
+            self.spanned(&pk.name, "package", package);
+        }
+        for r in &sec.repo {
+            self.repo(r);
+        }
+        for s in sec
+            .copr
+            .iter()
+            .chain(&sec.exclude)
+            .chain(&sec.module)
+            .chain(&sec.keys)
         {
-            for it in items {
-                for (field, rule) in [
-                    ("volume", entity as fn(&str) -> Result<(), Why>),
-                    ("src", path),
-                    ("dest", path),
-                ] {
-                    if let Some(v) = it.get(field)
-                        && let Some(s) = v.as_str()
-                    {
-                        self.check(v.span, &format!("data {field}"), s, rule);
-                    }
+            self.check(key.span, "package entry", s, package);
+        }
+        for s in &sec.option {
+            self.check(key.span, "option", s, single_line);
+        }
+        if let Some(a) = &sec.aur {
+            for pk in &a.package {
+                self.spanned(&pk.name, "package", package);
+            }
+            for s in a.replace.iter() {
+                self.check(key.span, "package entry", s, package);
+            }
+            for s in &a.option {
+                self.check(key.span, "option", s, single_line);
+            }
+        }
+    }
+
+    /// One repo of a distro section: its keys and values.
+    fn repo(&mut self, r: &Spanned<OrderedMap<String>>) {
+        for (k, v) in r.value.iter() {
+            self.spanned(k, "repo key", env_key);
+            self.check(r.span, "repo value", v, single_line);
+            // The name becomes a file name on hosts
+            // (`sources.list.d/<name>.list`), signed_by a path.
+            match k.value.as_str() {
+                "name" => self.check(r.span, "repo name", v, path_segment),
+                "signed_by" => self.check(r.span, "repo signed_by", v, path),
+                _ => {}
+            }
+        }
+    }
+
+    /// A candy's service: its name, units, exec, env and one-line fields.
+    fn service(&mut self, s: &Service) {
+        self.spanned(&s.name, "service name", unit_name);
+        let at = s.name.span;
+        if let Some(u) = &s.use_packaged {
+            self.spanned(u, "use_packaged", unit_name);
+        }
+        if let Some(x) = &s.exec {
+            self.spanned(x, "exec", single_line);
+        }
+        for (k, v) in s.env.iter() {
+            self.spanned(k, "env key", env_key);
+            self.check(k.span, "env value", v, single_line);
+        }
+        for v in [
+            &s.restart,
+            &s.working_directory,
+            &s.user,
+            &s.stdout,
+            &s.stop_timeout,
+            &s.kind,
+            &s.start_retry,
+            &s.start_sec,
+            &s.stop_signal,
+            &s.exit_code,
+            &s.priority,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            self.check(at, "service field", v, single_line);
+        }
+        for v in s.after.0.iter().chain(&s.before.0).chain(&s.wanted_by.0) {
+            self.check(at, "unit", v, unit_name);
+        }
+        if let Some(ev) = &s.event {
+            for v in &ev.0 {
+                self.check(at, "event", v, token);
+            }
+        }
+    }
+
+    /// A candy's `shell:`: the paths of it and of each shell's part, at the
+    /// candy's span `at`.
+    fn shell(&mut self, sh: &Shell, at: Span) {
+        for p in sh.path_append.iter().chain(sh.path.iter()) {
+            self.check(at, "shell path", p, path);
+        }
+        for o in [&sh.bash, &sh.zsh, &sh.fish, &sh.sh].into_iter().flatten() {
+            for p in o.path_append.iter().chain(o.path.iter()) {
+                self.check(at, "shell path", p, path);
+            }
+        }
+    }
+
+    /// A candy's `data:` entries: their volume, src and dest (when `data:`
+    /// is a list).
+    fn data_entries(&mut self, data: &Yaml) {
+        let Some(items) = data.0.as_seq() else {
+            return;
+        };
+        for it in items {
+            for (field, rule) in [
+                ("volume", entity as fn(&str) -> Result<(), Why>),
+                ("src", path),
+                ("dest", path),
+            ] {
+                if let Some(v) = it.get(field)
+                    && let Some(s) = v.as_str()
+                {
+                    self.check(v.span, &format!("data {field}"), s, rule);
                 }
             }
         }

@@ -78,57 +78,99 @@ const MOUNT_SEP: &str = " \\\n    ";
 
 /// Calls charly's function `name` (one of [`FUNCS`]).
 pub(super) fn call<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> {
-    let n = args.len();
-    let exactly = |want: usize| want_exactly(name, n, want);
+    match name {
+        "cacheMounts" | "cacheMountsOwned" | "cacheMountsAuto" => call_cache_mounts(name, args),
+        "quote" | "default" | "splitFirst" | "replace" | "shquote" | "hasSuffix" => {
+            call_string(name, args)
+        }
+        "join" | "anyRepoHasURL" => call_list(name, args),
+        "derefBool"
+        | "systemdRestart"
+        | "supervisordRestart"
+        | "systemdStdout"
+        | "supervisordLog"
+        | "supervisordLogMaxbytes" => call_service(name, args),
+        _ => Err(super::funcs::undefined(name)),
+    }
+}
+
+/// A string result.
+fn string_val<'a>(s: String) -> Result<Val<'a>, String> {
+    Ok(Val::own(Json::String(s)))
+}
+
+/// A boolean result.
+fn bool_val<'a>(b: bool) -> Result<Val<'a>, String> {
+    Ok(Val::own(Json::Bool(b)))
+}
+
+/// The cache mount functions: `cacheMounts`, `cacheMountsOwned` and
+/// `cacheMountsAuto`.
+fn call_cache_mounts<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> {
+    let exactly = |want: usize| want_exactly(name, args.len(), want);
     let calling = |e: String| error_calling(name, e);
-    let s = |j: String| Ok(Val::own(Json::String(j)));
-    let b = |v: bool| Ok(Val::own(Json::Bool(v)));
     match name {
         "cacheMounts" => {
             exactly(1)?;
             let mounts = mounts(&args[0]).map_err(calling)?;
-            s(mounts
-                .iter()
-                .map(shared_mount)
-                .collect::<Vec<_>>()
-                .join(MOUNT_SEP))
+            string_val(
+                mounts
+                    .iter()
+                    .map(shared_mount)
+                    .collect::<Vec<_>>()
+                    .join(MOUNT_SEP),
+            )
         }
         "cacheMountsOwned" => {
             exactly(3)?;
             let mounts = mounts(&args[0]).map_err(calling)?;
             let (uid, gid) = ids(&args[1], &args[2]).map_err(calling)?;
-            s(mounts
-                .iter()
-                .map(|m| owned_mount(m, &uid, &gid) + MOUNT_SEP)
-                .collect())
+            string_val(
+                mounts
+                    .iter()
+                    .map(|m| owned_mount(m, &uid, &gid) + MOUNT_SEP)
+                    .collect(),
+            )
         }
         "cacheMountsAuto" => {
             exactly(3)?;
             let mounts = mounts(&args[0]).map_err(calling)?;
             let (uid, gid) = ids(&args[1], &args[2]).map_err(calling)?;
-            s(mounts
-                .iter()
-                .map(|m| {
-                    if m.owned {
-                        owned_mount(m, &uid, &gid)
-                    } else {
-                        shared_mount(m)
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(MOUNT_SEP))
+            string_val(
+                mounts
+                    .iter()
+                    .map(|m| {
+                        if m.owned {
+                            owned_mount(m, &uid, &gid)
+                        } else {
+                            shared_mount(m)
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(MOUNT_SEP),
+            )
         }
+        _ => Err(super::funcs::undefined(name)),
+    }
+}
+
+/// The string functions: `quote`, `default`, `splitFirst`, `replace`,
+/// `shquote` and `hasSuffix`.
+fn call_string<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> {
+    let exactly = |want: usize| want_exactly(name, args.len(), want);
+    let calling = |e: String| error_calling(name, e);
+    match name {
         "quote" => {
             exactly(1)?;
-            s(sprintf("%q", args))
+            string_val(sprintf("%q", args))
         }
         "default" => {
             exactly(2)?;
             let v = sprint(&args[..1]);
             if v.is_empty() || v == "<nil>" {
-                s(sprint(&args[1..]))
+                string_val(sprint(&args[1..]))
             } else {
-                s(v)
+                string_val(v)
             }
         }
         "splitFirst" => {
@@ -145,15 +187,35 @@ pub(super) fn call<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> 
                     .unwrap_or_default()
                     .to_string()
             };
-            s(first)
+            string_val(first)
         }
         "replace" => {
             exactly(3)?;
             let text = str_arg(&args[0]).map_err(calling)?;
             let old = str_arg(&args[1]).map_err(calling)?;
             let new = str_arg(&args[2]).map_err(calling)?;
-            s(text.replace(old.as_str(), &new))
+            string_val(text.replace(old.as_str(), &new))
         }
+        "shquote" => {
+            exactly(1)?;
+            string_val(crate::sh::quote_min_pct(
+                &str_arg(&args[0]).map_err(calling)?,
+            ))
+        }
+        "hasSuffix" => {
+            exactly(2)?;
+            let text = str_arg(&args[0]).map_err(calling)?;
+            bool_val(text.ends_with(str_arg(&args[1]).map_err(calling)?.as_str()))
+        }
+        _ => Err(super::funcs::undefined(name)),
+    }
+}
+
+/// The list functions: `join` and `anyRepoHasURL`.
+fn call_list<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> {
+    let exactly = |want: usize| want_exactly(name, args.len(), want);
+    let calling = |e: String| error_calling(name, e);
+    match name {
         "join" => {
             exactly(2)?;
             let sep = str_arg(&args[1]).map_err(calling)?;
@@ -174,18 +236,7 @@ pub(super) fn call<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> 
                     )));
                 }
             };
-            s(items.join(&sep))
-        }
-        "shquote" => {
-            exactly(1)?;
-            s(crate::sh::quote_min_pct(
-                &str_arg(&args[0]).map_err(calling)?,
-            ))
-        }
-        "hasSuffix" => {
-            exactly(2)?;
-            let text = str_arg(&args[0]).map_err(calling)?;
-            b(text.ends_with(str_arg(&args[1]).map_err(calling)?.as_str()))
+            string_val(items.join(&sep))
         }
         "anyRepoHasURL" => {
             exactly(1)?;
@@ -199,46 +250,38 @@ pub(super) fn call<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> 
                 }),
                 _ => false,
             };
-            b(any)
+            bool_val(any)
         }
-        "derefBool" => {
-            exactly(1)?;
-            b(deref_bool(args[0].non_nil()))
-        }
-        "systemdRestart" => {
-            exactly(1)?;
-            let r = str_arg(&args[0]).map_err(calling)?;
-            s(match r.as_str() {
-                "" | "unless-stopped" => String::new(),
-                other => other.to_string(),
-            })
-        }
-        "supervisordRestart" => {
-            exactly(1)?;
-            let r = str_arg(&args[0]).map_err(calling)?;
-            s(if r == "no" { "false" } else { "true" }.to_string())
-        }
-        "systemdStdout" => {
-            exactly(1)?;
-            let v = str_arg(&args[0]).map_err(calling)?;
-            s(match v.strip_prefix("file:") {
-                Some(p) => format!("append:{p}"),
-                None => v,
-            })
-        }
-        "supervisordLog" => {
-            exactly(1)?;
-            let v = str_arg(&args[0]).map_err(calling)?;
-            s(match v.strip_prefix("file:") {
-                Some(p) => p.to_string(),
-                None if v == "none" => "/dev/null".to_string(),
-                None => "/dev/fd/1".to_string(),
-            })
-        }
+        _ => Err(super::funcs::undefined(name)),
+    }
+}
+
+/// The service functions: `derefBool`, `systemdRestart`,
+/// `supervisordRestart`, `systemdStdout`, `supervisordLog` and
+/// `supervisordLogMaxbytes`.
+fn call_service<'a>(name: &str, args: &[Val<'a>]) -> Result<Val<'a>, String> {
+    want_exactly(name, args.len(), 1)?;
+    if name == "derefBool" {
+        return bool_val(deref_bool(args[0].non_nil()));
+    }
+    let v = str_arg(&args[0]).map_err(|e| error_calling(name, e))?;
+    match name {
+        "systemdRestart" => string_val(match v.as_str() {
+            "" | "unless-stopped" => String::new(),
+            other => other.to_string(),
+        }),
+        "supervisordRestart" => string_val(if v == "no" { "false" } else { "true" }.to_string()),
+        "systemdStdout" => string_val(match v.strip_prefix("file:") {
+            Some(p) => format!("append:{p}"),
+            None => v,
+        }),
+        "supervisordLog" => string_val(match v.strip_prefix("file:") {
+            Some(p) => p.to_string(),
+            None if v == "none" => "/dev/null".to_string(),
+            None => "/dev/fd/1".to_string(),
+        }),
         "supervisordLogMaxbytes" => {
-            exactly(1)?;
-            let v = str_arg(&args[0]).map_err(calling)?;
-            s(if v.starts_with("file:") { "10MB" } else { "0" }.to_string())
+            string_val(if v.starts_with("file:") { "10MB" } else { "0" }.to_string())
         }
         _ => Err(super::funcs::undefined(name)),
     }
