@@ -6,15 +6,14 @@
 use crate::session::host_arch;
 use crate::{Cli, output, project};
 use anyhow::Context;
-use charly_deploy::bundle::{self, EmitSpec, NoArtifacts};
+use charly_deploy::bundle::{self, EmitSpec};
 use charly_deploy::host::Host;
 use charly_deploy::ledger::{BundleRecord, BundleState, Connection, Ledger};
 use charly_deploy::local::LocalHost;
-use charly_deploy::source::StoreArtifacts;
+use charly_deploy::session;
 use charly_deploy::ssh::{SshHost, SshTarget};
-use charly_deploy::walk::{self, Options};
-use charly_engine::graph::GraphOptions;
-use charly_rules::plan::{Gates, InstallPlan, Target};
+use charly_deploy::walk;
+use charly_rules::plan::{Gates, Target};
 use clap::{Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -341,7 +340,7 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let hasher = crate::session::stat_cache(&store);
     let mut host = open_host(a, ssh.as_ref())?;
     a.become_pass.apply(host.as_mut())?;
-    let mut emit = EmitSpec {
+    let emit = EmitSpec {
         system: a.system,
         out: None,
         image: a.image.clone(),
@@ -349,23 +348,14 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // A pod with --add runs an overlay image: the box's image plus the
     // added candies' layers (built, or found in the store, now).
     let overlay = if target == Target::Pod && !add.is_empty() {
-        let reference = build_overlay(&o, &a.box_name, &add, a, &store, &hasher)?;
-        emit.image = Some(reference.clone());
-        Some(reference)
+        Some(session::Overlay {
+            image: build_overlay(&o, &a.box_name, &add, a, &store, &hasher)?,
+            keep_image: a.keep_image,
+            podman_root: a.runner.podman_root.clone(),
+        })
     } else {
         None
     };
-    let (plan, user, arts) = add_plan(
-        &o,
-        b,
-        a,
-        target,
-        &add,
-        &mut emit,
-        host.as_mut(),
-        &store,
-        &hasher,
-    )?;
     let gates = if a.yes {
         Gates::all()
     } else {
@@ -375,16 +365,23 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             with_services: a.with_services,
         }
     };
-    let opts = Options {
+    let request = session::AddRequest {
+        name: a.name.clone(),
+        box_name: a.box_name.clone(),
+        target,
+        add,
+        user: a.user.clone(),
         gates,
         dry_run: a.dry_run,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-        target,
-        box_home: b.user.home.clone(),
-        on_change: test_hooks::block_at_step(),
-        // Over SSH, consecutive commands go in one round trip.
-        batch_commands: ssh.is_some(),
-        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
+        emit,
+        k8s_out: a.out.clone(),
+        build: session::BuildSettings {
+            dev_local_pkg: a.dev_local_pkg.on,
+            runner: a.runner.runner.clone(),
+            arch: host_arch(),
+        },
+        overlay,
     };
     let connection = match &ssh {
         Some(t) => Connection::Ssh(t.clone()),
@@ -392,22 +389,16 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
             root: host.root().map(String::from),
         },
     };
-    let record = BundleRecord {
-        name: a.name.clone(),
-        deploy_id: plan.deploy_id.clone(),
-        box_name: a.box_name.clone(),
-        target,
-        target_key: bundle::target_key(target, &connection, &emit),
-        connection,
-        user: user.name.clone(),
-        home: user.home.clone(),
-        state: BundleState::Applying,
-        plan: serde_json::to_value(&plan)?,
-        options: add_options(a, gates, &emit, &o.project.root, overlay.as_deref())?,
-        created_unix: 0,
-        updated_unix: 0,
-        error: None,
+    let sources = session::Sources {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        hasher: &hasher,
     };
+    let plugins = plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>);
+    let mut prepared =
+        session::prepare_add(sources, b, &request, host.as_mut(), connection, plugins)?;
+    prepared.opts.on_change = test_hooks::block_at_step();
     if !a.dry_run && ledger.get(&a.name)?.is_some() {
         anyhow::bail!(
             "bundle `{}` already exists (see `charly bundle status {0}`; `charly bundle del {0}` removes it)",
@@ -448,11 +439,11 @@ fn add(cli: &Cli, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let res = walk::apply(
         host.as_mut(),
         led,
-        &record,
-        &plan,
-        &user,
-        arts.as_ref(),
-        &opts,
+        &prepared.record,
+        &prepared.plan,
+        &prepared.user,
+        prepared.arts.as_ref(),
+        &prepared.opts,
         &mut progress,
     );
     report_added(a, res)
@@ -540,98 +531,6 @@ fn open_host(a: &AddArgs, ssh: Option<&SshTarget>) -> anyhow::Result<Box<dyn Hos
     })
 }
 
-/// The plan `add` walks, the account it runs as and where its artifacts
-/// come from: the emitted plan for k8s and pods, the host's plan with the
-/// store's artifacts for a host.
-#[allow(clippy::too_many_arguments)]
-fn add_plan<'s>(
-    o: &'s project::Opened,
-    b: &charly_rules::resolve::ResolvedBox,
-    a: &AddArgs,
-    target: Target,
-    add: &[String],
-    emit: &mut EmitSpec,
-    host: &mut dyn Host,
-    store: &'s charly_cache::Store,
-    hasher: &'s charly_engine::hash::FileHasher,
-) -> anyhow::Result<(InstallPlan, walk::TargetUser, Box<dyn walk::Artifacts + 's>)> {
-    Ok(match target {
-        Target::K8s => {
-            let out = match &a.out {
-                Some(d) => std::path::absolute(d)?,
-                None => o.project.root.join(".build/k8s").join(&a.name),
-            };
-            // The tree belongs to whoever owns the project.
-            let user = bundle::project_user(host, &o.project.root)?;
-            emit.out = Some(out.display().to_string());
-            let plan = bundle::emitted_plan(&o.project, b, target, emit, &user.home)?;
-            (plan, user, Box::new(NoArtifacts))
-        }
-        _ => {
-            // A host deploy installs with the host's package manager:
-            // a box for another distro is refused here, before any
-            // change (pods run the image, whatever the host runs).
-            let base = if target == Target::Pod {
-                bundle::merged_plan(&o.project, b, target)?
-            } else {
-                let os = bundle::host_os(host)?;
-                bundle::host_plan(&o.project, b, target, add, os.as_ref())?
-            };
-            let user_name = a.user.clone().unwrap_or_else(|| b.user.name.clone());
-            let user = walk::resolve_user(host, &user_name, &base)?;
-            if target == Target::Pod {
-                let mut plan = bundle::emitted_plan(&o.project, b, target, emit, &user.home)?;
-                if !add.is_empty() {
-                    plan.deploy_id = charly_rules::plan::deploy_id(&b.name, &[], add);
-                    plan.add_candies = add.to_vec();
-                }
-                (plan, user, Box::new(NoArtifacts))
-            } else {
-                let arts = StoreArtifacts::new(
-                    &o.project,
-                    &o.resolution,
-                    store,
-                    hasher,
-                    GraphOptions {
-                        plugins: Default::default(),
-                        dev_local_pkg: a.dev_local_pkg.on,
-                        runner: a.runner.runner.clone(),
-                        arch: host_arch(),
-                    },
-                    &a.box_name,
-                )
-                .map_err(anyhow::Error::msg)?;
-                (base, user, Box::new(arts))
-            }
-        }
-    })
-}
-
-/// The options a bundle's record keeps: its gates and build settings,
-/// where the project is (so `status` can compare the plan from anywhere),
-/// and a pod overlay's image.
-fn add_options(
-    a: &AddArgs,
-    gates: Gates,
-    emit: &EmitSpec,
-    project_root: &std::path::Path,
-    overlay: Option<&str>,
-) -> anyhow::Result<serde_json::Value> {
-    let mut o = bundle::record_options(gates, a.dev_local_pkg.on, &a.runner.runner, emit);
-    if let Some(map) = o.as_object_mut() {
-        map.insert("project".into(), project_root.display().to_string().into());
-    }
-    if let (Some(ov), Some(map)) = (overlay, o.as_object_mut()) {
-        map.insert("overlay_image".into(), ov.into());
-        map.insert("keep_image".into(), a.keep_image.into());
-        map.insert(
-            "podman_root".into(),
-            serde_json::to_value(&a.runner.podman_root)?,
-        );
-    }
-    Ok(o)
-}
-
 /// Tells how `add`'s walk ended.
 fn report_added(
     a: &AddArgs,
@@ -701,53 +600,24 @@ fn reapply(
     let hasher = crate::session::stat_cache(&store);
     let mut host = bundle::host_for(&rec.connection)?;
     become_pass.apply(host.as_mut())?;
-    let os = bundle::host_os(host.as_mut())?;
-    let plan = bundle::current_plan(&o.project, b, &rec, os.as_ref())?;
-    let user = walk::resolve_user(host.as_mut(), &rec.user, &plan)?;
-    let recorded = |k: &str| rec.options.get(k).cloned();
-    let gates: Gates = recorded("gates")
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
-    let dev_local_pkg = recorded("dev_local_pkg")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    let runner = recorded("runner")
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_else(|| "podman".into());
-    let arts: Box<dyn walk::Artifacts + '_> = match rec.target {
-        Target::Pod | Target::K8s => Box::new(NoArtifacts),
-        _ => Box::new(
-            StoreArtifacts::new(
-                &o.project,
-                &o.resolution,
-                &store,
-                &hasher,
-                GraphOptions {
-                    plugins: Default::default(),
-                    dev_local_pkg,
-                    runner,
-                    arch: host_arch(),
-                },
-                &rec.box_name,
-            )
-            .map_err(anyhow::Error::msg)?,
-        ),
+    let sources = session::Sources {
+        project: &o.project,
+        resolution: &o.resolution,
+        store: &store,
+        hasher: &hasher,
     };
-    let opts = Options {
-        gates,
-        dry_run,
-        timeout: std::time::Duration::from_secs(timeout.max(1)),
-        target: rec.target,
-        box_home: b.user.home.clone(),
-        on_change: None,
-        batch_commands: matches!(rec.connection, Connection::Ssh(_)),
-        plugins: plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
-    };
-    let record = BundleRecord {
-        deploy_id: plan.deploy_id.clone(),
-        plan: serde_json::to_value(&plan)?,
-        ..rec.clone()
-    };
+    let prepared = session::prepare_reapply(
+        sources,
+        b,
+        &rec,
+        &session::ReapplyRequest {
+            arch: host_arch(),
+            dry_run,
+            timeout: std::time::Duration::from_secs(timeout.max(1)),
+        },
+        host.as_mut(),
+        plugins.map(|h| h as std::sync::Arc<dyn walk::PluginSteps>),
+    )?;
     let mut progress = |r: &walk::StepReport| {
         if !json {
             progress_line(r.seq, &r.state, &r.title, r.note.as_deref());
@@ -766,11 +636,11 @@ fn reapply(
     match walk::reapply(
         host.as_mut(),
         &mut ledger,
-        &record,
-        &plan,
-        &user,
-        arts.as_ref(),
-        &opts,
+        &prepared.record,
+        &prepared.plan,
+        &prepared.user,
+        prepared.arts.as_ref(),
+        &prepared.opts,
         &mut progress,
         &mut undo_progress,
         force,

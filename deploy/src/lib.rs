@@ -12,6 +12,8 @@
 //! * [`source`] — builder artifacts and local packages from the store;
 //! * [`bundle`] — what `charly bundle` deploys: the plan per target (pod and
 //!   k8s as rendered files), a target's identity, reaching a recorded host;
+//!   [`session`] — `bundle add` and `bundle apply` up to their walk (plan,
+//!   account, artifacts, options, record);
 //! * [`pkg`] — package managers' queries and removals, [`shellops`] — file
 //!   operations as shell for hosts reached by commands, [`plugin_host`] —
 //!   plugin steps executed on a host.
@@ -26,6 +28,7 @@ pub mod local;
 pub mod mem;
 pub mod pkg;
 pub mod plugin_host;
+pub mod session;
 pub mod shellops;
 pub mod source;
 pub mod ssh;
