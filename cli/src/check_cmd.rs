@@ -8,12 +8,11 @@ use crate::session::{
     podman_runner, remote_exec_runner, stat_cache,
 };
 use crate::{Cli, output};
-use charly_engine::check::{Bed, BedReport, Outcome, bed_without_container, box_checks, run_bed};
+use charly_engine::beds::BedOptions;
+use charly_engine::check::{BedReport, Outcome, box_checks};
 use charly_engine::graph::Goal;
-use charly_engine::id::NodeId;
 use charly_engine::journal::Scope;
 use charly_engine::pure::Printed;
-use rayon::prelude::*;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -166,40 +165,16 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
         return Ok(printed);
     }
 
-    let beds: Vec<(Bed<'_>, charly_cache::NodeKey)> = beds_checks
-        .into_iter()
-        .filter_map(|(b, checks)| {
-            let image_key = graph.get(&NodeId::image(&b.name))?.key;
-            Some((
-                Bed {
-                    b,
-                    image: charly_rules::naming::box_image_ref(&o.resolution, &b.name),
-                    checks,
-                    init: supervisord_entrypoint(&o.project, b),
-                    format: b.pkg().unwrap_or_default().to_string(),
-                },
-                image_key,
-            ))
-        })
-        .collect();
-    // Beds run in podman: images assembled earlier are loaded when it lacks
-    // them. Only for beds that start a container: a check whose beds are all
-    // unchanged since an all-pass run (or have no checks) starts no podman.
-    let need: Vec<String> = beds
-        .iter()
-        .filter(|(bed, key)| bed_without_container(&store, key, bed, a.force).is_none())
-        .map(|(bed, _)| bed.b.name.clone())
-        .collect();
-    if !need.is_empty() {
-        engine.ensure_images(&graph, &need)?;
-    }
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
-    let reports: Vec<BedReport> = pool.install(|| {
-        beds.par_iter()
-            .map(|(bed, key)| run_bed(&podman, &store, key, bed, a.keep, a.force))
-            .collect()
-    });
-    let _ = store.flush();
+    let reports = engine.run_beds(
+        &podman,
+        &graph,
+        beds_checks,
+        BedOptions {
+            jobs,
+            keep: a.keep,
+            force: a.force,
+        },
+    )?;
 
     if let Some(p) = &a.junit {
         write_junit(p, &reports)?;
@@ -215,30 +190,6 @@ fn check_full(cli: &Cli, a: &CheckArgs, scope: &Scope) -> anyhow::Result<Printed
     }
     printed.failed = !reports.iter().all(BedReport::ok);
     Ok(printed)
-}
-
-/// The entrypoint a bed's container starts with: supervisord's (from the
-/// vocabulary), when the box has supervisord and services of its own;
-/// else the image's.
-fn supervisord_entrypoint(
-    p: &charly_rules::load::Project,
-    b: &charly_rules::resolve::ResolvedBox,
-) -> Option<Vec<String>> {
-    let own_services = b
-        .candies
-        .iter()
-        .chain(b.provided.iter())
-        .any(|k| p.candies[k].def.service.iter().any(|s| s.exec.is_some()));
-    let has_supervisord = b
-        .candies
-        .iter()
-        .chain(b.provided.iter())
-        .any(|k| k == "supervisord");
-    if !own_services || !has_supervisord {
-        return None;
-    }
-    let init = p.ns(b.ns).vocab.init.get("supervisord")?;
-    (!init.entrypoint.is_empty()).then(|| init.entrypoint.clone())
 }
 
 /// The text report of the beds: one line per check (failures with what was

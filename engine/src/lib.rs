@@ -16,7 +16,8 @@
 //!   (`charly_files::fsroot`); [`journal`] makes an unchanged repeat a no-op; [`check`] runs
 //!   check beds; [`api`] is the entry point the CLI and the deploy crate use
 //!   ([`build`]: `box build` in one call, run to pushed and exported
-//!   images; [`built`]: what a build stored for a box, for deploys).
+//!   images; [`beds`]: `check`'s beds after the build; [`built`]: what a
+//!   build stored for a box, for deploys).
 //! * [`trees`] and [`dirs`]: the loader's parse cache and directory listings,
 //!   kept in the store, so a load reads only what changed.
 //! * A box image is a chain of layer nodes that sibling boxes share
@@ -36,6 +37,7 @@ pub use charly_reapi as reapi;
 pub use charly_rules as rules;
 
 pub mod api;
+pub mod beds;
 pub mod build;
 pub mod built;
 pub mod canon;
