@@ -931,7 +931,7 @@ fn print_made(built: &BuildReport, a: &BuildArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--metadata-file {}", file.display()))?;
     }
     for e in &built.exported {
-        writeln!(out, "{}", charly_engine::build::oci_location(e))?;
+        writeln!(out, "oci:{}:{}", e.dir.display(), e.reference)?;
     }
     Ok(())
 }

@@ -212,8 +212,3 @@ pub fn split_push_ref(reference: &str, default_tag: &str) -> (String, String) {
         None => (reference.to_string(), default_tag.to_string()),
     }
 }
-
-/// The path of an exported image as the CLI prints it (`oci:DIR:REF`).
-pub fn oci_location(e: &crate::oci::Exported) -> String {
-    format!("oci:{}:{}", e.dir.display(), e.reference)
-}
