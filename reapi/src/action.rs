@@ -15,7 +15,7 @@ use bazel_remote_apis::google::protobuf::Duration as PbDuration;
 use prost::Message;
 
 use crate::client::{Client, RemoteError, digest_str};
-use crate::tree::InputRoot;
+use crate::tree::{InputRoot, TreeEntry};
 
 /// A command to run remotely.
 #[derive(Debug, Clone, Default)]
@@ -148,6 +148,93 @@ impl RemoteCommand {
         skip_cache: bool,
     ) -> Result<ActionOutcome, ActionError> {
         let start = Instant::now();
+        let (result, mut outcome) = self.execute(client, input, skip_cache)?;
+        let ad = outcome.action_digest.clone();
+        outcome.downloaded_bytes =
+            fetch_outputs(client, &result, &self.outputs, out_dir).map_err(|e| ActionError {
+                message: format!("{} (action {ad})", e.message),
+                action_digest: ad.clone(),
+                engine_error: false,
+            })?;
+        outcome.elapsed = start.elapsed();
+        Ok(outcome)
+    }
+
+    /// Runs the action whose only output is its whole input root (the
+    /// output directory `.`, which engines capture as one Tree) and returns
+    /// that tree's entries without downloading any file: the caller
+    /// compares them with the input it sent and downloads only what
+    /// changed ([`Client::download`] verifies each blob).
+    pub fn run_root(
+        &self,
+        client: &Client,
+        input: InputRoot,
+        skip_cache: bool,
+    ) -> Result<(ActionOutcome, BTreeMap<String, TreeEntry>), ActionError> {
+        let (result, outcome) = self.execute(client, input, skip_cache)?;
+        let ad = outcome.action_digest.clone();
+        let bad = |e: RemoteError| ActionError {
+            message: format!("{} (action {ad})", e.message),
+            action_digest: ad.clone(),
+            engine_error: false,
+        };
+        let root = result
+            .output_directories
+            .iter()
+            .find(|d| d.path == "." || d.path.is_empty())
+            .and_then(|d| d.tree_digest.clone())
+            .ok_or_else(|| {
+                bad(RemoteError::new(
+                    "the engine's result lacks the root directory",
+                ))
+            })?;
+        let bytes = client
+            .download(std::slice::from_ref(&root))
+            .map_err(bad)?
+            .remove(&root.hash)
+            .unwrap_or_default();
+        let tree = re::Tree::decode(bytes.as_slice())
+            .map_err(|e| bad(RemoteError::new(format!("bad Tree message: {e}"))))?;
+        let f = client.digest_fn();
+        let children: BTreeMap<String, re::Directory> = tree
+            .children
+            .iter()
+            .map(|c| (f.message(c).0.hash, c.clone()))
+            .collect();
+        let (mut files, mut dirs, mut links) = (Vec::new(), Vec::new(), Vec::new());
+        walk_tree(
+            &tree.root.unwrap_or_default(),
+            Path::new(""),
+            &children,
+            &mut files,
+            &mut dirs,
+            &mut links,
+            0,
+        )
+        .map_err(bad)?;
+        let text = |p: &Path| p.to_string_lossy().into_owned();
+        let mut out = BTreeMap::new();
+        for d in dirs {
+            out.insert(text(&d), TreeEntry::Dir);
+        }
+        for f in files {
+            out.insert(text(&f.path), TreeEntry::File(f.digest, f.exec));
+        }
+        for (l, target) in links {
+            out.insert(text(&l), TreeEntry::Symlink(target));
+        }
+        Ok((outcome, out))
+    }
+
+    /// Uploads what the engine misses and executes the action (or finds
+    /// it in the ActionCache); a non-zero exit is an error.
+    fn execute(
+        &self,
+        client: &Client,
+        input: InputRoot,
+        skip_cache: bool,
+    ) -> Result<(re::ActionResult, ActionOutcome), ActionError> {
+        let start = Instant::now();
         let f = client.digest_fn();
         let engine = |action: &str, e: RemoteError| ActionError {
             message: if action.is_empty() {
@@ -232,21 +319,16 @@ impl RemoteCommand {
                 engine_error: false,
             });
         }
-        let downloaded =
-            fetch_outputs(client, &result, &self.outputs, out_dir).map_err(|e| ActionError {
-                message: format!("{} (action {ad})", e.message),
-                action_digest: ad.clone(),
-                engine_error: false,
-            })?;
-        Ok(ActionOutcome {
+        let outcome = ActionOutcome {
             action_digest: ad,
             cached: was_cached,
             uploaded_bytes: uploaded,
-            downloaded_bytes: downloaded,
+            downloaded_bytes: 0,
             elapsed: start.elapsed(),
             stdout,
             stderr,
-        })
+        };
+        Ok((result, outcome))
     }
 }
 

@@ -18,6 +18,9 @@
 //!   beside the OCI-registry backend.
 //! * [`stage`]: the interpreter of builder-stage Containerfiles as a
 //!   sequence of REAPI actions.
+//! * [`layer`]: a box layer as one action: its parent's root filesystem
+//!   from layer blobs, the steps, and the layer written back by charly from
+//!   what the action changed.
 //!
 //! The engine's `RemoteRunner` (`charly_engine::runners::remote`) maps
 //! command nodes onto this crate; this crate depends on `charly-cache` only.
@@ -29,6 +32,7 @@
 pub mod action;
 pub mod cache;
 pub mod client;
+pub mod layer;
 pub mod stage;
 pub mod tree;
 

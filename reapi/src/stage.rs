@@ -119,10 +119,15 @@ pub enum Step {
     Workdir(String),
     /// `USER` user\[:group\].
     User(String),
+    /// `ARG name[=default]` (layers only): the build argument's value (a
+    /// shell word), in the environment of later steps, not the image's.
+    Arg(String, String),
     /// `COPY` (also `COPY --from=<layer stage>`).
     Copy {
         /// `--chown` value.
         chown: Option<String>,
+        /// `--chmod` value (octal).
+        chmod: Option<String>,
         /// Sources, relative to the build context (literal paths; those of
         /// `--from=` resolved through the layer stage).
         srcs: Vec<String>,
@@ -145,6 +150,11 @@ pub struct Stage {
     pub from: String,
     /// Its steps, in order.
     pub steps: Vec<Step>,
+    /// Instructions of the last stage that change only the image's
+    /// configuration (`EXPOSE`, `LABEL`, `CMD`, …): name (upper case) and
+    /// the rest of the line. A builder stage ignores them; a layer's
+    /// configuration takes them.
+    pub config: Vec<(String, String)>,
 }
 
 /// Logical lines: continuations joined, comments and blank lines dropped,
@@ -220,6 +230,18 @@ fn raw_words(s: &str) -> Result<Vec<String>, String> {
         words.push(cur);
     }
     Ok(words)
+}
+
+/// The words of an instruction's arguments, each as its literal value;
+/// a word that needs the shell (a variable, a glob) is refused.
+pub fn words(s: &str) -> Result<Vec<String>, String> {
+    raw_words(s)?
+        .iter()
+        .map(|w| {
+            literal(w)
+                .ok_or_else(|| format!("`{w}` needs the shell; only literal words are taken here"))
+        })
+        .collect()
 }
 
 /// A word's literal value (quotes removed, escapes resolved); `None` if it
@@ -326,6 +348,7 @@ fn layer_dir(image: &str, steps: &[Step]) -> Option<String> {
         [
             Step::Copy {
                 chown: None,
+                chmod: None,
                 srcs,
                 dst,
             },
@@ -342,7 +365,25 @@ fn layer_dir(image: &str, steps: &[Step]) -> Option<String> {
 /// stages (see `layer_dir`); `COPY --from=` and `RUN --mount=type=bind,from=`
 /// of the last stage read the context directory they hold.
 pub fn parse(containerfile: &str) -> Result<Stage, String> {
+    parse_with(containerfile, None)
+}
+
+/// [`parse`], for a layer: `ARG` is taken (before the first `FROM`, where
+/// only `FROM` lines could use it, it is skipped; in the last stage its
+/// value comes from `build_args`, else its default).
+pub fn parse_layer(
+    containerfile: &str,
+    build_args: &BTreeMap<String, String>,
+) -> Result<Stage, String> {
+    parse_with(containerfile, Some(build_args))
+}
+
+fn parse_with(
+    containerfile: &str,
+    build_args: Option<&BTreeMap<String, String>>,
+) -> Result<Stage, String> {
     let mut from: Option<(usize, String, Option<String>)> = None;
+    let mut config = Vec::new();
     let mut layers: BTreeMap<String, String> = BTreeMap::new();
     let mut steps = Vec::new();
     for (line, text) in logical_lines(containerfile) {
@@ -356,19 +397,27 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
                     let (name, dir) = layer_stage(l, &image, alias, &steps)?;
                     layers.insert(name, dir);
                     steps.clear();
+                    config.clear();
                 }
                 let (image, alias) = parse_from(rest).map_err(at)?;
                 from = Some((line, image, alias));
                 continue;
             }
+            "ARG" if build_args.is_some() && from.is_none() => continue,
             _ if from.is_none() => return Err(at(format!("{word} before FROM"))),
+            "ARG" if build_args.is_some() => {
+                parse_arg(rest, build_args.unwrap_or(&BTreeMap::new()))
+            }
             "ENV" => parse_env(rest),
             "WORKDIR" => parse_workdir(rest),
             "USER" => parse_user(rest),
             "COPY" => parse_copy(rest, &layers),
             "RUN" => parse_run(rest, &layers),
             "LABEL" | "EXPOSE" | "CMD" | "ENTRYPOINT" | "VOLUME" | "STOPSIGNAL" | "HEALTHCHECK"
-            | "MAINTAINER" => continue,
+            | "MAINTAINER" => {
+                config.push((word.to_ascii_uppercase(), rest.to_string()));
+                continue;
+            }
             other => Err(format!(
                 "{other} is not supported in a builder stage run remotely"
             )),
@@ -376,7 +425,11 @@ pub fn parse(containerfile: &str) -> Result<Stage, String> {
         steps.push(step.map_err(at)?);
     }
     let (_, from, _) = from.ok_or("no FROM")?;
-    Ok(Stage { from, steps })
+    Ok(Stage {
+        from,
+        steps,
+        config,
+    })
 }
 
 /// The stage of the `FROM` on line `l`, ended by a later `FROM`, as a layer
@@ -438,6 +491,31 @@ fn parse_env(rest: &str) -> Result<Step, String> {
     Ok(Step::Env(pairs))
 }
 
+/// `ARG name[=default]`: the value `build_args` gives, else the default
+/// (a literal), else empty; quoted for the shell.
+fn parse_arg(rest: &str, build_args: &BTreeMap<String, String>) -> Result<Step, String> {
+    let words = raw_words(rest)?;
+    let [word] = words.as_slice() else {
+        return Err(format!("ARG {rest}: one name[=default] per ARG"));
+    };
+    let (name, default) = match word.split_once('=') {
+        Some((n, d)) => (
+            n,
+            Some(literal(d).ok_or_else(|| format!("ARG {rest}: the default must be a literal"))?),
+        ),
+        None => (word.as_str(), None),
+    };
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("ARG {rest}: `{name}` is not a variable name"));
+    }
+    let value = build_args
+        .get(name)
+        .cloned()
+        .or(default)
+        .unwrap_or_default();
+    Ok(Step::Arg(name.to_string(), quote_min_pct(&value)))
+}
+
 /// `WORKDIR path`: a literal path quoted for the shell, else the word in
 /// double quotes (the shell expands its variables).
 fn parse_workdir(rest: &str) -> Result<Step, String> {
@@ -461,11 +539,17 @@ fn parse_user(rest: &str) -> Result<Step, String> {
 fn parse_copy(rest: &str, layers: &BTreeMap<String, String>) -> Result<Step, String> {
     let words = raw_words(rest)?;
     let mut chown = None;
+    let mut chmod = None;
     let mut layer = None;
     let mut args = Vec::new();
     for w in words {
         if let Some(v) = flag(&w, "chown") {
             chown = Some(literal(v).ok_or_else(|| format!("--chown={v}"))?);
+        } else if let Some(v) = flag(&w, "chmod") {
+            if v.is_empty() || v.len() > 4 || !v.chars().all(|c| ('0'..='7').contains(&c)) {
+                return Err(format!("COPY --chmod={v}: an octal mode"));
+            }
+            chmod = Some(v.to_string());
         } else if let Some(v) = flag(&w, "from") {
             if !layers.contains_key(v) {
                 return Err(format!("COPY --from={v} names no layer stage before it"));
@@ -495,6 +579,7 @@ fn parse_copy(rest: &str, layers: &BTreeMap<String, String>) -> Result<Step, Str
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Step::Copy {
         chown,
+        chmod,
         srcs,
         dst: dst.clone(),
     })
@@ -572,7 +657,7 @@ charly_chown() { # owner path...
 # anything on PATH) and, for the programs a RUN starts, the same functions
 # as commands first on PATH.
 charly_shims=
-if ! { : > "$charly_root/charly-probe" && chown 1:1 "$charly_root/charly-probe"; } 2>/dev/null; then
+if [ -n "$charly_want_shims" ] && ! { : > "$charly_root/charly-probe" && chown 1:1 "$charly_root/charly-probe"; } 2>/dev/null; then
 charly_tool() { # how the shims call the real tool: its path, or busybox's applet
     charly_t=$(command -v "$1" 2>/dev/null || :)
     case $charly_t in /*) echo "'$charly_t'";; *) echo "command $1";; esac
@@ -654,7 +739,39 @@ pub const OUT_DIR: &str = "charly-out";
 /// parent, as `podman cp` writes them). `home_set`: the image's
 /// environment sets `HOME`.
 pub fn script(stage: &Stage, export: &[String]) -> String {
-    let mut s = String::from(PRELUDE);
+    let mut s = steps_script(stage, true);
+    s.push_str(&format!("mkdir -p \"$charly_root\"/{OUT_DIR}\n"));
+    for (i, path) in export.iter().enumerate() {
+        let p = path.trim_end_matches('/');
+        let path = Path::new(p);
+        let parent = path
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".into());
+        let base = path
+            .file_name()
+            .map(|b| b.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        s.push_str(&format!(
+            "tar -C {} -cf \"$charly_root\"/{OUT_DIR}/{i}.tar {}\n",
+            quote_min_pct(&parent),
+            quote_min_pct(&base)
+        ));
+    }
+    s
+}
+
+/// The script that performs the stage's steps, from the prelude on.
+/// `shims`: in a sandbox that cannot give files to other users, `chown`,
+/// `chgrp` and `install -o/-g` leave owners alone with a note (a builder
+/// stage's artifact gets its owner when written); without them such a
+/// command fails, as a layer needs (its owners are part of it).
+pub fn steps_script(stage: &Stage, shims: bool) -> String {
+    let mut s = format!(
+        "charly_want_shims={}\n{PRELUDE}",
+        if shims { "1" } else { "" }
+    );
     for step in &stage.steps {
         match step {
             Step::Env(pairs) => {
@@ -676,7 +793,13 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                     q = quote_min_pct(u)
                 ));
             }
-            Step::Copy { chown, srcs, dst } => {
+            Step::Arg(k, v) => s.push_str(&format!("{k}={v}; export {k}\n")),
+            Step::Copy {
+                chown,
+                chmod,
+                srcs,
+                dst,
+            } => {
                 let into_dir = srcs.len() > 1 || dst.ends_with('/');
                 s.push_str(&format!("cd \"$charly_wd\"\ncharly_dst={dst}\n"));
                 for src in srcs {
@@ -701,6 +824,9 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                          else\n    case $charly_dst in */*) mkdir -p \"${{charly_dst%/*}}\";; esac\n    cp {from} \"$charly_dst\" && charly_new=\"$charly_dst\"\n    chmod u=rw,go=r \"$charly_new\" && if [ -x {from} ]; then chmod a+x \"$charly_new\"; fi\n"
                     ));
                     s.push_str("fi\n");
+                    if let Some(mode) = chmod {
+                        s.push_str(&format!("chmod -R {mode} \"$charly_new\"\n"));
+                    }
                     if let Some(owner) = chown {
                         s.push_str(&format!(
                             "charly_chown {} \"$charly_new\"\n",
@@ -747,25 +873,6 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
                 }
             }
         }
-    }
-    s.push_str(&format!("mkdir -p \"$charly_root\"/{OUT_DIR}\n"));
-    for (i, path) in export.iter().enumerate() {
-        let p = path.trim_end_matches('/');
-        let path = Path::new(p);
-        let parent = path
-            .parent()
-            .map(|p| p.to_string_lossy().into_owned())
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "/".into());
-        let base = path
-            .file_name()
-            .map(|b| b.to_string_lossy().into_owned())
-            .unwrap_or_else(|| ".".into());
-        s.push_str(&format!(
-            "tar -C {} -cf \"$charly_root\"/{OUT_DIR}/{i}.tar {}\n",
-            quote_min_pct(&parent),
-            quote_min_pct(&base)
-        ));
     }
     s
 }
@@ -861,6 +968,7 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
                     ("NPM_CONFIG_CACHE".into(), "/tmp/npm-cache".into()),
                 ]),
                 Step::Copy {
+                    chmod: None,
                     chown: Some("1000:1000".into()),
                     srcs: vec!["candy/cowsay/package.json".into()],
                     dst: "/tmp/charly-npm/package.json".into(),
@@ -891,6 +999,7 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
             s.steps,
             vec![
                 Step::Copy {
+                    chmod: None,
                     chown: None,
                     srcs: vec!["candy/greet/demo.json".into()],
                     dst: "/tmp/x.json".into(),

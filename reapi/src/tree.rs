@@ -54,6 +54,19 @@ impl Blob {
     }
 }
 
+/// One path of a tree, as REAPI describes it: what an action's output
+/// tree ([`crate::action::RemoteCommand::run_root`]) is compared with
+/// ([`InputRoot::entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeEntry {
+    /// A directory.
+    Dir,
+    /// A file: its digest and executable bit.
+    File(re::Digest, bool),
+    /// A symlink and its target.
+    Symlink(String),
+}
+
 /// What [`InputRoot::put`] places.
 enum Item {
     Dir,
@@ -108,23 +121,59 @@ impl InputRoot {
         d
     }
 
-    /// Puts a directory, symlink or file at `at` (path components).
+    /// Puts a directory, symlink or file at `at` (path components),
+    /// replacing whatever of another kind was there (a directory put over
+    /// a directory keeps its contents, as a layer's directory entry does).
     fn put(&mut self, at: &[&str], item: Item) {
         let Some((name, dirs)) = at.split_last() else {
             return;
         };
         let name = (*name).to_string();
+        let parent = self.dir_at(dirs);
         match item {
             Item::Dir => {
-                self.dir_at(at);
+                parent.files.remove(&name);
+                parent.symlinks.remove(&name);
+                parent.dirs.entry(name).or_default();
             }
             Item::Symlink(target) => {
-                self.dir_at(dirs).symlinks.insert(name, target);
+                parent.files.remove(&name);
+                parent.dirs.remove(&name);
+                parent.symlinks.insert(name, target);
             }
             Item::File(d, exec) => {
-                self.dir_at(dirs).files.insert(name, (d, exec));
+                parent.symlinks.remove(&name);
+                parent.dirs.remove(&name);
+                parent.files.insert(name, (d, exec));
             }
         }
+    }
+
+    /// The directory at `at`, if there is one (nothing is created).
+    fn find_dir(&mut self, at: &[&str]) -> Option<&mut Dir> {
+        let mut d = &mut self.root;
+        for p in at {
+            d = d.dirs.get_mut(*p)?;
+        }
+        Some(d)
+    }
+
+    /// Removes whatever is at `at` (a directory with its contents).
+    fn remove(&mut self, at: &[&str]) {
+        let Some((name, dirs)) = at.split_last() else {
+            return;
+        };
+        if let Some(parent) = self.find_dir(dirs) {
+            parent.files.remove(*name);
+            parent.symlinks.remove(*name);
+            parent.dirs.remove(*name);
+        }
+    }
+
+    /// The file at `at` (its digest and executable bit), if it is a file.
+    fn file_at(&mut self, at: &[&str]) -> Option<(re::Digest, bool)> {
+        let (name, dirs) = at.split_last()?;
+        self.find_dir(dirs)?.files.get(*name).cloned()
     }
 
     /// Every path in the tree (directories, files and symlinks, relative to
@@ -150,6 +199,26 @@ impl InputRoot {
         let mut out = Vec::new();
         walk(&self.root, "", &mut out);
         out.sort();
+        out
+    }
+
+    /// Every path of the tree (relative, no leading `/`) with what it is.
+    pub fn entries(&self) -> BTreeMap<String, TreeEntry> {
+        fn walk(d: &Dir, at: &str, out: &mut BTreeMap<String, TreeEntry>) {
+            for (n, (dg, exec)) in &d.files {
+                out.insert(join(at, n), TreeEntry::File(dg.clone(), *exec));
+            }
+            for (n, t) in &d.symlinks {
+                out.insert(join(at, n), TreeEntry::Symlink(t.clone()));
+            }
+            for (n, sub) in &d.dirs {
+                let p = join(at, n);
+                out.insert(p.clone(), TreeEntry::Dir);
+                walk(sub, &p, out);
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(&self.root, "", &mut out);
         out
     }
 
@@ -230,6 +299,33 @@ impl InputRoot {
     /// File contents are not kept: each blob is read back from `tar` (which
     /// must stay in place until the upload) at its offset.
     pub fn add_tar(&mut self, path: &str, tar: &Path) -> Result<(), RemoteError> {
+        self.add_entries(path, tar, None)
+    }
+
+    /// Applies an OCI layer (an uncompressed tar) over what is at `path`,
+    /// as a container runtime unpacks a chain of layers: entries replace
+    /// what was there (a directory over a directory merges), `.wh.<name>`
+    /// removes `<name>` of the layers below, `.wh..wh..opq` empties its
+    /// directory of them, and a hard link may name a file of a layer
+    /// below. `listing` is kept in step: every path with its kind, mode,
+    /// owner and link target, as the layers say (what REAPI's tree cannot
+    /// carry), removed paths gone. Applying a chain bottom first gives the
+    /// image's root filesystem and its listing.
+    pub fn add_layer(
+        &mut self,
+        path: &str,
+        tar: &Path,
+        listing: &mut Listing,
+    ) -> Result<(), RemoteError> {
+        self.add_entries(path, tar, Some(listing))
+    }
+
+    fn add_entries(
+        &mut self,
+        path: &str,
+        tar: &Path,
+        mut listing: Option<&mut Listing>,
+    ) -> Result<(), RemoteError> {
         use std::io::Read as _;
         let base: Vec<String> = components(path)?.into_iter().map(String::from).collect();
         let err = |e: std::io::Error| {
@@ -239,7 +335,8 @@ impl InputRoot {
             ))
         };
         let file: std::sync::Arc<Path> = std::sync::Arc::from(tar);
-        let mut files: BTreeMap<String, (re::Digest, bool)> = BTreeMap::new();
+        // Paths this tar put, so an opaque whiteout spares them.
+        let mut own: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         let mut ar = tar::Archive::new(std::io::BufReader::new(
             std::fs::File::open(tar).map_err(err)?,
         ));
@@ -253,8 +350,33 @@ impl InputRoot {
             if rel.is_empty() || rel == "." {
                 continue;
             }
+            let rel_parts = components(&rel)?;
+            let rel = rel_parts.join("/");
             let mut at: Vec<&str> = base.iter().map(String::as_str).collect();
-            at.extend(components(&rel)?);
+            at.extend(rel_parts.iter().copied());
+            if let Some(listing) = listing.as_deref_mut() {
+                let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+                if name == WHITEOUT_OPAQUE {
+                    let dir_at = &at[..at.len() - 1];
+                    if let Some(d) = self.find_dir(dir_at) {
+                        keep_only(d, dir, &own);
+                    }
+                    let inside = if dir.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{dir}/")
+                    };
+                    listing.retain(|p, _| !p.starts_with(&inside) || own.contains(p) || p == dir);
+                    continue;
+                }
+                if let Some(gone) = name.strip_prefix(WHITEOUT) {
+                    let mut gone_at = at[..at.len() - 1].to_vec();
+                    gone_at.push(gone);
+                    self.remove(&gone_at);
+                    remove_listed(listing, &join(dir, gone));
+                    continue;
+                }
+            }
             let link = |entry: &tar::Entry<_>| -> Result<String, RemoteError> {
                 Ok(entry
                     .link_name()
@@ -262,21 +384,51 @@ impl InputRoot {
                     .map(|l| l.to_string_lossy().into_owned())
                     .unwrap_or_default())
             };
-            match entry.header().entry_type() {
-                tar::EntryType::Directory => self.put(&at, Item::Dir),
-                tar::EntryType::Symlink => self.put(&at, Item::Symlink(link(&entry)?)),
+            let h = entry.header();
+            let mut meta = PathMeta {
+                kind: PathKind::Other,
+                mode: h.mode().map_err(err)? & 0o7777,
+                // Owners only matter for a layer's listing (a plain root
+                // filesystem tar may leave them blank).
+                uid: if listing.is_some() {
+                    h.uid().map_err(err)?
+                } else {
+                    0
+                },
+                gid: if listing.is_some() {
+                    h.gid().map_err(err)?
+                } else {
+                    0
+                },
+                link: String::new(),
+            };
+            match h.entry_type() {
+                tar::EntryType::Directory => {
+                    meta.kind = PathKind::Dir;
+                    self.put(&at, Item::Dir)
+                }
+                tar::EntryType::Symlink => {
+                    meta.kind = PathKind::Symlink;
+                    meta.link = link(&entry)?;
+                    self.put(&at, Item::Symlink(meta.link.clone()))
+                }
                 tar::EntryType::Link => {
-                    let target = link(&entry)?.trim_start_matches("./").to_string();
-                    let Some((d, exec)) = files.get(&target).cloned() else {
+                    meta.kind = PathKind::File;
+                    let target = link(&entry)?;
+                    let target = components(&target)?;
+                    let mut target_at: Vec<&str> = base.iter().map(String::as_str).collect();
+                    target_at.extend(target.iter().copied());
+                    let Some((d, exec)) = self.file_at(&target_at) else {
                         return Err(RemoteError::new(format!(
-                            "root filesystem tar: hard link {rel} to {target}, which is not a file before it"
+                            "root filesystem tar: hard link {rel} to {}, which is not a file before it",
+                            target.join("/")
                         )));
                     };
-                    self.put(&at, Item::File(d.clone(), exec));
-                    files.insert(rel.clone(), (d, exec));
+                    self.put(&at, Item::File(d, exec));
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let exec = entry.header().mode().map_err(err)? & 0o111 != 0;
+                    meta.kind = PathKind::File;
+                    let exec = meta.mode & 0o111 != 0;
                     let offset = entry.raw_file_position();
                     let mut data = Vec::new();
                     entry.read_to_end(&mut data).map_err(err)?;
@@ -289,10 +441,17 @@ impl InputRoot {
                     self.blobs
                         .entry(d.hash.clone())
                         .or_insert_with(|| (d.clone(), blob));
-                    self.put(&at, Item::File(d.clone(), exec));
-                    files.insert(rel.clone(), (d, exec));
+                    self.put(&at, Item::File(d, exec));
                 }
-                _ => {}
+                // Devices and fifos: listed, not in the tree.
+                _ => self.remove(&at),
+            }
+            if let Some(listing) = listing.as_deref_mut() {
+                if meta.kind != PathKind::Dir {
+                    remove_listed(listing, &rel);
+                }
+                listing.insert(rel.clone(), meta);
+                own.insert(rel);
             }
         }
         Ok(())
@@ -304,6 +463,127 @@ impl InputRoot {
         let root = std::mem::take(&mut self.root);
         let d = encode(self.f, &root, &mut self.blobs);
         (d, self.blobs)
+    }
+}
+
+/// A whiteout's name prefix: `.wh.<name>` removes `<name>` of the layers below.
+pub const WHITEOUT: &str = ".wh.";
+
+/// An opaque whiteout: its directory shows nothing of the layers below.
+pub const WHITEOUT_OPAQUE: &str = ".wh..wh..opq";
+
+/// What a path is, as a layer's tar says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// A directory.
+    Dir,
+    /// A regular file (or a hard link to one).
+    File,
+    /// A symbolic link.
+    Symlink,
+    /// A device or a fifo (never in an input root).
+    Other,
+}
+
+/// What REAPI's tree cannot carry about a path: its kind, permission bits
+/// (with setuid, setgid and sticky), owner and link target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathMeta {
+    /// Its kind.
+    pub kind: PathKind,
+    /// `mode & 0o7777`.
+    pub mode: u32,
+    /// Numeric owner.
+    pub uid: u64,
+    /// Numeric group.
+    pub gid: u64,
+    /// A symlink's target (empty otherwise).
+    pub link: String,
+}
+
+/// Every path of a root filesystem (relative, no leading `/`) with its
+/// [`PathMeta`].
+pub type Listing = BTreeMap<String, PathMeta>;
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// Keeps in `d` (the directory at `dir`) only what `own` names, at any depth.
+fn keep_only(d: &mut Dir, dir: &str, own: &std::collections::BTreeSet<String>) {
+    d.files.retain(|n, _| own.contains(&join(dir, n)));
+    d.symlinks.retain(|n, _| own.contains(&join(dir, n)));
+    d.dirs.retain(|n, _| own.contains(&join(dir, n)));
+    for (n, sub) in d.dirs.iter_mut() {
+        keep_only(sub, &join(dir, n), own);
+    }
+}
+
+/// Removes `path` and everything under it from a listing.
+fn remove_listed(listing: &mut Listing, path: &str) {
+    listing.remove(path);
+    let inside = format!("{path}/");
+    let under: Vec<String> = listing
+        .range(inside.clone()..)
+        .take_while(|(p, _)| p.starts_with(&inside))
+        .map(|(p, _)| p.clone())
+        .collect();
+    for p in under {
+        listing.remove(&p);
+    }
+}
+
+/// A root filesystem assembled from an image's layer blobs (gzip or plain
+/// tars, bottom first): the input root an action runs in, with the listing
+/// of what its tree cannot say. The blobs are unpacked to plain tars in a
+/// scratch directory, which lives as long as this value (the input root's
+/// blobs are read from them at upload time).
+pub struct LayeredRoot {
+    /// The tree.
+    pub input: InputRoot,
+    /// Kind, mode, owner and link target of every path.
+    pub listing: Listing,
+    _tars: tempfile::TempDir,
+}
+
+impl LayeredRoot {
+    /// Applies `layers` (bottom first) onto an empty root.
+    pub fn from_layers(f: DigestFn, layers: &[PathBuf]) -> Result<Self, RemoteError> {
+        use std::io::Read as _;
+        let tars = tempfile::Builder::new()
+            .prefix("charly-layers-")
+            .tempdir()
+            .map_err(|e| RemoteError::new(format!("scratch directory: {e}")))?;
+        let mut input = InputRoot::new(f);
+        let mut listing = Listing::new();
+        for (i, blob) in layers.iter().enumerate() {
+            let err =
+                |e: std::io::Error| RemoteError::new(format!("layer {}: {e}", blob.display()));
+            let mut file = std::fs::File::open(blob).map_err(err)?;
+            let mut magic = [0u8; 2];
+            let gz = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+            let plain = if gz {
+                let plain = tars.path().join(format!("{i}.tar"));
+                let mut out = std::fs::File::create(&plain).map_err(err)?;
+                let mut d = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
+                    std::fs::File::open(blob).map_err(err)?,
+                ));
+                std::io::copy(&mut d, &mut out).map_err(err)?;
+                plain
+            } else {
+                blob.clone()
+            };
+            input.add_layer("", &plain, &mut listing)?;
+        }
+        Ok(LayeredRoot {
+            input,
+            listing,
+            _tars: tars,
+        })
     }
 }
 
@@ -457,5 +737,136 @@ mod tests {
             .add_tar("", &evil_file)
             .expect_err("refused");
         assert!(e.message.contains("leaves the input root"), "{}", e.message);
+    }
+    /// A tar of `entries`: (path, kind, mode, uid, content or link target).
+    fn layer_tar(entries: &[(&str, tar::EntryType, u32, u64, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, kind, mode, uid, body) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_path(path).expect("path");
+            h.set_entry_type(*kind);
+            h.set_mode(*mode);
+            h.set_uid(*uid);
+            h.set_gid(*uid);
+            let data: &[u8] = if matches!(kind, tar::EntryType::Regular) {
+                body.as_bytes()
+            } else {
+                if !body.is_empty() {
+                    h.set_link_name(body).expect("link");
+                }
+                b""
+            };
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append(&h, data).expect("append");
+        }
+        b.into_inner().expect("tar")
+    }
+
+    /// A chain of layers gives the tree and listing of the image they
+    /// make: whiteouts remove, an opaque directory hides the layers below,
+    /// a hard link reaches into a lower layer, a file replaces a directory,
+    /// and modes and owners are listed as the top layer says.
+    #[test]
+    fn layers_apply_with_whiteouts_and_list_modes_and_owners() {
+        use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
+        let t = tempfile::tempdir().expect("tmp");
+        let lower = layer_tar(&[
+            ("etc/", D, 0o755, 0, ""),
+            ("etc/a", F, 0o644, 0, "a"),
+            ("etc/keep", F, 0o600, 0, "keep"),
+            ("etc/sub/", D, 0o700, 0, ""),
+            ("etc/sub/x", F, 0o644, 0, "x"),
+            ("bin/", D, 0o755, 0, ""),
+            ("bin/tool", F, 0o4755, 0, "#!/bin/sh\n"),
+            ("doc/", D, 0o755, 0, ""),
+            ("doc/old", F, 0o644, 0, "old"),
+            ("doc/deep/", D, 0o755, 0, ""),
+            ("doc/deep/older", F, 0o644, 0, "older"),
+            ("sh", S, 0o777, 0, "bin/tool"),
+        ]);
+        let upper = layer_tar(&[
+            ("etc/.wh.a", F, 0o644, 0, ""),
+            ("etc/sub", F, 0o640, 1000, "now a file"),
+            ("etc/b", F, 0o644, 1000, "b"),
+            ("doc/", D, 0o750, 0, ""),
+            ("doc/.wh..wh..opq", F, 0o644, 0, ""),
+            ("doc/deep/", D, 0o755, 0, ""),
+            ("doc/deep/new", F, 0o644, 0, "new"),
+            ("bin/tool2", H, 0o4755, 0, "bin/tool"),
+        ]);
+        std::fs::write(t.path().join("lower.tar"), lower).expect("w");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &upper).expect("gz");
+        std::fs::write(t.path().join("upper.tar.gz"), gz.finish().expect("gz")).expect("w");
+        let root = LayeredRoot::from_layers(
+            DigestFn::Sha256,
+            &[t.path().join("lower.tar"), t.path().join("upper.tar.gz")],
+        )
+        .expect("layers apply");
+
+        let listed: Vec<(&str, PathKind, u32, u64)> = root
+            .listing
+            .iter()
+            .map(|(p, m)| (p.as_str(), m.kind, m.mode, m.uid))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("bin", PathKind::Dir, 0o755, 0),
+                ("bin/tool", PathKind::File, 0o4755, 0),
+                ("bin/tool2", PathKind::File, 0o4755, 0),
+                ("doc", PathKind::Dir, 0o750, 0),
+                ("doc/deep", PathKind::Dir, 0o755, 0),
+                ("doc/deep/new", PathKind::File, 0o644, 0),
+                ("etc", PathKind::Dir, 0o755, 0),
+                ("etc/b", PathKind::File, 0o644, 1000),
+                ("etc/keep", PathKind::File, 0o600, 0),
+                ("etc/sub", PathKind::File, 0o640, 1000),
+                ("sh", PathKind::Symlink, 0o777, 0),
+            ]
+        );
+        assert_eq!(root.listing["sh"].link, "bin/tool");
+
+        // The tree is the one of the directory those layers unpack to.
+        let dir = t.path().join("unpacked");
+        for d in ["etc", "bin", "doc/deep"] {
+            std::fs::create_dir_all(dir.join(d)).expect("mkdir");
+        }
+        for (p, body) in [
+            ("etc/keep", "keep"),
+            ("etc/sub", "now a file"),
+            ("etc/b", "b"),
+            ("doc/deep/new", "new"),
+            ("bin/tool", "#!/bin/sh\n"),
+            ("bin/tool2", "#!/bin/sh\n"),
+        ] {
+            std::fs::write(dir.join(p), body).expect("w");
+        }
+        for p in ["bin/tool", "bin/tool2"] {
+            std::fs::set_permissions(dir.join(p), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+        std::os::unix::fs::symlink("bin/tool", dir.join("sh")).expect("symlink");
+        let mut expected = InputRoot::new(DigestFn::Sha256);
+        expected.add_dir("", &dir).expect("add");
+        assert_eq!(root.input.paths(), expected.paths());
+        let blobs = root.input.blobs.clone();
+        assert_eq!(root.input.finish().0, expected.finish().0);
+        // Blobs read back from the unpacked tars as the bytes they name.
+        for (d, blob) in blobs.values() {
+            assert_eq!(DigestFn::Sha256.digest(&blob.read().expect("read")), *d);
+        }
+
+        // A hard link to nothing below is refused, naming it.
+        std::fs::write(
+            t.path().join("bad.tar"),
+            layer_tar(&[("bin/x", H, 0o755, 0, "bin/none")]),
+        )
+        .expect("w");
+        let e = LayeredRoot::from_layers(DigestFn::Sha256, &[t.path().join("bad.tar")])
+            .err()
+            .expect("refused");
+        assert!(e.message.contains("bin/none"), "{}", e.message);
     }
 }

@@ -531,10 +531,7 @@ impl<'a> RemoteRunner<'a> {
             steps.push(Step::User(cfg.user.clone()));
         }
         steps.extend(parsed.steps);
-        let parsed = stage::Stage {
-            from: parsed.from,
-            steps,
-        };
+        let parsed = stage::Stage { steps, ..parsed };
         let mut input = root.clone();
         stage::add_sources(&parsed, &req.context, &mut input)?;
         let image = (mode == StageMode::ImageProperty).then_some(req.builder_image.as_str());

@@ -1,0 +1,589 @@
+//! A box layer as one REAPI action (see `docs/remote-layers.md`).
+//!
+//! A layer is a one-stage Containerfile on its parent image (`ARG PARENT`,
+//! `FROM ${PARENT}`, candy layer stages, then `USER`, `ENV`, `COPY`, `RUN`,
+//! `EXPOSE`, `LABEL`). Sent to an engine:
+//!
+//! * **input root**: the parent's root filesystem, applied from its layer
+//!   blobs ([`LayeredRoot`]: no image runtime needed), the `COPY` and bind
+//!   sources under [`crate::stage::CTX_DIR`], and under [`META_DIR`] one
+//!   file per permission mode listing the parent's paths with that mode
+//!   (REAPI trees carry only the executable bit, and engines stage
+//!   directories and files with their own modes);
+//! * **command**: `/bin/sh -c` of a script that first gives the parent's
+//!   paths their modes back, then performs the steps as a builder stage's
+//!   script does ([`crate::stage::steps_script`], without the ownership
+//!   shims: a `chown` the sandbox cannot do fails the layer rather than
+//!   leaving a wrong owner), then writes what charly cannot see in a tree
+//!   under [`crate::stage::OUT_DIR`]: the final value of every `ENV` the
+//!   layer sets, its working directory, and the mode of every path
+//!   (`find -xdev` and `stat`, so busybox images work too);
+//! * **output**: the whole root (the output directory `.`), captured by
+//!   the engine as one Tree. charly compares it with the input it sent
+//!   ([`diff`]) and downloads only what changed.
+//!
+//! The layer is then written by charly ([`write_layer`]) in one canonical
+//! form: entries sorted by path, every changed path's parent directories
+//! before it, times zero, numeric owners (the parent's for paths it had,
+//! root for new ones), whiteouts (`.wh.<name>`) for what the steps
+//! deleted, gzip. The configuration after the layer is the parent's with
+//! the layer's `ENV`, `USER`, `WORKDIR`, `EXPOSE` and `LABEL` applied
+//! ([`config_after`]).
+//!
+//! What such an engine cannot do is refused before anything is sent,
+//! naming the reason ([`check`]): steps as a user other than root, `COPY
+//! --chown` to another user (a sandbox that maps one id cannot give files
+//! to others), and image settings other than the five above. Paths the
+//! sandbox mounts itself ([`SANDBOX_PATHS`]: `/dev`, `/proc`, `/sys`,
+//! `/tmp`) are not part of a remote layer: what a step leaves there is
+//! lost, as it is between two `RUN`s of most engines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+
+use crate::client::{Client, RemoteError};
+use crate::stage::{OUT_DIR, Stage, Step};
+use crate::tree::{InputRoot, LayeredRoot, PathKind, TreeEntry, WHITEOUT};
+
+/// Where the parent's modes travel in the input root.
+pub const META_DIR: &str = "charly-meta";
+
+/// Paths the sandbox provides itself (mounted over the input root): never
+/// restored, compared or part of a layer.
+pub const SANDBOX_PATHS: &[&str] = &["dev", "proc", "sys", "tmp"];
+
+/// Directories of the input root that are charly's, not the image's.
+const OWN_DIRS: &[&str] = &[crate::stage::CTX_DIR, META_DIR, OUT_DIR, "charly-shims"];
+
+/// Whether `path` (relative) is outside what a layer holds.
+fn ignored(path: &str) -> bool {
+    let top = path.split('/').next().unwrap_or(path);
+    SANDBOX_PATHS.contains(&top) || OWN_DIRS.contains(&top)
+}
+
+fn is_root(user: &str) -> bool {
+    matches!(user.split(':').next().unwrap_or(user), "" | "0" | "root")
+}
+
+/// Refuses what an engine that runs actions as one user cannot build
+/// faithfully (module docs); `parent_user` is the parent image's `USER`.
+pub fn check(stage: &Stage, parent_user: &str) -> Result<(), String> {
+    let mut user = parent_user.to_string();
+    for step in &stage.steps {
+        match step {
+            Step::User(u) => user = u.clone(),
+            Step::Run { .. } | Step::Copy { .. } if !is_root(&user) => {
+                return Err(format!(
+                    "a step runs as user {user}, and the engine runs actions as one user"
+                ));
+            }
+            Step::Copy {
+                chown: Some(owner), ..
+            } if !is_root(owner) => {
+                return Err(format!(
+                    "COPY --chown={owner} gives files to another user, which the engine's sandbox cannot"
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some((word, _)) = stage
+        .config
+        .iter()
+        .find(|(w, _)| w != "EXPOSE" && w != "LABEL")
+    {
+        return Err(format!(
+            "{word} is not carried into a layer built remotely yet"
+        ));
+    }
+    Ok(())
+}
+
+/// The action's script and input root (module docs). `context` is the
+/// layer's build context.
+pub fn action(
+    stage: &Stage,
+    parent: &LayeredRoot,
+    context: &Path,
+) -> Result<(String, InputRoot), RemoteError> {
+    let mut input = parent.input.clone();
+    crate::stage::add_sources(stage, context, &mut input)?;
+    // The parent's modes, one file per mode: NUL-separated absolute paths.
+    let mut by_mode: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+    for (path, meta) in &parent.listing {
+        if ignored(path) || matches!(meta.kind, PathKind::Symlink | PathKind::Other) {
+            continue;
+        }
+        let list = by_mode.entry(meta.mode).or_default();
+        list.push(b'/');
+        list.extend_from_slice(path.as_bytes());
+        list.push(0);
+    }
+    for (mode, list) in by_mode {
+        input.add_bytes(&format!("{META_DIR}/mode/{mode:04o}"), list, false)?;
+    }
+    let mut s = String::from("set -eu\n");
+    s.push_str(&format!(
+        "for charly_f in /{META_DIR}/mode/*; do [ -e \"$charly_f\" ] || continue; \
+         xargs -0 chmod \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
+    ));
+    s.push_str(&crate::stage::steps_script(stage, false));
+    s.push_str(&format!("mkdir -p /{OUT_DIR}\n: > /{OUT_DIR}/env\n"));
+    for name in env_names(stage) {
+        s.push_str(&format!(
+            "printf '%s=%s\\0' {name} \"${{{name}-}}\" >> /{OUT_DIR}/env\n"
+        ));
+    }
+    s.push_str(&format!(
+        "printf '%s' \"$charly_wd\" > /{OUT_DIR}/workdir\n"
+    ));
+    let prune: Vec<String> = OWN_DIRS
+        .iter()
+        .map(|d| format!("-path /{d}"))
+        .collect::<Vec<_>>();
+    s.push_str(&format!(
+        "find / -xdev \\( {} \\) -prune -o -print0 | xargs -0 stat -c '%f %n' > /{OUT_DIR}/modes\n",
+        prune.join(" -o ")
+    ));
+    Ok((s, input))
+}
+
+/// Every name the layer's `ENV` steps set, in order, once.
+fn env_names(stage: &Stage) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for step in &stage.steps {
+        if let Step::Env(pairs) = step {
+            for (k, _) in pairs {
+                if seen.insert(k.clone()) {
+                    out.push(k.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One entry of the layer charly writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A directory (new, or its mode changed, or a parent of a change).
+    Dir {
+        /// Mode.
+        mode: u32,
+        /// Owner.
+        uid: u64,
+        /// Group.
+        gid: u64,
+    },
+    /// A file with this content.
+    File {
+        /// Content digest.
+        digest: re::Digest,
+        /// Mode.
+        mode: u32,
+        /// Owner.
+        uid: u64,
+        /// Group.
+        gid: u64,
+    },
+    /// A symlink.
+    Symlink {
+        /// Target.
+        target: String,
+        /// Owner.
+        uid: u64,
+        /// Group.
+        gid: u64,
+    },
+    /// Deleted: a whiteout.
+    Deleted,
+}
+
+/// The files the action writes under [`OUT_DIR`] for charly.
+#[derive(Debug, Clone, Default)]
+pub struct Reported {
+    /// `stat -c '%f %n'` of every path.
+    pub modes: String,
+    /// `NAME=value\0` of every `ENV` the layer sets.
+    pub env: Vec<u8>,
+    /// The final working directory.
+    pub workdir: String,
+}
+
+impl Reported {
+    /// Downloads (and verifies) the three reports from the output tree.
+    pub fn fetch(client: &Client, out: &BTreeMap<String, TreeEntry>) -> Result<Self, RemoteError> {
+        let digest = |name: &str| match out.get(&format!("{OUT_DIR}/{name}")) {
+            Some(TreeEntry::File(d, _)) => Ok(d.clone()),
+            _ => Err(RemoteError::new(format!(
+                "the layer action's output lacks {OUT_DIR}/{name}"
+            ))),
+        };
+        let ds = [digest("modes")?, digest("env")?, digest("workdir")?];
+        let got = client.download(&ds)?;
+        let mut bytes = ds.iter().map(|d| {
+            let b = got.get(&d.hash).cloned().unwrap_or_default();
+            client.verify(d, &b).map(|_| b)
+        });
+        let mut next = || bytes.next().unwrap_or_else(|| Ok(Vec::new()));
+        Ok(Reported {
+            modes: String::from_utf8_lossy(&next()?).into_owned(),
+            env: next()?,
+            workdir: String::from_utf8_lossy(&next()?).into_owned(),
+        })
+    }
+
+    /// Path (relative) → mode (`& 0o7777`), from `modes`.
+    fn mode_map(&self) -> Result<BTreeMap<String, u32>, RemoteError> {
+        let mut out = BTreeMap::new();
+        for line in self.modes.lines() {
+            let bad = || RemoteError::new(format!("the layer action reported `{line}` as a mode"));
+            let (hex, path) = line.split_once(' ').ok_or_else(bad)?;
+            let raw = u32::from_str_radix(hex, 16).map_err(|_| bad())?;
+            let rel = path.trim_start_matches('/');
+            if !rel.is_empty() {
+                out.insert(rel.to_string(), raw & 0o7777);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What the steps changed: every path of the output tree that is new,
+/// of another kind, content or mode than in the parent, with the
+/// directories above it; and every path of the parent that is gone (the
+/// topmost only: a whiteout hides what is below it).
+pub fn diff(
+    parent: &LayeredRoot,
+    out: &BTreeMap<String, TreeEntry>,
+    reported: &Reported,
+) -> Result<BTreeMap<String, Change>, RemoteError> {
+    let modes = reported.mode_map()?;
+    let before = parent.input.entries();
+    let owner = |p: &str, kind: PathKind| {
+        parent
+            .listing
+            .get(p)
+            .filter(|m| m.kind == kind)
+            .map_or((0, 0), |m| (m.uid, m.gid))
+    };
+    let mut changes = BTreeMap::new();
+    for (path, now) in out {
+        if ignored(path) {
+            continue;
+        }
+        let (kind, default_mode) = match now {
+            TreeEntry::Dir => (PathKind::Dir, 0o755),
+            TreeEntry::File(_, exec) => (PathKind::File, if *exec { 0o755 } else { 0o644 }),
+            TreeEntry::Symlink(_) => (PathKind::Symlink, 0o777),
+        };
+        let mode = modes.get(path).copied().unwrap_or(default_mode);
+        let was = parent.listing.get(path);
+        let same = before.get(path) == Some(now)
+            && was.is_some_and(|m| m.kind == kind && (kind == PathKind::Symlink || m.mode == mode));
+        if same {
+            continue;
+        }
+        let (uid, gid) = owner(path, kind);
+        let change = match now {
+            TreeEntry::Dir => Change::Dir { mode, uid, gid },
+            TreeEntry::File(digest, _) => Change::File {
+                digest: digest.clone(),
+                mode,
+                uid,
+                gid,
+            },
+            TreeEntry::Symlink(target) => Change::Symlink {
+                target: target.clone(),
+                uid,
+                gid,
+            },
+        };
+        changes.insert(path.clone(), change);
+    }
+    // Deletions: the topmost path of each gone subtree.
+    for (path, meta) in &parent.listing {
+        if ignored(path) || meta.kind == PathKind::Other || out.contains_key(path) {
+            continue;
+        }
+        let above_gone = path
+            .rmatch_indices('/')
+            .any(|(i, _)| !out.contains_key(&path[..i]));
+        if !above_gone {
+            changes.insert(path.clone(), Change::Deleted);
+        }
+    }
+    // The directories above every change, as they are now.
+    let mut above = Vec::new();
+    for path in changes.keys() {
+        for (i, _) in path.match_indices('/') {
+            let dir = &path[..i];
+            if !changes.contains_key(dir) {
+                above.push(dir.to_string());
+            }
+        }
+    }
+    for dir in above {
+        let mode = modes.get(&dir).copied().unwrap_or(0o755);
+        let (uid, gid) = owner(&dir, PathKind::Dir);
+        changes.entry(dir).or_insert(Change::Dir { mode, uid, gid });
+    }
+    Ok(changes)
+}
+
+/// A written layer blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerBlob {
+    /// `sha256:…` of the gzip bytes.
+    pub digest: String,
+    /// `sha256:…` of the tar (the config's `diff_id`).
+    pub diff_id: String,
+    /// Size of the gzip bytes.
+    pub size: u64,
+}
+
+/// Writes `changes` as a canonical gzip layer at `out` (module docs);
+/// `content` gives each changed file's bytes by digest hash.
+pub fn write_layer(
+    changes: &BTreeMap<String, Change>,
+    content: &BTreeMap<String, Vec<u8>>,
+    out: &Path,
+) -> Result<LayerBlob, RemoteError> {
+    let err = |e: std::io::Error| RemoteError::new(format!("writing layer {}: {e}", out.display()));
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, change) in changes {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        let (name, data): (String, &[u8]) = match change {
+            Change::Dir { mode, uid, gid } => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(*mode);
+                h.set_uid(*uid);
+                h.set_gid(*gid);
+                (format!("{path}/"), b"")
+            }
+            Change::File {
+                digest,
+                mode,
+                uid,
+                gid,
+            } => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                h.set_uid(*uid);
+                h.set_gid(*gid);
+                let data = content.get(&digest.hash).ok_or_else(|| {
+                    RemoteError::new(format!("the content of {path} was not downloaded"))
+                })?;
+                (path.clone(), data.as_slice())
+            }
+            Change::Symlink { target, uid, gid } => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_uid(*uid);
+                h.set_gid(*gid);
+                h.set_size(0);
+                b.append_link(&mut h, path, target).map_err(err)?;
+                continue;
+            }
+            Change::Deleted => {
+                let (dir, base) = path.rsplit_once('/').unwrap_or(("", path));
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                let name = if dir.is_empty() {
+                    format!("{WHITEOUT}{base}")
+                } else {
+                    format!("{dir}/{WHITEOUT}{base}")
+                };
+                (name, b"")
+            }
+        };
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, &name, data).map_err(err)?;
+    }
+    let tar = b.into_inner().map_err(err)?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &tar).map_err(err)?;
+    let gz = gz.finish().map_err(err)?;
+    std::fs::write(out, &gz).map_err(err)?;
+    let sha = |b: &[u8]| format!("sha256:{}", crate::client::DigestFn::Sha256.digest(b).hash);
+    Ok(LayerBlob {
+        digest: sha(&gz),
+        diff_id: sha(&tar),
+        size: gz.len() as u64,
+    })
+}
+
+/// The image configuration after the layer: `parent`'s (the OCI config's
+/// `config` object) with the layer's `ENV` values as the action reported
+/// them, its last `USER`, its `WORKDIR` (as the action resolved it),
+/// `EXPOSE` and `LABEL`.
+pub fn config_after(
+    parent: &serde_json::Value,
+    stage: &Stage,
+    reported: &Reported,
+) -> Result<serde_json::Value, RemoteError> {
+    let mut cfg = match parent {
+        serde_json::Value::Object(m) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let mut env: Vec<String> = cfg
+        .get("Env")
+        .and_then(|e| e.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    for kv in reported.env.split(|b| *b == 0).filter(|kv| !kv.is_empty()) {
+        let kv = String::from_utf8_lossy(kv).into_owned();
+        let name = kv
+            .split_once('=')
+            .map_or(kv.as_str(), |(k, _)| k)
+            .to_string();
+        match env
+            .iter_mut()
+            .find(|e| e.split_once('=').is_some_and(|(k, _)| k == name))
+        {
+            Some(slot) => *slot = kv,
+            None => env.push(kv),
+        }
+    }
+    if !env.is_empty() {
+        cfg.insert("Env".into(), env.into());
+    }
+    let mut workdir = false;
+    for step in &stage.steps {
+        match step {
+            Step::User(u) => {
+                cfg.insert("User".into(), u.clone().into());
+            }
+            Step::Workdir(_) => workdir = true,
+            _ => {}
+        }
+    }
+    if workdir {
+        cfg.insert("WorkingDir".into(), reported.workdir.clone().into());
+    }
+    for (word, rest) in &stage.config {
+        let words = crate::stage::words(rest).map_err(RemoteError::new)?;
+        let (field, pairs): (&str, Vec<(String, serde_json::Value)>) = match word.as_str() {
+            "EXPOSE" => (
+                "ExposedPorts",
+                words
+                    .iter()
+                    .map(|p| {
+                        let p = if p.contains('/') {
+                            p.clone()
+                        } else {
+                            format!("{p}/tcp")
+                        };
+                        (p, serde_json::json!({}))
+                    })
+                    .collect(),
+            ),
+            "LABEL" => (
+                "Labels",
+                words
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                        (k.to_string(), v.into())
+                    })
+                    .collect(),
+            ),
+            other => {
+                return Err(RemoteError::new(format!(
+                    "{other} is not carried into a layer built remotely yet"
+                )));
+            }
+        };
+        let slot = cfg
+            .entry(field)
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if !slot.is_object() {
+            *slot = serde_json::Value::Object(Default::default());
+        }
+        if let Some(m) = slot.as_object_mut() {
+            m.extend(pairs);
+        }
+    }
+    Ok(serde_json::Value::Object(cfg))
+}
+
+/// A layer built on an engine.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The layer (`None`: the steps changed no file, only configuration).
+    pub blob: Option<LayerBlob>,
+    /// The image configuration after it.
+    pub config: serde_json::Value,
+    /// How the action went.
+    pub outcome: crate::action::ActionOutcome,
+}
+
+/// Builds the layer `stage` on `parent` (configuration `parent_config`)
+/// on the engine: `base` gives the action's environment, platform and
+/// timeout; the layer blob is written at `out`.
+pub fn build(
+    client: &Client,
+    base: crate::action::RemoteCommand,
+    stage: &Stage,
+    parent: &LayeredRoot,
+    parent_config: &serde_json::Value,
+    context: &Path,
+    out: &Path,
+) -> Result<Built, crate::action::ActionError> {
+    use crate::action::{ActionError, RemoteCommand};
+    let unsent = |e: RemoteError| ActionError {
+        message: e.message,
+        action_digest: String::new(),
+        engine_error: true,
+    };
+    let (script, input) = action(stage, parent, context).map_err(unsent)?;
+    let cmd = RemoteCommand {
+        args: vec!["/bin/sh".into(), "-c".into(), script],
+        workdir: String::new(),
+        outputs: vec![".".into()],
+        ..base
+    };
+    let (mut outcome, tree) = cmd.run_root(client, input, false)?;
+    let ad = outcome.action_digest.clone();
+    let bad = |e: RemoteError| ActionError {
+        message: format!("{} (action {ad})", e.message),
+        action_digest: ad.clone(),
+        engine_error: false,
+    };
+    let reported = Reported::fetch(client, &tree).map_err(bad)?;
+    let changes = diff(parent, &tree, &reported).map_err(bad)?;
+    let wanted: Vec<re::Digest> = changes
+        .values()
+        .filter_map(|c| match c {
+            Change::File { digest, .. } => Some(digest.clone()),
+            _ => None,
+        })
+        .collect();
+    let content = client.download(&wanted).map_err(bad)?;
+    for d in &wanted {
+        let data = content.get(&d.hash).map(Vec::as_slice).unwrap_or_default();
+        client.verify(d, data).map_err(bad)?;
+        outcome.downloaded_bytes += data.len() as u64;
+    }
+    let blob = if changes.is_empty() {
+        None
+    } else {
+        Some(write_layer(&changes, &content, out).map_err(bad)?)
+    };
+    let config = config_after(parent_config, stage, &reported).map_err(bad)?;
+    Ok(Built {
+        blob,
+        config,
+        outcome,
+    })
+}
