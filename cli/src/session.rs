@@ -169,6 +169,14 @@ pub struct RemoteExecArgs {
     /// files are uploaded once per engine.
     #[arg(long, requires = "remote_exec")]
     pub remote_stage_rootfs: bool,
+    /// Build box layers on the engine too: each runs in its parent's root
+    /// filesystem, applied from the parent's stored layers (no parent image
+    /// needed here), as root, and comes back as exactly what it changed.
+    /// A layer the engine cannot build faithfully (a step as another user,
+    /// `COPY --chown` to one, `CMD`/`ENTRYPOINT`) is refused naming why;
+    /// `--remote-fallback` builds it locally instead.
+    #[arg(long, requires = "remote_exec")]
+    pub remote_layers: bool,
     /// An extra platform property of every action, `KEY=VALUE`
     /// (repeatable): what the engine needs to run them, e.g. `network=on`
     /// for buildbox-run or `dockerNetwork=bridge` for BuildBuddy. Part of
@@ -215,6 +223,7 @@ pub fn remote_exec_runner<'a>(
         isa: charly_engine::runners::remote::isa_of(arch).to_string(),
         timeout: Some(Duration::from_secs(a.remote_timeout.max(1))),
         ca_bundle: ca_bundle.map(Path::to_path_buf),
+        layers: a.remote_layers,
     };
     match RemoteRunner::connect(url, local, opts) {
         Ok(r) => Ok(Some(r)),

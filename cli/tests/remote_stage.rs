@@ -5,7 +5,9 @@
 //! filesystem as its input root. The stage's record is byte for byte the
 //! one a local podman run stores under the same key, the box built from it
 //! has the artifact, and a second store gets the stage from the engine's
-//! ActionCache.
+//! ActionCache. With `--remote-layers`, every box layer runs on the engine
+//! too and holds what the local layer holds (paths, modes, owners, links),
+//! and the image assembled from them runs.
 
 use charly_testutil::casd as common_reapi;
 
@@ -200,4 +202,168 @@ fn a_builder_stage_runs_on_the_engine_and_matches_a_local_build() {
         again_stage["remote"]["action_digest"],
         remote_stage["remote"]["action_digest"]
     );
+}
+
+/// (path, kind, mode, uid, gid, link) of every entry of a layer blob in a
+/// store's layout-free blob directory, found by its node's record.
+fn layer_entries(store: &Path, key: &str) -> Vec<(String, char, u32, u64, u64, String)> {
+    let files = outputs(store, key);
+    let blob = files
+        .iter()
+        .find(|(name, _)| name.contains("layer"))
+        .map(|(_, b)| b.clone());
+    let Some(blob) = blob else {
+        return Vec::new();
+    };
+    let mut ar = tar::Archive::new(flate2::read::MultiGzDecoder::new(blob.as_slice()));
+    let mut out: Vec<_> = ar
+        .entries()
+        .expect("entries")
+        .map(|e| {
+            let e = e.expect("entry");
+            let h = e.header();
+            let kind = match h.entry_type() {
+                tar::EntryType::Directory => 'd',
+                tar::EntryType::Symlink => 'l',
+                tar::EntryType::Regular => 'f',
+                tar::EntryType::Link => 'h',
+                _ => '?',
+            };
+            (
+                e.path()
+                    .expect("path")
+                    .to_string_lossy()
+                    .trim_start_matches("./")
+                    .trim_end_matches('/')
+                    .to_string(),
+                kind,
+                h.mode().expect("mode") & 0o7777,
+                h.uid().expect("uid"),
+                h.gid().expect("gid"),
+                e.link_name()
+                    .expect("link")
+                    .map(|l| l.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn box_layers_run_on_the_engine_and_hold_what_a_local_build_holds() {
+    if !common_reapi::available() || !charly_testutil::podman_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_path_buf();
+    let env = Env {
+        project: dir.join("project"),
+        dir: dir.clone(),
+    };
+    project(&env.project);
+    let podman = common_reapi::podman_with_image(&dir, BASE, &[]);
+    let (out, local) = env.charly("local", &[]);
+    assert!(out.status.success(), "{}", show(&out));
+
+    let casd = common_reapi::start_with(2, &[]);
+    let remote_args = [
+        "--remote-exec",
+        casd.url.as_str(),
+        "--remote-no-image-property",
+        "--remote-stage-rootfs",
+        "--remote-layers",
+    ];
+    // The local build's image is gone: what runs below is the engine's.
+    let rmi = podman
+        .cmd()
+        .args(["rmi", "-f", "localhost/app:1.0.0"])
+        .output()
+        .expect("podman rmi");
+    assert!(rmi.status.success(), "{}", show(&rmi));
+    let (out, remote) = env.charly("remote", &remote_args);
+    assert!(out.status.success(), "{}", show(&out));
+    let layers = |s: &serde_json::Value| -> Vec<serde_json::Value> {
+        s["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter(|n| n["kind"] == "layer")
+            .cloned()
+            .collect()
+    };
+    let built = layers(&remote);
+    assert_eq!(built.len(), 3, "{remote}");
+    for n in &built {
+        assert_eq!(n["state"], "ran", "{n}");
+        assert_eq!(
+            n["remote"]["place"], "remote",
+            "every layer ran on the engine: {n}"
+        );
+        let key = n["key"].as_str().expect("key");
+        let (here, there) = (
+            layer_entries(&dir.join("local"), key),
+            layer_entries(&dir.join("remote"), key),
+        );
+        // podman's layer also holds the mount points its build made (empty
+        // directories and files the base lacked); the rest is the same
+        // paths, kinds, modes, owners and link targets.
+        let stubs = [
+            "dev",
+            "proc",
+            "sys",
+            "run",
+            "etc/hostname",
+            "etc/hosts",
+            "etc/resolv.conf",
+        ];
+        let here: Vec<_> = here
+            .into_iter()
+            .filter(|e| !stubs.contains(&e.0.as_str()))
+            .collect();
+        assert_eq!(here, there, "{}", n["id"]);
+    }
+    let greet = built
+        .iter()
+        .find(|n| n["id"] == "layer:app/greet")
+        .expect("greet");
+    let greet_entries = layer_entries(&dir.join("remote"), greet["key"].as_str().expect("key"));
+    assert!(
+        greet_entries.contains(&(
+            "home/user/.demo/stamp".to_string(),
+            'f',
+            0o644,
+            1000,
+            1000,
+            String::new()
+        )),
+        "the artifact keeps its owner: {greet_entries:?}"
+    );
+
+    // The image assembled from the engine's layers runs.
+    let run = podman
+        .cmd()
+        .args([
+            "run",
+            "--rm",
+            "localhost/app:1.0.0",
+            "cat",
+            "/home/user/.demo/stamp",
+        ])
+        .output()
+        .expect("podman run");
+    assert!(run.status.success(), "{}", show(&run));
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "built with the tools box\n"
+    );
+
+    // Another machine's store: every layer from the engine's ActionCache.
+    let (out, again) = env.charly("again", &remote_args);
+    assert!(out.status.success(), "{}", show(&out));
+    for n in layers(&again) {
+        assert_eq!(n["remote"]["place"], "remote-cached", "{n}");
+    }
+    let _ = local;
 }

@@ -30,13 +30,20 @@
 //! the layer's `ENV`, `USER`, `WORKDIR`, `EXPOSE` and `LABEL` applied
 //! ([`config_after`]).
 //!
-//! What such an engine cannot do is refused before anything is sent,
-//! naming the reason ([`check`]): steps as a user other than root, `COPY
-//! --chown` to another user (a sandbox that maps one id cannot give files
-//! to others), and image settings other than the five above. Paths the
-//! sandbox mounts itself ([`SANDBOX_PATHS`]: `/dev`, `/proc`, `/sys`,
-//! `/tmp`) are not part of a remote layer: what a step leaves there is
-//! lost, as it is between two `RUN`s of most engines.
+//! Owners: the action runs as root in a sandbox that maps one id
+//! (buildbox-run with bubblewrap), so no file can be given to another user
+//! there. The owners a layer's own instructions give are recorded instead
+//! and applied when charly writes the layer: `COPY --chown` (the script
+//! lists what it copied with the resolved ids in `owners`) and `ADD` of a
+//! builder artifact (charly reads the archive's owners). Paths the parent
+//! had keep the parent's owner; new ones are root's, as the steps run as
+//! root. What cannot be recorded is refused before anything is sent,
+//! naming the reason ([`check`]): a step as a user other than root, and
+//! image settings other than the five above. A `chown` inside a `RUN` to
+//! another user fails the step (the sandbox's `EINVAL`): never a layer
+//! with a wrong owner. Paths the sandbox mounts itself ([`SANDBOX_PATHS`]:
+//! `/dev`, `/proc`, `/sys`, `/tmp`) are not part of a remote layer: what a
+//! step leaves there is lost.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -77,13 +84,6 @@ pub fn check(stage: &Stage, parent_user: &str) -> Result<(), String> {
             Step::Run { .. } | Step::Copy { .. } if !is_root(&user) => {
                 return Err(format!(
                     "a step runs as user {user}, and the engine runs actions as one user"
-                ));
-            }
-            Step::Copy {
-                chown: Some(owner), ..
-            } if !is_root(owner) => {
-                return Err(format!(
-                    "COPY --chown={owner} gives files to another user, which the engine's sandbox cannot"
                 ));
             }
             _ => {}
@@ -129,7 +129,10 @@ pub fn action(
         "for charly_f in /{META_DIR}/mode/*; do [ -e \"$charly_f\" ] || continue; \
          xargs -0 chmod \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
     ));
-    s.push_str(&crate::stage::steps_script(stage, false));
+    s.push_str(&crate::stage::steps_script(
+        stage,
+        crate::stage::Owners::Record,
+    ));
     s.push_str(&format!("mkdir -p /{OUT_DIR}\n: > /{OUT_DIR}/env\n"));
     for name in env_names(stage) {
         s.push_str(&format!(
@@ -137,7 +140,7 @@ pub fn action(
         ));
     }
     s.push_str(&format!(
-        "printf '%s' \"$charly_wd\" > /{OUT_DIR}/workdir\n"
+        "printf '%s' \"$charly_wd\" > /{OUT_DIR}/workdir\n: >> /{OUT_DIR}/owners\n"
     ));
     let prune: Vec<String> = OWN_DIRS
         .iter()
@@ -211,6 +214,8 @@ pub struct Reported {
     pub env: Vec<u8>,
     /// The final working directory.
     pub workdir: String,
+    /// `uid gid /path` lines: owners `COPY --chown` asked for.
+    pub owners: String,
 }
 
 impl Reported {
@@ -222,7 +227,12 @@ impl Reported {
                 "the layer action's output lacks {OUT_DIR}/{name}"
             ))),
         };
-        let ds = [digest("modes")?, digest("env")?, digest("workdir")?];
+        let ds = [
+            digest("modes")?,
+            digest("env")?,
+            digest("workdir")?,
+            digest("owners")?,
+        ];
         let got = client.download(&ds)?;
         let mut bytes = ds.iter().map(|d| {
             let b = got.get(&d.hash).cloned().unwrap_or_default();
@@ -233,7 +243,24 @@ impl Reported {
             modes: String::from_utf8_lossy(&next()?).into_owned(),
             env: next()?,
             workdir: String::from_utf8_lossy(&next()?).into_owned(),
+            owners: String::from_utf8_lossy(&next()?).into_owned(),
         })
+    }
+
+    /// Path (relative) → owner, from `owners`.
+    fn owner_map(&self) -> Result<BTreeMap<String, (u64, u64)>, RemoteError> {
+        let mut out = BTreeMap::new();
+        for line in self.owners.lines() {
+            let bad =
+                || RemoteError::new(format!("the layer action reported `{line}` as an owner"));
+            let mut parts = line.splitn(3, ' ');
+            let (Some(u), Some(g), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(bad());
+            };
+            let ids = (u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?);
+            out.insert(p.trim_start_matches('/').to_string(), ids);
+        }
+        Ok(out)
     }
 
     /// Path (relative) → mode (`& 0o7777`), from `modes`.
@@ -260,15 +287,22 @@ pub fn diff(
     parent: &LayeredRoot,
     out: &BTreeMap<String, TreeEntry>,
     reported: &Reported,
+    given: &BTreeMap<String, (u64, u64)>,
 ) -> Result<BTreeMap<String, Change>, RemoteError> {
     let modes = reported.mode_map()?;
+    let mut given = given.clone();
+    given.extend(reported.owner_map()?);
     let before = parent.input.entries();
+    // The owner a step gave (ADD, COPY --chown), else the parent's, else
+    // root (who runs every step).
     let owner = |p: &str, kind: PathKind| {
-        parent
-            .listing
-            .get(p)
-            .filter(|m| m.kind == kind)
-            .map_or((0, 0), |m| (m.uid, m.gid))
+        given.get(p).copied().unwrap_or_else(|| {
+            parent
+                .listing
+                .get(p)
+                .filter(|m| m.kind == kind)
+                .map_or((0, 0), |m| (m.uid, m.gid))
+        })
     };
     let mut changes = BTreeMap::new();
     for (path, now) in out {
@@ -283,7 +317,11 @@ pub fn diff(
         let mode = modes.get(path).copied().unwrap_or(default_mode);
         let was = parent.listing.get(path);
         let same = before.get(path) == Some(now)
-            && was.is_some_and(|m| m.kind == kind && (kind == PathKind::Symlink || m.mode == mode));
+            && was.is_some_and(|m| {
+                m.kind == kind
+                    && (kind == PathKind::Symlink || m.mode == mode)
+                    && given.get(path).is_none_or(|o| *o == (m.uid, m.gid))
+            });
         if same {
             continue;
         }
@@ -561,7 +599,8 @@ pub fn build(
         engine_error: false,
     };
     let reported = Reported::fetch(client, &tree).map_err(bad)?;
-    let changes = diff(parent, &tree, &reported).map_err(bad)?;
+    let given = added_owners(stage, context).map_err(unsent)?;
+    let changes = diff(parent, &tree, &reported, &given).map_err(bad)?;
     let wanted: Vec<re::Digest> = changes
         .values()
         .filter_map(|c| match c {
@@ -586,4 +625,50 @@ pub fn build(
         config,
         outcome,
     })
+}
+
+/// The owners the archives a layer `ADD`s give their entries (path under
+/// the destination → uid, gid).
+pub fn added_owners(
+    stage: &Stage,
+    context: &Path,
+) -> Result<BTreeMap<String, (u64, u64)>, RemoteError> {
+    use std::io::Read as _;
+    let mut out = BTreeMap::new();
+    for step in &stage.steps {
+        let Step::AddTar { src, dst } = step else {
+            continue;
+        };
+        let path = context.join(src);
+        let err = |e: std::io::Error| RemoteError::new(format!("ADD {}: {e}", path.display()));
+        let mut magic = [0u8; 2];
+        let gz = std::fs::File::open(&path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+            && magic == [0x1f, 0x8b];
+        let file = std::fs::File::open(&path).map_err(err)?;
+        let reader: Box<dyn std::io::Read> = if gz {
+            Box::new(flate2::read::MultiGzDecoder::new(file))
+        } else {
+            Box::new(file)
+        };
+        let mut ar = tar::Archive::new(reader);
+        for entry in ar.entries().map_err(err)? {
+            let entry = entry.map_err(err)?;
+            let rel = entry.path().map_err(err)?.to_string_lossy().into_owned();
+            let rel = rel.trim_start_matches("./").trim_end_matches('/');
+            let at = [dst.trim_matches('/'), rel]
+                .iter()
+                .filter(|p| !p.is_empty() && **p != ".")
+                .copied()
+                .collect::<Vec<_>>()
+                .join("/");
+            if at.is_empty() {
+                continue;
+            }
+            let h = entry.header();
+            out.insert(at, (h.uid().map_err(err)?, h.gid().map_err(err)?));
+        }
+    }
+    Ok(out)
 }

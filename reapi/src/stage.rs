@@ -122,6 +122,14 @@ pub enum Step {
     /// `ARG name[=default]` (layers only): the build argument's value (a
     /// shell word), in the environment of later steps, not the image's.
     Arg(String, String),
+    /// `ADD <tar> <dir>` of a tar archive of the context (layers only):
+    /// unpacked into the directory.
+    AddTar {
+        /// The archive, relative to the build context.
+        src: String,
+        /// Where it is unpacked (an absolute literal path).
+        dst: String,
+    },
     /// `COPY` (also `COPY --from=<layer stage>`).
     Copy {
         /// `--chown` value.
@@ -412,6 +420,7 @@ fn parse_with(
             "WORKDIR" => parse_workdir(rest),
             "USER" => parse_user(rest),
             "COPY" => parse_copy(rest, &layers),
+            "ADD" if build_args.is_some() => parse_add(rest),
             "RUN" => parse_run(rest, &layers),
             "LABEL" | "EXPOSE" | "CMD" | "ENTRYPOINT" | "VOLUME" | "STOPSIGNAL" | "HEALTHCHECK"
             | "MAINTAINER" => {
@@ -514,6 +523,31 @@ fn parse_arg(rest: &str, build_args: &BTreeMap<String, String>) -> Result<Step, 
         .or(default)
         .unwrap_or_default();
     Ok(Step::Arg(name.to_string(), quote_min_pct(&value)))
+}
+
+/// `ADD <tar> <dir>`: only a plain `.tar`/`.tar.gz`/`.tgz` path of the
+/// context unpacked into an absolute directory (what charly writes for
+/// builder artifacts); anything else `ADD` does (URLs, plain files) is
+/// refused.
+fn parse_add(rest: &str) -> Result<Step, String> {
+    let words = words(rest)?;
+    let [src, dst] = words.as_slice() else {
+        return Err(format!(
+            "ADD {rest}: only `ADD <archive> <dir>` is supported"
+        ));
+    };
+    let is_tar = [".tar", ".tar.gz", ".tgz"].iter().any(|x| src.ends_with(x));
+    if !is_tar || src.contains("://") || !dst.starts_with('/') {
+        return Err(format!(
+            "ADD {rest}: only a tar archive of the context unpacked into an absolute directory is supported"
+        ));
+    }
+    let src = context_path(None, src, &BTreeMap::new())
+        .map_err(|_| format!("ADD source `{src}` must be a plain path inside the context"))?;
+    Ok(Step::AddTar {
+        src,
+        dst: dst.clone(),
+    })
 }
 
 /// `WORKDIR path`: a literal path quoted for the shell, else the word in
@@ -729,6 +763,30 @@ charly_mount_end() { # target
 }
 "#;
 
+/// How a script deals with owners the sandbox cannot give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owners {
+    /// In a sandbox that cannot give files to other users, `chown`,
+    /// `chgrp` and `install -o/-g` leave owners alone with a note (a
+    /// builder stage's artifact gets its owner when written).
+    Shims,
+    /// `COPY --chown` (and cache mounts' owners) are recorded in
+    /// `/charly-out/owners` (`uid gid path` lines) instead of applied, for
+    /// whoever writes the result to give; any other `chown` is the
+    /// sandbox's own (a layer: a chown it cannot do fails the step).
+    Record,
+}
+
+/// [`Owners::Record`]'s `charly_chown`, defined over the prelude's.
+const RECORD_OWNERS: &str = r#"mkdir -p "$charly_root/charly-out"
+charly_chown() { # owner path...: recorded, for charly to give when it writes the layer
+    charly_o=$1; shift
+    set -- $(charly_ids "$charly_o") "$@"
+    charly_og="$1 $2"; shift 3
+    find "$@" | sed "s|^|$charly_og |" >> "$charly_root/charly-out/owners"
+}
+"#;
+
 /// Where COPY sources travel in the input root.
 pub const CTX_DIR: &str = "charly-ctx";
 /// Where the export tars are written (the action's output directory).
@@ -739,7 +797,7 @@ pub const OUT_DIR: &str = "charly-out";
 /// parent, as `podman cp` writes them). `home_set`: the image's
 /// environment sets `HOME`.
 pub fn script(stage: &Stage, export: &[String]) -> String {
-    let mut s = steps_script(stage, true);
+    let mut s = steps_script(stage, Owners::Shims);
     s.push_str(&format!("mkdir -p \"$charly_root\"/{OUT_DIR}\n"));
     for (i, path) in export.iter().enumerate() {
         let p = path.trim_end_matches('/');
@@ -767,11 +825,14 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
 /// `chgrp` and `install -o/-g` leave owners alone with a note (a builder
 /// stage's artifact gets its owner when written); without them such a
 /// command fails, as a layer needs (its owners are part of it).
-pub fn steps_script(stage: &Stage, shims: bool) -> String {
+pub fn steps_script(stage: &Stage, owners: Owners) -> String {
     let mut s = format!(
         "charly_want_shims={}\n{PRELUDE}",
-        if shims { "1" } else { "" }
+        if owners == Owners::Shims { "1" } else { "" }
     );
+    if owners == Owners::Record {
+        s.push_str(RECORD_OWNERS);
+    }
     for step in &stage.steps {
         match step {
             Step::Env(pairs) => {
@@ -794,6 +855,18 @@ pub fn steps_script(stage: &Stage, shims: bool) -> String {
                 ));
             }
             Step::Arg(k, v) => s.push_str(&format!("{k}={v}; export {k}\n")),
+            Step::AddTar { src, dst } => {
+                let from = format!("\"$charly_root\"/{CTX_DIR}/{}", quote_min_pct(src));
+                let dst = quote_min_pct(dst);
+                let unzip = if src.ends_with(".tar") {
+                    "cat"
+                } else {
+                    "gzip -dc"
+                };
+                s.push_str(&format!(
+                    "mkdir -p {dst} && {unzip} {from} | tar -xof - -C {dst}\n"
+                ));
+            }
             Step::Copy {
                 chown,
                 chmod,
@@ -887,6 +960,7 @@ pub fn add_sources(
     for step in &stage.steps {
         let srcs: Vec<&String> = match step {
             Step::Copy { srcs, .. } => srcs.iter().collect(),
+            Step::AddTar { src, .. } => vec![src],
             Step::Run { mounts, .. } => mounts
                 .iter()
                 .filter_map(|m| match m {

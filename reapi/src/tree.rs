@@ -55,7 +55,7 @@ impl Blob {
 }
 
 /// One path of a tree, as REAPI describes it: what an action's output
-/// tree ([`crate::action::RemoteCommand::run_root`]) is compared with
+/// tree (`RemoteCommand::run_root` in `action`) is compared with
 /// ([`InputRoot::entries`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeEntry {

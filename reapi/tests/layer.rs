@@ -3,7 +3,8 @@
 //! root filesystem comes from its layer blob, the steps run in it, and the
 //! layer charly writes from the output tree holds exactly what changed —
 //! new files with their modes, a setuid bit, a symlink, a deletion as a
-//! whiteout, parent directories with the parent's owners — and the
+//! whiteout, parent directories with the parent's owners, the owners
+//! `COPY --chown` and an added archive give — and the
 //! configuration takes the layer's ENV, USER, WORKDIR, EXPOSE and LABEL.
 
 use std::collections::BTreeMap;
@@ -30,6 +31,8 @@ EXPOSE 8080
 LABEL org.example.k="v 1"
 COPY --chmod=0600 files/tool.sh /etc/secret
 COPY --from=x hello.txt /opt/hello.txt
+COPY --chown=user:user files/tool.sh /home/user/tool
+ADD art.tar.gz /
 RUN mkdir -p /opt/bin && ln -s /opt/hello.txt /opt/bin/hello && chmod 4755 /bin/busybox \
     && rm /bin/bash && echo "$ARCH" > /home/user/arch && echo lost > /tmp/scratch
 WORKDIR /srv/app
@@ -83,6 +86,40 @@ fn a_layer_runs_on_the_engine_and_comes_back_as_what_it_changed() {
     std::fs::create_dir_all(ctx.join("files")).expect("mkdir");
     std::fs::write(ctx.join("candy/x/hello.txt"), "hello\n").expect("w");
     std::fs::write(ctx.join("files/tool.sh"), "secret\n").expect("w");
+    // A builder artifact as charly writes it: owned by the box user.
+    let mut art = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, body) in [
+        ("home/user/.demo/", None),
+        ("home/user/.demo/stamp", Some("built\n")),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(1000);
+        h.set_gid(1000);
+        h.set_mtime(0);
+        match body {
+            None => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                art.append_data(&mut h, path, std::io::empty())
+                    .expect("dir");
+            }
+            Some(b) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(b.len() as u64);
+                art.append_data(&mut h, path, b.as_bytes()).expect("file");
+            }
+        }
+    }
+    std::fs::write(
+        ctx.join("art.tar.gz"),
+        art.into_inner().expect("tar").finish().expect("gz"),
+    )
+    .expect("w");
     let mut args = BTreeMap::new();
     args.insert("TARGETARCH".to_string(), "amd64".to_string());
     let parsed = stage::parse_layer(LAYER, &args).expect("a layer parses");
@@ -118,7 +155,10 @@ fn a_layer_runs_on_the_engine_and_comes_back_as_what_it_changed() {
             e("etc/secret", 'f', 0o600, 0, ""),
             e("home/", 'd', 0o755, 0, ""),
             e("home/user/", 'd', 0o755, 1000, ""),
+            e("home/user/.demo/", 'd', 0o755, 1000, ""),
+            e("home/user/.demo/stamp", 'f', 0o644, 1000, ""),
             e("home/user/arch", 'f', 0o644, 0, ""),
+            e("home/user/tool", 'f', 0o644, 1000, ""),
             e("opt/", 'd', 0o755, 0, ""),
             e("opt/bin/", 'd', 0o755, 0, ""),
             e("opt/bin/hello", 'l', 0o777, 0, "/opt/hello.txt"),
@@ -202,13 +242,15 @@ fn what_a_one_user_sandbox_cannot_build_is_refused_naming_why() {
     let plain = stage::parse_layer("ARG PARENT\nFROM ${PARENT}\nRUN true\n", &args).expect("ok");
     assert!(layer::check(&plain, "user").is_err());
     assert!(layer::check(&plain, "0:0").is_ok());
-    let chown =
-        stage::parse_layer("FROM ${PARENT}\nCOPY --chown=1000:1000 a /a\n", &args).expect("ok");
-    assert!(
-        layer::check(&chown, "")
-            .expect_err("refused")
-            .contains("--chown=1000:1000")
-    );
+    // Owners given by COPY --chown and ADD are recorded, not refused.
+    let chown = stage::parse_layer(
+        "FROM ${PARENT}\nCOPY --chown=1000:1000 a /a\nADD x.tar /\n",
+        &args,
+    )
+    .expect("ok");
+    assert!(layer::check(&chown, "").is_ok());
+    let url = stage::parse_layer("FROM ${PARENT}\nADD https://example.org/x.tar /\n", &args);
+    assert!(url.expect_err("refused").contains("ADD"));
     let cmd = stage::parse_layer("FROM ${PARENT}\nCMD [\"sh\"]\n", &args).expect("ok");
     assert!(layer::check(&cmd, "").expect_err("refused").contains("CMD"));
 }

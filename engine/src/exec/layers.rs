@@ -429,17 +429,50 @@ pub fn work_layer(
     let Some(text) = render(ctx.project, b, slot, steps.as_ref(), &ctx.emit)? else {
         return Err(ExecError::Io(format!("{}: the layer is empty", n.id)));
     };
-    // The parent, present in the runner.
-    let (parent_tag, below) = match parent {
-        Some(pid) => {
-            let pi = graph
+    let runner = ctx.runner(&n.id)?;
+    let parent_index = match parent {
+        Some(pid) => Some(
+            graph
                 .index(pid)
-                .ok_or_else(|| ExecError::Io(format!("{pid} is not in the graph")))?;
-            let tag = ensure_image(ctx, graph, pi)?;
-            let meta = read_node(ctx, graph, pi, |rec| Ok(chain_of(rec)))?;
-            (Some(tag), meta)
+                .ok_or_else(|| ExecError::Io(format!("{pid} is not in the graph")))?,
+        ),
+        None => None,
+    };
+    let below = match parent_index {
+        Some(pi) => read_node(ctx, graph, pi, |rec| Ok(chain_of(rec)))?,
+        None => LayerMeta::default(),
+    };
+    // The parent: present in the runner, or as its blobs for a runner that
+    // builds layers from them (loaded only if it falls back to a local
+    // build).
+    let mut parent_blobs = Vec::new();
+    let parent_tag = match parent_index {
+        Some(pi) if !runner.layers_from_blobs() => Some(ensure_image(ctx, graph, pi)?),
+        Some(_) => {
+            let dir = scratch.join("parent");
+            std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
+            for (k, l) in below.chain.iter().enumerate() {
+                let dest = dir.join(format!("{k}.tar"));
+                let d: BlobDigest = l
+                    .blob
+                    .parse()
+                    .map_err(|e| ExecError::Io(format!("{}: {e}", l.digest)))?;
+                if !ctx.store.copy_blob_to(&d, &dest)? {
+                    return Err(missing(&n.id, outputs::LAYER));
+                }
+                parent_blobs.push(dest);
+            }
+            None
         }
-        None => (None, LayerMeta::default()),
+        None => None,
+    };
+    let load_parent = || -> Result<Option<String>, crate::runners::RunError> {
+        match parent_index {
+            Some(pi) => ensure_image(ctx, graph, pi)
+                .map(Some)
+                .map_err(|e| crate::runners::RunError::new(e.to_string())),
+            None => Ok(None),
+        }
     };
     // Other images the layer reads (inline builders' images).
     for d in graph.deps(i) {
@@ -460,7 +493,7 @@ pub fn work_layer(
     );
     let mut build_args = BTreeMap::new();
     build_args.insert("TARGETARCH".to_string(), ctx.arch.clone());
-    let res = ctx.runner(&n.id)?.build_layer(&LayerRequest {
+    let res = runner.build_layer(&LayerRequest {
         log,
         node: n.id.clone(),
         key,
@@ -468,6 +501,9 @@ pub fn work_layer(
         containerfile: cf,
         parent: parent_tag,
         parent_layers: below.chain.clone(),
+        parent_blobs,
+        parent_config: below.config.clone(),
+        load_parent: crate::runners::ParentLoader::new(&load_parent),
         tag: build_tag.clone(),
         build_args,
         out: scratch.join("out"),
@@ -480,7 +516,9 @@ pub fn work_layer(
         chain.push(desc);
     }
     let tag = content_tag(&chain, &res.config);
-    ctx.runner(&n.id)?.rename_image(&build_tag, &tag)?;
+    if res.in_runner {
+        runner.rename_image(&build_tag, &tag)?;
+    }
     out.meta = outputs::write_meta(&LayerMeta {
         chain,
         config: res.config,

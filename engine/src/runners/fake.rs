@@ -224,6 +224,7 @@ impl Runner for FakeRunner {
                 "User": "root",
                 "Env": [format!("FAKE_LAYER={}", &req.key[..12.min(req.key.len())])],
             }),
+            in_runner: true,
         })
     }
 

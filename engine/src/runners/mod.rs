@@ -207,16 +207,57 @@ pub struct LayerRequest<'a> {
     pub context: PathBuf,
     /// The Containerfile (outside the context).
     pub containerfile: PathBuf,
-    /// The parent image as the runner knows it; `None`: scratch.
+    /// The parent image as the runner knows it; `None`: scratch, or not
+    /// loaded because the runner builds layers from blobs
+    /// ([`Runner::layers_from_blobs`]; then `load_parent` loads it).
     pub parent: Option<String>,
     /// The layers the parent already has (only what is new is exported).
     pub parent_layers: Vec<LayerDesc>,
+    /// For a runner that builds layers from blobs: the parent's layer
+    /// blobs as files, bottom first.
+    pub parent_blobs: Vec<PathBuf>,
+    /// The parent's configuration (the OCI config's `config` object).
+    pub parent_config: serde_json::Value,
+    /// Loads the parent into the runner when it was not (a layer that falls
+    /// back to a local build) and gives its tag.
+    pub load_parent: ParentLoader<'a>,
     /// The tag to give the result in the runner.
     pub tag: String,
     /// Build arguments (besides `PARENT`).
     pub build_args: BTreeMap<String, String>,
     /// A directory to write the new layer blob into.
     pub out: PathBuf,
+}
+
+/// Loads a layer's parent image into the runner on demand.
+#[derive(Clone, Copy, Default)]
+pub struct ParentLoader<'a>(Option<&'a (dyn Fn() -> Result<Option<String>, RunError> + Sync)>);
+
+impl<'a> ParentLoader<'a> {
+    /// A loader calling `f`.
+    pub fn new(f: &'a (dyn Fn() -> Result<Option<String>, RunError> + Sync)) -> Self {
+        ParentLoader(Some(f))
+    }
+
+    /// The parent's tag in the runner: `have` when it is loaded already,
+    /// else what loading it gives.
+    pub fn tag(&self, have: &Option<String>) -> Result<Option<String>, RunError> {
+        match (have, self.0) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(f)) => f(),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+impl std::fmt::Debug for ParentLoader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ParentLoader(on)"
+        } else {
+            "ParentLoader(off)"
+        })
+    }
 }
 
 /// A layer blob on disk (defined with the OCI code that reads it).
@@ -229,6 +270,9 @@ pub struct LayerResult {
     pub layer: Option<LayerFile>,
     /// The image configuration after it (the OCI config's `config` object).
     pub config: serde_json::Value,
+    /// Whether the runner holds the built image under the request's tag
+    /// (a layer built elsewhere exists only as its blob).
+    pub in_runner: bool,
 }
 
 /// An image taken out of the runner, layer by layer.
@@ -267,6 +311,12 @@ pub trait Runner: Send + Sync {
     fn has_image(&self, reference: &str) -> bool;
     /// Builds one layer on its parent and exports what it added.
     fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError>;
+    /// Whether layers are built from the parent's blobs
+    /// ([`LayerRequest::parent_blobs`]) rather than an image the runner
+    /// holds: the parent is then not loaded first.
+    fn layers_from_blobs(&self) -> bool {
+        false
+    }
     /// Takes an image the runner has (an external base) out as layer blobs
     /// written into `out`.
     fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError>;

@@ -942,6 +942,7 @@ impl Runner for PodmanRunner {
         Ok(LayerResult {
             layer: layers.into_iter().nth(known),
             config,
+            in_runner: true,
         })
     }
 

@@ -163,6 +163,10 @@ pub struct RemoteOptions {
     pub platform: BTreeMap<String, String>,
     /// Per-action timeout.
     pub timeout: Option<Duration>,
+    /// Send box layers to the engine (`--remote-layers`; see
+    /// [`charly_reapi::layer`]): each runs in its parent's root filesystem,
+    /// applied from the parent's stored layer blobs.
+    pub layers: bool,
     /// `--ca-bundle`: carried into actions whose input root is their `/`
     /// (see [`RemoteRunner::add_ca`]).
     pub ca_bundle: Option<std::path::PathBuf>,
@@ -179,6 +183,7 @@ impl Default for RemoteOptions {
             isa: isa_of(std::env::consts::ARCH).to_string(),
             timeout: Some(Duration::from_secs(3600)),
             ca_bundle: None,
+            layers: false,
         }
     }
 }
@@ -622,6 +627,77 @@ impl<'a> RemoteRunner<'a> {
     }
 }
 
+impl RemoteRunner<'_> {
+    /// A box layer as one action ([`charly_reapi::layer`]): what the
+    /// engine cannot build faithfully is refused before anything is sent
+    /// (an engine error, so `--remote-fallback` builds it locally).
+    fn remote_layer(&self, req: &LayerRequest) -> Result<(LayerResult, RemoteNode), ActionError> {
+        use charly_reapi::layer;
+        let refuse = |why: String| {
+            unsent(RemoteError::new(format!(
+                "{} cannot build it: {why}",
+                self.client.url().display()
+            )))
+        };
+        let text = std::fs::read_to_string(&req.containerfile).map_err(|e| {
+            unsent(RemoteError::new(format!(
+                "{}: {e}",
+                req.containerfile.display()
+            )))
+        })?;
+        let parsed = stage::parse_layer(&text, &req.build_args).map_err(refuse)?;
+        let parent_user = req.parent_config["User"].as_str().unwrap_or_default();
+        layer::check(&parsed, parent_user).map_err(refuse)?;
+        let parent = charly_reapi::tree::LayeredRoot::from_layers(
+            self.client.digest_fn(),
+            &req.parent_blobs,
+        )
+        .map_err(unsent)?;
+        let env: Vec<String> = req.parent_config["Env"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let base = RemoteCommand {
+            env: stage::environment(&env),
+            platform: self.platform(None),
+            timeout: self.opts.timeout,
+            ..RemoteCommand::default()
+        };
+        std::fs::create_dir_all(&req.out)
+            .map_err(|e| unsent(RemoteError::new(format!("{}: {e}", req.out.display()))))?;
+        let out = req.out.join("layer.tar.gz");
+        let _slot = self.slot();
+        let built = layer::build(
+            &self.client,
+            base,
+            &parsed,
+            &parent,
+            &req.parent_config,
+            &req.context,
+            &out,
+        )?;
+        let result = LayerResult {
+            layer: built.blob.map(|b| super::LayerFile {
+                path: out,
+                desc: super::LayerDesc {
+                    digest: b.digest,
+                    diff_id: b.diff_id,
+                    size: b.size,
+                    media_type: crate::oci::LAYER_GZIP.to_string(),
+                    blob: String::new(),
+                },
+            }),
+            config: built.config,
+            in_runner: false,
+        };
+        Ok((result, node_of(built.outcome)))
+    }
+}
+
 /// An engine pulls `container-image` from a registry: when the action named
 /// an image only this machine has (`localhost/…`), the failure says so and
 /// which flags fix it (`instead`: this node kind's way around it).
@@ -699,7 +775,33 @@ impl Runner for RemoteRunner<'_> {
     }
 
     fn build_layer(&self, req: &LayerRequest) -> Result<LayerResult, RunError> {
-        self.local_kind(&req.node, || self.local.build_layer(req))
+        let local = || {
+            let parent = req.load_parent.tag(&req.parent)?;
+            self.local.build_layer(&LayerRequest {
+                parent,
+                ..req.clone()
+            })
+        };
+        if !self.opts.layers {
+            return self.local_kind(&req.node, local);
+        }
+        match self.remote_layer(req) {
+            Ok((res, node)) => {
+                self.record(&req.node, node);
+                Ok(res)
+            }
+            Err(e) if e.engine_error && self.opts.fallback => {
+                self.run_locally(&req.node, Place::LocalFallback, Some(&e), local)
+            }
+            Err(e) => Err(RunError::new(format!(
+                "remote execution of {} failed: {}",
+                req.node, e.message
+            ))),
+        }
+    }
+
+    fn layers_from_blobs(&self) -> bool {
+        self.opts.layers
     }
 
     fn export_layers(&self, reference: &str, out: &Path) -> Result<ExportedImage, RunError> {
