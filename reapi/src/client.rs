@@ -313,15 +313,17 @@ impl Client {
             .map_err(|s| RemoteError::status("GetCapabilities", &display, &s))?
             .into_inner();
         let caps = pick_capabilities(&caps, &display)?;
+        // Leave room for the request's own framing, under the engine's
+        // limit or, when it gives none, under gRPC's default message size
+        // (buildbox-casd gives none and refuses a batch whose blobs sum
+        // past 4 MiB less 64 KiB).
         let batch_limit = if caps.max_batch_bytes > 0 {
-            // Leave room for the request's own framing.
-            (caps.max_batch_bytes as usize)
-                .saturating_sub(64 << 10)
-                .max(64 << 10)
+            caps.max_batch_bytes as usize
         } else {
             DEFAULT_BATCH
         }
-        .min(MAX_MESSAGE / 2);
+        .saturating_sub(64 << 10)
+        .clamp(64 << 10, MAX_MESSAGE / 2);
         Ok(Client {
             cas: ContentAddressableStorageClient::new(svc())
                 .max_decoding_message_size(MAX_MESSAGE)

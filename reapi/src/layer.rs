@@ -27,7 +27,8 @@
 //! before it, times zero, numeric owners (the parent's for paths it had,
 //! root for new ones), whiteouts (`.wh.<name>`) for what the steps
 //! deleted, gzip. The configuration after the layer is the parent's with
-//! the layer's `ENV`, `USER`, `WORKDIR`, `EXPOSE` and `LABEL` applied
+//! the layer's `ENV`, `USER`, `WORKDIR`, `EXPOSE`, `LABEL`, `CMD` and
+//! `ENTRYPOINT` applied
 //! ([`config_after`]).
 //!
 //! Owners: the action runs as root in a sandbox that maps one id
@@ -37,9 +38,12 @@
 //! lists what it copied with the resolved ids in `owners`) and `ADD` of a
 //! builder artifact (charly reads the archive's owners). Paths the parent
 //! had keep the parent's owner; new ones are root's, as the steps run as
-//! root. What cannot be recorded is refused before anything is sent,
-//! naming the reason ([`check`]): a step as a user other than root, and
-//! image settings other than the five above. A `chown` inside a `RUN` to
+//! root. A `RUN` as another user runs as the sandbox's user with that
+//! user's `HOME` and environment, and every path it creates is recorded as
+//! that user's (the image's paths listed before and after it). Image
+//! settings a remote layer cannot carry yet (`VOLUME`, `STOPSIGNAL`,
+//! `HEALTHCHECK`) are refused before anything is sent, naming them
+//! ([`check`]). A `chown` inside a `RUN` to
 //! another user fails the step (the sandbox's `EINVAL`): never a layer
 //! with a wrong owner. Paths the sandbox mounts itself ([`SANDBOX_PATHS`]:
 //! `/dev`, `/proc`, `/sys`, `/tmp`) are not part of a remote layer: what a
@@ -61,6 +65,13 @@ pub const META_DIR: &str = "charly-meta";
 /// restored, compared or part of a layer.
 pub const SANDBOX_PATHS: &[&str] = &["dev", "proc", "sys", "tmp"];
 
+/// apt's settings for a sandbox that maps one id (`APT_CONFIG` points at
+/// them): apt runs its downloads as root instead of switching to `_apt`,
+/// which such a sandbox cannot (`setgroups`/`seteuid` fail). The file is
+/// charly's, never part of the layer.
+const APT_CONF: &str = "charly-meta/apt.conf";
+const APT_SETTINGS: &str = "APT::Sandbox::User \"root\";\n";
+
 /// Directories of the input root that are charly's, not the image's.
 const OWN_DIRS: &[&str] = &[crate::stage::CTX_DIR, META_DIR, OUT_DIR, "charly-shims"];
 
@@ -70,29 +81,12 @@ fn ignored(path: &str) -> bool {
     SANDBOX_PATHS.contains(&top) || OWN_DIRS.contains(&top)
 }
 
-fn is_root(user: &str) -> bool {
-    matches!(user.split(':').next().unwrap_or(user), "" | "0" | "root")
-}
-
-/// Refuses what an engine that runs actions as one user cannot build
-/// faithfully (module docs); `parent_user` is the parent image's `USER`.
-pub fn check(stage: &Stage, parent_user: &str) -> Result<(), String> {
-    let mut user = parent_user.to_string();
-    for step in &stage.steps {
-        match step {
-            Step::User(u) => user = u.clone(),
-            Step::Run { .. } | Step::Copy { .. } if !is_root(&user) => {
-                return Err(format!(
-                    "a step runs as user {user}, and the engine runs actions as one user"
-                ));
-            }
-            _ => {}
-        }
-    }
+/// Refuses what a layer built remotely cannot carry yet (module docs).
+pub fn check(stage: &Stage) -> Result<(), String> {
     if let Some((word, _)) = stage
         .config
         .iter()
-        .find(|(w, _)| w != "EXPOSE" && w != "LABEL")
+        .find(|(w, _)| !CONFIG_WORDS.contains(&w.as_str()))
     {
         return Err(format!(
             "{word} is not carried into a layer built remotely yet"
@@ -100,6 +94,10 @@ pub fn check(stage: &Stage, parent_user: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The image settings a layer built remotely carries into its
+/// configuration ([`config_after`]).
+const CONFIG_WORDS: &[&str] = &["EXPOSE", "LABEL", "CMD", "ENTRYPOINT"];
 
 /// The action's script and input root (module docs). `context` is the
 /// layer's build context.
@@ -124,6 +122,7 @@ pub fn action(
     for (mode, list) in by_mode {
         input.add_bytes(&format!("{META_DIR}/mode/{mode:04o}"), list, false)?;
     }
+    input.add_bytes(APT_CONF, APT_SETTINGS.as_bytes().to_vec(), false)?;
     let mut s = String::from("set -eu\n");
     s.push_str(&format!(
         "for charly_f in /{META_DIR}/mode/*; do [ -e \"$charly_f\" ] || continue; \
@@ -460,7 +459,7 @@ pub fn write_layer(
 /// The image configuration after the layer: `parent`'s (the OCI config's
 /// `config` object) with the layer's `ENV` values as the action reported
 /// them, its last `USER`, its `WORKDIR` (as the action resolved it),
-/// `EXPOSE` and `LABEL`.
+/// `EXPOSE`, `LABEL`, `CMD` and `ENTRYPOINT`.
 pub fn config_after(
     parent: &serde_json::Value,
     stage: &Stage,
@@ -510,6 +509,23 @@ pub fn config_after(
         cfg.insert("WorkingDir".into(), reported.workdir.clone().into());
     }
     for (word, rest) in &stage.config {
+        if word == "CMD" || word == "ENTRYPOINT" {
+            // JSON form as it is; shell form through `/bin/sh -c`, as
+            // Docker writes it. An ENTRYPOINT drops the CMD it inherits.
+            let argv: Vec<String> = if rest.trim_start().starts_with('[') {
+                serde_json::from_str(rest).map_err(|e| {
+                    RemoteError::new(format!("{word} {rest}: not a JSON list of strings: {e}"))
+                })?
+            } else {
+                vec!["/bin/sh".into(), "-c".into(), rest.to_string()]
+            };
+            let field = if word == "CMD" { "Cmd" } else { "Entrypoint" };
+            if word == "ENTRYPOINT" && !stage.config.iter().any(|(w, _)| w == "CMD") {
+                cfg.remove("Cmd");
+            }
+            cfg.insert(field.into(), argv.into());
+            continue;
+        }
         let words = crate::stage::words(rest).map_err(RemoteError::new)?;
         let (field, pairs): (&str, Vec<(String, serde_json::Value)>) = match word.as_str() {
             "EXPOSE" => (
@@ -585,12 +601,15 @@ pub fn build(
         engine_error: true,
     };
     let (script, input) = action(stage, parent, context).map_err(unsent)?;
-    let cmd = RemoteCommand {
+    let mut cmd = RemoteCommand {
         args: vec!["/bin/sh".into(), "-c".into(), script],
         workdir: String::new(),
         outputs: vec![".".into()],
         ..base
     };
+    cmd.env
+        .entry("APT_CONFIG".into())
+        .or_insert_with(|| format!("/{APT_CONF}"));
     let (mut outcome, tree) = cmd.run_root(client, input, false)?;
     let ad = outcome.action_digest.clone();
     let bad = |e: RemoteError| ActionError {

@@ -163,6 +163,10 @@ pub struct Stage {
     /// the rest of the line. A builder stage ignores them; a layer's
     /// configuration takes them.
     pub config: Vec<(String, String)>,
+    /// Earlier stages made of copies to absolute paths, by name: (context
+    /// path, destination) of each. Steps read them as `/<name>/<path>`
+    /// sources, which [`add_sources`] composes under [`CTX_DIR`].
+    pub composed: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// Logical lines: continuations joined, comments and blank lines dropped,
@@ -392,6 +396,7 @@ fn parse_with(
 ) -> Result<Stage, String> {
     let mut from: Option<(usize, String, Option<String>)> = None;
     let mut config = Vec::new();
+    let mut composed = BTreeMap::new();
     let mut layers: BTreeMap<String, String> = BTreeMap::new();
     let mut steps = Vec::new();
     for (line, text) in logical_lines(containerfile) {
@@ -402,7 +407,7 @@ fn parse_with(
         let step = match word.to_ascii_uppercase().as_str() {
             "FROM" => {
                 if let Some((l, image, alias)) = from.take() {
-                    let (name, dir) = layer_stage(l, &image, alias, &steps)?;
+                    let (name, dir) = layer_stage(l, &image, alias, &steps, &mut composed)?;
                     layers.insert(name, dir);
                     steps.clear();
                     config.clear();
@@ -438,6 +443,7 @@ fn parse_with(
         from,
         steps,
         config,
+        composed,
     })
 }
 
@@ -448,15 +454,52 @@ fn layer_stage(
     image: &str,
     alias: Option<String>,
     steps: &[Step],
+    composed: &mut BTreeMap<String, Vec<(String, String)>>,
 ) -> Result<(String, String), String> {
-    let dir = layer_dir(image, steps).ok_or_else(|| {
+    let named = || {
+        alias
+            .clone()
+            .ok_or_else(|| format!("line {l}: a layer stage needs a name"))
+    };
+    if let Some(dir) = layer_dir(image, steps) {
+        return Ok((named()?, dir));
+    }
+    let files = composed_files(image, steps).ok_or_else(|| {
         format!(
             "line {l}: only the last stage runs remotely; an earlier stage must be \
-             `FROM scratch AS <name>` with one `COPY <dir>/ /`"
+             `FROM scratch AS <name>` with plain `COPY <path> <absolute path>` steps"
         )
     })?;
-    let name = alias.ok_or_else(|| format!("line {l}: a layer stage needs a name"))?;
-    Ok((name, dir))
+    let name = named()?;
+    composed.insert(name.clone(), files);
+    // Read through the composed directory (see `Stage::composed`).
+    Ok((name.clone(), format!("/{name}")))
+}
+
+/// An earlier stage of plain copies to absolute paths (`FROM scratch AS
+/// <name>`, `COPY <path> /<dest>` …, as charly writes the init
+/// fragments): (context path, destination) of each.
+fn composed_files(image: &str, steps: &[Step]) -> Option<Vec<(String, String)>> {
+    if image != "scratch" || steps.is_empty() {
+        return None;
+    }
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Copy {
+                chown: None,
+                chmod: None,
+                srcs,
+                dst,
+            } if srcs.len() == 1
+                && dst.starts_with('/')
+                && literal(dst).as_deref() == Some(dst) =>
+            {
+                Some((srcs[0].clone(), dst.clone()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// `FROM image [AS name]`: the image and the stage's name.
@@ -772,8 +815,10 @@ pub enum Owners {
     Shims,
     /// `COPY --chown` (and cache mounts' owners) are recorded in
     /// `/charly-out/owners` (`uid gid path` lines) instead of applied, for
-    /// whoever writes the result to give; any other `chown` is the
-    /// sandbox's own (a layer: a chown it cannot do fails the step).
+    /// whoever writes the result to give; so is every path a `RUN` as
+    /// another user creates (the sandbox runs it as its own user, with
+    /// that user's `HOME`). Any other `chown` is the sandbox's own (a
+    /// layer: one it cannot do fails the step).
     Record,
 }
 
@@ -784,6 +829,18 @@ charly_chown() { # owner path...: recorded, for charly to give when it writes th
     set -- $(charly_ids "$charly_o") "$@"
     charly_og="$1 $2"; shift 3
     find "$@" | sed "s|^|$charly_og |" >> "$charly_root/charly-out/owners"
+}
+charly_paths() { # every path of the image
+    find / -xdev \( -path /charly-ctx -o -path /charly-meta -o -path /charly-out -o -path /charly-shims \) -prune -o -print
+}
+charly_step() { # command: a RUN as another user is run as the sandbox's, what it creates recorded as that user's
+    if [ -z "$charly_user" ]; then charly_run "$1"; return; fi
+    set -- "$1" $(charly_ids "$charly_user")
+    if [ "$2" = "$(id -u)" ]; then charly_run "$1"; return; fi
+    charly_paths > "$charly_root/charly-out/before"
+    charly_run "$1"
+    charly_paths | awk -v og="$2 $3" 'NR == FNR { seen[$0] = 1; next } !($0 in seen) { print og " " $0 }' "$charly_root/charly-out/before" - >> "$charly_root/charly-out/owners"
+    rm -f "$charly_root/charly-out/before"
 }
 "#;
 
@@ -830,8 +887,9 @@ pub fn steps_script(stage: &Stage, owners: Owners) -> String {
         "charly_want_shims={}\n{PRELUDE}",
         if owners == Owners::Shims { "1" } else { "" }
     );
-    if owners == Owners::Record {
-        s.push_str(RECORD_OWNERS);
+    match owners {
+        Owners::Record => s.push_str(RECORD_OWNERS),
+        Owners::Shims => s.push_str("charly_step() { charly_run \"$1\"; }\n"),
     }
     for step in &stage.steps {
         match step {
@@ -939,7 +997,7 @@ pub fn steps_script(stage: &Stage, owners: Owners) -> String {
                         }
                     }
                 }
-                s.push_str(&format!("charly_run {}\n", quote_min_pct(command)));
+                s.push_str(&format!("charly_step {}\n", quote_min_pct(command)));
                 for m in mounts.iter().rev() {
                     let (Mount::Cache(CacheMount { target, .. }) | Mount::Bind { target, .. }) = m;
                     s.push_str(&format!("charly_mount_end {}\n", quote_min_pct(target)));
@@ -972,6 +1030,10 @@ pub fn add_sources(
         };
         for src in srcs {
             let src = src.trim_end_matches('/');
+            if let Some(inside) = src.strip_prefix('/') {
+                add_composed(stage, inside, context, input)?;
+                continue;
+            }
             let local = context.join(src);
             let at = if src == "." {
                 CTX_DIR.to_string()
@@ -989,6 +1051,43 @@ pub fn add_sources(
                 })?;
                 input.add_bytes(&at, data, meta.permissions().mode() & 0o111 != 0)?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Adds what `name/rel` of a composed stage holds (every copy at or under
+/// it, or the copy it is inside) at `CTX_DIR/name/…`.
+fn add_composed(
+    stage: &Stage,
+    path: &str,
+    context: &Path,
+    input: &mut InputRoot,
+) -> Result<(), RemoteError> {
+    let (name, rel) = path.split_once('/').unwrap_or((path, ""));
+    let files = stage.composed.get(name).ok_or_else(|| {
+        RemoteError::new(format!("`{name}` is not a stage of this Containerfile"))
+    })?;
+    for (src, dst) in files {
+        let d = dst.trim_matches('/');
+        let wanted = rel.is_empty()
+            || d == rel
+            || d.starts_with(&format!("{rel}/"))
+            || rel.starts_with(&format!("{d}/"));
+        if !wanted {
+            continue;
+        }
+        let local = context.join(src);
+        let at = format!("{CTX_DIR}/{name}/{d}");
+        let meta = std::fs::metadata(&local)
+            .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
+        if meta.is_dir() {
+            input.add_dir(&at, &local)?;
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            let data = std::fs::read(&local)
+                .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
+            input.add_bytes(&at, data, meta.permissions().mode() & 0o111 != 0)?;
         }
     }
     Ok(())
@@ -1393,6 +1492,55 @@ RUN --mount=type=cache,dst=/tmp/npm-cache,uid=1000,gid=1000 node -e 'x' | \
         assert!(
             stdout.contains("before") && !stdout.contains("never"),
             "{stdout}"
+        );
+    }
+
+    /// An earlier stage of copies to absolute paths (the init fragments)
+    /// is composed under the context directory: a bind mount of one of its
+    /// directories sees exactly the files copied there.
+    #[test]
+    fn a_stage_of_copies_is_composed_for_later_steps() {
+        let t = tempfile::tempdir().expect("tmp");
+        for (rel, body) in [
+            ("frag/01-a.conf", "a"),
+            ("frag/02-b.conf", "b"),
+            ("frag/extra", "x"),
+        ] {
+            std::fs::create_dir_all(t.path().join(rel).parent().expect("dir")).expect("mkdir");
+            std::fs::write(t.path().join(rel), body).expect("w");
+        }
+        let s = parse_layer(
+            "ARG PARENT\nFROM scratch AS conf\nCOPY frag/01-a.conf /supervisor/01-a.conf\n\
+             COPY frag/02-b.conf /supervisor/02-b.conf\n\nFROM ${PARENT}\n\
+             RUN --mount=type=bind,from=conf,source=/supervisor,target=/supervisor cat /supervisor/*\n",
+            &BTreeMap::new(),
+        )
+        .expect("parses");
+        let Step::Run { mounts, .. } = &s.steps[0] else {
+            panic!("{:?}", s.steps)
+        };
+        assert_eq!(
+            mounts[0],
+            Mount::Bind {
+                src: "/conf/supervisor".into(),
+                target: "/supervisor".into()
+            }
+        );
+        let mut input = InputRoot::new(crate::client::DigestFn::Sha256);
+        add_sources(&s, t.path(), &mut input).expect("sources");
+        assert_eq!(
+            input.paths(),
+            vec![
+                "charly-ctx",
+                "charly-ctx/conf",
+                "charly-ctx/conf/supervisor",
+                "charly-ctx/conf/supervisor/01-a.conf",
+                "charly-ctx/conf/supervisor/02-b.conf",
+            ]
+        );
+        assert!(
+            parse_layer("FROM scratch AS x\nRUN true\nFROM y\n", &BTreeMap::new()).is_err(),
+            "a stage that runs commands is not composed"
         );
     }
 }

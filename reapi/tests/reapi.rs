@@ -53,6 +53,19 @@ fn capabilities_cas_and_action_cache() {
         assert_eq!(got.get(&d.hash), Some(b), "blob {}", d.hash);
     }
 
+    // Two blobs that together pass 4 MiB less 64 KiB (what buildbox-casd
+    // takes in one batch when it advertises no limit), each below it:
+    // read in two batches, not refused.
+    let pair: Vec<_> = [1u8, 2]
+        .iter()
+        .map(|i| vec![*i; 2_080_000])
+        .map(|b| (c.digest_fn().digest(&b), b))
+        .collect();
+    c.upload(pair.clone()).expect("upload the pair");
+    let wanted: Vec<_> = pair.iter().map(|(d, _)| d.clone()).collect();
+    let got = c.download(&wanted).expect("download the pair");
+    assert_eq!(got.len(), 2);
+
     // ActionCache: nothing for an unknown action; an entry round-trips.
     let action = c.digest_fn().digest(b"not really an action");
     assert!(c.get_action_result(&action).expect("get").is_none());

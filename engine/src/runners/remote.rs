@@ -646,8 +646,7 @@ impl RemoteRunner<'_> {
             )))
         })?;
         let parsed = stage::parse_layer(&text, &req.build_args).map_err(refuse)?;
-        let parent_user = req.parent_config["User"].as_str().unwrap_or_default();
-        layer::check(&parsed, parent_user).map_err(refuse)?;
+        layer::check(&parsed).map_err(refuse)?;
         let parent = charly_reapi::tree::LayeredRoot::from_layers(
             self.client.digest_fn(),
             &req.parent_blobs,
