@@ -1199,7 +1199,8 @@ fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
     // an edit of the npm candy and of the local package's source, the npm
     // stage and the package run on the engine — in their images' files,
     // the stage's chown of its home left to the artifact's owner, the proxy
-    // CA carried in (issue 46) — and the box runs.
+    // CA carried in (issue 46) — as do the layers above them, and the box
+    // runs.
     if !charly_testutil::casd::available() {
         return;
     }
@@ -1224,6 +1225,7 @@ fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
             "--remote-stage-rootfs",
             "--remote-platform",
             "network=on",
+            "--remote-layers",
         ],
     );
     let place = |id: &str| {
@@ -1244,6 +1246,15 @@ fn fresh_machine_pulls_every_layer_but_the_edited_one(env: &Env) {
         place("local-pkg:hello-deb/deb@base").as_deref(),
         Some("remote")
     );
+    // The layers above the edits ran on the engine too (--remote-layers),
+    // each on its parent's stored layers.
+    for id in [
+        "layer:hello/cowsay",
+        "layer:hello/hello-deb",
+        "layer:hello#init",
+    ] {
+        assert_eq!(place(id).as_deref(), Some("remote"), "{id}");
+    }
     assert_eq!(env.sh("cowsay remote | grep -c remote"), "1");
     assert_eq!(
         env.sh("tail -n 1 /usr/bin/hello-charly"),

@@ -11,21 +11,21 @@
 //!   (REAPI trees carry only the executable bit, and engines stage
 //!   directories and files with their own modes);
 //! * **command**: `/bin/sh -c` of a script that first gives the parent's
-//!   paths their modes back, then performs the steps as a builder stage's
-//!   script does ([`crate::stage::steps_script`], without the ownership
-//!   shims: a `chown` the sandbox cannot do fails the layer rather than
-//!   leaving a wrong owner), then writes what charly cannot see in a tree
-//!   under [`crate::stage::OUT_DIR`]: the final value of every `ENV` the
-//!   layer sets, its working directory, and the mode of every path
-//!   (`find -xdev` and `stat`, so busybox images work too);
+//!   paths their modes (and, under fakeroot, owners) back, then performs
+//!   the steps as a builder stage's script does
+//!   ([`crate::stage::steps_script`], recording owners instead of the
+//!   stage's shims), then writes what charly cannot see in a tree under
+//!   [`crate::stage::OUT_DIR`]: the final value of every `ENV` the layer
+//!   sets, its working directory, the owners it recorded, and the mode and
+//!   owner of every path (`find -xdev` and `stat`, so busybox images work
+//!   too);
 //! * **output**: the whole root (the output directory `.`), captured by
 //!   the engine as one Tree. charly compares it with the input it sent
 //!   ([`diff`]) and downloads only what changed.
 //!
 //! The layer is then written by charly ([`write_layer`]) in one canonical
 //! form: entries sorted by path, every changed path's parent directories
-//! before it, times zero, numeric owners (the parent's for paths it had,
-//! root for new ones), whiteouts (`.wh.<name>`) for what the steps
+//! before it, times zero, numeric owners (below), whiteouts (`.wh.<name>`) for what the steps
 //! deleted, gzip. The configuration after the layer is the parent's with
 //! the layer's `ENV`, `USER`, `WORKDIR`, `EXPOSE`, `LABEL`, `CMD` and
 //! `ENTRYPOINT` applied
@@ -33,21 +33,27 @@
 //!
 //! Owners: the action runs as root in a sandbox that maps one id
 //! (buildbox-run with bubblewrap), so no file can be given to another user
-//! there. The owners a layer's own instructions give are recorded instead
+//! there (`chown(2)` fails with `EINVAL`). In an image with a glibc loader,
+//! every step runs under fakeroot ([`Fakeroot`], this machine's `faked`
+//! and `libfakeroot` sent in the input root): the owners a package
+//! manager, `useradd` or a `chown` gives are kept by its daemon and
+//! reported by `stat` at the end, and the parent's owners are told to it
+//! first. Besides, the owners a layer's own instructions give are recorded
 //! and applied when charly writes the layer: `COPY --chown` (the script
-//! lists what it copied with the resolved ids in `owners`) and `ADD` of a
-//! builder artifact (charly reads the archive's owners). Paths the parent
-//! had keep the parent's owner; new ones are root's, as the steps run as
-//! root. A `RUN` as another user runs as the sandbox's user with that
-//! user's `HOME` and environment, and every path it creates is recorded as
-//! that user's (the image's paths listed before and after it). Image
-//! settings a remote layer cannot carry yet (`VOLUME`, `STOPSIGNAL`,
-//! `HEALTHCHECK`) are refused before anything is sent, naming them
-//! ([`check`]). A `chown` inside a `RUN` to
-//! another user fails the step (the sandbox's `EINVAL`): never a layer
-//! with a wrong owner. Paths the sandbox mounts itself ([`SANDBOX_PATHS`]:
-//! `/dev`, `/proc`, `/sys`, `/tmp`) are not part of a remote layer: what a
-//! step leaves there is lost.
+//! lists what it copied with the resolved ids) and `ADD` of a builder
+//! artifact (charly reads the archive's owners); a `RUN` as another user
+//! runs as the sandbox's user with that user's `HOME` and environment, and
+//! every path it creates is recorded as that user's (the image's paths
+//! listed before and after it). Otherwise paths the parent had keep the
+//! parent's owner and new ones are root's. Without fakeroot (a static or
+//! musl image, or none on this machine) a `chown` to another user in a
+//! `RUN` fails the step, except where the program ignores the failure:
+//! such an owner is lost (docs/remote-layers.md). Image settings a remote
+//! layer cannot carry yet (`VOLUME`, `STOPSIGNAL`, `HEALTHCHECK`) are
+//! refused before anything is sent, naming them ([`check`]). Paths the
+//! sandbox mounts itself ([`SANDBOX_PATHS`]: `/dev`, `/proc`, `/sys`,
+//! `/tmp`) are not part of a remote layer: what a step leaves there is
+//! lost.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -105,6 +111,7 @@ pub fn action(
     stage: &Stage,
     parent: &LayeredRoot,
     context: &Path,
+    fakeroot: Option<&Fakeroot>,
 ) -> Result<(String, InputRoot), RemoteError> {
     let mut input = parent.input.clone();
     crate::stage::add_sources(stage, context, &mut input)?;
@@ -124,10 +131,34 @@ pub fn action(
     }
     input.add_bytes(APT_CONF, APT_SETTINGS.as_bytes().to_vec(), false)?;
     let mut s = String::from("set -eu\n");
+    if let Some(fk) = fakeroot {
+        fk.add_to(&mut input)?;
+        // The parent's owners, told to faked (one file per owner).
+        let mut by_owner: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
+        for (path, meta) in &parent.listing {
+            if ignored(path) || meta.kind == PathKind::Other || (meta.uid, meta.gid) == (0, 0) {
+                continue;
+            }
+            let list = by_owner.entry((meta.uid, meta.gid)).or_default();
+            list.push(b'/');
+            list.extend_from_slice(path.as_bytes());
+            list.push(0);
+        }
+        for ((uid, gid), list) in by_owner {
+            input.add_bytes(&format!("{META_DIR}/owner/{uid}:{gid}"), list, false)?;
+        }
+        s.push_str(FAKEROOT_START);
+    }
     s.push_str(&format!(
         "for charly_f in /{META_DIR}/mode/*; do [ -e \"$charly_f\" ] || continue; \
          xargs -0 chmod \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
     ));
+    if fakeroot.is_some() {
+        s.push_str(&format!(
+            "for charly_f in /{META_DIR}/owner/*; do [ -e \"$charly_f\" ] || continue; \
+             xargs -0 chown -h \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
+        ));
+    }
     s.push_str(&crate::stage::steps_script(
         stage,
         crate::stage::Owners::Record,
@@ -146,10 +177,67 @@ pub fn action(
         .map(|d| format!("-path /{d}"))
         .collect::<Vec<_>>();
     s.push_str(&format!(
-        "find / -xdev \\( {} \\) -prune -o -print0 | xargs -0 stat -c '%f %n' > /{OUT_DIR}/modes\n",
+        "find / -xdev \\( {} \\) -prune -o -print0 | xargs -0 stat -c '%f %u %g %n' > /{OUT_DIR}/modes\n",
         prune.join(" -o ")
     ));
+    if fakeroot.is_some() {
+        s.push_str("kill \"${charly_faked##*:}\" 2>/dev/null || :\n");
+    }
     Ok((s, input))
+}
+
+/// fakeroot, for a parent image with a glibc loader: its daemon and
+/// library travel in the input root, every step (and the final listing)
+/// runs with the library preloaded, so the owners a package manager or
+/// `useradd` gives (`chown(2)`, which a one-id sandbox refuses) are kept
+/// by the daemon and reported by `stat`. The parent's owners are told to
+/// it before the first step.
+#[derive(Debug, Clone)]
+pub struct Fakeroot {
+    /// `faked-sysv`.
+    pub faked: std::path::PathBuf,
+    /// `libfakeroot-sysv.so`.
+    pub lib: std::path::PathBuf,
+}
+
+/// How the script starts faked and preloads its library.
+const FAKEROOT_START: &str = r#"charly_faked=$(FAKED_MODE=unknown-is-root /charly-meta/fakeroot/faked)
+FAKEROOTKEY=${charly_faked%%:*}; FAKED_MODE=unknown-is-root; FAKEROOTDONTTRYCHOWN=1; LD_PRELOAD=/charly-meta/fakeroot/libfakeroot.so
+export FAKEROOTKEY FAKED_MODE FAKEROOTDONTTRYCHOWN LD_PRELOAD
+"#;
+
+impl Fakeroot {
+    /// This machine's fakeroot (Debian's paths), if installed.
+    pub fn from_host() -> Option<Self> {
+        let arch = std::env::consts::ARCH;
+        let fk = Fakeroot {
+            faked: "/usr/bin/faked-sysv".into(),
+            lib: format!("/usr/lib/{arch}-linux-gnu/libfakeroot/libfakeroot-sysv.so").into(),
+        };
+        (fk.faked.is_file() && fk.lib.is_file()).then_some(fk)
+    }
+
+    /// Whether it can run in `parent`: the image has a glibc loader (a
+    /// static or musl image cannot load the library).
+    pub fn runs_in(&self, parent: &LayeredRoot) -> bool {
+        parent.listing.keys().any(|p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("ld-linux"))
+        })
+    }
+
+    fn add_to(&self, input: &mut InputRoot) -> Result<(), RemoteError> {
+        for (from, to, exec) in [
+            (&self.faked, "faked", true),
+            (&self.lib, "libfakeroot.so", false),
+        ] {
+            let data = std::fs::read(from)
+                .map_err(|e| RemoteError::new(format!("fakeroot {}: {e}", from.display())))?;
+            input.add_bytes(&format!("{META_DIR}/fakeroot/{to}"), data, exec)?;
+        }
+        Ok(())
+    }
 }
 
 /// Every name the layer's `ENV` steps set, in order, once.
@@ -204,11 +292,17 @@ pub enum Change {
     Deleted,
 }
 
+/// A numeric owner: uid, gid.
+type Ids = (u64, u64);
+
 /// The files the action writes under [`OUT_DIR`] for charly.
 #[derive(Debug, Clone, Default)]
 pub struct Reported {
-    /// `stat -c '%f %n'` of every path.
+    /// `stat -c '%f %u %g %n'` of every path.
     pub modes: String,
+    /// Whether the owners in `modes` are the steps' (fakeroot ran), not
+    /// the sandbox's own.
+    pub owners_reported: bool,
     /// `NAME=value\0` of every `ENV` the layer sets.
     pub env: Vec<u8>,
     /// The final working directory.
@@ -243,6 +337,7 @@ impl Reported {
             env: next()?,
             workdir: String::from_utf8_lossy(&next()?).into_owned(),
             owners: String::from_utf8_lossy(&next()?).into_owned(),
+            owners_reported: false,
         })
     }
 
@@ -262,16 +357,22 @@ impl Reported {
         Ok(out)
     }
 
-    /// Path (relative) → mode (`& 0o7777`), from `modes`.
-    fn mode_map(&self) -> Result<BTreeMap<String, u32>, RemoteError> {
+    /// Path (relative) → mode (`& 0o7777`) and owner, from `modes`.
+    fn mode_map(&self) -> Result<BTreeMap<String, (u32, Ids)>, RemoteError> {
         let mut out = BTreeMap::new();
         for line in self.modes.lines() {
             let bad = || RemoteError::new(format!("the layer action reported `{line}` as a mode"));
-            let (hex, path) = line.split_once(' ').ok_or_else(bad)?;
+            let mut parts = line.splitn(4, ' ');
+            let (Some(hex), Some(u), Some(g), Some(path)) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad());
+            };
             let raw = u32::from_str_radix(hex, 16).map_err(|_| bad())?;
+            let ids = (u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?);
             let rel = path.trim_start_matches('/');
             if !rel.is_empty() {
-                out.insert(rel.to_string(), raw & 0o7777);
+                out.insert(rel.to_string(), (raw & 0o7777, ids));
             }
         }
         Ok(out)
@@ -288,19 +389,26 @@ pub fn diff(
     reported: &Reported,
     given: &BTreeMap<String, (u64, u64)>,
 ) -> Result<BTreeMap<String, Change>, RemoteError> {
-    let modes = reported.mode_map()?;
+    let stats = reported.mode_map()?;
+    let modes: BTreeMap<String, u32> = stats.iter().map(|(p, (m, _))| (p.clone(), *m)).collect();
+    let reported_owners = reported.owners_reported;
     let mut given = given.clone();
     given.extend(reported.owner_map()?);
     let before = parent.input.entries();
-    // The owner a step gave (ADD, COPY --chown), else the parent's, else
-    // root (who runs every step).
+    // The owner a step gave (ADD, COPY --chown, a RUN as another user),
+    // else what fakeroot reports, else the parent's, else root (who runs
+    // every step).
     let owner = |p: &str, kind: PathKind| {
         given.get(p).copied().unwrap_or_else(|| {
-            parent
-                .listing
-                .get(p)
-                .filter(|m| m.kind == kind)
-                .map_or((0, 0), |m| (m.uid, m.gid))
+            let reported = stats.get(p).map(|(_, ids)| *ids);
+            match reported {
+                Some(ids) if reported_owners => ids,
+                _ => parent
+                    .listing
+                    .get(p)
+                    .filter(|m| m.kind == kind)
+                    .map_or((0, 0), |m| (m.uid, m.gid)),
+            }
         })
     };
     let mut changes = BTreeMap::new();
@@ -319,7 +427,7 @@ pub fn diff(
             && was.is_some_and(|m| {
                 m.kind == kind
                     && (kind == PathKind::Symlink || m.mode == mode)
-                    && given.get(path).is_none_or(|o| *o == (m.uid, m.gid))
+                    && owner(path, kind) == (m.uid, m.gid)
             });
         if same {
             continue;
@@ -582,25 +690,39 @@ pub struct Built {
     pub outcome: crate::action::ActionOutcome,
 }
 
-/// Builds the layer `stage` on `parent` (configuration `parent_config`)
-/// on the engine: `base` gives the action's environment, platform and
-/// timeout; the layer blob is written at `out`.
+/// One layer to build on an engine.
+#[derive(Clone, Copy)]
+pub struct Job<'a> {
+    /// Its instructions.
+    pub stage: &'a Stage,
+    /// Its parent's root filesystem.
+    pub parent: &'a LayeredRoot,
+    /// Its parent's configuration (the OCI config's `config` object).
+    pub parent_config: &'a serde_json::Value,
+    /// Its build context.
+    pub context: &'a Path,
+    /// fakeroot to send, where the parent can run it.
+    pub fakeroot: Option<&'a Fakeroot>,
+}
+
+/// Builds a layer on the engine: `base` gives the action's environment,
+/// platform and timeout; the layer blob is written at `out`.
 pub fn build(
     client: &Client,
     base: crate::action::RemoteCommand,
-    stage: &Stage,
-    parent: &LayeredRoot,
-    parent_config: &serde_json::Value,
-    context: &Path,
+    job: &Job<'_>,
     out: &Path,
 ) -> Result<Built, crate::action::ActionError> {
     use crate::action::{ActionError, RemoteCommand};
+    let (stage, parent, parent_config, context) =
+        (job.stage, job.parent, job.parent_config, job.context);
     let unsent = |e: RemoteError| ActionError {
         message: e.message,
         action_digest: String::new(),
         engine_error: true,
     };
-    let (script, input) = action(stage, parent, context).map_err(unsent)?;
+    let fakeroot = job.fakeroot.filter(|f| f.runs_in(parent));
+    let (script, input) = action(stage, parent, context, fakeroot).map_err(unsent)?;
     let mut cmd = RemoteCommand {
         args: vec!["/bin/sh".into(), "-c".into(), script],
         workdir: String::new(),
@@ -617,7 +739,10 @@ pub fn build(
         action_digest: ad.clone(),
         engine_error: false,
     };
-    let reported = Reported::fetch(client, &tree).map_err(bad)?;
+    let reported = Reported {
+        owners_reported: fakeroot.is_some(),
+        ..Reported::fetch(client, &tree).map_err(bad)?
+    };
     let given = added_owners(stage, context).map_err(unsent)?;
     let changes = diff(parent, &tree, &reported, &given).map_err(bad)?;
     let wanted: Vec<re::Digest> = changes

@@ -133,17 +133,16 @@ fn a_layer_runs_on_the_engine_and_comes_back_as_what_it_changed() {
         env: stage::environment(&["PATH=/usr/bin:/bin".to_string()]),
         ..RemoteCommand::default()
     };
+    let job = layer::Job {
+        stage: &parsed,
+        parent: &parent,
+        parent_config: &parent_config,
+        context: &ctx,
+        fakeroot: None,
+    };
     let out = t.path().join("layer.tar.gz");
-    let built = layer::build(
-        &client,
-        base.clone(),
-        &parsed,
-        &parent,
-        &parent_config,
-        &ctx,
-        &out,
-    )
-    .unwrap_or_else(|e| panic!("the layer builds remotely: {}", e.message));
+    let built = layer::build(&client, base.clone(), &job, &out)
+        .unwrap_or_else(|e| panic!("the layer builds remotely: {}", e.message));
     assert!(!built.outcome.cached);
     let blob = built.blob.clone().expect("files changed");
 
@@ -218,16 +217,8 @@ fn a_layer_runs_on_the_engine_and_comes_back_as_what_it_changed() {
     // The same layer again: the engine's ActionCache answers, and the
     // layer charly writes is byte for byte the same.
     let again = t.path().join("again.tar.gz");
-    let second = layer::build(
-        &client,
-        base,
-        &parsed,
-        &parent,
-        &parent_config,
-        &ctx,
-        &again,
-    )
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    let second =
+        layer::build(&client, base, &job, &again).unwrap_or_else(|e| panic!("{}", e.message));
     assert!(second.outcome.cached, "{:?}", second.outcome);
     assert_eq!(second.blob, Some(blob));
     assert_eq!(
@@ -255,4 +246,118 @@ fn what_a_remote_layer_cannot_carry_is_refused_naming_it() {
     );
     let url = stage::parse_layer("FROM ${PARENT}\nADD https://example.org/x.tar /\n", &args);
     assert!(url.expect_err("refused").contains("ADD"));
+}
+
+/// A small root filesystem of this machine's own glibc tools (a shell,
+/// coreutils, findutils, sed, awk) with a user's home owned by 1000.
+fn glibc_rootfs(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("glibc-root");
+    let tools = [
+        "/bin/sh",
+        "/bin/dash",
+        "/usr/bin/mkdir",
+        "/usr/bin/chown",
+        "/usr/bin/chmod",
+        "/usr/bin/stat",
+        "/usr/bin/find",
+        "/usr/bin/xargs",
+        "/usr/bin/mawk",
+        "/usr/bin/sed",
+        "/usr/bin/cat",
+        "/usr/bin/id",
+        "/usr/bin/cut",
+        "/usr/bin/touch",
+        "/usr/bin/rm",
+        "/usr/bin/printf",
+        "/usr/bin/pwd",
+    ];
+    let mut files: BTreeMap<String, ()> = BTreeMap::new();
+    for t in tools {
+        files.insert(t.to_string(), ());
+        let ldd = std::process::Command::new("ldd")
+            .arg(t)
+            .output()
+            .expect("ldd");
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            if let Some(p) = line.split_whitespace().find(|w| w.starts_with('/')) {
+                files.insert(p.to_string(), ());
+            }
+        }
+    }
+    for f in files.keys() {
+        let dest = root.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dest.parent().expect("dir")).expect("mkdir");
+        std::fs::copy(f, &dest).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    std::os::unix::fs::symlink("mawk", root.join("usr/bin/awk")).expect("awk");
+    for d in ["etc", "tmp", "home/user"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .expect("passwd");
+    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").expect("group");
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000)).expect("chown");
+    charly_testutil::tar_dir(&root, &dir.join("glibc.tar"))
+}
+
+/// In a glibc image, fakeroot keeps the owners a step's own `chown(2)`
+/// gives (what `useradd -m` or a package does), which the engine's
+/// one-id sandbox refuses, and the parent's owners stay as they were.
+#[test]
+fn fakeroot_keeps_the_owners_a_step_gives_in_a_glibc_image() {
+    if !casd::available() {
+        return;
+    }
+    let Some(fakeroot) = layer::Fakeroot::from_host() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "fakeroot is installed in CI (apt install fakeroot)"
+        );
+        return;
+    };
+    let engine = casd::start_with(1, &[]);
+    let client = Client::connect(&engine.url).expect("connects");
+    let t = tempfile::tempdir().expect("tmp");
+    let parent =
+        LayeredRoot::from_layers(client.digest_fn(), &[glibc_rootfs(t.path())]).expect("parent");
+    assert!(fakeroot.runs_in(&parent));
+    let parsed = stage::parse_layer(
+        "ARG PARENT\nFROM ${PARENT}\nRUN mkdir -p /srv/data && touch /srv/data/owned /home/user/new \
+         && chown -R 1000:1000 /srv/data && chmod 0750 /srv/data\n",
+        &BTreeMap::new(),
+    )
+    .expect("parses");
+    let out = t.path().join("layer.tar.gz");
+    let built = layer::build(
+        &client,
+        RemoteCommand {
+            env: stage::environment(&[]),
+            ..RemoteCommand::default()
+        },
+        &layer::Job {
+            stage: &parsed,
+            parent: &parent,
+            parent_config: &serde_json::json!({}),
+            context: t.path(),
+            fakeroot: Some(&fakeroot),
+        },
+        &out,
+    )
+    .unwrap_or_else(|e| panic!("the layer builds remotely: {}", e.message));
+    assert!(built.blob.is_some());
+    let e = |p: &str, k: char, m: u32, u: u64| (p.to_string(), k, m, u, u, String::new());
+    assert_eq!(
+        listing(&out),
+        vec![
+            e("home/", 'd', 0o755, 0),
+            e("home/user/", 'd', 0o755, 1000),
+            e("home/user/new", 'f', 0o644, 0),
+            e("srv/", 'd', 0o755, 0),
+            e("srv/data/", 'd', 0o750, 1000),
+            e("srv/data/owned", 'f', 0o644, 1000),
+        ]
+    );
 }

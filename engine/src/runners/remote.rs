@@ -670,15 +670,15 @@ impl RemoteRunner<'_> {
             .map_err(|e| unsent(RemoteError::new(format!("{}: {e}", req.out.display()))))?;
         let out = req.out.join("layer.tar.gz");
         let _slot = self.slot();
-        let built = layer::build(
-            &self.client,
-            base,
-            &parsed,
-            &parent,
-            &req.parent_config,
-            &req.context,
-            &out,
-        )?;
+        let fakeroot = layer::Fakeroot::from_host();
+        let job = layer::Job {
+            stage: &parsed,
+            parent: &parent,
+            parent_config: &req.parent_config,
+            context: &req.context,
+            fakeroot: fakeroot.as_ref(),
+        };
+        let built = layer::build(&self.client, base, &job, &out)?;
         let result = LayerResult {
             layer: built.blob.map(|b| super::LayerFile {
                 path: out,
