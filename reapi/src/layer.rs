@@ -71,10 +71,10 @@ pub const META_DIR: &str = "charly-meta";
 /// restored, compared or part of a layer.
 pub const SANDBOX_PATHS: &[&str] = &["dev", "proc", "sys", "tmp"];
 
-/// apt's settings for a sandbox that maps one id (`APT_CONFIG` points at
-/// them): apt runs its downloads as root instead of switching to `_apt`,
-/// which such a sandbox cannot (`setgroups`/`seteuid` fail). The file is
-/// charly's, never part of the layer.
+/// apt's settings for a sandbox that maps one id, without fakeroot
+/// (`APT_CONFIG` points at them): apt runs its downloads as root instead
+/// of switching to `_apt`, which such a sandbox cannot (`setgroups` and
+/// `seteuid` fail). The file is charly's, never part of the layer.
 const APT_CONF: &str = "charly-meta/apt.conf";
 const APT_SETTINGS: &str = "APT::Sandbox::User \"root\";\n";
 
@@ -129,7 +129,9 @@ pub fn action(
     for (mode, list) in by_mode {
         input.add_bytes(&format!("{META_DIR}/mode/{mode:04o}"), list, false)?;
     }
-    input.add_bytes(APT_CONF, APT_SETTINGS.as_bytes().to_vec(), false)?;
+    if fakeroot.is_none() {
+        input.add_bytes(APT_CONF, APT_SETTINGS.as_bytes().to_vec(), false)?;
+    }
     let mut s = String::from("set -eu\n");
     if let Some(fk) = fakeroot {
         fk.add_to(&mut input)?;
@@ -539,7 +541,7 @@ pub fn write_layer(
             Change::Deleted => {
                 let (dir, base) = path.rsplit_once('/').unwrap_or(("", path));
                 h.set_entry_type(tar::EntryType::Regular);
-                h.set_mode(0o644);
+                h.set_mode(0);
                 let name = if dir.is_empty() {
                     format!("{WHITEOUT}{base}")
                 } else {
@@ -729,9 +731,13 @@ pub fn build(
         outputs: vec![".".into()],
         ..base
     };
-    cmd.env
-        .entry("APT_CONFIG".into())
-        .or_insert_with(|| format!("/{APT_CONF}"));
+    // Under fakeroot apt switches to `_apt` as it would (faked), so its
+    // directories get `_apt`'s owner; without, it keeps root.
+    if fakeroot.is_none() {
+        cmd.env
+            .entry("APT_CONFIG".into())
+            .or_insert_with(|| format!("/{APT_CONF}"));
+    }
     let (mut outcome, tree) = cmd.run_root(client, input, false)?;
     let ad = outcome.action_digest.clone();
     let bad = |e: RemoteError| ActionError {

@@ -152,7 +152,7 @@ fn a_layer_runs_on_the_engine_and_comes_back_as_what_it_changed() {
         got,
         vec![
             e("bin/", 'd', 0o755, 0, ""),
-            e("bin/.wh.bash", 'f', 0o644, 0, ""),
+            e("bin/.wh.bash", 'f', 0, 0, ""),
             e("bin/busybox", 'f', 0o4755, 0, ""),
             e("etc/", 'd', 0o755, 0, ""),
             e("etc/secret", 'f', 0o600, 0, ""),
