@@ -1046,20 +1046,23 @@ pub fn add_sources(
             } else {
                 format!("{CTX_DIR}/{src}")
             };
-            let meta = std::fs::metadata(&local)
-                .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
-            if meta.is_dir() {
-                input.add_dir(&at, &local)?;
-            } else {
-                use std::os::unix::fs::PermissionsExt;
-                let data = std::fs::read(&local).map_err(|e| {
-                    RemoteError::new(format!("COPY source {}: {e}", local.display()))
-                })?;
-                input.add_bytes(&at, data, meta.permissions().mode() & 0o111 != 0)?;
-            }
+            add_source(input, &at, &local)?;
         }
     }
     Ok(())
+}
+
+/// Adds a source file or directory of the context at `at`.
+fn add_source(input: &mut InputRoot, at: &str, local: &Path) -> Result<(), RemoteError> {
+    let err = |e: std::io::Error| RemoteError::new(format!("COPY source {}: {e}", local.display()));
+    let meta = std::fs::metadata(local).map_err(err)?;
+    if meta.is_dir() {
+        input.add_dir(at, local)
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        let data = std::fs::read(local).map_err(err)?;
+        input.add_bytes(at, data, meta.permissions().mode() & 0o111 != 0)
+    }
 }
 
 /// Adds what `name/rel` of a composed stage holds (every copy at or under
@@ -1085,16 +1088,7 @@ fn add_composed(
         }
         let local = context.join(src);
         let at = format!("{CTX_DIR}/{name}/{d}");
-        let meta = std::fs::metadata(&local)
-            .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
-        if meta.is_dir() {
-            input.add_dir(&at, &local)?;
-        } else {
-            use std::os::unix::fs::PermissionsExt;
-            let data = std::fs::read(&local)
-                .map_err(|e| RemoteError::new(format!("COPY source {}: {e}", local.display())))?;
-            input.add_bytes(&at, data, meta.permissions().mode() & 0o111 != 0)?;
-        }
+        add_source(input, &at, &local)?;
     }
     Ok(())
 }
