@@ -171,10 +171,11 @@ pub struct RemoteExecArgs {
     pub remote_stage_rootfs: bool,
     /// Build box layers on the engine too: each runs in its parent's root
     /// filesystem, applied from the parent's stored layers (no parent image
-    /// needed here), as root, and comes back as exactly what it changed.
-    /// A layer the engine cannot build faithfully (a step as another user,
-    /// `COPY --chown` to one, `CMD`/`ENTRYPOINT`) is refused naming why;
-    /// `--remote-fallback` builds it locally instead.
+    /// needed here), and comes back as exactly what it changed, with the
+    /// owners its steps gave (fakeroot in glibc images, `COPY --chown`,
+    /// `ADD`, a `RUN` as another user). A layer the engine cannot carry
+    /// (`VOLUME`, `STOPSIGNAL`, `HEALTHCHECK`, `ADD` of a URL) is refused
+    /// naming why; `--remote-fallback` builds it locally instead.
     #[arg(long, requires = "remote_exec")]
     pub remote_layers: bool,
     /// An extra platform property of every action, `KEY=VALUE`

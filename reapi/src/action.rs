@@ -193,25 +193,11 @@ impl RemoteCommand {
             .map_err(bad)?
             .remove(&root.hash)
             .unwrap_or_default();
-        let tree = re::Tree::decode(bytes.as_slice())
-            .map_err(|e| bad(RemoteError::new(format!("bad Tree message: {e}"))))?;
-        let f = client.digest_fn();
-        let children: BTreeMap<String, re::Directory> = tree
-            .children
-            .iter()
-            .map(|c| (f.message(c).0.hash, c.clone()))
-            .collect();
-        let (mut files, mut dirs, mut links) = (Vec::new(), Vec::new(), Vec::new());
-        walk_tree(
-            &tree.root.unwrap_or_default(),
-            Path::new(""),
-            &children,
-            &mut files,
-            &mut dirs,
-            &mut links,
-            0,
-        )
-        .map_err(bad)?;
+        let mut walked = Walked::default();
+        walked
+            .add_tree(client.digest_fn(), &bytes, ".", Path::new(""))
+            .map_err(bad)?;
+        let Walked { files, dirs, links } = walked;
         let text = |p: &Path| p.to_string_lossy().into_owned();
         let mut out = BTreeMap::new();
         for d in dirs {
@@ -362,12 +348,10 @@ fn fetch_outputs(
     out_dir: &Path,
 ) -> Result<u64, RemoteError> {
     let f = client.digest_fn();
-    let mut files: Vec<Planned> = Vec::new();
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    let mut links: Vec<(PathBuf, String)> = Vec::new();
+    let mut walked = Walked::default();
     for o in &result.output_files {
         let d = o.digest.clone().unwrap_or_default();
-        files.push(Planned {
+        walked.files.push(Planned {
             path: safe_rel(&o.path)?,
             digest: d,
             exec: o.is_executable,
@@ -378,7 +362,7 @@ fn fetch_outputs(
         .iter()
         .chain(&result.output_file_symlinks)
     {
-        links.push((safe_rel(&l.path)?, l.target.clone()));
+        walked.links.push((safe_rel(&l.path)?, l.target.clone()));
     }
     // Trees: fetch each Tree message, index its children by digest.
     let tree_digests: Vec<re::Digest> = result
@@ -391,22 +375,10 @@ fn fetch_outputs(
         let base = safe_rel(&od.path)?;
         let td = od.tree_digest.clone().unwrap_or_default();
         let bytes = trees.get(&td.hash).cloned().unwrap_or_default();
-        let tree = re::Tree::decode(bytes.as_slice()).map_err(|e| {
-            RemoteError::new(format!(
-                "output directory {}: bad Tree message: {e}",
-                od.path
-            ))
-        })?;
-        let mut children = BTreeMap::new();
-        for c in &tree.children {
-            children.insert(f.message(c).0.hash, c.clone());
-        }
-        let root = tree.root.unwrap_or_default();
-        walk_tree(
-            &root, &base, &children, &mut files, &mut dirs, &mut links, 0,
-        )?;
-        dirs.push(base);
+        walked.add_tree(f, &bytes, &od.path, &base)?;
+        walked.dirs.push(base);
     }
+    let Walked { files, dirs, links } = walked;
     // Every declared output must be there.
     for want in declared {
         let w = want.trim_end_matches('/');
@@ -472,6 +444,44 @@ fn fetch_outputs(
         std::fs::rename(entry.path(), &dest).map_err(|e| io(&dest, e))?;
     }
     Ok(total)
+}
+
+/// What output trees hold: files, directories, symlinks.
+#[derive(Default)]
+struct Walked {
+    files: Vec<Planned>,
+    dirs: Vec<PathBuf>,
+    links: Vec<(PathBuf, String)>,
+}
+
+impl Walked {
+    /// Adds what the Tree message `bytes` (the output directory `what`)
+    /// holds, under `base`.
+    fn add_tree(
+        &mut self,
+        f: crate::client::DigestFn,
+        bytes: &[u8],
+        what: &str,
+        base: &Path,
+    ) -> Result<(), RemoteError> {
+        let tree = re::Tree::decode(bytes).map_err(|e| {
+            RemoteError::new(format!("output directory {what}: bad Tree message: {e}"))
+        })?;
+        let children: BTreeMap<String, re::Directory> = tree
+            .children
+            .iter()
+            .map(|c| (f.message(c).0.hash, c.clone()))
+            .collect();
+        walk_tree(
+            &tree.root.unwrap_or_default(),
+            base,
+            &children,
+            &mut self.files,
+            &mut self.dirs,
+            &mut self.links,
+            0,
+        )
+    }
 }
 
 fn walk_tree(

@@ -115,18 +115,11 @@ pub fn action(
 ) -> Result<(String, InputRoot), RemoteError> {
     let mut input = parent.input.clone();
     crate::stage::add_sources(stage, context, &mut input)?;
-    // The parent's modes, one file per mode: NUL-separated absolute paths.
-    let mut by_mode: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
-    for (path, meta) in &parent.listing {
-        if ignored(path) || matches!(meta.kind, PathKind::Symlink | PathKind::Other) {
-            continue;
-        }
-        let list = by_mode.entry(meta.mode).or_default();
-        list.push(b'/');
-        list.extend_from_slice(path.as_bytes());
-        list.push(0);
-    }
-    for (mode, list) in by_mode {
+    // The parent's modes, one file per mode.
+    let modes = paths_by(&parent.listing, |m| {
+        (!matches!(m.kind, PathKind::Symlink | PathKind::Other)).then_some(m.mode)
+    });
+    for (mode, list) in modes {
         input.add_bytes(&format!("{META_DIR}/mode/{mode:04o}"), list, false)?;
     }
     if fakeroot.is_none() {
@@ -136,30 +129,17 @@ pub fn action(
     if let Some(fk) = fakeroot {
         fk.add_to(&mut input)?;
         // The parent's owners, told to faked (one file per owner).
-        let mut by_owner: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
-        for (path, meta) in &parent.listing {
-            if ignored(path) || meta.kind == PathKind::Other || (meta.uid, meta.gid) == (0, 0) {
-                continue;
-            }
-            let list = by_owner.entry((meta.uid, meta.gid)).or_default();
-            list.push(b'/');
-            list.extend_from_slice(path.as_bytes());
-            list.push(0);
-        }
-        for ((uid, gid), list) in by_owner {
+        let owners = paths_by(&parent.listing, |m| {
+            (m.kind != PathKind::Other && (m.uid, m.gid) != (0, 0)).then_some((m.uid, m.gid))
+        });
+        for ((uid, gid), list) in owners {
             input.add_bytes(&format!("{META_DIR}/owner/{uid}:{gid}"), list, false)?;
         }
         s.push_str(FAKEROOT_START);
     }
-    s.push_str(&format!(
-        "for charly_f in /{META_DIR}/mode/*; do [ -e \"$charly_f\" ] || continue; \
-         xargs -0 chmod \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
-    ));
+    s.push_str(&apply_each("mode", "chmod"));
     if fakeroot.is_some() {
-        s.push_str(&format!(
-            "for charly_f in /{META_DIR}/owner/*; do [ -e \"$charly_f\" ] || continue; \
-             xargs -0 chown -h \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
-        ));
+        s.push_str(&apply_each("owner", "chown -h"));
     }
     s.push_str(&crate::stage::steps_script(
         stage,
@@ -174,18 +154,41 @@ pub fn action(
     s.push_str(&format!(
         "printf '%s' \"$charly_wd\" > /{OUT_DIR}/workdir\n: >> /{OUT_DIR}/owners\n"
     ));
-    let prune: Vec<String> = OWN_DIRS
-        .iter()
-        .map(|d| format!("-path /{d}"))
-        .collect::<Vec<_>>();
     s.push_str(&format!(
-        "find / -xdev \\( {} \\) -prune -o -print0 | xargs -0 stat -c '%f %u %g %n' > /{OUT_DIR}/modes\n",
-        prune.join(" -o ")
+        "charly_paths -print0 | xargs -0 stat -c '%f %u %g %n' > /{OUT_DIR}/modes\n"
     ));
     if fakeroot.is_some() {
         s.push_str("kill \"${charly_faked##*:}\" 2>/dev/null || :\n");
     }
     Ok((s, input))
+}
+
+/// The paths of `listing` (those a layer holds) grouped by what `key`
+/// gives, each group NUL-separated absolute paths (`xargs -0` input).
+fn paths_by<K: Ord>(
+    listing: &crate::tree::Listing,
+    key: impl Fn(&crate::tree::PathMeta) -> Option<K>,
+) -> BTreeMap<K, Vec<u8>> {
+    let mut groups: BTreeMap<K, Vec<u8>> = BTreeMap::new();
+    for (path, meta) in listing {
+        let Some(k) = key(meta).filter(|_| !ignored(path)) else {
+            continue;
+        };
+        let list = groups.entry(k).or_default();
+        list.push(b'/');
+        list.extend_from_slice(path.as_bytes());
+        list.push(0);
+    }
+    groups
+}
+
+/// The script lines that run `cmd <file name> <paths>` for every file of
+/// `META_DIR/<dir>` (a group of [`paths_by`], named by its value).
+fn apply_each(dir: &str, cmd: &str) -> String {
+    format!(
+        "for charly_f in /{META_DIR}/{dir}/*; do [ -e \"$charly_f\" ] || continue; \
+         xargs -0 {cmd} \"${{charly_f##*/}}\" < \"$charly_f\"; done\n"
+    )
 }
 
 /// fakeroot, for a parent image with a glibc loader: its daemon and
@@ -314,7 +317,8 @@ pub struct Reported {
 }
 
 impl Reported {
-    /// Downloads (and verifies) the three reports from the output tree.
+    /// Downloads the four reports from the output tree
+    /// ([`Client::download`] verifies them).
     pub fn fetch(client: &Client, out: &BTreeMap<String, TreeEntry>) -> Result<Self, RemoteError> {
         let digest = |name: &str| match out.get(&format!("{OUT_DIR}/{name}")) {
             Some(TreeEntry::File(d, _)) => Ok(d.clone()),
@@ -329,22 +333,20 @@ impl Reported {
             digest("owners")?,
         ];
         let got = client.download(&ds)?;
-        let mut bytes = ds.iter().map(|d| {
-            let b = got.get(&d.hash).cloned().unwrap_or_default();
-            client.verify(d, &b).map(|_| b)
-        });
-        let mut next = || bytes.next().unwrap_or_else(|| Ok(Vec::new()));
+        let bytes = |d: &re::Digest| got.get(&d.hash).cloned().unwrap_or_default();
+        let text = |d: &re::Digest| String::from_utf8_lossy(&bytes(d)).into_owned();
+        let [modes, env, workdir, owners] = &ds;
         Ok(Reported {
-            modes: String::from_utf8_lossy(&next()?).into_owned(),
-            env: next()?,
-            workdir: String::from_utf8_lossy(&next()?).into_owned(),
-            owners: String::from_utf8_lossy(&next()?).into_owned(),
+            modes: text(modes),
+            env: bytes(env),
+            workdir: text(workdir),
+            owners: text(owners),
             owners_reported: false,
         })
     }
 
     /// Path (relative) → owner, from `owners`.
-    fn owner_map(&self) -> Result<BTreeMap<String, (u64, u64)>, RemoteError> {
+    fn owner_map(&self) -> Result<BTreeMap<String, Ids>, RemoteError> {
         let mut out = BTreeMap::new();
         for line in self.owners.lines() {
             let bad =
@@ -389,7 +391,7 @@ pub fn diff(
     parent: &LayeredRoot,
     out: &BTreeMap<String, TreeEntry>,
     reported: &Reported,
-    given: &BTreeMap<String, (u64, u64)>,
+    given: &BTreeMap<String, Ids>,
 ) -> Result<BTreeMap<String, Change>, RemoteError> {
     let stats = reported.mode_map()?;
     let modes: BTreeMap<String, u32> = stats.iter().map(|(p, (m, _))| (p.clone(), *m)).collect();
@@ -424,17 +426,16 @@ pub fn diff(
             TreeEntry::Symlink(_) => (PathKind::Symlink, 0o777),
         };
         let mode = modes.get(path).copied().unwrap_or(default_mode);
-        let was = parent.listing.get(path);
+        let (uid, gid) = owner(path, kind);
         let same = before.get(path) == Some(now)
-            && was.is_some_and(|m| {
+            && parent.listing.get(path).is_some_and(|m| {
                 m.kind == kind
                     && (kind == PathKind::Symlink || m.mode == mode)
-                    && owner(path, kind) == (m.uid, m.gid)
+                    && (uid, gid) == (m.uid, m.gid)
             });
         if same {
             continue;
         }
-        let (uid, gid) = owner(path, kind);
         let change = match now {
             TreeEntry::Dir => Change::Dir { mode, uid, gid },
             TreeEntry::File(digest, _) => Change::File {
@@ -566,6 +567,19 @@ pub fn write_layer(
     })
 }
 
+/// The `Env` entries (`KEY=VALUE`) of an image configuration (the OCI
+/// config's `config` object).
+pub fn config_env(config: &serde_json::Value) -> Vec<String> {
+    config["Env"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The image configuration after the layer: `parent`'s (the OCI config's
 /// `config` object) with the layer's `ENV` values as the action reported
 /// them, its last `USER`, its `WORKDIR` (as the action resolved it),
@@ -579,15 +593,7 @@ pub fn config_after(
         serde_json::Value::Object(m) => m.clone(),
         _ => serde_json::Map::new(),
     };
-    let mut env: Vec<String> = cfg
-        .get("Env")
-        .and_then(|e| e.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut env = config_env(parent);
     for kv in reported.env.split(|b| *b == 0).filter(|kv| !kv.is_empty()) {
         let kv = String::from_utf8_lossy(kv).into_owned();
         let name = kv
@@ -758,12 +764,9 @@ pub fn build(
             _ => None,
         })
         .collect();
+    // `download` verifies every blob against its digest.
     let content = client.download(&wanted).map_err(bad)?;
-    for d in &wanted {
-        let data = content.get(&d.hash).map(Vec::as_slice).unwrap_or_default();
-        client.verify(d, data).map_err(bad)?;
-        outcome.downloaded_bytes += data.len() as u64;
-    }
+    outcome.downloaded_bytes += content.values().map(|b| b.len() as u64).sum::<u64>();
     let blob = if changes.is_empty() {
         None
     } else {
@@ -779,11 +782,7 @@ pub fn build(
 
 /// The owners the archives a layer `ADD`s give their entries (path under
 /// the destination → uid, gid).
-pub fn added_owners(
-    stage: &Stage,
-    context: &Path,
-) -> Result<BTreeMap<String, (u64, u64)>, RemoteError> {
-    use std::io::Read as _;
+pub fn added_owners(stage: &Stage, context: &Path) -> Result<BTreeMap<String, Ids>, RemoteError> {
     let mut out = BTreeMap::new();
     for step in &stage.steps {
         let Step::AddTar { src, dst } = step else {
@@ -791,18 +790,7 @@ pub fn added_owners(
         };
         let path = context.join(src);
         let err = |e: std::io::Error| RemoteError::new(format!("ADD {}: {e}", path.display()));
-        let mut magic = [0u8; 2];
-        let gz = std::fs::File::open(&path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok()
-            && magic == [0x1f, 0x8b];
-        let file = std::fs::File::open(&path).map_err(err)?;
-        let reader: Box<dyn std::io::Read> = if gz {
-            Box::new(flate2::read::MultiGzDecoder::new(file))
-        } else {
-            Box::new(file)
-        };
-        let mut ar = tar::Archive::new(reader);
+        let mut ar = tar::Archive::new(crate::tree::tar_reader(&path).map_err(err)?);
         for entry in ar.entries().map_err(err)? {
             let entry = entry.map_err(err)?;
             let rel = entry.path().map_err(err)?.to_string_lossy().into_owned();

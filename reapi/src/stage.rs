@@ -830,8 +830,8 @@ charly_chown() { # owner path...: recorded, for charly to give when it writes th
     charly_og="$1 $2"; shift 3
     find "$@" | sed "s|^|$charly_og |" >> "$charly_root/charly-out/owners"
 }
-charly_paths() { # every path of the image
-    find / -xdev \( -path /charly-ctx -o -path /charly-meta -o -path /charly-out -o -path /charly-shims \) -prune -o -print
+charly_paths() { # [find action]: every path of the image (not charly's own directories)
+    find / -xdev \( -path /charly-ctx -o -path /charly-meta -o -path /charly-out -o -path /charly-shims \) -prune -o "${1:--print}"
 }
 charly_step() { # command: a RUN as another user is run as the sandbox's, what it creates recorded as that user's
     if [ -z "$charly_user" ]; then charly_run "$1"; return; fi
@@ -877,11 +877,8 @@ pub fn script(stage: &Stage, export: &[String]) -> String {
     s
 }
 
-/// The script that performs the stage's steps, from the prelude on.
-/// `shims`: in a sandbox that cannot give files to other users, `chown`,
-/// `chgrp` and `install -o/-g` leave owners alone with a note (a builder
-/// stage's artifact gets its owner when written); without them such a
-/// command fails, as a layer needs (its owners are part of it).
+/// The script that performs the stage's steps, from the prelude on;
+/// `owners` says what becomes of owners the sandbox cannot give.
 pub fn steps_script(stage: &Stage, owners: Owners) -> String {
     let mut s = format!(
         "charly_want_shims={}\n{PRELUDE}",

@@ -179,27 +179,7 @@ impl InputRoot {
     /// Every path in the tree (directories, files and symlinks, relative to
     /// the root), sorted.
     pub fn paths(&self) -> Vec<String> {
-        fn walk(d: &Dir, at: &str, out: &mut Vec<String>) {
-            let join = |n: &str| {
-                if at.is_empty() {
-                    n.to_string()
-                } else {
-                    format!("{at}/{n}")
-                }
-            };
-            for n in d.files.keys().chain(d.symlinks.keys()) {
-                out.push(join(n));
-            }
-            for (n, sub) in &d.dirs {
-                let p = join(n);
-                out.push(p.clone());
-                walk(sub, &p, out);
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.root, "", &mut out);
-        out.sort();
-        out
+        self.entries().into_keys().collect()
     }
 
     /// Every path of the tree (relative, no leading `/`) with what it is.
@@ -537,6 +517,24 @@ fn remove_listed(listing: &mut Listing, path: &str) {
     }
 }
 
+/// Whether the file at `path` is gzip (its magic bytes).
+fn is_gzip(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read as _;
+    let mut magic = [0u8; 2];
+    let mut f = std::fs::File::open(path)?;
+    Ok(f.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b])
+}
+
+/// The tar at `path`, gunzipped as it is read when it is gzip.
+pub fn tar_reader(path: &Path) -> std::io::Result<Box<dyn std::io::Read>> {
+    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    Ok(if is_gzip(path)? {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    })
+}
+
 /// A root filesystem assembled from an image's layer blobs (gzip or plain
 /// tars, bottom first): the input root an action runs in, with the listing
 /// of what its tree cannot say. The blobs are unpacked to plain tars in a
@@ -553,7 +551,6 @@ pub struct LayeredRoot {
 impl LayeredRoot {
     /// Applies `layers` (bottom first) onto an empty root.
     pub fn from_layers(f: DigestFn, layers: &[PathBuf]) -> Result<Self, RemoteError> {
-        use std::io::Read as _;
         let tars = tempfile::Builder::new()
             .prefix("charly-layers-")
             .tempdir()
@@ -563,16 +560,10 @@ impl LayeredRoot {
         for (i, blob) in layers.iter().enumerate() {
             let err =
                 |e: std::io::Error| RemoteError::new(format!("layer {}: {e}", blob.display()));
-            let mut file = std::fs::File::open(blob).map_err(err)?;
-            let mut magic = [0u8; 2];
-            let gz = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
-            let plain = if gz {
+            let plain = if is_gzip(blob).map_err(err)? {
                 let plain = tars.path().join(format!("{i}.tar"));
                 let mut out = std::fs::File::create(&plain).map_err(err)?;
-                let mut d = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
-                    std::fs::File::open(blob).map_err(err)?,
-                ));
-                std::io::copy(&mut d, &mut out).map_err(err)?;
+                std::io::copy(&mut tar_reader(blob).map_err(err)?, &mut out).map_err(err)?;
                 plain
             } else {
                 blob.clone()

@@ -652,16 +652,8 @@ impl RemoteRunner<'_> {
             &req.parent_blobs,
         )
         .map_err(unsent)?;
-        let env: Vec<String> = req.parent_config["Env"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
         let base = RemoteCommand {
-            env: stage::environment(&env),
+            env: stage::environment(&layer::config_env(&req.parent_config)),
             platform: self.platform(None),
             timeout: self.opts.timeout,
             ..RemoteCommand::default()
